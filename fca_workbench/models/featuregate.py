@@ -1,0 +1,95 @@
+"""FeatureGate: the Dense Transformer plus one controller per block that gates channel groups.
+
+For block l with input h (per token): ``a = 2·sigmoid(W_l · rmsnorm(h) + b_l)`` reshaped to ``[2, G]``;
+``a[0]`` gates the attention branch and ``a[1]`` the MLP branch, each group covering ``d/G`` channels.
+``W_l, b_l`` start at zero, so every gate starts at 1 and the untrained model equals Dense.
+
+``skip_threshold`` turns the model into the audit's positive control: tokens whose MLP gates all fall
+below it skip the MLP branch (gather/scatter), so the execution audit has a real saving to find.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .dense import Block, DenseConfig, GPTBackbone
+
+
+class FeatureGateConfig(DenseConfig):
+    model_type = "fca-featuregate"
+
+    def __init__(self, gate_groups: int | None = None, skip_threshold: float | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.gate_groups = gate_groups or self.n_head
+        if self.n_embd % self.gate_groups:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by gate_groups={self.gate_groups}")
+        self.skip_threshold = skip_threshold
+
+    @classmethod
+    def from_sizes(cls, vocab_size, layers, width, heads, window, gate_groups=None):
+        return cls(
+            vocab_size=vocab_size, n_layer=layers, n_embd=width, n_head=heads, block_size=window, gate_groups=gate_groups
+        )
+
+
+class GateController(nn.Module):
+    """Reads the block input and emits its gates ``[B, T, 2, G]`` in (0, 2)."""
+
+    def __init__(self, config: FeatureGateConfig):
+        super().__init__()
+        self.groups = config.gate_groups
+        self.proj = nn.Linear(config.n_embd, 2 * config.gate_groups)
+        self.proj.init_scale = 0.0  # gates start at exactly 1
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(F.rms_norm(h, (h.shape[-1],)))
+        return 2 * torch.sigmoid(logits).unflatten(-1, (2, self.groups))
+
+
+def expand_groups(gate: torch.Tensor, width: int) -> torch.Tensor:
+    """Repeat each group's gate over its ``width / G`` channels: ``[..., G] -> [..., width]``."""
+    return gate.repeat_interleave(width // gate.shape[-1], dim=-1)
+
+
+class FeatureGateBlock(Block):
+    def __init__(self, config: FeatureGateConfig):
+        super().__init__(config)
+        self.controller = GateController(config)
+        self.skip_threshold = config.skip_threshold
+
+    def forward(self, h: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        width = h.shape[-1]
+        h = h + expand_groups(gates[..., 0, :], width) * self.attn_branch(h)
+        return h + self.gated_mlp(h, gates[..., 1, :])
+
+    def gated_mlp(self, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        width = h.shape[-1]
+        if self.skip_threshold is None:
+            return expand_groups(gate, width) * self.mlp_branch(h)
+        keep = (gate.amax(dim=-1) >= self.skip_threshold).nonzero(as_tuple=True)
+        out = torch.zeros_like(h)
+        out[keep] = expand_groups(gate[keep], width) * self.mlp_branch(h[keep])
+        return out
+
+
+class FeatureGateForCausalLM(GPTBackbone):
+    config_class = FeatureGateConfig
+    block_class = FeatureGateBlock
+
+    @property
+    def controllers(self) -> list[nn.Module]:
+        return [block.controller for block in self.h]
+
+    @property
+    def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
+        return [(2, self.config.gate_groups)] * self.config.n_layer
+
+    def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
+        self.check_inputs(input_ids, coefficients)
+        h = self.embed(input_ids)
+        used = []
+        for layer, block in enumerate(self.h):
+            gates = block.controller(h) if coefficients is None else coefficients[layer]
+            used.append(gates)
+            h = block(h, gates)
+        return self.lm_output(self.head(h), input_ids, labels, used, return_coefficients)

@@ -1,0 +1,34 @@
+"""The byte-level BPE tokenizer, trained with ``tokenizers`` on the train split only."""
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from .data import EOS, TOKENIZER_DIR
+from .errors import UserError
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, unk_token=EOS)
+
+
+def load_tokenizer(folder=TOKENIZER_DIR) -> PreTrainedTokenizerFast:
+    """The tokenizer saved in a checkpoint (or data) folder; never fetched from a hub."""
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        raise UserError(f"no tokenizer files in {folder}")
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"unreadable tokenizer in {folder}: {str(exc).splitlines()[0]}") from None
