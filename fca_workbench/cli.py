@@ -25,6 +25,7 @@ def cmd_train(args) -> None:
     settings = TrainSettings(
         arch=args.arch,
         seed=args.seed,
+        train_data=args.train,
         layers=args.layers,
         width=args.width,
         heads=args.heads,
@@ -43,6 +44,54 @@ def cmd_train(args) -> None:
         print(f"saved {args.out}: eval NLL {card['eval_nll']}, coefficient std {card['within_layer_coefficient_std']}")
 
 
+def audit_settings(args, checkpoint: str):
+    from .audit import AuditSettings
+
+    return AuditSettings(
+        checkpoint=checkpoint,
+        eval=args.eval,
+        calibration=args.calib,
+        window=args.window,
+        max_windows=args.max_windows,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        cache=getattr(args, "cache", None),
+    )
+
+
+def cmd_audit(args) -> None:
+    from .audit import default_out, run_audit
+    from .report import format_report
+
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
+    audit = run_audit(audit_settings(args, args.checkpoint), out)
+    print(format_report(audit))
+    print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
+
+
+def cmd_audit_many(args) -> None:
+    from .aggregate import aggregate_audits, format_aggregate
+
+    out = Path(args.out) if args.out else Path("results") / "audit-many"
+    summary = aggregate_audits([audit_settings(args, c) for c in args.checkpoints], out)
+    print(format_aggregate(summary))
+    print(f"\nwrote {out / 'audit_many.json'}")
+
+
+def add_audit_options(parser) -> None:
+    parser.add_argument("--eval", help="eval text: UTF-8 .txt or JSONL {\"text\": ...} (default: shipped eval split)")
+    parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
+    parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
+    parser.add_argument("--max-windows", type=int, default=None, help="use at most N windows of each set")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the derangement, shuffles and bootstrap")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fca", description="Frozen-Controller Auditing workbench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--arch", required=True, choices=["dense", "featuregate", "muddpythia"])
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", required=True, help="checkpoint folder (rerun to resume)")
+    train.add_argument("--train", default=None, help="training text (default: the shipped train split)")
     train.add_argument("--layers", type=int, default=4)
     train.add_argument("--width", type=int, default=96)
     train.add_argument("--heads", type=int, default=4)
@@ -70,11 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-after", type=int, default=None, help="stop (checkpointed) after N steps of this run")
     train.add_argument("--device", default="cpu")
     train.set_defaults(func=cmd_train)
+
+    audit = commands.add_parser("audit", help="audit one checkpoint: variation, assignment, execution")
+    audit.add_argument("checkpoint")
+    add_audit_options(audit)
+    audit.add_argument("--cache", default=None, help="coefficient cache folder (default: OUT/cache)")
+    audit.set_defaults(func=cmd_audit)
+
+    many = commands.add_parser("audit-many", help="audit several seeds and report mean ± sd")
+    many.add_argument("checkpoints", nargs="+")
+    add_audit_options(many)
+    many.set_defaults(func=cmd_audit_many)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own tqdm bars say what is happening; theirs would interleave
+    hf_logging.set_verbosity_error()
     try:
         args.func(args)
     except UserError as exc:

@@ -30,6 +30,7 @@ LOG_FILE = "train_log.csv"
 class TrainSettings:
     arch: str
     seed: int = 0
+    train_data: str | None = None  # any UTF-8 text or JSONL; default: the shipped train split
     layers: int = 4
     width: int = 96
     heads: int = 4
@@ -81,6 +82,8 @@ def make_optimizer(model, settings: TrainSettings):
 
 
 def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
+    if len(stream) <= settings.window:
+        raise UserError(f"training text has {len(stream)} tokens, not more than one window of {settings.window}")
     generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
     starts = torch.randint(0, len(stream) - settings.window, (settings.batch_size,), generator=generator)
     return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
@@ -99,7 +102,7 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     """
     out = Path(out)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
-    stream = token_stream(tokenizer, read_documents(split_path("train")))
+    stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     model = build_model(settings, len(tokenizer)).to(settings.device)
     optimizer, scheduler = make_optimizer(model, settings)
     step = resume(out, settings, model, optimizer, scheduler)

@@ -8,10 +8,12 @@ from ..errors import UserError
 from .common import CoefficientLMOutput, CoefficientModel, next_token_nll
 from .dense import DenseConfig, DenseForCausalLM
 from .featuregate import FeatureGateConfig, FeatureGateForCausalLM
+from .muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 
 FAMILIES = {
     "dense": (DenseConfig, DenseForCausalLM),
     "featuregate": (FeatureGateConfig, FeatureGateForCausalLM),
+    "muddpythia": (MUDDPythiaConfig, MUDDPythiaForCausalLM),
 }
 
 for _config_class, _model_class in FAMILIES.values():

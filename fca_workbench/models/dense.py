@@ -45,6 +45,10 @@ class DenseConfig(PretrainedConfig):
         """The trainer's family-independent size knobs, in this family's field names."""
         return cls(vocab_size=vocab_size, n_layer=layers, n_embd=width, n_head=heads, block_size=window)
 
+    def sizes(self) -> dict:
+        """The inverse of ``from_sizes``: what a shape-matched model of another family needs."""
+        return dict(vocab_size=self.vocab_size, layers=self.n_layer, width=self.n_embd, heads=self.n_head, window=self.block_size)
+
 
 def residual_projection(width_in: int, width_out: int, n_layer: int) -> nn.Linear:
     """GPT-2's scaled init of residual projections keeps the residual stream's scale depth-independent."""

@@ -55,7 +55,7 @@ class FeatureGateBlock(Block):
     def __init__(self, config: FeatureGateConfig):
         super().__init__(config)
         self.controller = GateController(config)
-        self.skip_threshold = config.skip_threshold
+        self.config = config  # read at call time, so setting config.skip_threshold takes effect at once
 
     def forward(self, h: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         width = h.shape[-1]
@@ -64,9 +64,10 @@ class FeatureGateBlock(Block):
 
     def gated_mlp(self, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         width = h.shape[-1]
-        if self.skip_threshold is None:
+        threshold = self.config.skip_threshold
+        if threshold is None:
             return expand_groups(gate, width) * self.mlp_branch(h)
-        keep = (gate.amax(dim=-1) >= self.skip_threshold).nonzero(as_tuple=True)
+        keep = (gate.amax(dim=-1) >= threshold).nonzero(as_tuple=True)
         out = torch.zeros_like(h)
         out[keep] = expand_groups(gate[keep], width) * self.mlp_branch(h[keep])
         return out

@@ -1,0 +1,79 @@
+"""``fca audit-many``: audit independently trained seeds and report every figure as mean ± sd."""
+
+import json
+import statistics
+from pathlib import Path
+
+from .audit import run_audit
+from .data import write_atomic
+
+HEADLINE = (
+    ("NLL correct", "conditions.correct.nll"),
+    ("ΔNLL cross_input", "conditions.cross_input.delta"),
+    ("ΔNLL token_shuffle", "conditions.token_shuffle.delta"),
+    ("ΔNLL global_mean", "conditions.global_mean.delta"),
+    ("ΔNLL layer_mean", "conditions.layer_mean.delta"),
+    ("retention layer_mean", "retention.layer_mean.value"),
+    ("retention layer_scalar", "retention.layer_scalar.value"),
+    ("retention layer_position_mean", "retention.layer_position_mean.value"),
+    ("R² layer", "variance.r2_layer"),
+    ("R² layer×slot", "variance.r2_layer_slot"),
+    ("within-layer std", "variation.within_std"),
+    ("fraction executed", "execution.fraction_executed"),
+    ("latency / Dense", "execution.latency_ratio_vs_dense"),
+)
+
+
+def numeric_leaves(tree, prefix: str = "") -> dict[str, float]:
+    """Every scalar number in a nested audit dict, keyed by its dotted path (lists are left out)."""
+    leaves = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            leaves.update(numeric_leaves(value, path + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            leaves[path] = float(value)
+    return leaves
+
+
+def summarise(audits: list[dict]) -> dict[str, dict]:
+    """mean, sd (sample, n-1) and the per-seed values of every figure all audits share."""
+    leaves = [numeric_leaves({k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution") if a.get(k)}) for a in audits]
+    shared = sorted(set.intersection(*(set(l) for l in leaves)))
+    return {
+        path: {
+            "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values,
+        }
+        for path in shared
+        for values in [[l[path] for l in leaves]]
+    }
+
+
+def aggregate_audits(settings_list, out) -> dict:
+    out = Path(out)
+    audits = []
+    for settings in settings_list:
+        name = Path(settings.checkpoint).resolve().name
+        audits.append(run_audit(settings, out / name))
+    summary = {
+        "schema": "fca-audit-many/1",
+        "checkpoints": [a["model"]["path"] for a in audits],
+        "archs": [a["model"]["arch"] for a in audits],
+        "figures": summarise(audits),
+    }
+    write_atomic(out / "audit_many.json", (json.dumps(summary, indent=2) + "\n").encode())
+    return summary
+
+
+def format_aggregate(summary: dict) -> str:
+    figures = summary["figures"]
+    lines = [f"{len(summary['checkpoints'])} models ({', '.join(sorted(set(summary['archs'])))}): mean ± sd over seeds", ""]
+    for label, path in HEADLINE:
+        if path in figures:
+            f = figures[path]
+            pct = path.startswith("retention") or path.startswith("variance")
+            value = f"{f['mean']:.2%} ± {f['sd']:.2%}" if pct else f"{f['mean']:.4f} ± {f['sd']:.4f}"
+            lines.append(f"{label:32s} {value}")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""``fca audit``: capture, replay under every condition, figures, execution: one ``audit.json``.
+
+This is orchestration only; every number comes from capture, replay, metrics and execution.
+"""
+
+import gzip
+import io
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jsonschema
+import torch
+from tqdm.auto import tqdm
+
+from .capture import capture, model_fingerprint
+from .data import load_windows, split_path, write_atomic
+from .errors import UserError
+from .execution import execution_audit
+from .interventions import CONDITIONS, static_profiles
+from .metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
+from .models import arch_of, load_model
+from .replay import replay_nll
+from .report import verdicts
+from .tokenizer import load_tokenizer
+
+SCHEMA = "fca-audit/1"
+RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
+EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class AuditSettings:
+    checkpoint: str
+    eval: str | None = None
+    calibration: str | None = None
+    window: int | None = None
+    max_windows: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    batch_size: int = 16
+    resamples: int = 1000
+    latency_repeats: int = 10
+    cache: str | None = None
+
+
+def default_out(checkpoint) -> Path:
+    return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
+
+
+def load_audit_inputs(settings: AuditSettings):
+    """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
+    if settings.dtype not in DTYPES:
+        raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
+    if settings.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but torch sees no CUDA device")
+    model = load_model(settings.checkpoint, DTYPES[settings.dtype]).to(settings.device)
+    tokenizer = load_tokenizer(settings.checkpoint)
+    window = settings.window or min(256, model.context_length)
+    if window > model.context_length:
+        raise UserError(f"window of {window} tokens is longer than the model's context of {model.context_length}")
+    eval_path = Path(settings.eval) if settings.eval else split_path("eval")
+    calib_path = Path(settings.calibration) if settings.calibration else split_path("calibration")
+    eval_windows = load_windows(eval_path, tokenizer, window, settings.max_windows)
+    calib_windows = load_windows(calib_path, tokenizer, window, settings.max_windows)
+    if len(eval_windows) < 2:
+        raise UserError(f"{eval_path} gives {len(eval_windows)} window of {window} tokens; the audit needs at least 2")
+    return model, (eval_path, eval_windows), (calib_path, calib_windows)
+
+
+def run_audit(settings: AuditSettings, out) -> dict:
+    """Run the full audit and write ``out/audit.json`` and ``out/per_token_nll.csv.gz``."""
+    out = Path(out)
+    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
+    cache_root = Path(settings.cache) if settings.cache else out / "cache"
+    capture_args = {"batch_size": settings.batch_size, "device": settings.device}
+    eval_cache = capture(model, eval_windows, cache_root / "eval", desc="capture eval", **capture_args)
+    has_controller = bool(model.controllers)
+    conditions = CONDITIONS if has_controller else ("unperturbed",)
+    profiles = None
+    if has_controller:
+        calib_cache = capture(model, calib_windows, cache_root / "calibration", desc="capture calibration", **capture_args)
+        profiles = static_profiles(calib_cache.batches())
+    per_token = {}
+    for condition in tqdm(conditions, desc="replay conditions", unit="condition"):
+        per_token[condition] = replay_nll(
+            model, eval_windows, eval_cache, condition, profiles, settings.seed, device=settings.device
+        )
+    counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
+    window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
+    figures = condition_figures(window_nll, counts, reference="correct" if has_controller else "unperturbed")
+    retention = {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {}
+    variance = VarianceAccumulator()
+    for offset, coefficients in zip(range(0, len(eval_windows), settings.batch_size), eval_cache.batches()):
+        variance.update(coefficients, offset)
+    spread = variance.result()
+    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
+    execution = execution_audit(model, counted, batch_size=settings.batch_size, repeats=settings.latency_repeats)
+    execution["windows_counted"] = len(counted)
+    audit = {
+        "schema": SCHEMA,
+        "model": {
+            "path": str(Path(settings.checkpoint).resolve()),
+            "arch": arch_of(model),
+            "params": sum(p.numel() for p in model.parameters()),
+            "fingerprint": model_fingerprint(model),
+        },
+        "data": {
+            "eval": data_summary(eval_path, eval_windows, eval_cache.manifest["data_fingerprint"]),
+            "calibration": data_summary(calib_path, calib_windows, None),
+        },
+        "settings": asdict(settings),
+        "conditions": figures,
+        "retention": retention,
+        "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
+        "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
+        "execution": execution,
+    }
+    audit["verdict"] = verdicts(audit)
+    write_outputs(out, audit, per_token, eval_windows)
+    return audit
+
+
+VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window")
+VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
+
+
+def data_summary(path: Path, windows: torch.Tensor, fingerprint: str | None) -> dict:
+    from .data import fingerprint_tensor
+
+    return {
+        "source": str(path.resolve()),
+        "windows": len(windows),
+        "window": windows.shape[1],
+        "tokens": windows.numel(),
+        "fingerprint": fingerprint or fingerprint_tensor(windows),
+    }
+
+
+def per_token_table(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> bytes:
+    """Wide CSV: one row per predicted token, one NLL column per condition (gzipped, deterministic)."""
+    names = list(per_token)
+    columns = torch.stack([per_token[name].float() for name in names], dim=-1)  # [N, T-1, C]
+    text = io.StringIO()
+    text.write("window,position,target_token," + ",".join(names) + "\n")
+    for w in range(columns.shape[0]):
+        for t in range(columns.shape[1]):
+            values = ",".join(f"{v:.6f}" for v in columns[w, t].tolist())
+            text.write(f"{w},{t + 1},{int(windows[w, t + 1])},{values}\n")
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
+        gz.write(text.getvalue().encode())
+    return buffer.getvalue()
+
+
+def validate_audit(audit: dict) -> None:
+    """Check an audit against ``audit.schema.json`` (schema ``fca-audit/1``) before anyone relies on it."""
+    schema = json.loads((Path(__file__).with_name("audit.schema.json")).read_text())
+    jsonschema.validate(audit, schema)
+
+
+def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor) -> None:
+    validate_audit(audit)
+    write_atomic(out / "per_token_nll.csv.gz", per_token_table(per_token, windows))
+    write_atomic(out / "audit.json", (json.dumps(audit, indent=2) + "\n").encode())

@@ -1,0 +1,230 @@
+"""The execution audit: does the model skip computation because of its coefficients, and is it faster?
+
+Coefficient variation and assignment dependence say nothing about *conditional execution*: a model can
+emit input-dependent gates and still run every block on every token. This module measures what actually
+runs, with forward hooks (auditing only; the models are not changed): blocks and controllers called, and
+token-rows entering each branch module, plus FLOPs and latency against a shape-matched Dense. The
+positive control (a FeatureGate that really skips MLP rows) shows the audit can see a saving when one
+exists.
+"""
+
+import contextlib
+import copy
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from .models.dense import Block, DenseConfig, DenseForCausalLM
+from .models.featuregate import FeatureGateForCausalLM
+from .models.muddpythia import TransformerBlock
+
+
+def branch_modules(block: nn.Module) -> list[nn.Module]:
+    """The modules whose calls a block could skip per token; [] means only block-level counting.
+
+    Explicit on purpose: a family is counted at branch level only once someone has said which of its
+    submodules are the branches (the MUDDPythia block names its own, and can be added here).
+    """
+    if isinstance(block, Block):  # Dense and FeatureGate (FeatureGateBlock subclasses Block)
+        return [block.attn, block.mlp]
+    if isinstance(block, TransformerBlock):  # MUDDPythia
+        return [block.attention, block.feed_forward]
+    return []
+
+
+def shape_matched_dense(model: nn.Module) -> DenseForCausalLM:
+    """A randomly initialised Dense with the model's vocab, depth, width, heads and context.
+
+    Latency only depends on shapes, so random weights are enough; it lands on the model's device and dtype.
+    """
+    parameter = next(model.parameters())
+    dense = DenseForCausalLM(DenseConfig.from_sizes(**model.config.sizes()))
+    return dense.to(device=parameter.device, dtype=parameter.dtype).eval()
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _batches(windows: torch.Tensor, batch_size: int):
+    for start in range(0, windows.shape[0], batch_size):
+        yield windows[start : start + batch_size]
+
+
+def _token_rows(args, kwargs) -> int:
+    """Token-rows in a module's first tensor input: every dimension but the last (features)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.numel() // value.shape[-1]
+    return 0
+
+
+@contextlib.contextmanager
+def _counting_hooks(modules: list[nn.Module], on_call):
+    """Register ``on_call(module, args, kwargs)`` as a forward hook on each module (once per module) and
+    remove every hook on exit, whatever happens, so an audit never leaves the model instrumented."""
+    handles = []
+    try:
+        for module in {id(m): m for m in modules}.values():
+            handles.append(
+                module.register_forward_hook(
+                    lambda mod, args, kwargs, out: on_call(mod, args, kwargs), with_kwargs=True
+                )
+            )
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def count_execution(model: nn.Module, windows: torch.Tensor, batch_size: int = 16) -> dict:
+    """Run unperturbed inference over ``windows [N, T]`` and count what actually executed.
+
+    - ``blocks_total``: blocks present per forward × forwards (one forward per batch of ``batch_size``);
+      ``blocks_executed``: block forward calls observed.
+    - ``controller_calls``: controller forward calls (0 for Dense).
+    - ``branch_tokens_total``: token-rows present at each branch module (``branch_modules``) summed over
+      blocks and forwards, i.e. B·T per branch per forward; ``branch_tokens_executed``: token-rows that
+      actually entered a branch module.
+    - ``fraction_executed``: branch_tokens_executed / branch_tokens_total where branches are known,
+      else blocks_executed / blocks_total.
+    """
+    model.eval()
+    blocks = list(model.blocks)
+    branches = [module for block in blocks for module in branch_modules(block)]
+    controllers = list(model.controllers)
+    counts = {"blocks": 0, "controllers": 0, "rows": 0}
+
+    def count(key):
+        def on_call(module, args, kwargs):
+            counts[key] += 1
+
+        return on_call
+
+    def count_rows(module, args, kwargs):
+        counts["rows"] += _token_rows(args, kwargs)
+
+    forwards = present_rows = 0
+    device = _device(model)
+    with (
+        torch.no_grad(),
+        _counting_hooks(blocks, count("blocks")),
+        _counting_hooks(controllers, count("controllers")),
+        _counting_hooks(branches, count_rows),
+    ):
+        for batch in _batches(windows, batch_size):
+            model(batch.to(device))
+            forwards += 1
+            present_rows += batch.numel() * len(branches)
+
+    result = {
+        "blocks_total": len(blocks) * forwards,
+        "blocks_executed": counts["blocks"],
+        "controller_calls": counts["controllers"],
+        "branch_tokens_total": present_rows,
+        "branch_tokens_executed": counts["rows"],
+    }
+    if present_rows:
+        result["fraction_executed"] = counts["rows"] / present_rows
+    else:
+        result["fraction_executed"] = counts["blocks"] / result["blocks_total"] if forwards else 0.0
+    return result
+
+
+def count_flops(model: nn.Module, windows_batch: torch.Tensor) -> int:
+    """FLOPs of one unperturbed forward of the batch, as ``torch.utils.flop_counter`` counts them
+    (matmuls and attention; a skipped row's matmuls are simply absent)."""
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(windows_batch.to(_device(model)))
+    return int(counter.get_total_flops())
+
+
+def _time_forward(model: nn.Module, batch: torch.Tensor) -> float:
+    """Milliseconds of one forward: CUDA events around it on GPU (kernels are asynchronous), else wall time."""
+    if batch.is_cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        model(batch)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+    start = time.perf_counter()
+    model(batch)
+    return (time.perf_counter() - start) * 1000.0
+
+
+def _interleaved_latencies(models: list[nn.Module], batch: torch.Tensor, repeats: int, warmup: int) -> list[float]:
+    """Median forward latency (ms) of each model, repeats interleaved (a, b, a, b, ...) so that load
+    drifting on a shared machine hits every model alike."""
+    for model in models:
+        model.eval()
+    batch = batch.to(_device(models[0]))
+    times = [[] for _ in models]
+    with torch.no_grad():
+        for _ in range(warmup):
+            for model in models:
+                _time_forward(model, batch)
+        for _ in range(repeats):
+            for model, samples in zip(models, times):
+                samples.append(_time_forward(model, batch))
+    return [statistics.median(samples) for samples in times]
+
+
+def measure_latency(model: nn.Module, batch: torch.Tensor, repeats: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of a no-grad forward of ``batch``, after ``warmup`` untimed forwards."""
+    return _interleaved_latencies([model], batch, repeats, warmup)[0]
+
+
+def execution_audit(
+    model: nn.Module, windows: torch.Tensor, batch_size: int = 16, repeats: int = 10, dense: nn.Module | None = None
+) -> dict:
+    """The ``execution`` section of ``audit.json``: counts over all windows; FLOPs and latency on the first
+    ``batch_size`` windows, latency measured against ``dense`` (default: a fresh shape-matched Dense) in
+    the same call on the same batch."""
+    result = count_execution(model, windows, batch_size)
+    batch = windows[:batch_size]
+    dense = shape_matched_dense(model) if dense is None else dense
+    latency, dense_latency = _interleaved_latencies([model, dense], batch, repeats, warmup=2)
+    return {
+        "blocks_total": result["blocks_total"],
+        "blocks_executed": result["blocks_executed"],
+        "fraction_executed": result["fraction_executed"],
+        "controller_calls": result["controller_calls"],
+        "flops": count_flops(model, batch),
+        "latency_ms": latency,
+        "dense_latency_ms": dense_latency,
+        "latency_ratio_vs_dense": latency / dense_latency,
+        "branch_tokens_total": result["branch_tokens_total"],
+        "branch_tokens_executed": result["branch_tokens_executed"],
+    }
+
+
+def positive_control(
+    model: FeatureGateForCausalLM, calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16
+) -> FeatureGateForCausalLM:
+    """A copy of a FeatureGate that really skips work: tokens whose MLP gates all fall below a threshold
+    skip the MLP branch. The threshold is the ``quantile`` of the per-token max MLP gate over the
+    calibration windows (one for all layers), so about that fraction of token-MLP evaluations is skipped —
+    a known saving the execution audit must find."""
+    if not isinstance(model, FeatureGateForCausalLM):
+        raise ValueError(f"the positive control needs a FeatureGate model, got {type(model).__name__}")
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must lie in [0, 1], got {quantile}")
+    model.eval()
+    maxima = []
+    with torch.no_grad():
+        for batch in _batches(calibration_windows, batch_size):
+            out = model(batch.to(_device(model)), return_coefficients=True)
+            maxima.extend(gates[..., 1, :].amax(-1).flatten().float().cpu() for gates in out.coefficients)
+    threshold = float(np.quantile(torch.cat(maxima).numpy(), quantile))
+
+    control = copy.deepcopy(model).eval()
+    control.config.skip_threshold = threshold  # the blocks read it from the (copied) shared config
+    return control

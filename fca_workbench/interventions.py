@@ -1,0 +1,100 @@
+"""Interventions: pure, seeded functions that reassign cached coefficients.
+
+Each takes per-layer, batch-first coefficient tensors ``[B, T, *slot]`` (or the indices that select them)
+and returns new ones; none touches a model. Randomness always comes from an explicit seed.
+"""
+
+import torch
+
+CONDITIONS = (
+    "unperturbed",
+    "correct",
+    "cross_input",
+    "token_shuffle",
+    "global_mean",
+    "layer_scalar",
+    "layer_mean",
+    "layer_position_mean",
+)
+STATIC_PROFILES = ("global_mean", "layer_scalar", "layer_mean", "layer_position_mean")
+
+
+def derangement(n: int, seed: int) -> torch.Tensor:
+    """A uniformly random permutation of ``range(n)`` with no fixed point (window i never keeps its own)."""
+    if n < 2:
+        raise ValueError(f"cross-input reassignment needs at least 2 windows, got {n}")
+    generator = torch.Generator().manual_seed(seed)
+    while True:  # rejection sampling: about e tries on average, and exactly uniform over derangements
+        permutation = torch.randperm(n, generator=generator)
+        if not (permutation == torch.arange(n)).any():
+            return permutation
+
+
+def position_permutations(window_indices: torch.Tensor, length: int, seed: int) -> torch.Tensor:
+    """One permutation of positions per window ``[B, T]``, seeded by (seed, window index).
+
+    Seeding per window makes a window's shuffle independent of how windows are batched.
+    """
+    rows = []
+    for index in window_indices.tolist():
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        rows.append(torch.randperm(length, generator=generator))
+    return torch.stack(rows)
+
+
+def shuffle_positions(coefficients: list[torch.Tensor], permutations: torch.Tensor) -> list[torch.Tensor]:
+    """Move each window's coefficients to permuted positions, the same permutation at every layer.
+
+    Output position t receives the coefficients of position ``permutations[b, t]``; tokens stay put.
+    """
+    out = []
+    for tensor in coefficients:
+        index = permutations.view(*permutations.shape, *([1] * (tensor.dim() - 2))).expand_as(tensor)
+        out.append(tensor.gather(1, index))
+    return out
+
+
+def static_profiles(batches) -> dict[str, list[torch.Tensor]]:
+    """The static profiles of section 4, from an iterable of per-layer coefficient batches.
+
+    Returns, per profile, one tensor per layer that broadcasts against ``[T, *slot]``: a scalar for
+    ``global_mean`` and ``layer_scalar``, ``[*slot]`` for ``layer_mean``, ``[T, *slot]`` for
+    ``layer_position_mean``. Feed it calibration windows only.
+    """
+    sums, windows = None, 0
+    for coefficients in batches:
+        batch_sums = [c.double().sum(dim=0) for c in coefficients]
+        sums = batch_sums if sums is None else [a + b for a, b in zip(sums, batch_sums)]
+        windows += coefficients[0].shape[0]
+    if sums is None or windows == 0:
+        raise ValueError("static profiles need at least one calibration window")
+    position_mean = [s / windows for s in sums]
+    layer_mean = [p.mean(dim=0) for p in position_mean]
+    layer_scalar = [p.mean() for p in position_mean]
+    entries = [p.numel() for p in position_mean]
+    global_mean = sum(p.sum() for p in position_mean) / sum(entries)
+    return {
+        "global_mean": [global_mean.float() for _ in position_mean],
+        "layer_scalar": [s.float() for s in layer_scalar],
+        "layer_mean": [m.float() for m in layer_mean],
+        "layer_position_mean": [p.float() for p in position_mean],
+    }
+
+
+def broadcast_profile(profile: list[torch.Tensor], slot_shapes, batch: int, length: int) -> list[torch.Tensor]:
+    """A static profile expanded to per-layer coefficient tensors ``[B, T, *slot]``."""
+    out = []
+    for value, slot in zip(profile, slot_shapes):
+        if value.dim() == len(slot) + 1:  # per-position profile: use the first ``length`` positions
+            if value.shape[0] < length:
+                raise ValueError(f"position profile covers {value.shape[0]} positions, the window has {length}")
+            value = value[:length]
+        out.append(value.expand(batch, length, *slot).contiguous())
+    return out
+
+
+def restrict_to_layer(intervened: list[torch.Tensor], correct: list[torch.Tensor], layer: int) -> list[torch.Tensor]:
+    """Apply an intervention at one layer only; every other layer keeps its correct coefficients."""
+    if not 0 <= layer < len(correct):
+        raise ValueError(f"layer {layer} is out of range: the model has {len(correct)} layers")
+    return [intervened[i] if i == layer else correct[i] for i in range(len(correct))]

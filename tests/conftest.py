@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random models of every family, with controllers that really vary."""
+
+import pytest
+import torch
+
+from fca_workbench.models import FAMILIES
+
+TINY = dict(vocab_size=64, layers=2, width=64, heads=4, window=16)
+
+
+def tiny_model(arch: str, seed: int = 0, **sizes):
+    """A tiny random model whose controllers emit input-dependent coefficients (not the zero init)."""
+    config_class, model_class = FAMILIES[arch]
+    torch.manual_seed(seed)
+    model = model_class(config_class.from_sizes(**{**TINY, **sizes}))
+    for controller in model.controllers:
+        for param in controller.parameters():
+            torch.nn.init.normal_(param, std=0.5)
+    return model.eval()
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def windows():
+    return torch.randint(0, TINY["vocab_size"], (6, TINY["window"]), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """Tiny random checkpoint folders of every family, with the shipped tokenizer, context 64."""
+    from fca_workbench.tokenizer import load_tokenizer
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    tokenizer = load_tokenizer()
+    folders = {}
+    for name in sorted(FAMILIES):
+        folders[name] = root / name
+        tiny_model(name, vocab_size=len(tokenizer), window=64).save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    return folders

@@ -1,0 +1,86 @@
+"""The ``fca`` command line: help lists the commands; user errors are one line, non-zero, no traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def fca(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_help_lists_the_commands():
+    result = fca("--help")
+    assert result.returncode == 0
+    for command in ("data", "train", "audit", "audit-many"):
+        assert command in result.stdout
+
+
+def test_missing_checkpoint(tmp_path):
+    assert_one_line_error(fca("audit", tmp_path / "nowhere", "--out", tmp_path / "out"), "not found")
+    assert not (tmp_path / "out").exists()
+
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    assert_one_line_error(fca("audit", tmp_path / "ckpt", "--out", tmp_path / "out"), "no config.json")
+
+
+def test_corrupt_weights(tiny_checkpoints, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in tiny_checkpoints["featuregate"].iterdir():
+        (broken / item.name).write_bytes(item.read_bytes())
+    (broken / "model.safetensors").write_bytes(b"\x00garbage, not safetensors")
+    assert_one_line_error(fca("audit", broken, "--out", tmp_path / "out"), "corrupt or missing weights")
+    assert not (tmp_path / "out" / "audit.json").exists()
+
+
+def test_corrupt_config(tiny_checkpoints, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    assert_one_line_error(fca("audit", broken, "--out", tmp_path / "out"), "checkpoint config")
+
+
+def test_foreign_model_type(tmp_path):
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "not one of")
+
+
+@pytest.mark.parametrize(
+    "payload, fragment", [(b"", "contains no text"), (b"\xff\xfe bad bytes", "not UTF-8")]
+)
+def test_bad_eval_text(tiny_checkpoints, tmp_path, payload, fragment):
+    text = tmp_path / "eval.txt"
+    text.write_bytes(payload)
+    result = fca("audit", tiny_checkpoints["featuregate"], "--eval", text, "--out", tmp_path / "out")
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "out" / "audit.json").exists()
+
+
+def test_window_longer_than_context(tiny_checkpoints, tmp_path):
+    result = fca("audit", tiny_checkpoints["featuregate"], "--window", 65, "--out", tmp_path / "out")
+    assert_one_line_error(result, "longer than the model's context of 64")
+
+
+def test_train_with_unreadable_text(tmp_path):
+    text = tmp_path / "train.txt"
+    text.write_bytes(b"\xc3\x28")
+    result = fca("train", "--arch", "dense", "--train", text, "--out", tmp_path / "run")
+    assert_one_line_error(result, "not UTF-8")

@@ -1,0 +1,84 @@
+"""The coefficient seam, for every family: replay exactness, zero controller calls, save/load."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import fca_workbench  # noqa: F401  (registers the Auto classes)
+from fca_workbench.models import FAMILIES
+
+from conftest import tiny_model
+
+
+def count_controller_calls(model):
+    calls = []
+    handles = [c.register_forward_hook(lambda *_: calls.append(1)) for c in model.controllers]
+    return calls, handles
+
+
+def test_replay_with_own_coefficients_reproduces_logits_without_controller(arch, windows):
+    model = tiny_model(arch)
+    calls, handles = count_controller_calls(model)
+    live = model(windows, return_coefficients=True)
+    assert len(calls) == len(model.controllers)
+    calls.clear()
+    replay = model(windows, coefficients=live.coefficients)
+    assert calls == []
+    assert torch.equal(live.logits, replay.logits)
+    for handle in handles:
+        handle.remove()
+
+
+def test_coefficients_are_batch_first_with_declared_slot_shapes(arch, windows):
+    model = tiny_model(arch)
+    out = model(windows, return_coefficients=True)
+    assert [tuple(c.shape) for c in out.coefficients] == [
+        (*windows.shape, *slot) for slot in model.coefficient_slot_shapes
+    ]
+    if model.controllers:  # coefficients are input-dependent, and changing them changes the output
+        assert out.coefficients[0].std(dim=(0, 1)).max() > 0
+        changed = [c.flip(0) for c in out.coefficients]
+        assert not torch.allclose(model(windows, coefficients=changed).logits, out.logits)
+
+
+def test_wrongly_shaped_coefficients_are_refused(arch, windows):
+    model = tiny_model(arch)
+    if not model.controllers:
+        pytest.skip("Dense takes no coefficients")
+    coefficients = model(windows, return_coefficients=True).coefficients
+    with pytest.raises(ValueError, match="shape"):
+        model(windows, coefficients=[c[:, :-1] for c in coefficients])
+    with pytest.raises(ValueError, match="layers"):
+        model(windows, coefficients=coefficients[:-1])
+
+
+def test_window_longer_than_context_is_refused(arch):
+    model = tiny_model(arch)
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        model(torch.zeros(1, model.context_length + 1, dtype=torch.long))
+
+
+def test_save_load_round_trip_is_bit_exact_through_auto_classes(arch, windows, tmp_path):
+    model = tiny_model(arch)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), FAMILIES[arch][0])
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is FAMILIES[arch][1]
+    original, reloaded = model.state_dict(), loaded.state_dict()
+    assert original.keys() == reloaded.keys()
+    assert all(torch.equal(original[k], reloaded[k]) for k in original)
+    assert torch.equal(model(windows).logits, loaded(windows).logits)
+
+
+def test_featuregate_gates_start_at_one_so_untrained_model_equals_dense(windows):
+    torch.manual_seed(0)
+    gate_config = FAMILIES["featuregate"][0].from_sizes(vocab_size=64, layers=2, width=32, heads=4, window=16)
+    gated = FAMILIES["featuregate"][1](gate_config).eval()
+    coefficients = gated(windows, return_coefficients=True).coefficients
+    assert all(torch.equal(c, torch.ones_like(c)) for c in coefficients)
+    dense_config = FAMILIES["dense"][0].from_sizes(vocab_size=64, layers=2, width=32, heads=4, window=16)
+    dense = FAMILIES["dense"][1](dense_config).eval()
+    shared = {k: v for k, v in gated.state_dict().items() if "controller" not in k}
+    dense.load_state_dict(shared)
+    assert torch.allclose(dense(windows).logits, gated(windows).logits, atol=1e-6)
