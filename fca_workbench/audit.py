@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import torch
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from .capture import capture, model_fingerprint
@@ -83,6 +84,7 @@ def run_audit(settings: AuditSettings, out) -> dict:
     if has_controller:
         calib_cache = capture(model, calib_windows, cache_root / "calibration", desc="capture calibration", **capture_args)
         profiles = static_profiles(calib_cache.batches())
+        save_profiles(out / "static_profiles.safetensors", profiles)
     per_token = {}
     for condition in tqdm(conditions, desc="replay conditions", unit="condition"):
         per_token[condition] = replay_nll(
@@ -153,6 +155,15 @@ def per_token_table(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
         gz.write(text.getvalue().encode())
     return buffer.getvalue()
+
+
+def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
+    """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them."""
+    tensors = {f"{name}.layer_{i}": t.contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, tmp)
+    tmp.replace(path)
 
 
 def validate_audit(audit: dict) -> None:

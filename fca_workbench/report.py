@@ -25,8 +25,8 @@ def variation_verdict(audit: dict) -> str:
     if variance["r2_layer"] is None:
         return "Coefficients are constant over the eval set: they do not vary at all."
     return (
-        f"Coefficients vary (within-layer std {variation['within_std']:.4f}, CV {variation['cv']:.3f}), "
-        f"but layer identity explains {variance['r2_layer']:.1%} of their variance and layer×slot "
+        f"Coefficients vary (within-layer std {variation['within_std']:.4f}, CV {variation['cv']:.3f}); "
+        f"layer identity explains {variance['r2_layer']:.1%} of their variance, layer×slot "
         f"{variance['r2_layer_slot']:.1%}; adding position reaches {variance['r2_layer_slot_position']:.1%}, "
         f"adding the input window {variance['r2_layer_slot_window']:.1%}."
     )
