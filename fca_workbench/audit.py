@@ -6,7 +6,7 @@ This is orchestration only; every number comes from capture, replay, metrics and
 import gzip
 import io
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import jsonschema
@@ -14,13 +14,14 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from .capture import capture, model_fingerprint
-from .data import load_windows, split_path, write_atomic
+from .capture import capture
+from .data import fingerprint_tensor, load_windows, split_path, write_atomic
 from .errors import UserError
-from .execution import execution_audit
+from .execution import execution_audit, positive_control
 from .interventions import CONDITIONS, static_profiles
 from .metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
-from .models import arch_of, load_model
+from .models import FeatureGateForCausalLM, arch_of, load_model
+from .official import audit_batch_size
 from .replay import replay_nll
 from .report import verdicts
 from .tokenizer import load_tokenizer
@@ -41,7 +42,7 @@ class AuditSettings:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    batch_size: int = 16
+    batch_size: int | None = None  # None: 16 on CPU, fitted to free memory on CUDA (official.audit_batch_size)
     resamples: int = 1000
     latency_repeats: int = 10
     cache: str | None = None
@@ -72,72 +73,88 @@ def load_audit_inputs(settings: AuditSettings):
 
 
 def run_audit(settings: AuditSettings, out) -> dict:
-    """Run the full audit and write ``out/audit.json`` and ``out/per_token_nll.csv.gz``."""
+    """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles."""
     out = Path(out)
     model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
     cache_root = Path(settings.cache) if settings.cache else out / "cache"
+    if settings.batch_size is None:
+        settings = replace(settings, batch_size=audit_batch_size(model, eval_windows.shape[1], settings.device, cache_root / "eval"))
     capture_args = {"batch_size": settings.batch_size, "device": settings.device}
     eval_cache = capture(model, eval_windows, cache_root / "eval", desc="capture eval", **capture_args)
     has_controller = bool(model.controllers)
-    conditions = CONDITIONS if has_controller else ("unperturbed",)
     profiles = None
     if has_controller:
         calib_cache = capture(model, calib_windows, cache_root / "calibration", desc="capture calibration", **capture_args)
         profiles = static_profiles(calib_cache.batches())
         save_profiles(out / "static_profiles.safetensors", profiles)
-    per_token = {}
-    for condition in tqdm(conditions, desc="replay conditions", unit="condition"):
-        per_token[condition] = replay_nll(
-            model, eval_windows, eval_cache, condition, profiles, settings.seed, device=settings.device
-        )
+    per_token = {
+        condition: replay_nll(model, eval_windows, eval_cache, condition, profiles, settings.seed, device=settings.device)
+        for condition in tqdm(CONDITIONS if has_controller else ("unperturbed",), desc="replay", unit="condition")
+    }
     counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
     window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
-    figures = condition_figures(window_nll, counts, reference="correct" if has_controller else "unperturbed")
-    retention = {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {}
-    variance = VarianceAccumulator()
-    for offset, coefficients in zip(range(0, len(eval_windows), settings.batch_size), eval_cache.batches()):
-        variance.update(coefficients, offset)
-    spread = variance.result()
-    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
-    execution = execution_audit(model, counted, batch_size=settings.batch_size, repeats=settings.latency_repeats)
-    execution["windows_counted"] = len(counted)
+    spread = coefficient_spread(eval_cache)
     audit = {
         "schema": SCHEMA,
         "model": {
             "path": str(Path(settings.checkpoint).resolve()),
             "arch": arch_of(model),
             "params": sum(p.numel() for p in model.parameters()),
-            "fingerprint": model_fingerprint(model),
+            "fingerprint": eval_cache.manifest["model_fingerprint"],
         },
         "data": {
-            "eval": data_summary(eval_path, eval_windows, eval_cache.manifest["data_fingerprint"]),
-            "calibration": data_summary(calib_path, calib_windows, None),
+            "eval": data_summary(eval_path, eval_windows),
+            "calibration": data_summary(calib_path, calib_windows),
         },
         "settings": asdict(settings),
-        "conditions": figures,
-        "retention": retention,
+        "conditions": condition_figures(window_nll, counts, reference="correct" if has_controller else "unperturbed"),
+        "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {},
         "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
         "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
-        "execution": execution,
+        "execution": execution_figures(model, eval_windows, calib_windows, settings),
     }
     audit["verdict"] = verdicts(audit)
     write_outputs(out, audit, per_token, eval_windows)
     return audit
 
 
+def coefficient_spread(cache) -> dict | None:
+    """Variance decomposition and variation of the cached eval coefficients, one shard at a time."""
+    accumulator = VarianceAccumulator()
+    for indices, coefficients in zip(cache.shard_indices(), cache.batches()):
+        accumulator.update(coefficients, int(indices[0]))
+    return accumulator.result()
+
+
+def execution_figures(model, eval_windows, calib_windows, settings: AuditSettings) -> dict:
+    """Execution counted on the first batches (a full extra pass would add nothing), latency vs Dense.
+
+    For FeatureGate, the positive control (MLP skipped below the median gate) is audited the same way,
+    so the report shows what a real saving would look like next to the model's own figures.
+    """
+    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
+    audit_args = {"batch_size": settings.batch_size, "repeats": settings.latency_repeats}
+    execution = execution_audit(model, counted, **audit_args)
+    execution["windows_counted"] = len(counted)
+    if isinstance(model, FeatureGateForCausalLM):
+        control = positive_control(model, calib_windows[: EXECUTION_BATCHES * settings.batch_size], quantile=0.5)
+        control_figures = execution_audit(control, counted, **audit_args)
+        control_figures["skip_threshold"] = control.config.skip_threshold
+        execution["positive_control"] = control_figures
+    return execution
+
+
 VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window")
 VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
 
 
-def data_summary(path: Path, windows: torch.Tensor, fingerprint: str | None) -> dict:
-    from .data import fingerprint_tensor
-
+def data_summary(path: Path, windows: torch.Tensor) -> dict:
     return {
         "source": str(path.resolve()),
         "windows": len(windows),
         "window": windows.shape[1],
         "tokens": windows.numel(),
-        "fingerprint": fingerprint or fingerprint_tensor(windows),
+        "fingerprint": fingerprint_tensor(windows),
     }
 
 

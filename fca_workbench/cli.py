@@ -88,7 +88,10 @@ def add_audit_options(parser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0, help="seeds the derangement, shuffles and bootstrap")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--batch-size", type=int, default=None,
+        help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
 
 
@@ -113,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--heads", type=int, default=4)
     train.add_argument("--gate-groups", type=int, default=None, help="FeatureGate groups (default: heads)")
     train.add_argument("--window", type=int, default=256)
-    train.add_argument("--steps", type=int, default=600)
+    train.add_argument("--steps", type=int, default=300)
     train.add_argument("--batch-size", type=int, default=16)
     train.add_argument("--lr", type=float, default=3e-3)
     train.add_argument("--save-every", type=int, default=100)

@@ -36,7 +36,7 @@ class TrainSettings:
     heads: int = 4
     gate_groups: int | None = None
     window: int = 256
-    steps: int = 600
+    steps: int = 300
     batch_size: int = 16
     lr: float = 3e-3
     warmup: int = 50

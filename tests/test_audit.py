@@ -26,9 +26,13 @@ def settings(checkpoint, **overrides):
     return AuditSettings(**{**base, **overrides})
 
 
+def without_latency(tree):
+    return {k: without_latency(v) if isinstance(v, dict) else v for k, v in tree.items() if k not in NOISY}
+
+
 def figures(audit):
     """Everything but wall-clock latency and the paths, which legitimately differ between runs."""
-    execution = {k: v for k, v in audit["execution"].items() if k not in NOISY}
+    execution = without_latency(audit["execution"])
     keep = ("conditions", "retention", "variance", "variation")
     return {**{k: audit[k] for k in keep}, "execution": execution, "fingerprint": audit["model"]["fingerprint"]}
 
@@ -62,6 +66,9 @@ def test_audit_reports_full_execution_and_a_valid_schema(audits, arch):
     assert audit["execution"]["fraction_executed"] == 1.0
     assert audit["execution"]["blocks_executed"] == audit["execution"]["blocks_total"]
     assert audit["execution"]["controller_calls"] > 0
+    if arch == "featuregate":  # the positive control is audited alongside, and does skip work
+        control = audit["execution"]["positive_control"]
+        assert 0 < control["fraction_executed"] < 1 and control["flops"] < audit["execution"]["flops"]
     assert set(audit["conditions"]) == set(CONDITIONS)
     assert all(audit["verdict"].values())
     assert audit["data"]["eval"]["windows"] == 12 and audit["data"]["eval"]["window"] == 64

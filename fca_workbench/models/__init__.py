@@ -5,6 +5,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import UserError
+from ..official import load_weights, read_config
 from .common import CoefficientLMOutput, CoefficientModel, next_token_nll
 from .dense import DenseConfig, DenseForCausalLM
 from .featuregate import FeatureGateConfig, FeatureGateForCausalLM
@@ -26,27 +27,19 @@ def arch_of(model: CoefficientModel) -> str:
 
 
 def load_model(path, dtype=None) -> CoefficientModel:
-    """Load a workbench checkpoint folder, turning every way it can be broken into one-line UserErrors."""
+    """Load a checkpoint folder strictly, turning every way it can be broken into one-line UserErrors.
+
+    Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
+    read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
+    and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
+    match the model exactly before anything is loaded (see ``fca_workbench.official``).
+    """
     folder = Path(path)
     if not folder.is_dir():
         raise UserError(f"checkpoint folder not found: {folder}")
     if not (folder / "config.json").is_file():
         raise UserError(f"not a checkpoint folder (no config.json): {folder}")
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (ValueError, OSError, KeyError) as exc:
-        raise UserError(f"unreadable checkpoint config in {folder}: {_first_line(exc)}") from None
-    if not isinstance(config, tuple(cfg for cfg, _ in FAMILIES.values())):
-        raise UserError(f"{folder} holds a '{config.model_type}' model, not one of {sorted(FAMILIES)}")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, config=config, local_files_only=True, dtype=dtype or "float32"
-        )
-    except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
-        raise UserError(f"corrupt or missing weights in {folder}: {_first_line(exc)}") from None
-    return model.eval()
+    config = read_config(folder, FAMILIES)
+    model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
+    return load_weights(folder, model_class, config, dtype)
 
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -156,6 +156,38 @@ class GPTBackbone(CoefficientModel):
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(h))
 
+    # Explicit layer stepping (used by ``fca_workbench.prefix``): ``embed`` gives the state before layer 0,
+    # ``run_blocks`` continues from the state before any layer, ``head`` turns its output into logits. The
+    # state before layer l is the residual stream ``h [B, T, d]``; the same ops as ``forward``, so
+    # ``head(run_blocks(embed(x), 0, c)[0])`` equals ``forward(x, coefficients=c).logits`` bit for bit.
+
+    def resume_layer(self, layer: int) -> int:
+        """The first layer whose input state a change of ``coefficients[layer]`` can alter."""
+        return layer
+
+    def block_step(self, layer: int, h: torch.Tensor, coefficients) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run block ``layer`` on ``h``; returns the new state and the coefficient used (None: no controller)."""
+        return self.h[layer](h), None
+
+    def run_blocks(self, state: torch.Tensor, start: int, coefficients=None, keep_states: bool = False):
+        """Run blocks ``start .. n_layer-1`` from ``state`` (the state before layer ``start``).
+
+        ``coefficients``: None (controllers run) or the full per-layer list, as for ``forward``; entries
+        before ``start`` are not read. Returns ``(output, used, states)``: the input of ``head``, the
+        coefficients used at layers ``start..`` and, with ``keep_states``, the states before layers
+        ``start .. n_layer`` (the last one is the final state), else None.
+        """
+        if not 0 <= start <= len(self.h):
+            raise ValueError(f"start layer {start} is out of range 0..{len(self.h)}")
+        h, used, states = state, [], [state] if keep_states else None
+        for layer in range(start, len(self.h)):
+            h, coefficient = self.block_step(layer, h, coefficients)
+            if coefficient is not None:
+                used.append(coefficient)
+            if keep_states:
+                states.append(h)
+        return h, used, states
+
 
 class DenseForCausalLM(GPTBackbone):
     config_class = DenseConfig

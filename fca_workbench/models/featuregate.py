@@ -85,6 +85,12 @@ class FeatureGateForCausalLM(GPTBackbone):
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
         return [(2, self.config.gate_groups)] * self.config.n_layer
 
+    def block_step(self, layer, h, coefficients):
+        """One gated block for ``run_blocks``: the same ops as one step of ``forward``'s loop."""
+        block = self.h[layer]
+        gates = block.controller(h) if coefficients is None else coefficients[layer]
+        return block(h, gates), gates
+
     def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
         self.check_inputs(input_ids, coefficients)
         h = self.embed(input_ids)

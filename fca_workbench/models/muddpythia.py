@@ -420,6 +420,58 @@ class MUDDPythiaForCausalLM(CoefficientModel):
             )
         return self._rope_tables[device][:length]
 
+    # Explicit layer stepping (used by ``fca_workbench.prefix``). Because of the dense connections, the state
+    # before layer l is the list of every hidden state so far, ``[x_0, ..., x_l]`` (embeddings first); the
+    # q/k/v/r streams of layer l are re-mixed from it with ``A_{l-1}``. ``run_blocks`` repeats ``forward``'s
+    # ops in the same order, so ``head(run_blocks(embed(x), 0, c)[0])`` equals ``forward``'s logits exactly.
+
+    def resume_layer(self, layer: int) -> int:
+        """The first layer whose input state a change of ``coefficients[layer]`` can alter: ``A_layer`` only
+        mixes outputs that already exist after block ``layer``, so the state before ``layer + 1`` is unchanged."""
+        return layer + 1
+
+    def embed(self, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        return [self.tok_embeddings(input_ids)]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.norm(x))
+
+    def complete_coefficient(self, layer: int, x: torch.Tensor, coefficients) -> torch.Tensor:
+        """``A_layer``: given, or the controller's output on block ``layer``'s output plus ``dense_bs``."""
+        if coefficients is not None:
+            return coefficients[layer]
+        return self.dynamic_dense[layer](x) + self.dense_bs[layer]
+
+    def run_blocks(self, state, start: int, coefficients=None, keep_states: bool = False):
+        """Run layers ``start .. n_layer-1`` from ``state = [x_0, ..., x_start]``.
+
+        ``coefficients``: None (controllers run) or the full per-layer list; ``coefficients[start-1]`` mixes
+        the streams of layer ``start``. Returns ``(output, used, states)`` as the GPT families do: the input
+        of ``head``, the coefficients of layers ``start..`` and, with ``keep_states``, the states before
+        layers ``start .. n_layer``.
+        """
+        n_layer = len(self.layers)
+        hiddens = list(state)
+        if not 0 <= start <= n_layer or len(hiddens) != start + 1:
+            raise ValueError(f"the state before layer {start} holds {start + 1} hidden states, got {len(hiddens)}")
+        length, device = hiddens[0].shape[1], hiddens[0].device
+        rope = self.rope_table(length, device)
+        mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        if start == 0:
+            streams = hiddens[0]
+        else:
+            streams = mix_streams(hiddens, self.complete_coefficient(start - 1, hiddens[-1], coefficients))
+        used, states = [], [list(hiddens)] if keep_states else None
+        for i in range(start, n_layer):
+            x = self.layers[i](streams, rope, mask)
+            hiddens.append(x)
+            coefficient = self.complete_coefficient(i, x, coefficients)
+            used.append(coefficient)
+            streams = mix_streams(hiddens, coefficient)
+            if keep_states:
+                states.append(list(hiddens))
+        return streams[0], used, states
+
     def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
         self.check_inputs(input_ids, coefficients)
         attention_mask = kwargs.get("attention_mask")

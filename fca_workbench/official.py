@@ -1,0 +1,424 @@
+"""Checkpoint folders in the official Hugging Face layout, read strictly; and sizing the audit to the device.
+
+The MUDDPythia releases (github.com/Caiyun-AI/MUDDFormer, ``pytorch/muddpythia/``; MUDDPythia-1.4B and
+-2.8B on the Hub) are folders with a ``config.json`` (``model_type: "muddpythia"``, an ``auto_map`` that
+points at the release's own ``configuration_muddpythia.py`` / ``modeling_muddpythia.py``, ``torch_dtype``,
+``architectures``), weights as ``model.safetensors``, as safetensors shards with
+``model.safetensors.index.json``, or as ``pytorch_model.bin`` (also sharded, with its index), and the
+GPT-NeoX tokenizer files. This module reads such a folder without ever executing its code:
+
+* ``read_config`` parses ``config.json`` itself, **drops** ``auto_map`` before anything else sees it and
+  builds the workbench's own config class for the ``model_type``; no Auto class and no
+  ``trust_remote_code`` is involved, so the code files the ``auto_map`` names are never imported.
+  A ``muddpythia`` config must carry every architecture field the official configs carry, with the right
+  types; the config class then refuses shapes it does not build (``dense_type`` other than ``qkvr`` ...).
+* ``check_weights`` reads only the names and shapes stored in the weight files (safetensors headers,
+  ``torch.load(..., weights_only=True, map_location="meta")`` for ``.bin``) and compares them with the
+  model built on the meta device: any missing key, unexpected key or wrong shape is one ``UserError``
+  that names them. Only then are the weights loaded (``from_pretrained`` of the concrete class, with
+  ``weights_only=True``), and its own loading report must be empty too.
+
+``save_official`` writes a model in that layout (the test and GPU-check helper), and ``audit_batch_size``
+picks how many windows the audit runs at once when ``--batch-size`` is not given.
+"""
+
+import json
+import math
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+CONFIG_FILE = "config.json"
+# What the loader looks for, in this order (the order transformers prefers too).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+# Pointers to code shipped in the folder: removed from the config before it is used, never followed.
+REMOTE_CODE_FIELDS = ("auto_map",)
+
+OFFICIAL_AUTO_MAP = {
+    "AutoConfig": "configuration_muddpythia.MUDDPythiaConfig",
+    "AutoModelForCausalLM": "modeling_muddpythia.MUDDPythia",
+}
+# The official MUDDPythia-1.4B config.json, verbatim (github.com/Caiyun-AI/MUDDFormer at fc067b2,
+# pytorch/muddpythia/config_1p4b.json).
+OFFICIAL_1P4B_CONFIG = {
+    "architectures": ["MUDDPythia"],
+    "auto_map": OFFICIAL_AUTO_MAP,
+    "block_size": 2048,
+    "bos_token_id": 0,
+    "dense": True,
+    "dense_type": "qkvr",
+    "dim": 2048,
+    "dynamic_dense": True,
+    "eos_token_id": 0,
+    "expand_last": True,
+    "head_dim": 128,
+    "intermediate_size": 8192,
+    "is_training": False,
+    "model_type": "muddpythia",
+    "n_head": 16,
+    "n_layer": 24,
+    "n_local_heads": 16,
+    "norm_eps": 1e-05,
+    "rope_base": 10000,
+    "rotary_pct": 0.25,
+    "round64": True,
+    "sepln": True,
+    "stack_hidden": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.35.0",
+    "use_gradient_checkpointing": False,
+    "use_layer_cache": True,
+    "use_linear_bias": True,
+    "use_parallel_residual": True,
+    "use_qk_norm": True,
+    "vocab_size": 50432,
+}
+
+# Every field of the official configs that decides a parameter shape or the forward's arithmetic. The
+# reference gives each a default, but a config.json without one of them is not an official config: with
+# a silent default it would load a different architecture (or fail later with a less clear message).
+MUDDPYTHIA_REQUIRED = {
+    "block_size": int,
+    "vocab_size": int,
+    "n_layer": int,
+    "n_head": int,
+    "dim": int,
+    "intermediate_size": int,
+    "norm_eps": float,
+    "rope_base": float,
+    "rotary_pct": float,
+    "use_qk_norm": bool,
+    "use_parallel_residual": bool,
+    "use_linear_bias": bool,
+    "dense": bool,
+    "dynamic_dense": bool,
+    "dense_type": str,
+    "sepln": bool,
+    "expand_last": bool,
+    "round64": bool,
+}
+# Zero-filled decode caches the reference registers as buffers in ``setup_caches``; a state dict saved
+# after generating can hold them. They are not weights, so they are the only extra keys allowed.
+MUDDPYTHIA_CACHE_KEYS = re.compile(r"^(layers\.\d+\.attention\.kv_cache\.[kv]_cache|layer_cache\.layer_cache)$")
+NAMED_KEYS = 5  # how many keys of each kind an error names
+
+
+# ----------------------------------------------------------------------------------------------------------
+# config
+
+
+def read_config(folder: Path, families: dict):
+    """``families``: arch -> (config class, model class). The checkpoint's config as the workbench's own config class; ``auto_map`` dropped, never followed."""
+    path = folder / CONFIG_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"unreadable checkpoint config in {folder}: {_first_line(exc)}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"unreadable checkpoint config in {folder}: config.json is not a JSON object")
+    model_type = raw.get("model_type")
+    by_type = {config_class.model_type: config_class for config_class, _ in families.values()}
+    if model_type not in by_type:
+        shown = "no model_type" if model_type is None else f"a '{model_type}' model"
+        raise UserError(f"{folder} holds {shown}, not one of {sorted(families)}")
+    fields = {key: value for key, value in raw.items() if key not in REMOTE_CODE_FIELDS}
+    if model_type == "muddpythia":
+        check_muddpythia_fields(fields, folder)
+    config_class = by_type[model_type]
+    try:
+        config = config_class.from_dict(fields)
+    except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
+        raise UserError(f"{path}: {_first_line(exc)}") from None
+    config._name_or_path = str(folder)
+    return config
+
+
+def check_muddpythia_fields(fields: dict, folder: Path) -> None:
+    """Refuse a ``muddpythia`` config without the official architecture fields, or with wrong types."""
+    missing = [name for name in MUDDPYTHIA_REQUIRED if name not in fields]
+    wrong = [
+        f"{name}={fields[name]!r} (expected {kind.__name__})"
+        for name, kind in MUDDPYTHIA_REQUIRED.items()
+        if name in fields and not _is_a(fields[name], kind)
+    ]
+    problems = []
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+    if wrong:
+        problems.append("wrong type " + ", ".join(wrong))
+    if problems:
+        raise UserError(f"{folder / CONFIG_FILE} is not a MUDDPythia config: " + "; ".join(problems))
+
+
+def _is_a(value, kind) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# weights
+
+
+def weights_file(folder: Path) -> Path:
+    """The weight file (or shard index) the loader will read; a UserError when there is none."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise UserError(f"corrupt or missing weights in {folder}: no {', '.join(WEIGHT_FILES)}")
+
+
+def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the tensors stored under ``path`` (a weight file or a shard index), data unread."""
+    folder = path.parent
+    if path.name.endswith(".index.json"):
+        try:
+            index = json.loads(path.read_text(encoding="utf-8"))
+            weight_map = index["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {_first_line(exc)}") from None
+        shapes, misplaced = {}, []
+        for shard in shards:
+            if not (folder / shard).is_file():
+                raise UserError(f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing")
+            in_shard = _file_shapes(folder / shard)
+            misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
+            shapes.update(in_shard)
+        if misplaced:
+            raise UserError(
+                f"corrupt or missing weights in {folder}: {path.name} lists {len(misplaced)} key(s) "
+                f"not in their shard: {_some(misplaced)}"
+            )
+        return shapes
+    return _file_shapes(path)
+
+
+def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as handle:
+                return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+        # ``.bin``: pickled state dict, read with the safe unpickler and no data (meta tensors)
+        state = torch.load(path, map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except UserError:
+        raise
+    except Exception as exc:  # safetensors, torch and pickle each raise their own types on bad files
+        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {_first_line(exc)}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name} is not a state dict of tensors")
+    return {key: tuple(value.shape) for key, value in state.items()}
+
+
+def expected_shapes(model_class, config) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """Every state-dict key the model has, with its shape, and the keys a checkpoint may leave out (tied)."""
+    with torch.device("meta"):
+        model = model_class(config)
+    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    optional = set()
+    if getattr(config, "tie_word_embeddings", False):
+        tied = getattr(model, "_tied_weights_keys", None) or {}
+        optional = set(tied) if isinstance(tied, (dict, list, tuple, set)) else set()
+    return shapes, optional
+
+
+def check_weights(folder: Path, model_class, config) -> Path:
+    """Compare the stored names and shapes with the model's, strictly; returns the weight file to load."""
+    path = weights_file(folder)
+    stored = stored_shapes(path)
+    expected, optional = expected_shapes(model_class, config)
+    allowed_extra = MUDDPYTHIA_CACHE_KEYS if config.model_type == "muddpythia" else None
+    missing = [k for k in expected if k not in stored and k not in optional]
+    unexpected = [k for k in stored if k not in expected and not (allowed_extra and allowed_extra.match(k))]
+    wrong = [
+        f"{k} {list(stored[k])} in checkpoint vs {list(expected[k])} in model"
+        for k in expected
+        if k in stored and stored[k] != expected[k]
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing key(s): {_some(missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected key(s): {_some(unexpected)}")
+    if wrong:
+        problems.append(f"{len(wrong)} wrong shape(s): {_some(wrong)}")
+    if problems:
+        raise UserError(
+            f"weights in {path} do not match the {config.model_type} config strictly: " + "; ".join(problems)
+        )
+    return path
+
+
+def load_weights(folder: Path, model_class, config, dtype):
+    """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
+    path = check_weights(folder, model_class, config)
+    try:
+        model, info = model_class.from_pretrained(
+            folder,
+            config=config,
+            dtype=dtype or torch.float32,
+            local_files_only=True,
+            use_safetensors=path.name.startswith("model.safetensors"),
+            weights_only=True,
+            output_loading_info=True,
+        )
+    except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
+        raise UserError(f"corrupt or missing weights in {folder}: {_first_line(exc)}") from None
+    leftovers = {k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    unexpected = [k for k in leftovers.get("unexpected_keys", []) if not MUDDPYTHIA_CACHE_KEYS.match(k)]
+    if leftovers.get("missing_keys") or leftovers.get("mismatched_keys") or unexpected or info.get("error_msgs"):
+        raise UserError(f"weights in {path} did not load strictly: {leftovers or info.get('error_msgs')}")
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# writing the official layout
+
+
+def official_config_dict(config, dtype: torch.dtype) -> dict:
+    """``config`` as the releases write it: the official fields only, ``auto_map`` included."""
+    import transformers
+
+    out = {}
+    for key in OFFICIAL_1P4B_CONFIG:
+        if key == "architectures":
+            out[key] = ["MUDDPythia"]
+        elif key == "auto_map":
+            out[key] = dict(OFFICIAL_AUTO_MAP)
+        elif key == "torch_dtype":
+            out[key] = str(dtype).removeprefix("torch.")
+        elif key == "transformers_version":
+            out[key] = transformers.__version__
+        else:
+            out[key] = getattr(config, key)
+    return out
+
+
+def save_official(model, folder, weights: str = "safetensors", shards: int = 1, tokenizer=None) -> Path:
+    """Write ``model`` in the official layout: ``config.json`` with ``auto_map``, then the weights as
+    ``model.safetensors`` / ``pytorch_model.bin`` (``shards`` > 1: numbered shards plus the index file)."""
+    if weights not in ("safetensors", "bin"):
+        raise ValueError(f"weights must be 'safetensors' or 'bin', not {weights!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    dtype = next(iter(state.values())).dtype
+    (folder / CONFIG_FILE).write_text(json.dumps(official_config_dict(model.config, dtype), indent=2) + "\n")
+    stem, suffix = ("model", "safetensors") if weights == "safetensors" else ("pytorch_model", "bin")
+    groups = _split_evenly(list(state), shards, state)
+    names = (
+        [f"{stem}.{suffix}"]
+        if len(groups) == 1
+        else [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.{suffix}" for i in range(len(groups))]
+    )
+    for name, keys in zip(names, groups):
+        part = {k: state[k] for k in keys}
+        if weights == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(part, folder / name, metadata={"format": "pt"})
+        else:
+            torch.save(part, folder / name)
+    if len(groups) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+            "weight_map": {k: name for name, keys in zip(names, groups) for k in keys},
+        }
+        (folder / f"{stem}.{suffix}.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _split_evenly(keys: list[str], shards: int, state: dict) -> list[list[str]]:
+    """Consecutive groups of keys of about equal bytes (at most ``shards``, none empty)."""
+    shards = max(1, min(shards, len(keys)))
+    total = sum(state[k].numel() * state[k].element_size() for k in keys)
+    groups, current, filled = [], [], 0
+    for key in keys:
+        current.append(key)
+        filled += state[key].numel() * state[key].element_size()
+        if len(groups) < shards - 1 and filled >= total * (len(groups) + 1) / shards:
+            groups.append(current)
+            current = []
+    if current:
+        groups.append(current)
+    return groups
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sizing the audit
+
+CPU_BATCH_SIZE = 16
+MAX_BATCH_SIZE = 64
+SAFETY = 1.5  # the estimate below counts the large tensors only; allocator slack and small ones are extra
+RESERVE_BYTES = 2 * 2**30  # left free for the CUDA context growth, cuBLAS workspaces and fragmentation
+
+
+def window_bytes(model, window: int) -> int:
+    """An upper estimate of the GPU memory one window of ``window`` tokens needs in a no-grad forward plus
+    the NLL of its logits, from the model's sizes (the large tensors only):
+
+    * every layer output kept for the cross-layer mix: ``(layers + 1) · T · width``, plus about 8 stream
+      and mixing temporaries ``T · width``;
+    * attention scores, scaled, masked and softmaxed: 4 × ``heads · T²``;
+    * the widest FFN hidden (1.5 × 4 · width for MUDDPythia), input and activation: 2 × ``T · 6 · width``;
+    * logits in the model dtype, then their fp32 copy, log-softmax and loss temporaries: ``T · vocab · (e + 12)``.
+    """
+    sizes = model.config.sizes()
+    element = next(model.parameters()).element_size()
+    width, layers, heads, vocab = sizes["width"], sizes["layers"], sizes["heads"], sizes["vocab_size"]
+    activations = ((layers + 1) + 8 + 12) * window * width * element
+    attention = 4 * heads * window * window * element
+    logits = window * vocab * (element + 12)
+    return int(activations + attention + logits)
+
+
+def audit_batch_size(model, window: int, device, cache: Path | None = None) -> int:
+    """Windows per batch when the user gave none: a finished or partial capture's shard size when
+    ``cache`` holds one (so a rerun can reuse it), 16 on CPU, and on CUDA as many windows as fit in the
+    free GPU memory (``torch.cuda.mem_get_info``, less the weights if they are not on the GPU yet and a
+    reserve) at ``SAFETY`` × ``window_bytes``, between 1 and 64."""
+    manifest = Path(cache) / "manifest.json" if cache is not None else None
+    if manifest is not None and manifest.is_file():
+        try:
+            return int(json.loads(manifest.read_text())["shard_size"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an unreadable manifest is reported by capture itself
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CPU_BATCH_SIZE
+    free, _ = torch.cuda.mem_get_info(device)
+    weights_elsewhere = sum(
+        p.numel() * p.element_size() for p in model.parameters() if p.device.type != "cuda"
+    )
+    usable = free - weights_elsewhere - RESERVE_BYTES
+    fits = int(usable // (SAFETY * window_bytes(model, window)))
+    return max(1, min(MAX_BATCH_SIZE, fits))
+
+
+def _some(items) -> str:
+    items = list(items)
+    shown = ", ".join(items[:NAMED_KEYS])
+    return shown + (f", ... ({len(items) - NAMED_KEYS} more)" if len(items) > NAMED_KEYS else "")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

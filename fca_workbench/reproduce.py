@@ -1,0 +1,576 @@
+"""``fca reproduce``: every paper notebook run through papermill into one results folder.
+
+The notebooks in ``notebooks/`` hold presentation only. The audits they show are run here (``run_audit``),
+once per checkpoint and settings, into ``DIR/audits/<checkpoint>/``; every notebook of the run and any
+rerun into the same folder reuses them (a ``provenance.json`` beside each ``audit.json`` records the
+settings and the size and mtime of every input file, and only an exact match is reused). Coefficient
+caches live in one shared folder (default ``results/cache/``), keyed by checkpoint, data and settings, so
+they are reused across runs too; ``capture`` still checks their fingerprints.
+
+Everything that can be checked before a notebook starts is checked first: the config's parameter names
+(against ``papermill.inspect_notebook``), the checkpoints, the data files, the output folder and the
+project's Jupyter kernel (``fca-workbench``, installed by ``scripts/setup.sh``, used explicitly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .audit import EXECUTION_BATCHES, AuditSettings, run_audit
+from .data import DATA_DIR, split_path, write_atomic
+from .errors import UserError
+
+KERNEL_NAME = "fca-workbench"
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO / "notebooks"
+CHECKPOINT_DIR = DATA_DIR / "checkpoints"
+SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"]
+PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia")
+EXPLORE_NOTEBOOK = "explore"
+# Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
+# (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
+# nine checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
+DEFAULT_MAX_WINDOWS = 64
+DEFAULT_CACHE = Path("results") / "cache"
+# Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
+DEFAULT_PARAMETERS = {
+    "checkpoints": None,
+    "eval_data": None,
+    "calibration_data": None,
+    "window": None,
+    "max_windows": DEFAULT_MAX_WINDOWS,
+    "device": "cpu",
+    "dtype": "float32",
+    "seed": 0,
+    "batch_size": 16,
+}
+AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size")
+RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
+PATH_PARAMETERS = ("eval_data", "calibration_data")
+CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
+
+
+def shipped_checkpoints() -> list[str]:
+    return [str(CHECKPOINT_DIR / name) for name in SHIPPED]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Audits shared across notebooks and runs
+# --------------------------------------------------------------------------------------------------------
+
+def _stat(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
+    """Size and mtime of every file the audit reads: the checkpoint folder's files and both data sets."""
+    folder = Path(settings.checkpoint)
+    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    files += [Path(settings.eval) if settings.eval else split_path("eval"),
+              Path(settings.calibration) if settings.calibration else split_path("calibration")]
+    return {str(p.resolve()): _stat(p) for p in files}
+
+
+def provenance(settings: AuditSettings) -> dict:
+    return {"settings": asdict(settings), "inputs": _input_files(settings)}
+
+
+def check_checkpoint(path) -> None:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"checkpoint folder not found: {folder}")
+    if not (folder / "config.json").is_file():
+        raise UserError(f"not a checkpoint folder (no config.json): {folder}")
+
+
+def shared_cache(cache_root, settings: AuditSettings) -> Path:
+    """The coefficient cache folder of one checkpoint under the shared root, keyed by everything that
+    changes its content (a stale key is still caught by the cache's own fingerprints)."""
+    key = {
+        "checkpoint": settings.checkpoint,
+        "weights": {name: value for name, value in _input_files(settings).items()},
+        "window": settings.window,
+        "max_windows": settings.max_windows,
+        "batch_size": settings.batch_size,
+        "dtype": settings.dtype,
+        "device": settings.device.split(":")[0],
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(cache_root).resolve() / f"{Path(settings.checkpoint).name}-{digest}"
+
+
+def read_json(path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def audit_is_current(settings: AuditSettings, folder) -> bool:
+    folder = Path(folder)
+    if read_json(folder / "provenance.json") != provenance(settings) or read_json(folder / "audit.json") is None:
+        return False
+    cache = Path(settings.cache) if settings.cache else folder / "cache"
+    return bool((read_json(cache / "eval" / "manifest.json") or {}).get("complete"))
+
+
+def ensure_audit(settings: AuditSettings, folder) -> dict:
+    """The audit of ``settings`` in ``folder``: read back when its provenance matches, else run."""
+    folder = Path(folder)
+    if audit_is_current(settings, folder):
+        return read_json(folder / "audit.json")
+    before = provenance(settings)
+    audit = run_audit(settings, folder)
+    write_atomic(folder / "provenance.json", (json.dumps(before, indent=2) + "\n").encode())
+    return audit
+
+
+def ensure_positive_control(settings: AuditSettings, folder, quantile: float = 0.5) -> dict:
+    """``positive_control.json`` beside the audit: the execution audit of a copy of the FeatureGate that
+    skips the MLP rows whose gates all fall below the calibration ``quantile`` (``execution.positive_control``),
+    counted on the same windows as the audit's own execution figures. Reused while the inputs are unchanged."""
+    from .audit import load_audit_inputs
+    from .capture import model_fingerprint
+    from .execution import execution_audit, positive_control
+    from .models import arch_of
+
+    folder = Path(folder)
+    path = folder / "positive_control.json"
+    stamp = {**provenance(settings), "quantile": quantile}
+    existing = read_json(path)
+    if existing is not None and existing.get("provenance") == stamp:
+        return existing
+    model, (_, eval_windows), (_, calib_windows) = load_audit_inputs(settings)
+    control = positive_control(model, calib_windows, quantile, batch_size=settings.batch_size)
+    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
+    execution = execution_audit(control, counted, batch_size=settings.batch_size, repeats=settings.latency_repeats)
+    execution["windows_counted"] = len(counted)
+    result = {
+        "schema": "fca-positive-control/1",
+        "model": {"path": str(Path(settings.checkpoint).resolve()), "arch": arch_of(model),
+                  "fingerprint": model_fingerprint(model)},
+        "quantile": quantile,
+        "threshold": control.config.skip_threshold,
+        "execution": execution,
+        "provenance": stamp,
+    }
+    write_atomic(path, (json.dumps(result, indent=2) + "\n").encode())
+    return result
+
+
+@dataclass
+class NotebookRun:
+    """What a notebook's parameters cell says, turned into audits: the one object every notebook builds.
+
+    ``checkpoints=None`` means the shipped checkpoints; ``out=None`` means ``results/notebooks``;
+    ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache``.
+    """
+
+    checkpoints: list[str] | None = None
+    eval_data: str | None = None
+    calibration_data: str | None = None
+    window: int | None = None
+    max_windows: int | None = DEFAULT_MAX_WINDOWS
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    batch_size: int = 16
+    out: str | None = None
+    audits: str | None = None
+    cache: str | None = None
+    progress: bool = True
+    _audits: list[dict] | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if isinstance(self.checkpoints, (str, os.PathLike)):
+            self.checkpoints = [self.checkpoints]
+        self.checkpoints = [str(Path(c).resolve()) for c in (self.checkpoints or shipped_checkpoints())]
+        names = [Path(c).name for c in self.checkpoints]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
+        self.out = Path(self.out).resolve() if self.out else (REPO / "results" / "notebooks")
+        self.audits = Path(self.audits).resolve() if self.audits else self.out / "audits"
+        self.cache = Path(self.cache).resolve() if self.cache else (REPO / DEFAULT_CACHE)
+
+    def settings(self, checkpoint) -> AuditSettings:
+        settings = AuditSettings(
+            checkpoint=str(Path(checkpoint).resolve()),
+            eval=str(Path(self.eval_data).resolve()) if self.eval_data else None,
+            calibration=str(Path(self.calibration_data).resolve()) if self.calibration_data else None,
+            window=self.window,
+            max_windows=self.max_windows,
+            device=self.device,
+            dtype=self.dtype,
+            seed=self.seed,
+            batch_size=self.batch_size,
+        )
+        return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
+
+    def audit_dir(self, audit_or_checkpoint) -> Path:
+        path = audit_or_checkpoint["model"]["path"] if isinstance(audit_or_checkpoint, dict) else audit_or_checkpoint
+        return self.audits / Path(path).name
+
+    def check(self) -> None:
+        for checkpoint in self.checkpoints:
+            check_checkpoint(checkpoint)
+        for name in PATH_PARAMETERS:
+            value = getattr(self, name)
+            if value and not Path(value).is_file():
+                raise UserError(f"{name}: text file not found: {value}")
+
+    def load_audits(self) -> list[dict]:
+        """The audit of every checkpoint, run or reused, in the order given."""
+        if self._audits is None:
+            from tqdm.auto import tqdm
+
+            self.check()
+            self._audits = [
+                ensure_audit(self.settings(c), self.audit_dir(c))
+                for c in tqdm(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
+            ]
+        return self._audits
+
+    def positive_control(self, audit: dict, quantile: float = 0.5) -> dict:
+        return ensure_positive_control(self.settings(audit["model"]["path"]), self.audit_dir(audit), quantile)
+
+    def write_table(self, table):
+        """Write a ``tables.Table`` as CSV, Markdown and LaTeX under ``<out>/tables`` and return it (displays)."""
+        table.write(self.out)
+        return table
+
+    def write_figure(self, fig, name: str) -> Path:
+        from .tables import write_figure
+
+        return write_figure(fig, self.out, name)
+
+
+# --------------------------------------------------------------------------------------------------------
+# fca reproduce
+# --------------------------------------------------------------------------------------------------------
+
+def load_config(path) -> dict:
+    """A reproduce config: TOML or JSON with ``notebooks``, ``cache``, ``[parameters]`` (every notebook that
+    declares a name gets it) and ``[notebook.<name>]`` (one notebook only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix == ".json":
+            config = json.loads(text)
+        else:
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
+            config = tomllib.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} must hold a table of settings")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise UserError(f"{path}: unknown config key '{unknown[0]}' (known: {', '.join(CONFIG_KEYS)}; "
+                        "notebook parameters go under [parameters])")
+    return config
+
+
+@dataclass
+class NotebookJob:
+    name: str
+    source: Path
+    parameters: dict
+
+
+@dataclass
+class Plan:
+    out: Path
+    jobs: list[NotebookJob]
+    audits: dict[str, AuditSettings]  # checkpoint -> settings, shared by every notebook that reads it
+    cache: Path
+    config_path: str | None
+    overwrite: bool
+
+
+def notebook_parameters(source: Path) -> dict:
+    import papermill
+
+    return papermill.inspect_notebook(str(source))
+
+
+def default_out() -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, n = Path("results") / stamp, 1
+    while out.exists():
+        n += 1
+        out = Path("results") / f"{stamp}-{n}"
+    return out
+
+
+def plan(config: dict | None = None, out=None, overwrite: bool = False, config_path=None,
+         notebook_dir: Path = NOTEBOOK_DIR) -> Plan:
+    """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
+    config = dict(config or {})
+    names = config.get("notebooks", list(PAPER_NOTEBOOKS))
+    if isinstance(names, str) or not isinstance(names, list) or not names:
+        raise UserError("config 'notebooks' must be a non-empty list of notebook names")
+    available = sorted(p.stem for p in Path(notebook_dir).glob("*.ipynb"))
+    sources = {}
+    for name in names:
+        stem = str(name).removesuffix(".ipynb")
+        if stem not in available:
+            raise UserError(f"unknown notebook '{name}' (available: {', '.join(available)})")
+        sources[stem] = Path(notebook_dir) / f"{stem}.ipynb"
+    declared = {name: notebook_parameters(path) for name, path in sources.items()}
+
+    shared = config.get("parameters", {}) or {}
+    overrides = config.get("notebook", {}) or {}
+    if not isinstance(shared, dict) or not isinstance(overrides, dict):
+        raise UserError("config [parameters] and [notebook.<name>] must be tables")
+    for name in shared:
+        if name in RESERVED:
+            raise UserError(f"parameter '{name}' is set by fca reproduce itself (use --out, or 'cache' at the top level)")
+        if not any(name in d for d in declared.values()):
+            known = sorted(set().union(*declared.values()) - set(RESERVED))
+            raise UserError(f"unknown parameter '{name}': no notebook of this run declares it (known: {', '.join(known)})")
+    for stem, params in overrides.items():
+        stem = str(stem).removesuffix(".ipynb")
+        if stem not in declared:
+            raise UserError(f"[notebook.{stem}]: no such notebook in this run ({', '.join(declared)})")
+        if not isinstance(params, dict):
+            raise UserError(f"[notebook.{stem}] must be a table of parameters")
+        for name in params:
+            if name in RESERVED or name not in declared[stem]:
+                raise UserError(f"unknown parameter '{name}' for notebook {stem} "
+                                f"(it declares: {', '.join(n for n in declared[stem] if n not in RESERVED)})")
+
+    out = Path(out) if out else default_out()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"output folder {out} already holds results; choose another --out, or pass --overwrite "
+                        "to write this run over them (current audits are reused)")
+    out = out.resolve()
+    cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
+
+    jobs, audits, first_user = [], {}, {}
+    for stem, source in sources.items():
+        params = {k: v for k, v in DEFAULT_PARAMETERS.items() if k in declared[stem]}
+        params.update({k: v for k, v in shared.items() if k in declared[stem]})
+        params.update({k: v for k, v in overrides.get(stem, {}).items()})
+        for key in PATH_PARAMETERS:
+            if params.get(key):
+                params[key] = str(Path(params[key]).resolve())
+        if "checkpoints" in declared[stem]:
+            checkpoints = params.get("checkpoints") or shipped_checkpoints()
+            if isinstance(checkpoints, str):
+                checkpoints = [checkpoints]
+            params["checkpoints"] = [str(Path(c).resolve()) for c in checkpoints]
+        reserved = {"out": str(out), "audits": str(out / "audits"), "cache": str(cache)}
+        params.update({k: v for k, v in reserved.items() if k in declared[stem]})
+        run = NotebookRun(**{k: v for k, v in params.items() if k in NotebookRun.__dataclass_fields__})
+        run.check()
+        for checkpoint in run.checkpoints if "checkpoints" in declared[stem] else []:
+            settings = run.settings(checkpoint)
+            if checkpoint in audits and audits[checkpoint] != settings:
+                raise UserError(f"{Path(checkpoint).name} is audited with different settings in notebooks "
+                                f"{first_user[checkpoint]} and {stem}; give both the same audit parameters")
+            audits.setdefault(checkpoint, settings)
+            first_user.setdefault(checkpoint, stem)
+        jobs.append(NotebookJob(stem, source, params))
+    ensure_kernel()
+    return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite)
+
+
+def ensure_kernel(name: str = KERNEL_NAME) -> dict:
+    """The project's Jupyter kernel must run this very Python; install it into this environment if absent."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    manager = KernelSpecManager()
+    try:
+        spec = manager.get_kernel_spec(name)
+    except NoSuchKernel:
+        from ipykernel.kernelspec import install
+
+        install(kernel_name=name, display_name="Python (fca-workbench)", prefix=sys.prefix)
+        print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
+        spec = KernelSpecManager().get_kernel_spec(name)
+    python = spec.argv[0]
+    if os.path.isabs(python) and Path(python).parent.absolute() != Path(sys.executable).parent.absolute():
+        raise UserError(
+            f"the Jupyter kernel '{name}' runs {python}, not this environment's {sys.executable}; reinstall it "
+            f"with: {sys.executable} -m ipykernel install --prefix {sys.prefix} --name {name} "
+            f"(or remove the other one: jupyter kernelspec remove {name})"
+        )
+    return {"name": name, "python": python, "resource_dir": spec.resource_dir}
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    ok: bool
+    seconds: float
+    output: Path
+    error: str | None = None
+    files: list[Path] = field(default_factory=list)
+
+
+def _snapshot(folder: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
+
+
+def describe_failure(exc: Exception) -> str:
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        lines = [line for line in (exc.source or "").splitlines() if line.strip() and not line.startswith("#")]
+        first = (lines[0].strip()[:80] if lines else "")
+        evalue = (exc.evalue or "").strip().splitlines()
+        return (f"cell {exc.cell_index} (In [{exc.exec_count}]: {first}) raised {exc.ename}: "
+                f"{evalue[0] if evalue else ''}")
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
+    import papermill
+
+    output = out / "notebooks" / f"{job.name}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    before = _snapshot(out)
+    start = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(job.source), str(output), parameters=job.parameters, kernel_name=KERNEL_NAME,
+            progress_bar=False, log_output=False, request_save_on_cell_execute=False, cwd=str(output.parent),
+        )
+    except Exception as exc:  # a notebook's failure is reported, and the others still run
+        error = describe_failure(exc)
+    seconds = time.perf_counter() - start
+    after = _snapshot(out)
+    files = sorted(p for p, mtime in after.items() if before.get(p) != mtime and p != output
+                   and out / "audits" not in p.parents)
+    return NotebookResult(job.name, error is None, seconds, output, error, files)
+
+
+def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
+    """Run the audits once, then every notebook; a failing notebook does not stop the others."""
+    from tqdm.auto import tqdm
+
+    out = plan_.out
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "reproduce_config.json", (json.dumps(plan_summary(plan_), indent=2) + "\n").encode())
+    started = time.perf_counter()
+    audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
+    for checkpoint, settings in tqdm(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
+        ensure_audit(settings, out / "audits" / Path(checkpoint).name)
+    audit_seconds = time.perf_counter() - started
+    results = []
+    bar = tqdm(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
+    for job in bar:
+        bar.set_postfix_str(job.name)
+        result = run_notebook(job, out)
+        if not result.ok:
+            tqdm.write(f"FAILED {job.name}: {result.error} (see {result.output})", file=sys.stderr)
+        results.append(result)
+    write_index(plan_, results, audit_seconds, time.perf_counter() - started)
+    return results
+
+
+def plan_summary(plan_: Plan) -> dict:
+    return {
+        "config": plan_.config_path,
+        "out": str(plan_.out),
+        "cache": str(plan_.cache),
+        "kernel": KERNEL_NAME,
+        "notebooks": {job.name: job.parameters for job in plan_.jobs},
+        "audits": {Path(c).name: asdict(s) for c, s in plan_.audits.items()},
+    }
+
+
+def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float, total_seconds: float) -> Path:
+    """``DIR/README.md``: what ran on which models, data and settings, and where every output lies."""
+    out = plan_.out
+    audits = [(Path(c).name, read_json(out / "audits" / Path(c).name / "audit.json")) for c in plan_.audits]
+    passed = sum(r.ok for r in results)
+    lines = [
+        "# fca reproduce",
+        "",
+        f"Run on {datetime.datetime.now().isoformat(timespec='seconds')} with `fca reproduce"
+        + (f" --config {plan_.config_path}" if plan_.config_path else "") + f" --out {out}`"
+        + f" (Jupyter kernel `{KERNEL_NAME}`, Python {sys.version.split()[0]}).",
+        "",
+        f"**{passed} of {len(results)} notebooks passed.** Wall time {total_seconds:.0f} s "
+        f"(audits {audit_seconds:.0f} s, notebooks {sum(r.seconds for r in results):.0f} s).",
+        "",
+        "## Notebooks",
+        "",
+        "| notebook | status | seconds | executed notebook |",
+        "|---|---|---:|---|",
+    ]
+    for r in results:
+        status = "passed" if r.ok else f"**FAILED**: {r.error}".replace("|", "\\|")
+        lines.append(f"| {r.name} | {status} | {r.seconds:.1f} | [{r.output.name}]({r.output.relative_to(out)}) |")
+    lines += ["", "## Models", "", "| model | arch | params | fingerprint | path |", "|---|---|---:|---|---|"]
+    for name, audit in audits:
+        if audit:
+            m = audit["model"]
+            lines.append(f"| {name} | {m['arch']} | {m['params']:,} | `{m['fingerprint'][:12]}` | `{m['path']}` |")
+        else:
+            lines.append(f"| {name} | (audit missing) | | | |")
+    first = next((a for _, a in audits if a), None)
+    if first:
+        lines += ["", "## Data", ""]
+        for split in ("eval", "calibration"):
+            d = first["data"][split]
+            lines.append(f"- {split}: `{d['source']}`, {d['windows']} windows × {d['window']} tokens "
+                         f"({d['tokens']:,} tokens), fingerprint `{d['fingerprint'][:12]}`")
+        s = first["settings"]
+        lines += ["", "## Settings", "",
+                  f"device {s['device']}, dtype {s['dtype']}, seed {s['seed']}, window {first['data']['eval']['window']}, "
+                  f"max windows {s['max_windows']}, batch size {s['batch_size']}, bootstrap resamples {s['resamples']}, "
+                  f"latency repeats {s['latency_repeats']}; coefficient caches in `{plan_.cache}`; audits in "
+                  "[audits/](audits/). Every notebook's parameters are in "
+                  "[reproduce_config.json](reproduce_config.json)."]
+    lines += ["", "## Tables and figures", ""]
+    for r in results:
+        tables = sorted({p.with_suffix("") for p in r.files if p.parent == out / "tables"})
+        figures = sorted(p for p in r.files if p.parent == out / "figures" and p.suffix == ".html")
+        if not tables and not figures:
+            continue
+        lines += [f"### {r.name}", ""]
+        for stem in tables:
+            rel = stem.relative_to(out)
+            links = ", ".join(f"[{ext}]({rel}.{ext})" for ext in ("csv", "md", "tex") if stem.with_suffix(f".{ext}").exists())
+            lines.append(f"Table `{stem.name}` ({links}):")
+            lines.append("")
+            md = stem.with_suffix(".md")
+            if md.exists():
+                lines += [md.read_text().rstrip(), ""]
+        if figures:
+            lines.append("Figures (interactive HTML, offline): " + ", ".join(
+                f"[{p.stem}]({p.relative_to(out)})" for p in figures))
+            lines.append("")
+    path = out / "README.md"
+    write_atomic(path, ("\n".join(lines).rstrip() + "\n").encode())
+    return path
+
+
+def reproduce(config_path=None, out=None, overwrite: bool = False, progress: bool = True) -> tuple[Plan, list[NotebookResult]]:
+    config = load_config(config_path) if config_path else {}
+    plan_ = plan(config, out, overwrite, config_path)
+    return plan_, execute(plan_, progress)
