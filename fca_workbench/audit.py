@@ -60,6 +60,11 @@ def load_audit_inputs(settings: AuditSettings):
         raise UserError("--device cuda was asked for, but torch sees no CUDA device")
     model = load_model(settings.checkpoint, DTYPES[settings.dtype]).to(settings.device)
     tokenizer = load_tokenizer(settings.checkpoint)
+    if len(tokenizer) > model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer in {settings.checkpoint} has {len(tokenizer)} tokens, more than the model's "
+            f"vocabulary of {model.config.vocab_size}: they do not belong together"
+        )
     window = settings.window or min(256, model.context_length)
     if window > model.context_length:
         raise UserError(f"window of {window} tokens is longer than the model's context of {model.context_length}")

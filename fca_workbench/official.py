@@ -47,6 +47,8 @@ OFFICIAL_AUTO_MAP = {
     "AutoConfig": "configuration_muddpythia.MUDDPythiaConfig",
     "AutoModelForCausalLM": "modeling_muddpythia.MUDDPythia",
 }
+# The code files in a release folder that its ``auto_map`` points at (never imported here).
+CODE_FILES_NAMED_BY_AUTO_MAP = tuple(sorted({v.split(".")[0] + ".py" for v in OFFICIAL_AUTO_MAP.values()}))
 # The official MUDDPythia-1.4B config.json, verbatim (github.com/Caiyun-AI/MUDDFormer at fc067b2,
 # pytorch/muddpythia/config_1p4b.json).
 OFFICIAL_1P4B_CONFIG = {
@@ -118,7 +120,10 @@ NAMED_KEYS = 5  # how many keys of each kind an error names
 
 
 def read_config(folder: Path, families: dict):
-    """``families``: arch -> (config class, model class). The checkpoint's config as the workbench's own config class; ``auto_map`` dropped, never followed."""
+    """The checkpoint's config as the workbench's own config class, ``auto_map`` dropped, never followed.
+
+    ``families``: arch -> (config class, model class), the registry of ``fca_workbench.models``.
+    """
     path = folder / CONFIG_FILE
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

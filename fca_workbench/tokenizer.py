@@ -29,6 +29,6 @@ def load_tokenizer(folder=TOKENIZER_DIR) -> PreTrainedTokenizerFast:
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         raise UserError(f"no tokenizer files in {folder}")
     try:
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise UserError(f"unreadable tokenizer in {folder}: {str(exc).splitlines()[0]}") from None

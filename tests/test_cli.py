@@ -6,6 +6,9 @@ import sys
 
 import pytest
 
+from conftest import tiny_model
+from fca_workbench.tokenizer import load_tokenizer
+
 
 def fca(*args, cwd=None):
     return subprocess.run(
@@ -84,3 +87,10 @@ def test_train_with_unreadable_text(tmp_path):
     text.write_bytes(b"\xc3\x28")
     result = fca("train", "--arch", "dense", "--train", text, "--out", tmp_path / "run")
     assert_one_line_error(result, "not UTF-8")
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
+    folder = tmp_path / "small-vocab"
+    tiny_model("featuregate", vocab_size=64, window=64).save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "do not belong together")
