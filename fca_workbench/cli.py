@@ -80,6 +80,47 @@ def cmd_audit_many(args) -> None:
     print(f"\nwrote {out / 'audit_many.json'}")
 
 
+def cmd_reproduce(args) -> int:
+    from .reproduce import reproduce
+
+    plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'passed' if r.ok else 'FAILED'}  {r.name:20s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else ""))
+    print(f"\nwrote {plan.out} (index: {plan.out / 'README.md'})")
+    if failed:
+        print(f"fca: {len(failed)} of {len(results)} notebooks failed: {', '.join(r.name for r in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_dashboard(args) -> None:
+    """Serve ``dashboards/app.py`` (the Panel app lives in the source checkout, next to this package)."""
+    import importlib.util
+
+    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    if not app_path.is_file():
+        raise UserError(f"dashboard app not found at {app_path}; run from a source checkout of the workbench")
+    from .dashboard import load_registry
+
+    load_registry(args.registry)  # a bad registry is a one-line error here, before any server starts
+    spec = importlib.util.spec_from_file_location("fca_dashboard_app", app_path)
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    options = {}
+    if args.allow_websocket_origin:
+        options["websocket_origin"] = args.allow_websocket_origin
+    if args.num_threads is not None:
+        options["num_threads"] = args.num_threads
+    if args.basic_auth:
+        options["basic_auth"] = args.basic_auth
+    if args.cookie_secret:
+        options["cookie_secret"] = args.cookie_secret
+    print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
+    app.serve(port=args.port, address=args.address, registry=args.registry,
+              calibration_windows=args.calibration_windows, torch_threads=args.torch_threads, **options)
+
+
 def add_audit_options(parser) -> None:
     parser.add_argument("--eval", help="eval text: UTF-8 .txt or JSONL {\"text\": ...} (default: shipped eval split)")
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
@@ -134,6 +175,31 @@ def build_parser() -> argparse.ArgumentParser:
     many.add_argument("checkpoints", nargs="+")
     add_audit_options(many)
     many.set_defaults(func=cmd_audit_many)
+
+    dash = commands.add_parser("dashboard", help="serve the Panel dashboard (see README, Dashboard)")
+    dash.add_argument("--port", type=int, default=5006)
+    dash.add_argument("--address", default="127.0.0.1", help="interface to listen on (default: this machine only)")
+    dash.add_argument("--registry", default=None,
+                      help='JSON file {"name": "checkpoint folder", ...} (default: the shipped checkpoints)')
+    dash.add_argument("--allow-websocket-origin", action="append", default=None, metavar="HOST[:PORT]",
+                      help="a host browsers may reach the server as (repeatable); needed with a non-local --address")
+    dash.add_argument("--num-threads", type=int, default=None, help="Panel's callback thread pool size")
+    dash.add_argument("--basic-auth", default=None, help="Panel basic auth: a password or a JSON credentials file")
+    dash.add_argument("--cookie-secret", default=None, help="secret that signs the login cookie (needed with auth)")
+    dash.add_argument("--calibration-windows", type=int, default=None,
+                      help="calibration windows for the static profiles (default: all)")
+    dash.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    dash.set_defaults(func=cmd_dashboard)
+
+    reproduce = commands.add_parser(
+        "reproduce", help="run every paper notebook through papermill: tables, figures and an index in one folder"
+    )
+    reproduce.add_argument("--config", default=None, help="TOML or JSON: notebooks, cache, [parameters], "
+                           "[notebook.<name>] (default: the shipped checkpoints and corpus on CPU)")
+    reproduce.add_argument("--out", default=None, help="output folder (default: results/<timestamp>/)")
+    reproduce.add_argument("--overwrite", action="store_true",
+                           help="write into an --out that already holds results (its current audits are reused)")
+    reproduce.set_defaults(func=cmd_reproduce)
     return parser
 
 
@@ -144,14 +210,14 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # our own tqdm bars say what is happening; theirs would interleave
     hf_logging.set_verbosity_error()
     try:
-        args.func(args)
+        status = args.func(args)
     except UserError as exc:
         print(f"fca: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fca: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

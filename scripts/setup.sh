@@ -8,4 +8,20 @@ python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet -e ".[test]"  # [test] includes [notebooks]
+# The named Jupyter kernel `fca reproduce` (papermill's kernel_name) and JupyterLab use: this venv's Python,
+# registered inside the venv itself, so every clone has its own and none shadows another.
+.venv/bin/python -m ipykernel install --prefix "$PWD/.venv" --name fca-workbench \
+    --display-name "Python (fca-workbench)" >/dev/null
+
+# The dashboard's browser test drives Debian's Chromium through Playwright (never `playwright install`, which
+# downloads a browser build of its own). Installed only when missing; FCA_SKIP_BROWSER=1 skips it.
+if [[ ! -x /usr/bin/chromium && "${FCA_SKIP_BROWSER:-0}" != 1 ]]; then
+    if [[ $(id -u) == 0 ]]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "setup: /usr/bin/chromium is missing and apt-get needs root: the dashboard browser test will be skipped" >&2
+    fi
+fi

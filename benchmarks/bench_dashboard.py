@@ -1,0 +1,453 @@
+"""Dashboard speed and load, measured in one run on this machine (CPU).
+
+    .venv/bin/python benchmarks/bench_dashboard.py [--checkpoints featuregate-s0 muddpythia-s0]
+        [--repeats 30] [--sessions 10] [--duration 60] [--skip-latency] [--skip-load]
+
+Writes benchmarks/results/bench_dashboard.json and .md:
+
+1. Update latency (in process, torch with 1 thread, one 256-token eval window): a single-layer intervention
+   replayed through the prefix cache (from layer l on) against a full frozen forward of the same window and
+   coefficients, for every layer and the conditions cross_input, token_shuffle and layer_mean: p50 / p95 ms
+   of each and their ratio; plus the whole server-side update (``DashboardSession.analyse``, result cache
+   cleared each time). Goal: update p95 <= 300 ms.
+2. Load on loopback: ``fca dashboard`` in a subprocess, then N concurrent browser-less sessions (Bokeh's
+   websocket client, one thread each) changing widgets (layer, intervention, window, seed, checkpoint) for
+   the given duration, each waiting for the app's "update #k" before its next change. Errors (goal 0),
+   p50 / p95 of the client-observed update latency, server RSS before (models loaded, no session open), at
+   peak and after every session closed (goal: back within 10% of before). The loop is bounded in time and
+   talks only to 127.0.0.1.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fca_workbench.dashboard import DashboardSession, Registry, SharedModel, window_input
+from fca_workbench.interventions import restrict_to_layer
+from fca_workbench.prefix import PrefixCache
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+UPDATE = re.compile(r"data-update=(?:&#x27;|')(\d+)(?:&#x27;|') data-state=(?:&#x27;|')(\w+)")
+SERVER_MS = re.compile(r"update #\d+: (\d+) ms")  # the server's own time from widget change to rendered views
+
+
+def percentiles(values) -> dict:
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return {"n": 0, "p50_ms": None, "p95_ms": None}
+    return {"n": int(values.size), "p50_ms": float(np.percentile(values, 50)), "p95_ms": float(np.percentile(values, 95))}
+
+
+def timed_ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1000
+
+
+# ---------------------------------------------------------------------------------------------- latency
+
+
+@torch.no_grad()
+def latency(name: str, folder: Path, repeats: int, calibration_windows: int | None) -> dict:
+    shared = SharedModel(folder, calibration_windows=calibration_windows)
+    model = shared.model
+    text = window_input(shared, 0)
+    ids = text.ids
+    result = {"checkpoint": name, "arch": shared.arch, "tokens": ids.shape[1], "layers": shared.num_layers}
+    for _ in range(3):  # warm-up
+        model(ids)
+    if not shared.has_coefficients:
+        result["full_forward"] = percentiles([timed_ms(lambda: model(ids)) for _ in range(repeats)])
+        result["note"] = "no controller: nothing to intervene on"
+        return result
+    prefix = PrefixCache(model, ids, lock=shared.lock)
+    result["static_profiles_first_use_s"] = timed_ms(shared.profiles) / 1000
+    session = DashboardSession()
+    conditions = ("cross_input", "token_shuffle", "layer_mean")
+    intervened = {c: session.condition_coefficients(name, shared, text, prefix, c, 0, shared.donor_for(0, 0))
+                  for c in conditions}
+    full, cached, per_layer = [], [], {layer: {"full": [], "prefix": []} for layer in range(shared.num_layers)}
+    for repeat in range(repeats):
+        for layer in range(shared.num_layers):
+            condition = conditions[(repeat + layer) % len(conditions)]
+            coefficients = restrict_to_layer(intervened[condition], prefix.coefficients, layer)
+            if repeat == 0:  # exactness, once per layer
+                assert torch.equal(prefix.logits(coefficients, layer), model(ids, coefficients=coefficients).logits)
+            t_full = timed_ms(lambda: model(ids, coefficients=coefficients))
+            t_prefix = timed_ms(lambda: prefix.logits(coefficients, layer))
+            full.append(t_full)
+            cached.append(t_prefix)
+            per_layer[layer]["full"].append(t_full)
+            per_layer[layer]["prefix"].append(t_prefix)
+    updates = []
+    for repeat in range(repeats):
+        layer = repeat % shared.num_layers
+        condition = conditions[repeat % len(conditions)]
+        session.results.clear()  # recompute, as after a widget change
+        updates.append(timed_ms(lambda: session.analyse(name, shared, text, condition, layer, seed=repeat)))
+    result.update({
+        "full_forward": percentiles(full),
+        "prefix_single_layer": percentiles(cached),
+        "ratio_p50_prefix_over_full": float(np.median(cached) / np.median(full)),
+        "per_layer_ratio_p50": {str(l): float(np.median(v["prefix"]) / np.median(v["full"])) for l, v in per_layer.items()},
+        "dashboard_update": percentiles(updates),
+    })
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class Client:
+    """One browser-less session: Bokeh's websocket client, driving the app's widgets by their CSS classes.
+
+    The client's event loop runs without a break in its own thread, reading whole messages (stopping it
+    mid-read, as Bokeh's ``force_roundtrip`` or a timeout would, leaves a half-read multi-frame message and
+    garbles the stream); widget changes are handed to that loop, and ``wait`` polls the app's status line.
+    """
+
+    def __init__(self, url: str, timeout: float = 120):
+        self.closing = False
+        self.error = None
+        self.ready = threading.Event()
+        self.update = 0
+        self.server_ms = None
+        self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self.thread.start()
+        if not self.ready.wait(timeout) or self.error:
+            raise RuntimeError(f"session did not start: {self.error!r}")
+        ms, state = self.wait(timeout)  # the first update, after the document is ready
+        if state is None:
+            raise RuntimeError("session got no first update")
+
+    def _run(self, url: str):
+        import panel.models.plotly  # noqa: F401  (registers Panel's Bokeh models for the client)
+        from bokeh.client import pull_session
+        from bokeh.events import DocumentReady
+
+        try:
+            asyncio.set_event_loop(asyncio.new_event_loop())
+            self.session = pull_session(url=url)
+            self.widgets = {}
+            for model in self.session.document.models:
+                for css in getattr(model, "css_classes", None) or []:
+                    if css.startswith("fca-"):
+                        self.widgets[css] = model
+            self.status = self.widgets["fca-status"]
+            self.connection = self.session._connection
+            self.session.document.callbacks.send_event(DocumentReady())  # what a browser sends once drawn
+        except Exception as exc:  # noqa: BLE001
+            self.error = exc
+            self.ready.set()
+            return
+        self.ready.set()
+        self.connection._loop.run_sync(self._pump)
+
+    async def _pump(self):
+        # Read whole messages one after another and apply the document patches. (The client's own loop,
+        # ``_loop_until``, recurses once per message and overflows the stack after a few hundred.)
+        while not self.closing:
+            message = await self.connection._pop_message()
+            if message is None:  # closed
+                return
+            if message.msgtype == "PATCH-DOC":
+                self.session._handle_patch(message)
+
+    def state(self):
+        match = UPDATE.search(self.status.text or "")
+        return (int(match.group(1)), match.group(2)) if match else (0, None)
+
+    def wait(self, timeout: float) -> tuple[float, str | None]:
+        """Wait for the app's next update; (ms, state), state None on timeout."""
+        start = time.perf_counter()
+        while time.perf_counter() - start < timeout:
+            number, state = self.state()
+            if number > self.update:
+                self.update = number
+                server = SERVER_MS.search(self.status.text or "")
+                self.server_ms = float(server.group(1)) if server else None
+                return (time.perf_counter() - start) * 1000, state
+            time.sleep(0.01)
+        return (time.perf_counter() - start) * 1000, None
+
+    def set(self, widget: str, value):
+        self.connection._loop.add_callback(setattr, self.widgets[widget], "value", value)  # thread-safe hand-over
+
+    def close(self):
+        self.closing = True
+        self.connection._loop.add_callback(self.session.close)
+        self.thread.join(timeout=10)
+
+
+def load_run(names: list[str], registry: Registry, sessions: int, duration: float, calibration_windows) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        registry_file = Path(tmp) / "registry.json"
+        registry_file.write_text(json.dumps({n: str(registry.folder(n)) for n in names}))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/"
+        log_path = Path(tmp) / "server.log"
+        command = [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port),
+                   "--registry", str(registry_file)]
+        if calibration_windows:
+            command += ["--calibration-windows", str(calibration_windows)]
+        with open(log_path, "w") as log:
+            server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=5):
+                        break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("dashboard server did not start:\n" + log_path.read_text())
+                    time.sleep(0.5)
+            return drive(server, url, names, sessions, duration, log_path)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def drive(server, url, names, sessions, duration, log_path) -> dict:
+    # warm-up: one session loads every checkpoint and its static profiles, then leaves
+    warm = {}
+
+    def warm_up():
+        client = Client(url)
+        for name in names:
+            for widget, value in (("fca-checkpoint", name), ("fca-condition", "layer_mean"), ("fca-condition", "cross_input")):
+                if client.widgets[widget].value != value:  # setting the same value sends nothing
+                    client.set(widget, value)
+                    client.wait(300)
+        client.close()
+
+    single, single_server = [], []
+
+    def alone():  # one session on its own: the latency without queueing behind other sessions
+        client = Client(url)
+        layers = [value for value, _ in client.widgets["fca-layer"].options]
+        for step in range(20):
+            layer = layers[(step % (len(layers) - 1)) + 1] if step % 5 else layers[0]
+            if client.widgets["fca-layer"].value == layer:
+                continue
+            client.set("fca-layer", layer)
+            ms, state = client.wait(60)
+            if state == "ok":
+                single.append(ms)
+                single_server.append(client.server_ms)
+        client.close()
+
+    for job in (warm_up, alone):
+        thread = threading.Thread(target=job)
+        thread.start()
+        thread.join()
+    time.sleep(15)  # unused sessions are reaped every 5 s after 5 s
+    before = rss_mib(server.pid)
+
+    samples, stop_sampling = [], threading.Event()
+
+    def sample():
+        while not stop_sampling.is_set():
+            samples.append(rss_mib(server.pid))
+            time.sleep(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    latencies, server_side, errors, lock = [], [], [], threading.Lock()
+    clients_open = []
+    end = time.monotonic() + duration
+
+    def user(index: int):
+        rng = random.Random(index)
+        try:
+            client = Client(url)
+        except Exception as exc:  # noqa: BLE001  (counted, not fatal)
+            with lock:
+                errors.append(f"session {index} could not connect: {exc!r}")
+            return
+        with lock:
+            clients_open.append(client)
+        layers = [value for value, _ in client.widgets["fca-layer"].options]
+        conditions = list(client.widgets["fca-condition"].options)
+        while time.monotonic() < end:
+            choices = {
+                "fca-layer": layers, "fca-condition": conditions, "fca-window": list(range(200)),
+                "fca-seed": list(range(50)), "fca-checkpoint": names,
+            }
+            action = rng.choice(["fca-layer", "fca-layer", "fca-condition", "fca-condition", "fca-window", "fca-seed",
+                                 "fca-checkpoint"])
+            candidates = [v for v in choices[action] if v != client.widgets[action].value]
+            if not candidates:  # e.g. a single checkpoint: nothing to change to
+                continue
+            client.set(action, rng.choice(candidates))
+            ms, state = client.wait(60)
+            with lock:
+                if state == "ok":
+                    latencies.append(ms)
+                    if client.server_ms is not None:
+                        server_side.append(client.server_ms)
+                else:
+                    errors.append(f"session {index}, {action}: {'timeout' if state is None else 'error shown'}")
+            if action == "fca-checkpoint":  # the layer choices follow the checkpoint
+                layers = [value for value, _ in client.widgets["fca-layer"].options]
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(sessions)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    for client in clients_open:
+        client.close()
+    closed_at = time.monotonic()
+    after = None
+    while time.monotonic() - closed_at < 45:  # sessions are reaped within ~10 s
+        time.sleep(3)
+        after = rss_mib(server.pid)
+        if after <= before * 1.10 and time.monotonic() - closed_at > 15:
+            break
+    stop_sampling.set()
+    sampler.join()
+    log = log_path.read_text()
+    return {
+        "sessions": sessions,
+        "duration_s": elapsed,
+        "checkpoints": names,
+        "updates": len(latencies),
+        "errors": len(errors),
+        "error_examples": errors[:5],
+        "update_latency": percentiles(latencies),
+        "server_side_update_latency": percentiles(server_side),
+        "single_session_update_latency": percentiles(single),
+        "single_session_server_side": percentiles([x for x in single_server if x is not None]),
+        "server_rss_mib": {"before": before, "peak": max(samples) if samples else None, "after": after},
+        "rss_after_over_before": after / before if after else None,
+        "seconds_after_close": time.monotonic() - closed_at,
+        "server_tracebacks": log.count("Traceback"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--registry", default=None, help="registry JSON (default: the shipped checkpoints)")
+    parser.add_argument("--checkpoints", nargs="+", default=None,
+                        help="names to measure (default: featuregate-s0, muddpythia-s0, dense-s0 where shipped)")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--sessions", type=int, default=10)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--calibration-windows", type=int, default=None, help="for the static profiles (default: all)")
+    parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-load", action="store_true")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the server subprocess is stopped on the way out
+    torch.set_num_threads(1)
+    registry = Registry.from_file(args.registry) if args.registry else Registry.shipped()
+    names = args.checkpoints or [n for n in ("featuregate-s0", "muddpythia-s0", "dense-s0") if n in registry.entries]
+    if not names:
+        sys.exit("no checkpoints to measure: none shipped yet; pass --registry and --checkpoints")
+    results = {"machine": {"cpus": os.cpu_count(), "torch_threads": 1}, "checkpoints": names}
+    RESULTS.mkdir(exist_ok=True)
+    if not args.skip_latency:
+        results["latency"] = [latency(n, registry.folder(n), args.repeats, args.calibration_windows) for n in names]
+    if not args.skip_load:
+        with_coefficients = [n for n in names if "dense" not in n] or names
+        results["load"] = load_run(with_coefficients, registry, args.sessions, args.duration, args.calibration_windows)
+    (RESULTS / "bench_dashboard.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / "bench_dashboard.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+def fmt(value, digits=1):
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Dashboard benchmark ({r['machine']['cpus']} CPUs, torch {r['machine']['torch_threads']} thread)", ""]
+    if "latency" in r:
+        lines += [
+            "## Update latency, one 256-token window (ms)",
+            "",
+            "| checkpoint | full frozen forward p50 / p95 | prefix cache, one layer p50 / p95 | ratio (p50) | "
+            "per-layer ratio | whole update p50 / p95 (goal p95 <= 300) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for x in r["latency"]:
+            if "prefix_single_layer" not in x:
+                lines.append(f"| {x['checkpoint']} | {fmt(x['full_forward']['p50_ms'])} / {fmt(x['full_forward']['p95_ms'])} "
+                             f"| — | — | — | {x['note']} |")
+                continue
+            per_layer = ", ".join(f"{l}: {v:.2f}" for l, v in x["per_layer_ratio_p50"].items())
+            lines.append(
+                f"| {x['checkpoint']} | {fmt(x['full_forward']['p50_ms'])} / {fmt(x['full_forward']['p95_ms'])} "
+                f"| {fmt(x['prefix_single_layer']['p50_ms'])} / {fmt(x['prefix_single_layer']['p95_ms'])} "
+                f"| {x['ratio_p50_prefix_over_full']:.2f} | {per_layer} "
+                f"| {fmt(x['dashboard_update']['p50_ms'])} / {fmt(x['dashboard_update']['p95_ms'])} |"
+            )
+        lines.append("")
+    if "load" in r:
+        x = r["load"]
+        rss = x["server_rss_mib"]
+        lines += [
+            f"## Load: {x['sessions']} concurrent sessions for {x['duration_s']:.0f} s on loopback ({', '.join(x['checkpoints'])})",
+            "",
+            "| figure | measured | goal |",
+            "|---|---|---|",
+            f"| updates completed | {x['updates']} | |",
+            f"| errors | {x['errors']} | 0 |",
+            f"| update latency p50 / p95 (ms, client-observed) | {fmt(x['update_latency']['p50_ms'])} / "
+            f"{fmt(x['update_latency']['p95_ms'])} | |",
+            f"| same, server side (change received to views set) p50 / p95 (ms) | "
+            f"{fmt(x['server_side_update_latency']['p50_ms'])} / {fmt(x['server_side_update_latency']['p95_ms'])} | |",
+            f"| one session alone, layer changes: p50 / p95 (ms, client-observed) | "
+            f"{fmt(x['single_session_update_latency']['p50_ms'])} / {fmt(x['single_session_update_latency']['p95_ms'])} | |",
+            f"| same, server side p50 / p95 (ms) | {fmt(x['single_session_server_side']['p50_ms'])} / "
+            f"{fmt(x['single_session_server_side']['p95_ms'])} | |",
+            f"| server RSS before / peak / after (MiB) | {fmt(rss['before'])} / {fmt(rss['peak'])} / {fmt(rss['after'])} | |",
+            f"| RSS after / before | {fmt(x['rss_after_over_before'], 3)} | <= 1.10 |",
+            f"| server tracebacks | {x['server_tracebacks']} | 0 |",
+            "",
+        ]
+        if x["error_examples"]:
+            lines += ["Errors (first 5): " + "; ".join(x["error_examples"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

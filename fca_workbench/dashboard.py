@@ -1,0 +1,452 @@
+"""The dashboard's view model: every number the Panel app (``dashboards/app.py``) shows comes from here.
+
+The app only presents. This module resolves checkpoint names through a registry (never a path from the
+browser), loads each checkpoint once per process (``SharedModel``: model, tokenizer, eval windows, a lock
+around every forward, static profiles computed lazily from the calibration split), validates pasted text,
+and answers one query (window, layer, condition, seed, donor) with per-token NLL, ΔNLL and the original and
+intervened coefficients, using the core's interventions, the prefix cache (an intervention at layer l is
+replayed from layer l only) and ``metrics.gap_retention``. ``DashboardSession`` is one browser session's
+state: a bounded prefix store and a bounded result cache, freed by ``close``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .data import DATA_DIR, load_windows, split_path
+from .errors import UserError
+from .interventions import (
+    CONDITIONS,
+    STATIC_PROFILES,
+    broadcast_profile,
+    derangement,
+    position_permutations,
+    restrict_to_layer,
+    shuffle_positions,
+    static_profiles,
+)
+from .metrics import gap_retention
+from .models import arch_of, load_model
+from .prefix import PrefixCache, PrefixStore
+
+SHIPPED_CHECKPOINTS = DATA_DIR / "checkpoints"
+MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
+DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
+CONDITION_HELP = {
+    "unperturbed": "the live model, controller running",
+    "correct": "the window's own coefficients, replayed with the controller off",
+    "cross_input": "another eval window's coefficients (donor: seeded derangement, or the donor you pick)",
+    "token_shuffle": "the window's own coefficients, positions permuted by one seeded permutation",
+    "global_mean": "one scalar: the mean of every coefficient over the calibration set",
+    "layer_scalar": "one scalar per layer (calibration mean)",
+    "layer_mean": "the static layerwise profile: per layer and slot (calibration mean)",
+    "layer_position_mean": "per layer, slot and position (calibration mean)",
+}
+SEEDED = ("cross_input", "token_shuffle")
+FG_BRANCHES = ("attn", "mlp")
+MUDD_STREAMS = ("q", "k", "v", "r")
+
+
+# ------------------------------------------------------------------------------------------------------
+# registry
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Names the browser may pick, each mapped to a checkpoint folder on the server."""
+
+    entries: dict[str, Path]
+
+    @classmethod
+    def shipped(cls, root: Path = SHIPPED_CHECKPOINTS) -> "Registry":
+        """The shipped checkpoints that exist now (a folder with a config.json and weights)."""
+        root = Path(root)
+        folders = sorted(p for p in root.glob("*") if (p / "config.json").is_file() and any(p.glob("*.safetensors")))
+        return cls({p.name: p for p in folders})
+
+    @classmethod
+    def from_file(cls, path) -> "Registry":
+        """A JSON file ``{"name": "folder", ...}``; relative folders are relative to the file's own folder."""
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"registry file not found: {path}")
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UserError(f"registry {path} is not JSON: {exc}") from None
+        if isinstance(raw, dict) and isinstance(raw.get("checkpoints"), dict):
+            raw = raw["checkpoints"]
+        if not isinstance(raw, dict) or not raw or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            raise UserError(f'registry {path} must be a non-empty JSON object {{"name": "folder", ...}}')
+        return cls({name: (path.parent / folder).resolve() for name, folder in raw.items()})
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def folder(self, name: str) -> Path:
+        if name not in self.entries:
+            raise UserError(f"unknown checkpoint '{name}'")
+        return self.entries[name]
+
+
+def load_registry(path=None) -> Registry:
+    registry = Registry.from_file(path) if path else Registry.shipped()
+    if not registry.entries:
+        raise UserError(f"no checkpoints to serve: none finished in {SHIPPED_CHECKPOINTS}; pass --registry FILE")
+    return registry
+
+
+# ------------------------------------------------------------------------------------------------------
+# one checkpoint, shared read-only by every session of the process
+
+
+class SharedModel:
+    """A checkpoint loaded once per process. ``lock`` is held around every computation on the model."""
+
+    def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None):
+        from .tokenizer import load_tokenizer
+
+        self.folder = Path(folder)
+        self.model = load_model(self.folder)
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        self.tokenizer = load_tokenizer(self.folder)
+        self.arch = arch_of(self.model)
+        self.window = min(DEFAULT_WINDOW, self.model.context_length)
+        self.eval_windows = load_windows(split_path("eval"), self.tokenizer, self.window, eval_windows)
+        self.calibration_windows = calibration_windows
+        self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
+        self.num_layers = len(self.model.blocks)
+        self.lock = threading.Lock()
+        self._profiles = None
+        self._profiles_lock = threading.Lock()
+        self._derangements: dict[int, torch.Tensor] = {}
+
+    @property
+    def has_coefficients(self) -> bool:
+        return bool(self.slot_shapes)
+
+    @torch.no_grad()
+    def profiles(self) -> dict[str, list[torch.Tensor]]:
+        """Static profiles from the calibration split (computed once, batch by batch under the lock)."""
+        with self._profiles_lock:
+            if self._profiles is None:
+                windows = load_windows(split_path("calibration"), self.tokenizer, self.window, self.calibration_windows)
+
+                def batches():
+                    for start in range(0, len(windows), 16):
+                        with self.lock:
+                            out = self.model(windows[start : start + 16], return_coefficients=True)
+                        yield [c.float() for c in out.coefficients]
+
+                self._profiles = static_profiles(batches())
+            return self._profiles
+
+    def donor_for(self, window_index: int | None, seed: int) -> int:
+        """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""
+        if seed not in self._derangements:
+            self._derangements[seed] = derangement(len(self.eval_windows), seed)
+        return int(self._derangements[seed][window_index or 0])
+
+    def slot_labels(self, layer: int) -> list[str]:
+        """Names of layer ``layer``'s flattened slots, shared across layers where the slot means the same."""
+        shape = self.slot_shapes[layer]
+        if self.arch == "featuregate":
+            return [f"{FG_BRANCHES[b]} g{g}" for b in range(shape[0]) for g in range(shape[1])]
+        if self.arch == "muddpythia":
+            last = layer == self.num_layers - 1
+            streams = ("out",) if last else MUDD_STREAMS
+            return [f"{streams[c]}←x{j}" for c in range(shape[0]) for j in range(shape[1])]
+        return [f"slot {i}" for i in range(int(np.prod(shape)))]
+
+    def all_slot_labels(self) -> list[str]:
+        seen = OrderedDict()
+        for layer in range(self.num_layers):
+            for label in self.slot_labels(layer):
+                seen[label] = None
+        return list(seen)
+
+
+_SHARED: dict[tuple, SharedModel] = {}
+_SHARED_LOCK = threading.Lock()
+_LOADING: dict[tuple, threading.Lock] = {}
+
+
+def shared_model(folder, calibration_windows: int | None = None, eval_windows: int | None = None) -> SharedModel:
+    """The process-wide ``SharedModel`` of ``folder`` (loaded on first use; a failed load is not cached)."""
+    key = (str(Path(folder).resolve()), calibration_windows, eval_windows)
+    with _SHARED_LOCK:
+        if key in _SHARED:
+            return _SHARED[key]
+        loading = _LOADING.setdefault(key, threading.Lock())
+    with loading:
+        with _SHARED_LOCK:
+            if key in _SHARED:
+                return _SHARED[key]
+        shared = SharedModel(folder, calibration_windows, eval_windows)
+        with _SHARED_LOCK:
+            _SHARED[key] = shared
+        return shared
+
+
+# ------------------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """The tokens one query runs on: an eval window (``window_index``) or pasted text (None)."""
+
+    ids: torch.Tensor  # [1, T]
+    window_index: int | None
+    note: str = ""
+
+    @property
+    def key(self):
+        return ("window", self.window_index) if self.window_index is not None else ("text", tuple(self.ids[0].tolist()))
+
+
+def window_input(shared: SharedModel, index) -> TextInput:
+    count = len(shared.eval_windows)
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < count:
+        raise UserError(f"eval window {index!r} does not exist: choose 0..{count - 1}")
+    return TextInput(shared.eval_windows[int(index)].unsqueeze(0), int(index))
+
+
+def pasted_input(shared: SharedModel, text) -> TextInput:
+    """Validate pasted text: non-empty, at most ``MAX_PASTE_CHARS`` characters, text (no control characters
+    but newline and tab), at least 2 tokens; cut to the eval window length, with a note."""
+    if not isinstance(text, str):
+        raise UserError("pasted input is not text")
+    if not text.strip():
+        raise UserError("pasted text is empty")
+    if len(text) > MAX_PASTE_CHARS:
+        raise UserError(f"pasted text has {len(text):,} characters; the limit is {MAX_PASTE_CHARS:,}")
+    bad = [ch for ch in text if ch not in "\n\r\t" and unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn")]
+    if bad:
+        raise UserError(f"pasted input is not plain text (it contains {len(bad)} control or invalid characters, e.g. U+{ord(bad[0]):04X})")
+    ids = shared.tokenizer(text)["input_ids"]
+    if len(ids) < 2:
+        raise UserError("pasted text is a single token; NLL needs at least 2")
+    note = ""
+    if len(ids) > shared.window:
+        note = f"pasted text has {len(ids)} tokens; only the first {shared.window} (one window) are scored"
+        ids = ids[: shared.window]
+    return TextInput(torch.tensor([ids], dtype=torch.long), None, note)
+
+
+# ------------------------------------------------------------------------------------------------------
+# one query's answer
+
+
+@dataclass
+class Analysis:
+    """Everything one view of the dashboard shows, as plain numbers."""
+
+    checkpoint: str
+    arch: str
+    condition: str
+    layer: int | None
+    seed: int
+    donor: int | None
+    tokens: list[str]
+    nll_correct: np.ndarray  # [T-1]: position t predicts token t+1
+    nll_condition: np.ndarray
+    coefficients_correct: list[np.ndarray]  # per layer [T, S_l], slots flattened
+    coefficients_condition: list[np.ndarray]
+    slot_labels: list[list[str]]  # per layer
+    start_layer: int  # where the replay started (0 = from the embeddings)
+    retention: float | None = None
+    nll_global_mean: float | None = None
+    compute_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.nll_condition - self.nll_correct
+
+    @property
+    def summary(self) -> dict:
+        return {
+            "tokens scored": len(self.nll_correct),
+            "mean NLL correct": float(self.nll_correct.mean()),
+            f"mean NLL {self.condition}": float(self.nll_condition.mean()),
+            "mean ΔNLL": float(self.delta.mean()),
+            "max |ΔNLL|": float(np.abs(self.delta).max()),
+            "retention": self.retention,
+        }
+
+    def all_slot_labels(self) -> list[str]:
+        seen = OrderedDict()
+        for labels in self.slot_labels:
+            for label in labels:
+                seen[label] = None
+        return list(seen)
+
+    def layer_position(self, slot: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Original, intervened and difference ``[layers, T]`` of one slot (NaN where a layer lacks it)."""
+        length = len(self.tokens)
+        rows = []
+        for coefficients in (self.coefficients_correct, self.coefficients_condition):
+            grid = np.full((len(coefficients), length), np.nan)
+            for layer, (values, labels) in enumerate(zip(coefficients, self.slot_labels)):
+                if slot in labels:
+                    grid[layer] = values[:, labels.index(slot)]
+            rows.append(grid)
+        return rows[0], rows[1], rows[1] - rows[0]
+
+    def slot_position(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Original, intervened and difference ``[slots, T]`` of one layer."""
+        original = self.coefficients_correct[layer].T.astype(np.float64)
+        intervened = self.coefficients_condition[layer].T.astype(np.float64)
+        return original, intervened, intervened - original
+
+
+def decode_tokens(tokenizer, ids: torch.Tensor) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids[0].tolist()]
+
+
+def _flat(coefficients: list[torch.Tensor]) -> list[np.ndarray]:
+    return [c[0].reshape(c.shape[1], -1).float().numpy() for c in coefficients]
+
+
+class DashboardSession:
+    """One browser session: a bounded prefix store and a bounded cache of replay NLLs, freed by ``close``."""
+
+    def __init__(self, max_windows: int = 4, max_bytes: int = 256 * 2**20, max_results: int = 32):
+        self.prefixes = PrefixStore(max_entries=max_windows, max_bytes=max_bytes)
+        self.results: OrderedDict = OrderedDict()
+        self.max_results = max_results
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        self.prefixes.clear()
+        with self._mutex:
+            self.results.clear()
+
+    def prefix(self, name: str, shared: SharedModel, text: TextInput) -> PrefixCache:
+        key = (name, str(shared.folder), text.key)
+        return self.prefixes.get(key, lambda: PrefixCache(shared.model, text.ids, lock=shared.lock))
+
+    def condition_coefficients(self, name, shared, text, prefix, condition, seed, donor) -> list[torch.Tensor]:
+        """The coefficients ``condition`` assigns to this window at every layer (design.md section 4)."""
+        correct = prefix.coefficients
+        length = text.ids.shape[1]
+        if condition in ("correct", "unperturbed"):
+            return correct
+        if condition == "cross_input":
+            donor_cache = self.prefix(name, shared, window_input(shared, donor))
+            return [c[:, :length] for c in donor_cache.coefficients]  # causal: a prefix's own coefficients
+        if condition == "token_shuffle":
+            index = torch.tensor([text.window_index or 0])
+            return shuffle_positions(correct, position_permutations(index, length, seed))
+        if condition in STATIC_PROFILES:
+            dtype = correct[0].dtype
+            profile = broadcast_profile(shared.profiles()[condition], shared.slot_shapes, 1, length)
+            return [p.to(dtype) for p in profile]
+        raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(CONDITIONS)}")
+
+    def replay(self, name, shared, text, prefix, condition, layer, seed, donor) -> np.ndarray:
+        """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session."""
+        key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
+        with self._mutex:
+            if key in self.results:
+                self.results.move_to_end(key)
+                return self.results[key]
+        if condition == "unperturbed" or not shared.has_coefficients:
+            nll = prefix.nll[0].numpy()
+        else:
+            coefficients = self.condition_coefficients(name, shared, text, prefix, condition, seed, donor)
+            if layer is not None:
+                coefficients = restrict_to_layer(coefficients, prefix.coefficients, layer)
+            nll = prefix.replay_nll(coefficients, layer)[0].numpy()
+        with self._mutex:
+            self.results[key] = nll
+            while len(self.results) > self.max_results:
+                self.results.popitem(last=False)
+        return nll
+
+    def analyse(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        condition: str,
+        layer: int | None = None,
+        seed: int = 0,
+        donor: int | None = None,
+    ) -> Analysis:
+        """Answer one query. ``donor`` (cross_input only): an eval window index, None for the audit's own
+        seeded derangement. Raises ``UserError`` for anything the user can fix."""
+        started = time.perf_counter()
+        if condition not in CONDITIONS:
+            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(CONDITIONS)}")
+        if layer is not None and not 0 <= layer < shared.num_layers:
+            raise UserError(f"layer {layer} does not exist: the model has {shared.num_layers} layers")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+        notes = [text.note] if text.note else []
+        if condition == "cross_input":
+            if donor is None:
+                donor = shared.donor_for(text.window_index, seed)
+            else:
+                window_input(shared, donor)  # validates the index
+                if donor == text.window_index:
+                    notes.append("the donor is the window itself: cross_input equals correct")
+        else:
+            donor = None
+        if condition not in SEEDED:
+            seed = 0
+        if not shared.has_coefficients:
+            notes.append(f"{shared.arch} has no controller: there are no coefficients to intervene on")
+        prefix = self.prefix(name, shared, text)
+        nll_correct = prefix.nll[0].double().numpy()
+        nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
+        if shared.has_coefficients and condition not in ("correct", "unperturbed"):
+            intervened = self.condition_coefficients(name, shared, text, prefix, condition, seed, donor)
+            if layer is not None:
+                intervened = restrict_to_layer(intervened, prefix.coefficients, layer)
+        else:
+            intervened = prefix.coefficients
+        retention = nll_gm = None
+        if condition in STATIC_PROFILES and shared.has_coefficients:
+            gm = self.replay(name, shared, text, prefix, "global_mean", layer, 0, None).astype(np.float64)
+            nll_gm = float(gm.mean())
+            per_window = {
+                "global_mean": torch.tensor([gm.mean()], dtype=torch.float64),
+                condition: torch.tensor([nll.mean()], dtype=torch.float64),
+                "correct": torch.tensor([nll_correct.mean()], dtype=torch.float64),
+            }
+            retention = gap_retention(per_window, condition, torch.ones(1, 1, dtype=torch.long))["value"]
+            if retention is None:
+                notes.append("retention is undefined: global_mean and correct give the same NLL here")
+        start = 0 if layer is None or not shared.has_coefficients else prefix.start_for(layer)
+        return Analysis(
+            checkpoint=name,
+            arch=shared.arch,
+            condition=condition,
+            layer=layer,
+            seed=seed,
+            donor=donor,
+            tokens=decode_tokens(shared.tokenizer, text.ids),
+            nll_correct=nll_correct,
+            nll_condition=nll,
+            coefficients_correct=_flat(prefix.coefficients),
+            coefficients_condition=_flat(intervened),
+            slot_labels=[shared.slot_labels(l) for l in range(shared.num_layers)] if shared.has_coefficients else [],
+            start_layer=start,
+            retention=retention,
+            nll_global_mean=nll_gm,
+            compute_ms=(time.perf_counter() - started) * 1000,
+            notes=notes,
+        )

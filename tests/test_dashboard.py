@@ -1,0 +1,344 @@
+"""The dashboard: its view model (unit tests, no server) and the served app in a real browser.
+
+The browser test starts ``fca dashboard`` on a free localhost port in a subprocess, drives Debian's Chromium
+(``/usr/bin/chromium``, headless) with Playwright, and saves screenshots to ``artifacts/screenshots/``.
+``scripts/setup.sh`` installs Chromium where it is missing; without it the browser test fails under CI and
+is skipped elsewhere.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fca_workbench.dashboard import (
+    MAX_PASTE_CHARS,
+    DashboardSession,
+    Registry,
+    SharedModel,
+    load_registry,
+    pasted_input,
+    window_input,
+)
+from fca_workbench.errors import UserError
+from fca_workbench.interventions import position_permutations, restrict_to_layer, shuffle_positions
+from fca_workbench.models import next_token_nll
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+sys.path.insert(0, str(ROOT / "dashboards"))
+
+
+@pytest.fixture(scope="module")
+def shared_models(tiny_checkpoints):
+    return {arch: SharedModel(folder, calibration_windows=8, eval_windows=6) for arch, folder in tiny_checkpoints.items()}
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+
+def test_registry_file_resolves_relative_folders_and_refuses_unknown_names(tmp_path):
+    (tmp_path / "reg.json").write_text(json.dumps({"a": "ckpt/a", "b": "/abs/b"}))
+    registry = Registry.from_file(tmp_path / "reg.json")
+    assert registry.names == ["a", "b"]
+    assert registry.folder("a") == (tmp_path / "ckpt" / "a").resolve()
+    with pytest.raises(UserError, match="unknown checkpoint '../etc'"):
+        registry.folder("../etc")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(UserError, match="not JSON"):
+        Registry.from_file(tmp_path / "bad.json")
+    (tmp_path / "empty.json").write_text("{}")
+    with pytest.raises(UserError, match="non-empty"):
+        load_registry(tmp_path / "empty.json")
+
+
+def test_fca_dashboard_reports_a_bad_registry_in_one_line(tmp_path, capsys):
+    from fca_workbench.cli import main
+
+    assert main(["dashboard", "--registry", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"fca: error: registry file not found: {tmp_path / 'missing.json'}"
+
+
+def test_shipped_registry_lists_only_finished_checkpoints(tmp_path):
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "config.json").write_text("{}")
+    (tmp_path / "done" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "training").mkdir()  # no config or weights yet
+    assert Registry.shipped(tmp_path).names == ["done"]
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def test_pasted_text_is_validated(shared_models):
+    model = shared_models["featuregate"]
+    for text, message in [("", "empty"), ("   \n", "empty"), ("x" * (MAX_PASTE_CHARS + 1), "limit"),
+                          ("abc\x00def", "not plain text"), (b"bytes", "not text"), (None, "not text")]:
+        with pytest.raises(UserError, match=message):
+            pasted_input(model, text)
+    long = pasted_input(model, "To be, or not to be, that is the question. " * 60)
+    assert long.ids.shape == (1, model.window) and "only the first" in long.note
+    short = pasted_input(model, "<script>alert(1)</script>\ttab")
+    assert short.window_index is None and short.ids.shape[1] >= 2
+
+
+def test_window_index_is_validated(shared_models):
+    model = shared_models["featuregate"]
+    for index in (-1, 6, "0", 1.5, True):
+        with pytest.raises(UserError, match="does not exist"):
+            window_input(model, index)
+    assert torch.equal(window_input(model, 2).ids[0], model.eval_windows[2])
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+
+def test_correct_and_unperturbed_have_zero_delta(shared_models, arch):
+    model = shared_models[arch]
+    session = DashboardSession()
+    text = window_input(model, 0)
+    for condition in ("correct", "unperturbed"):
+        analysis = session.analyse(arch, model, text, condition)
+        assert np.array_equal(analysis.delta, np.zeros_like(analysis.delta))
+    if arch == "dense":
+        analysis = session.analyse(arch, model, text, "token_shuffle", layer=0)
+        assert analysis.coefficients_correct == [] and "no controller" in analysis.notes[-1]
+        assert not analysis.delta.any()
+
+
+def test_layer_intervention_matches_a_full_frozen_forward(shared_models, arch):
+    if arch == "dense":
+        pytest.skip("no coefficients")
+    model = shared_models[arch]
+    session = DashboardSession()
+    text = window_input(model, 1)
+    layer = 1
+    analysis = session.analyse(arch, model, text, "token_shuffle", layer=layer, seed=3)
+    with torch.no_grad():
+        own = model.model(text.ids, return_coefficients=True).coefficients
+        shuffled = shuffle_positions(own, position_permutations(torch.tensor([1]), text.ids.shape[1], 3))
+        logits = model.model(text.ids, coefficients=restrict_to_layer(shuffled, own, layer)).logits
+    assert np.array_equal(analysis.nll_condition, next_token_nll(logits, text.ids)[0].double().numpy())
+    assert analysis.start_layer == model.model.resume_layer(layer)
+    original, intervened, diff = analysis.slot_position(layer)
+    assert diff.any() and np.array_equal(intervened - original, diff)
+    grid = analysis.layer_position(analysis.all_slot_labels()[0])[2]
+    assert np.nanmax(np.abs(np.delete(grid, layer, axis=0))) == 0  # the other layers keep their coefficients
+
+
+def test_every_condition_with_donor_seed_and_retention(shared_models, arch):
+    if arch == "dense":
+        pytest.skip("no coefficients")
+    model = shared_models[arch]
+    session = DashboardSession()
+    text = window_input(model, 0)
+    audit_donor = session.analyse(arch, model, text, "cross_input", seed=0)
+    assert audit_donor.donor == model.donor_for(0, 0) != 0
+    picked = session.analyse(arch, model, text, "cross_input", donor=4)
+    assert picked.donor == 4 and np.array_equal(picked.coefficients_condition[0], _flat_window(model, 4)[0])
+    for profile in ("layer_scalar", "layer_mean", "layer_position_mean"):
+        analysis = session.analyse(arch, model, text, profile, layer=None)
+        gm, p, c = analysis.nll_global_mean, analysis.nll_condition.mean(), analysis.nll_correct.mean()
+        assert analysis.retention == pytest.approx((gm - p) / (gm - c), rel=1e-9)
+    pasted = session.analyse(arch, model, pasted_input(model, "Good night, sweet prince."), "cross_input", layer=0)
+    assert len(pasted.tokens) == len(pasted.coefficients_condition[0])
+    with pytest.raises(UserError, match="unknown intervention"):
+        session.analyse(arch, model, text, "bogus")
+    with pytest.raises(UserError, match="layer 9 does not exist"):
+        session.analyse(arch, model, text, "correct", layer=9)
+    with pytest.raises(UserError, match="does not exist"):
+        session.analyse(arch, model, text, "cross_input", donor=99)
+
+
+def _flat_window(model, index):
+    with torch.no_grad():
+        coefficients = model.model(model.eval_windows[index : index + 1], return_coefficients=True).coefficients
+    return [c[0].reshape(c.shape[1], -1).numpy() for c in coefficients]
+
+
+def test_session_memory_is_bounded_and_freed(shared_models):
+    model = shared_models["featuregate"]
+    session = DashboardSession(max_windows=2, max_results=3)
+    for index in range(5):
+        session.analyse("fg", model, window_input(model, index), "token_shuffle", layer=0, seed=index)
+    assert len(session.prefixes) == 2 and len(session.results) == 3
+    assert session.prefixes.nbytes > 0
+    session.close()
+    assert len(session.prefixes) == 0 and not session.results
+
+
+def test_token_html_escapes_everything():
+    import views
+
+    html = views.token_html(["<script>", "alert('x')", "</script>", "&amp;"], np.array([0.5, -0.2, 0.1]))
+    assert "<script>" not in html and "&lt;script&gt;" in html and "&amp;amp;" in html
+    assert html.count('class="fca-token"') == 4
+
+
+# ------------------------------------------------------------------------------------------------ browser
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _browser_available() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install -e .[test])"
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoints, tmp_path_factory):
+    """``fca dashboard`` on a free localhost port, with the tiny checkpoints and one broken entry."""
+    missing = _browser_available()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser test cannot run under CI: {missing}")
+        pytest.skip(missing)
+    root = tmp_path_factory.mktemp("dashboard")
+    (root / "broken").mkdir()
+    (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")
+    registry = {"featuregate-tiny": str(tiny_checkpoints["featuregate"]), "muddpythia-tiny": str(tiny_checkpoints["muddpythia"]),
+                "dense-tiny": str(tiny_checkpoints["dense"]), "broken": str(root / "broken")}
+    (root / "registry.json").write_text(json.dumps(registry))
+    port = _free_port()
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
+         str(root / "registry.json"), "--calibration-windows", "16"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dashboard server did not start:\n{(root / 'server.log').read_text()}")
+            time.sleep(0.5)
+        yield url, root / "server.log"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def test_dashboard_in_a_real_browser(served):
+    from playwright.sync_api import sync_playwright
+
+    url, server_log = served
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def update_number(page) -> int:
+        return int(page.locator(".fca-update").get_attribute("data-update"))
+
+    def wait_for_update(page, after: int) -> str:
+        """Wait until the app finished the update after number ``after``; returns its state (ok/error)."""
+        deadline = time.monotonic() + 90
+        while update_number(page) <= after:
+            assert time.monotonic() < deadline, "the dashboard did not update within 90 s"
+            page.wait_for_timeout(150)
+        return page.locator(".fca-update").get_attribute("data-state")
+
+    def plot(page, pane: str):
+        return page.locator(f".{pane} .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z || d.y))")
+
+    def snap(page, name):
+        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1500})
+            page.goto(url, timeout=120_000)
+            page.wait_for_selector(".fca-update[data-state]", timeout=120_000)
+            assert page.locator(".fca-update").get_attribute("data-state") == "ok", page.locator(".fca-update").inner_text()
+            n = update_number(page)
+            delta0, heat0 = plot(page, "fca-delta"), plot(page, "fca-layer-heat")
+            snap(page, "01-token-shuffle-all-layers")
+
+            page.locator(".fca-layer select").select_option(label="layer 1")
+            assert wait_for_update(page, n) == "ok"
+            n = update_number(page)
+            delta1, heat1 = plot(page, "fca-delta"), plot(page, "fca-layer-heat")
+            assert delta1 != delta0 and heat1 != heat0
+            assert "layer 1 (prefix cache)" in page.locator(".fca-summary").inner_text()
+
+            page.locator(".fca-condition select").select_option("layer_mean")
+            assert wait_for_update(page, n) == "ok"
+            n = update_number(page)
+            delta2, heat2 = plot(page, "fca-delta"), plot(page, "fca-layer-heat")
+            assert delta2 != delta1 and heat2 != heat1
+            assert "gap retention" in page.locator(".fca-summary").inner_text()
+            snap(page, "02-layer-mean-layer-1")
+
+            attack = "<script>window.__fca_pwned = 1</script> Good night, <b>sweet</b> prince & co"
+            page.locator(".fca-text textarea").fill(attack)
+            page.locator(".fca-analyse button").click()
+            assert wait_for_update(page, n) == "ok"
+            n = update_number(page)
+            shown = page.locator(".fca-token-pane .fca-tokens").inner_text()
+            assert shown.strip() == attack  # the markup is shown as text ...
+            assert page.evaluate("window.__fca_pwned") is None  # ... never run
+            assert page.locator(".fca-token-pane script").count() == 0
+            assert page.locator(".fca-token-pane b").count() == 0
+            snap(page, "03-pasted-script-escaped")
+
+            page.locator(".fca-text textarea").fill("")
+            page.locator(".fca-analyse button").click()
+            assert wait_for_update(page, n) == "error"
+            n = update_number(page)
+            assert "pasted text is empty" in page.locator(".fca-error").inner_text()
+            assert page.get_by_text("pasted text is empty").first.is_visible()
+
+            page.locator(".fca-text textarea").fill("x" * (MAX_PASTE_CHARS + 10))
+            page.locator(".fca-analyse button").click()
+            assert wait_for_update(page, n) == "error"
+            n = update_number(page)
+            assert "the limit is" in page.locator(".fca-error").inner_text()
+
+            page.locator(".fca-checkpoint select").select_option("broken")
+            assert wait_for_update(page, n) == "error"
+            n = update_number(page)
+            assert "broken" in page.locator(".fca-error").inner_text() or "checkpoint" in page.locator(".fca-error").inner_text()
+            snap(page, "04-broken-checkpoint-message")
+
+            page.locator(".fca-checkpoint select").select_option("muddpythia-tiny")  # the session keeps working
+            wait_for_update(page, n)
+            n = update_number(page)
+            page.locator(".fca-source button").first.click()  # back to an eval window
+            assert wait_for_update(page, n) == "ok", page.locator(".fca-update").inner_text()
+            n = update_number(page)
+            page.locator(".fca-condition select").select_option("cross_input")
+            assert wait_for_update(page, n) == "ok"
+            assert "donor window" in page.locator(".fca-summary").inner_text()
+            snap(page, "05-muddpythia-cross-input")
+        finally:
+            browser.close()
+    assert "Traceback" not in server_log.read_text()
