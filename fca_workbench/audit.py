@@ -9,7 +9,6 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import jsonschema
 import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
@@ -190,6 +189,8 @@ def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
 
 def validate_audit(audit: dict) -> None:
     """Check an audit against ``audit.schema.json`` (schema ``fca-audit/1``) before anyone relies on it."""
+    import jsonschema  # slow to import; only needed once per audit
+
     schema = json.loads((Path(__file__).with_name("audit.schema.json")).read_text())
     jsonschema.validate(audit, schema)
 

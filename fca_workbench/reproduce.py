@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .audit import EXECUTION_BATCHES, AuditSettings, run_audit
+from .audit import AuditSettings, run_audit
 from .data import DATA_DIR, split_path, write_atomic
 from .errors import UserError
 
@@ -50,7 +50,7 @@ DEFAULT_PARAMETERS = {
     "device": "cpu",
     "dtype": "float32",
     "seed": 0,
-    "batch_size": 16,
+    "batch_size": None,
 }
 AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size")
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
@@ -58,8 +58,8 @@ PATH_PARAMETERS = ("eval_data", "calibration_data")
 CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
 
 
-def shipped_checkpoints() -> list[str]:
-    return [str(CHECKPOINT_DIR / name) for name in SHIPPED]
+def shipped_checkpoints(names=SHIPPED) -> list[str]:
+    return [str(CHECKPOINT_DIR / name) for name in names]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -132,42 +132,10 @@ def ensure_audit(settings: AuditSettings, folder) -> dict:
     if audit_is_current(settings, folder):
         return read_json(folder / "audit.json")
     before = provenance(settings)
+    (folder / "provenance.json").unlink(missing_ok=True)  # an audit interrupted from here on is never current
     audit = run_audit(settings, folder)
     write_atomic(folder / "provenance.json", (json.dumps(before, indent=2) + "\n").encode())
     return audit
-
-
-def ensure_positive_control(settings: AuditSettings, folder, quantile: float = 0.5) -> dict:
-    """``positive_control.json`` beside the audit: the execution audit of a copy of the FeatureGate that
-    skips the MLP rows whose gates all fall below the calibration ``quantile`` (``execution.positive_control``),
-    counted on the same windows as the audit's own execution figures. Reused while the inputs are unchanged."""
-    from .audit import load_audit_inputs
-    from .capture import model_fingerprint
-    from .execution import execution_audit, positive_control
-    from .models import arch_of
-
-    folder = Path(folder)
-    path = folder / "positive_control.json"
-    stamp = {**provenance(settings), "quantile": quantile}
-    existing = read_json(path)
-    if existing is not None and existing.get("provenance") == stamp:
-        return existing
-    model, (_, eval_windows), (_, calib_windows) = load_audit_inputs(settings)
-    control = positive_control(model, calib_windows, quantile, batch_size=settings.batch_size)
-    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
-    execution = execution_audit(control, counted, batch_size=settings.batch_size, repeats=settings.latency_repeats)
-    execution["windows_counted"] = len(counted)
-    result = {
-        "schema": "fca-positive-control/1",
-        "model": {"path": str(Path(settings.checkpoint).resolve()), "arch": arch_of(model),
-                  "fingerprint": model_fingerprint(model)},
-        "quantile": quantile,
-        "threshold": control.config.skip_threshold,
-        "execution": execution,
-        "provenance": stamp,
-    }
-    write_atomic(path, (json.dumps(result, indent=2) + "\n").encode())
-    return result
 
 
 @dataclass
@@ -186,7 +154,7 @@ class NotebookRun:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    batch_size: int = 16
+    batch_size: int | None = None
     out: str | None = None
     audits: str | None = None
     cache: str | None = None
@@ -242,9 +210,6 @@ class NotebookRun:
                 for c in tqdm(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
             ]
         return self._audits
-
-    def positive_control(self, audit: dict, quantile: float = 0.5) -> dict:
-        return ensure_positive_control(self.settings(audit["model"]["path"]), self.audit_dir(audit), quantile)
 
     def write_table(self, table):
         """Write a ``tables.Table`` as CSV, Markdown and LaTeX under ``<out>/tables`` and return it (displays)."""
@@ -324,6 +289,12 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
          notebook_dir: Path = NOTEBOOK_DIR) -> Plan:
     """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
     config = dict(config or {})
+    try:
+        import ipykernel  # noqa: F401
+        import papermill  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"fca reproduce needs the notebooks extra ({exc.name} is missing): "
+                        "pip install -e '.[notebooks]', or run scripts/setup.sh") from None
     names = config.get("notebooks", list(PAPER_NOTEBOOKS))
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
@@ -371,6 +342,8 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
         params = {k: v for k, v in DEFAULT_PARAMETERS.items() if k in declared[stem]}
         params.update({k: v for k, v in shared.items() if k in declared[stem]})
         params.update({k: v for k, v in overrides.get(stem, {}).items()})
+        if params.get("max_windows") == "all":  # TOML has no null: "all" means every window
+            params["max_windows"] = None
         for key in PATH_PARAMETERS:
             if params.get(key):
                 params[key] = str(Path(params[key]).resolve())

@@ -352,18 +352,43 @@ EXECUTION_COLUMNS = [
 ]
 
 
-def execution_table(audits: list[dict], controls: list[dict] = ()) -> Table:
-    """What ran: blocks, controller calls, FLOPs, latency vs the shape-matched Dense; then the positive
-    controls (a FeatureGate that really skips MLP rows), whose fraction executed must fall below 1."""
+def execution_table(audits: list[dict]) -> Table:
+    """What ran: blocks, controller calls, FLOPs, latency against the shape-matched Dense, per model."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *EXECUTION_COLUMNS]
     rows = [{"model": model_name(a), "arch": a["model"]["arch"],
              **{c.key: a["execution"][c.key] for c in EXECUTION_COLUMNS}} for a in audits]
-    for control in controls:
-        rows.append({"model": f"{Path(control['model']['path']).name} positive control (q={control['quantile']:g})",
-                     "arch": control["model"]["arch"],
-                     **{c.key: control["execution"][c.key] for c in EXECUTION_COLUMNS}})
-    return Table("execution", "Conditional execution: what ran, FLOPs and latency against the shape-matched Dense "
-                 "(with the positive control)", columns, rows)
+    return Table("execution", "Conditional execution: what ran, FLOPs and latency against the shape-matched Dense",
+                 columns, rows)
+
+
+CONTROL_COLUMNS = [
+    Column("skip_threshold", "skip threshold", "float"),
+    Column("own_fraction_executed", "fraction executed (model)", "float"),
+    Column("fraction_executed", "fraction executed (control)", "float"),
+    Column("own_flops", "FLOPs (model)", "sci"),
+    Column("flops", "FLOPs (control)", "sci"),
+    Column("own_latency_ratio_vs_dense", "latency / Dense (model)", "float", digits=3),
+    Column("latency_ratio_vs_dense", "latency / Dense (control)", "float", digits=3),
+]
+
+
+def positive_control_table(audits: list[dict]) -> Table:
+    """The positive control of every FeatureGate audit (``execution.positive_control``: a copy that skips the
+    MLP rows whose gates all fall below the calibration median) beside the model's own figures: the audit
+    must find the saving that really exists."""
+    columns = [Column("model", "model", "text"), *CONTROL_COLUMNS]
+    rows = []
+    for a in audits:
+        control = a["execution"].get("positive_control")
+        if control is None:
+            continue
+        rows.append({"model": model_name(a), "skip_threshold": control.get("skip_threshold"),
+                     "own_fraction_executed": a["execution"]["fraction_executed"],
+                     "fraction_executed": control["fraction_executed"], "own_flops": a["execution"]["flops"],
+                     "flops": control["flops"], "own_latency_ratio_vs_dense": a["execution"]["latency_ratio_vs_dense"],
+                     "latency_ratio_vs_dense": control["latency_ratio_vs_dense"]})
+    return Table("positive_control", "Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "
+                 "the calibration median, beside the model itself", columns, rows)
 
 
 def execution_seed_table(audits: list[dict]) -> Table:
@@ -531,3 +556,18 @@ class AuditExplorer:
                  "nll_condition": float(other[t]), "delta": float(other[t] - correct[t])} for t in range(len(correct))]
         return Table("explore_window", f"{model_name(self.audit)}, window {window}: per-token NLL under {condition} "
                      f"({where}) against correct", columns, rows)
+
+
+def mimebundle(fig) -> dict:
+    """A figure as the plotly MIME bundle JupyterLab renders (plain JSON)."""
+    import plotly.io as pio
+
+    return {"application/vnd.plotly.v1+json": {**json.loads(pio.to_json(fig, validate=False)), "config": {}},
+            "text/plain": f"<{fig.layout.title.text or 'plotly figure'}>"}
+
+
+def show_in(output, *figs) -> None:
+    """Replace an ``ipywidgets.Output``'s content with the figures in one step. Setting its ``outputs`` from
+    the kernel (rather than printing inside ``with output:``) also keeps papermill/nbclient from blocking
+    on the widget's capture messages (jupyter/nbclient#312)."""
+    output.outputs = tuple({"output_type": "display_data", "data": mimebundle(fig), "metadata": {}} for fig in figs)

@@ -1,0 +1,348 @@
+"""Write the workbench notebooks (stripped: no outputs, no execution counts) from the cell sources below.
+
+    .venv/bin/python notebooks/make_notebooks.py
+
+The .ipynb files are committed and can be edited in JupyterLab directly; rerunning this script rewrites
+them from here. Every notebook has one cell tagged ``parameters`` (papermill injects its overrides after
+it) and holds presentation only: audits, tables' numbers and coefficients all come from ``fca_workbench``.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fca_workbench.reproduce import DEFAULT_MAX_WINDOWS, KERNEL_NAME  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+PARAMETERS = f'''\
+# Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
+checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0
+eval_data = None         # eval text (.txt, or JSONL of {{"text": ...}}); None: the shipped eval split
+calibration_data = None  # calibration text for the static profiles; None: the shipped calibration split
+window = None            # tokens per window; None: min(256, the model's context)
+max_windows = {DEFAULT_MAX_WINDOWS}         # at most this many windows of each set; None: all of them
+device = "cpu"           # cpu or cuda
+dtype = "float32"        # float32, bfloat16 or float16
+seed = 0                 # seeds the derangement, the shuffles and the bootstrap
+batch_size = None        # windows per batch; None: 16 on CPU, fitted to free memory on CUDA
+out = None               # tables/ and figures/ are written here; None: results/notebooks
+audits = None            # audit folders, shared by every notebook; None: <out>/audits
+cache = None             # coefficient caches, shared across runs; None: results/cache'''
+
+SETUP = '''\
+import plotly.graph_objects as go
+from IPython.display import Markdown, display
+from plotly.subplots import make_subplots
+
+from fca_workbench import tables
+from fca_workbench.reproduce import NotebookRun
+
+run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data=calibration_data, window=window,
+                  max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
+                  out=out, audits=audits, cache=cache)
+audited = run.load_audits()  # run_audit per checkpoint, or the audit.json already there for these settings
+display(Markdown("Models: " + ", ".join(f"`{tables.model_name(a)}` ({a['model']['arch']})" for a in audited)))'''
+
+
+def notebook(stem: str, title: str, intro: str, cells: list, parameters: str = PARAMETERS,
+             setup: str = SETUP) -> nbformat.NotebookNode:
+    nb = new_notebook()
+    nb.metadata = {
+        "kernelspec": {"name": KERNEL_NAME, "display_name": "Python (fca-workbench)", "language": "python"},
+        "language_info": {"name": "python"},
+    }
+    sources = [("md", f"# {title}\n\n{intro}"), ("parameters", parameters), ("code", setup), *cells]
+    for i, (kind, source) in enumerate(sources):
+        if kind == "md":
+            cell = new_markdown_cell(source)
+        else:
+            cell = new_code_cell(source)
+            if kind == "parameters":
+                cell.metadata["tags"] = ["parameters"]
+        cell.id = f"{stem.replace('_', '-')}-{i:02d}"
+        nb.cells.append(cell)
+    return nb
+
+
+VARIATION = notebook(
+    "01_variation",
+    "Coefficient variation and variance decomposition",
+    "Do the controller's coefficients vary across tokens and inputs, and how much of their variance is static "
+    "structure? R² of layer identity, of layer×slot, then adding position or the input window "
+    "(`audit.json` → `variance`, `variation`); per model and as mean ± sd over seeds. Heatmaps: each "
+    "coefficient's mean over the eval windows (layer × position, and slot × position per layer).",
+    [
+        ("code", "run.write_table(tables.variation_table(audited))"),
+        ("code", "run.write_table(tables.variation_seed_table(audited))"),
+        ("md", "## Variance decomposition"),
+        ("code", '''\
+per_model = tables.variation_table(audited)
+fig = go.Figure()
+for column in tables.VARIANCE_COLUMNS[:4]:
+    fig.add_bar(name=column.header, x=[r["model"] for r in per_model.rows], y=[r[column.key] for r in per_model.rows])
+fig.update_layout(barmode="group", title="Share of coefficient variance explained", yaxis_tickformat=".0%",
+                  yaxis_range=[0, 1])
+run.write_figure(fig, "variance_decomposition")
+tables.show(fig)'''),
+        ("md", "## Coefficient heatmaps (mean over eval windows)"),
+        ("code", '''\
+def heatmaps(audit):
+    cache_ = tables.open_cache(tables.cache_folder(audit, run.audit_dir(audit)))
+    means = tables.position_means(cache_)  # per layer [T, *slot], from the audit's own coefficient cache
+    rows = len(means) + 1
+    fig = make_subplots(rows=rows, cols=1, vertical_spacing=75 / (220 * rows),
+                        subplot_titles=["layer × position (mean over slots)"]
+                        + [f"layer {l}: slot × position" for l in range(len(means))])
+    fig.add_trace(go.Heatmap(z=tables.layer_position_matrix(means).tolist(),
+                             y=[f"layer {l}" for l in range(len(means))], coloraxis="coloraxis"), row=1, col=1)
+    for l, m in enumerate(means):
+        labels = tables.slot_labels(cache_.manifest["slot_shapes"][l], audit["model"]["arch"])
+        fig.add_trace(go.Heatmap(z=m.flatten(1).T.tolist(), y=labels, coloraxis="coloraxis"), row=l + 2, col=1)
+    fig.update_layout(title=f"{tables.model_name(audit)}: mean coefficient by position", height=220 * rows,
+                      coloraxis={"colorscale": "Viridis"})
+    fig.update_xaxes(title_text="position", row=rows, col=1)
+    return fig
+
+
+for audit in tables.with_controller(audited):
+    fig = heatmaps(audit)
+    run.write_figure(fig, f"heatmap_{tables.model_name(audit)}")
+    tables.show(fig)'''),
+    ],
+)
+
+ASSIGNMENT = notebook(
+    "02_assignment",
+    "Assignment dependence: NLL and ΔNLL under every condition",
+    "Does the frozen model care which coefficients go to which input? Mean next-token NLL (nats) of the frozen "
+    "replay under each condition, and ΔNLL against `correct`, with 95% bootstrap CIs over windows "
+    "(`audit.json` → `conditions`); per model, then mean ± sd over seeds.",
+    [
+        ("code", "run.write_table(tables.assignment_table(audited))"),
+        ("code", "run.write_table(tables.assignment_seed_table(audited))"),
+        ("md", "## ΔNLL with 95% CIs"),
+        ("code", '''\
+table = tables.assignment_table(audited)
+fig = go.Figure()
+for model in dict.fromkeys(r["model"] for r in table.rows):
+    rows = [r for r in table.rows if r["model"] == model and r["condition"] != "correct"]
+    fig.add_scatter(name=model, mode="markers", x=[r["condition"] for r in rows], y=[r["delta"] for r in rows],
+                    error_y={"type": "data", "symmetric": False,
+                             "array": [r["delta_ci95"][1] - r["delta"] for r in rows],
+                             "arrayminus": [r["delta"] - r["delta_ci95"][0] for r in rows]})
+fig.update_layout(title="ΔNLL against correct (95% CI)", yaxis_title="ΔNLL (nats)", scattermode="group")
+run.write_figure(fig, "assignment_delta_nll")
+tables.show(fig)'''),
+    ],
+)
+
+RETENTION = notebook(
+    "03_static_profiles",
+    "Static profiles: gap retention",
+    "How much of the Correct-to-GlobalMean NLL gap does a static profile estimated on the calibration set "
+    "retain? `(NLL_global_mean − NLL_P) / (NLL_global_mean − NLL_correct)` for the layerwise profile "
+    "(`layer_mean`), one scalar per layer (`layer_scalar`) and per layer and position (`layer_position_mean`) "
+    "(`audit.json` → `retention`). The paper reports 98.70% (seven 76M FeatureGate seeds) and 99.43% (three "
+    "504M ones) for `layer_mean`, as mean ± sd over seeds: the second table.",
+    [
+        ("code", "run.write_table(tables.retention_table(audited))"),
+        ("code", "main = run.write_table(tables.retention_seed_table(audited))\nmain"),
+        ("code", '''\
+fig = go.Figure()
+for row in main.rows:
+    fig.add_bar(name=f"{row['arch']} (n={row['n']})", x=list(tables.RETENTION_PROFILES),
+                y=[row[p]["mean"] if row[p] else None for p in tables.RETENTION_PROFILES],
+                error_y={"type": "data", "array": [row[p]["sd"] if row[p] else None for p in tables.RETENTION_PROFILES]})
+fig.update_layout(barmode="group", title="Gap retention of static profiles (mean ± sd over seeds)",
+                  yaxis_tickformat=".1%")
+run.write_figure(fig, "retention")
+tables.show(fig)'''),
+    ],
+)
+
+EXECUTION = notebook(
+    "04_execution",
+    "Conditional execution",
+    "Does the model skip computation because of its coefficients, and is it faster than a shape-matched Dense? "
+    "Blocks executed / present, controller calls, FLOPs of one batch and median latency against a "
+    "shape-matched Dense (`audit.json` → `execution`). The positive control is a copy of each FeatureGate that "
+    "really skips the MLP rows whose gates all fall below the calibration median (`execution.positive_control`): "
+    "its fraction executed must fall below 1, which shows the audit can see a saving where one exists.",
+    [
+        ("code", "run.write_table(tables.execution_table(audited))"),
+        ("md", "The positive control of each FeatureGate (`audit.json` → `execution.positive_control`):"),
+        ("code", "run.write_table(tables.positive_control_table(audited))"),
+        ("code", "run.write_table(tables.execution_seed_table(audited))"),
+        ("code", '''\
+table, controls = tables.execution_table(audited), tables.positive_control_table(audited)
+fig = make_subplots(rows=1, cols=2, subplot_titles=["fraction of branch work executed", "latency / Dense"])
+for name, rows in (("model", table.rows), ("positive control", controls.rows)):
+    names = [r["model"] for r in rows]
+    fig.add_bar(name=name, x=names, y=[r["fraction_executed"] for r in rows], legendgroup=name, row=1, col=1)
+    fig.add_bar(name=name, x=names, y=[r["latency_ratio_vs_dense"] for r in rows], legendgroup=name,
+                showlegend=False, row=1, col=2)
+fig.update_layout(title="Conditional execution")
+run.write_figure(fig, "execution")
+tables.show(fig)'''),
+    ],
+)
+
+MUDD = notebook(
+    "05_muddpythia",
+    "MUDDPythia: cross-input and token-shuffle penalties",
+    "The MUDDPythia table for the checkpoints given (default: the shipped MUDDPythia-tiny; any official "
+    "MUDDPythia folder works): NLL and ΔNLL against `correct` when each window gets another window's complete "
+    "coefficients (`cross_input`) or its positions are shuffled (`token_shuffle`), with the static profiles "
+    "for comparison (`audit.json` → `conditions`). For reference, the paper reports +1.9067 (cross-input) and "
+    "+2.9637 (shuffle) nats for MUDDPythia-1.4B.",
+    [
+        ("code", '''\
+mudds = [a for a in audited if a["model"]["arch"] == "muddpythia"]
+if not mudds:
+    raise ValueError("no MUDDPythia checkpoint among the checkpoints given: " + ", ".join(run.checkpoints))
+table = run.write_table(tables.mudd_table(mudds))
+table'''),
+        ("code", '''\
+for audit in mudds:
+    c = audit["conditions"]
+    display(Markdown(
+        f"**{tables.model_name(audit)}**: cross-input reassignment {c['cross_input']['delta']:+.4f} nats "
+        f"[{c['cross_input']['delta_ci95'][0]:+.4f}, {c['cross_input']['delta_ci95'][1]:+.4f}], token shuffling "
+        f"{c['token_shuffle']['delta']:+.4f} [{c['token_shuffle']['delta_ci95'][0]:+.4f}, "
+        f"{c['token_shuffle']['delta_ci95'][1]:+.4f}]. {audit['verdict']['conditional_execution']}"))'''),
+        ("code", '''\
+fig = go.Figure()
+for audit in mudds:
+    rows = [r for r in tables.condition_rows(audit, tables.MUDD_CONDITIONS) if r["condition"] != "correct"]
+    fig.add_bar(name=tables.model_name(audit), x=[r["condition"] for r in rows], y=[r["delta"] for r in rows],
+                error_y={"type": "data", "symmetric": False,
+                         "array": [r["delta_ci95"][1] - r["delta"] for r in rows],
+                         "arrayminus": [r["delta"] - r["delta_ci95"][0] for r in rows]})
+fig.update_layout(barmode="group", title="MUDDPythia: ΔNLL against correct (95% CI)", yaxis_title="ΔNLL (nats)")
+run.write_figure(fig, "muddpythia_penalties")
+tables.show(fig)'''),
+    ],
+    parameters=PARAMETERS.replace("None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0",
+                                  "None: the shipped muddpythia-s0"),
+    setup=SETUP.replace("from fca_workbench.reproduce import NotebookRun",
+                        "from fca_workbench.reproduce import NotebookRun, shipped_checkpoints").replace(
+        "run = NotebookRun(", "checkpoints = checkpoints or shipped_checkpoints([\"muddpythia-s0\"])\nrun = NotebookRun("),
+)
+
+EXPLORE = notebook(
+    "explore",
+    "Explore coefficients and assignment dependence",
+    "For JupyterLab: choose a model, a layer (or all), a condition and an eval window. The heatmaps show the "
+    "window's cached coefficients and the ones the condition assigns instead; the line shows the per-token "
+    "ΔNLL of the frozen replay under that condition against `correct`. A single layer applies the condition "
+    "at that layer only (the others keep their correct coefficients). The audits are reused from `audits` "
+    "when current: point it at a `fca reproduce` run's `audits/` folder (with that run's `max_windows`) to "
+    "explore it without re-auditing.",
+    [
+        ("code", '''\
+import ipywidgets as widgets
+from fca_workbench.interventions import CONDITIONS
+
+models = {tables.model_name(a): a for a in tables.with_controller(audited)}
+if not models:
+    raise ValueError("none of the checkpoints has a controller to explore")
+explorers = {}
+
+
+def explorer(name):
+    if name not in explorers:
+        explorers[name] = tables.AuditExplorer(models[name], run.audit_dir(models[name]))
+    return explorers[name]
+
+
+def figures(name, layer, condition, window_):
+    e = explorer(name)
+    correct, assigned = e.coefficients("correct", window_), e.coefficients(condition, window_, layer)
+    if layer is None:
+        z = [tables.layer_position_matrix(c).tolist() for c in (correct, assigned)]
+        y = [f"layer {l}" for l in range(e.num_layers)]
+    else:
+        z = [c[layer].flatten(1).T.tolist() for c in (correct, assigned)]
+        y = tables.slot_labels(e.slot_shapes[layer], e.arch)
+    heat = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
+                         subplot_titles=[f"correct: window {window_}", f"{condition}: what the replay gets"])
+    for row, values in enumerate(z, start=1):
+        heat.add_trace(go.Heatmap(z=values, y=y, coloraxis="coloraxis"), row=row, col=1)
+    where = "all layers" if layer is None else f"layer {layer}"
+    heat.update_layout(title=f"{name}, {where}: coefficients by position" + (" (mean over slots)" if layer is None else ""),
+                       height=520, coloraxis={"colorscale": "Viridis"})
+    table = e.window_table(condition, window_, layer)
+    line = go.Figure(go.Scatter(x=[r["position"] for r in table.rows], y=[r["delta"] for r in table.rows],
+                                text=[r["token"] for r in table.rows], mode="lines+markers",
+                                hovertemplate="position %{x}: %{text}<br>ΔNLL %{y:+.4f}<extra></extra>"))
+    line.update_layout(title=f"{name}, window {window_}: ΔNLL of {condition} ({where}) against correct",
+                       xaxis_title="position", yaxis_title="ΔNLL (nats)", height=320)
+    return heat, line, table'''),
+        ("code", '''\
+first = model if model in models else next(iter(models))
+model_w = widgets.Dropdown(options=list(models), value=first, description="model")
+layer_w = widgets.Dropdown(description="layer")
+condition_w = widgets.Dropdown(options=[c for c in CONDITIONS if c != "correct"], value=condition,
+                               description="condition")
+window_w = widgets.IntSlider(min=0, description="window", continuous_update=False)
+view = widgets.Output()
+
+
+def on_model(*_):
+    e = explorer(model_w.value)
+    layer_w.options = [("all", None)] + [(str(l), l) for l in range(e.num_layers)]
+    layer_w.value = layer if layer is not None and layer < e.num_layers else None
+    window_w.max = len(e.windows) - 1
+    window_w.value = min(window_index, window_w.max)
+
+
+def render(*_):
+    heat, line, _ = figures(model_w.value, layer_w.value, condition_w.value, window_w.value)
+    tables.show_in(view, heat, line)
+
+
+on_model()
+model_w.observe(lambda change: (on_model(), render()), names="value")
+for w in (layer_w, condition_w, window_w):
+    w.observe(render, names="value")
+display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), view]))
+render()'''),
+        ("md", "The selection the notebook was run with, written as a table and figures (for papermill runs):"),
+        ("code", '''\
+heat, line, table = figures(first, layer_w.value, condition, window_w.value)
+run.write_figure(heat, "explore_coefficients")
+run.write_figure(line, "explore_delta_nll")
+run.write_table(table)'''),
+    ],
+    parameters=PARAMETERS + '''
+model = None              # model to open first (checkpoint folder name); None: the first with a controller
+layer = None              # layer to intervene at; None: all layers
+condition = "cross_input"  # condition to compare with correct
+window_index = 0          # eval window to show''',
+)
+
+NOTEBOOKS = {
+    "01_variation": VARIATION,
+    "02_assignment": ASSIGNMENT,
+    "03_static_profiles": RETENTION,
+    "04_execution": EXECUTION,
+    "05_muddpythia": MUDD,
+    "explore": EXPLORE,
+}
+
+
+def main() -> None:
+    for stem, nb in NOTEBOOKS.items():
+        nbformat.validate(nb)
+        path = HERE / f"{stem}.ipynb"
+        path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The notebooks: every one runs under papermill with tiny parameters and writes its table, and every number
+in a table is the number in the audit.json of the same run.
+
+One tiny ``fca reproduce`` run of all six notebooks is shared by the whole module (tiny random checkpoints of
+each family plus a second FeatureGate seed, 4 windows of 64 tokens).
+"""
+
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from fca_workbench import reproduce, tables
+from fca_workbench.aggregate import summarise
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+TABLES = {
+    "01_variation": ["variation_per_model", "variation_over_seeds"],
+    "02_assignment": ["assignment_per_model", "assignment_over_seeds"],
+    "03_static_profiles": ["retention_per_model", "retention_over_seeds"],
+    "04_execution": ["execution", "execution_over_seeds", "positive_control"],
+    "05_muddpythia": ["muddpythia_penalties"],
+    "explore": ["explore_window"],
+}
+
+
+def second_seed(folder: Path, out: Path) -> Path:
+    """Another FeatureGate 'seed': the same tiny model with differently drawn controller weights."""
+    from transformers import AutoModelForCausalLM
+
+    from fca_workbench.tokenizer import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for controller in model.controllers:
+            for param in controller.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    model.save_pretrained(out)
+    load_tokenizer(folder).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("notebooks")
+    names = {"featuregate": "featuregate-s0", "dense": "dense-s0", "muddpythia": "muddpythia-s0"}
+    copies = {arch: Path(shutil.copytree(tiny_checkpoints[arch], root / name)) for arch, name in names.items()}
+    fg1 = second_seed(tiny_checkpoints["featuregate"], root / "featuregate-s1")
+    checkpoints = [copies["featuregate"], fg1, copies["dense"], copies["muddpythia"]]
+    config = root / "tiny.json"
+    config.write_text(json.dumps({
+        "notebooks": list(TABLES),
+        "cache": str(root / "cache"),
+        "parameters": {"checkpoints": [str(c) for c in checkpoints], "max_windows": 4, "batch_size": 4},
+        "notebook": {"explore": {"window_index": 1}},
+    }))
+    plan, results = reproduce.reproduce(config, root / "run", progress=False)
+    audits = {name: json.loads((plan.out / "audits" / name / "audit.json").read_text())
+              for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0")}
+    return plan, {r.name: r for r in results}, audits
+
+
+def rows(plan, name):
+    return tables.read_csv(plan.out / "tables" / f"{name}.csv")
+
+
+def number(text):
+    return None if text == "" else float(text)
+
+
+def test_every_notebook_runs_and_writes_its_tables(tiny_run):
+    plan, results, _ = tiny_run
+    assert {name: r.ok for name, r in results.items()} == {name: True for name in TABLES}, \
+        {name: r.error for name, r in results.items()}
+    for notebook, names in TABLES.items():
+        executed = nbformat.read(plan.out / "notebooks" / f"{notebook}.ipynb", as_version=4)
+        tags = [cell.metadata.get("tags", []) for cell in executed.cells]
+        assert ["injected-parameters"] in tags  # papermill ran it with the run's parameters
+        assert executed.metadata.kernelspec.name == reproduce.KERNEL_NAME
+        for name in names:
+            for ext in ("csv", "md", "tex"):
+                assert (plan.out / "tables" / f"{name}.{ext}").stat().st_size > 0
+            assert plan.out / "tables" / f"{name}.csv" in results[notebook].files
+
+
+def test_figures_are_offline_html(tiny_run):
+    plan, _, _ = tiny_run
+    figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
+    assert {"variance_decomposition", "heatmap_featuregate-s0", "heatmap_muddpythia-s0", "assignment_delta_nll",
+            "retention", "execution", "muddpythia_penalties", "explore_coefficients"} <= figures
+    assert (plan.out / "figures" / "plotly.min.js").is_file()
+    html = (plan.out / "figures" / "heatmap_featuregate-s0.html").read_text()
+    assert 'src="plotly.min.js"' in html and "cdn.plot.ly" not in html
+
+
+def test_index_names_models_data_and_outputs(tiny_run):
+    plan, _, _ = tiny_run
+    index = (plan.out / "README.md").read_text()
+    assert "6 of 6 notebooks passed" in index
+    for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "eval.jsonl.gz", "max windows 4",
+                 "tables/retention_over_seeds.csv", "figures/heatmap_featuregate-s0.html", "notebooks/01_variation.ipynb"):
+        assert name in index
+
+
+def test_variation_tables_equal_the_audits(tiny_run):
+    plan, _, audits = tiny_run
+    per_model = {r["model"]: r for r in rows(plan, "variation_per_model")}
+    assert set(per_model) == {"featuregate-s0", "featuregate-s1", "muddpythia-s0"}  # Dense has no coefficients
+    for name, row in per_model.items():
+        for key, path in tables.VARIANCE_PATHS.items():
+            section, field = path.split(".")
+            assert number(row[key]) == audits[name][section][field]
+    seeds = {r["arch"]: r for r in rows(plan, "variation_over_seeds")}
+    summary = summarise([audits["featuregate-s0"], audits["featuregate-s1"]])
+    for key, path in tables.VARIANCE_PATHS.items():
+        assert number(seeds["featuregate"][f"{key}_mean"]) == summary[path]["mean"]
+        assert number(seeds["featuregate"][f"{key}_sd"]) == summary[path]["sd"]
+    assert seeds["featuregate"]["n"] == "2"
+
+
+def test_assignment_tables_equal_the_audits(tiny_run):
+    plan, _, audits = tiny_run
+    table = rows(plan, "assignment_per_model")
+    assert len(table) == 3 * 8
+    for row in table:
+        figures = audits[row["model"]]["conditions"][row["condition"]]
+        assert number(row["nll"]) == figures["nll"] and number(row["delta"]) == figures["delta"]
+        assert [number(row["ci95_lo"]), number(row["ci95_hi"])] == figures["ci95"]
+        assert [number(row["delta_ci95_lo"]), number(row["delta_ci95_hi"])] == figures["delta_ci95"]
+    summary = summarise([audits["featuregate-s0"], audits["featuregate-s1"]])
+    for row in rows(plan, "assignment_over_seeds"):
+        if row["arch"] == "featuregate":
+            assert number(row["delta_mean"]) == summary[f"conditions.{row['condition']}.delta"]["mean"]
+            assert number(row["delta_sd"]) == summary[f"conditions.{row['condition']}.delta"]["sd"]
+
+
+def test_retention_tables_equal_the_audits(tiny_run):
+    plan, _, audits = tiny_run
+    for row in rows(plan, "retention_per_model"):
+        for profile in tables.RETENTION_PROFILES:
+            retention = audits[row["model"]]["retention"][profile]
+            assert number(row[profile]) == retention["value"]
+            assert [number(row[f"{profile}_ci95_lo"]), number(row[f"{profile}_ci95_hi"])] == retention["ci95"]
+    main = {r["arch"]: r for r in rows(plan, "retention_over_seeds")}
+    summary = summarise([audits["featuregate-s0"], audits["featuregate-s1"]])
+    for profile in tables.RETENTION_PROFILES:
+        figure = summary.get(f"retention.{profile}.value")
+        assert number(main["featuregate"][f"{profile}_mean"]) == (figure and figure["mean"])
+        assert number(main["featuregate"][f"{profile}_sd"]) == (figure and figure["sd"])
+
+
+def test_execution_tables_equal_the_audits_with_the_positive_control(tiny_run):
+    plan, _, audits = tiny_run
+    table = {r["model"]: r for r in rows(plan, "execution")}
+    assert set(table) == set(audits)
+    for name, audit in audits.items():
+        for column in tables.EXECUTION_COLUMNS:
+            assert number(table[name][column.key]) == audit["execution"][column.key]
+    controls = {r["model"]: r for r in rows(plan, "positive_control")}
+    assert set(controls) == {"featuregate-s0", "featuregate-s1"}
+    for name, row in controls.items():
+        execution = audits[name]["execution"]
+        for key in ("fraction_executed", "flops", "latency_ratio_vs_dense"):
+            assert number(row[key]) == execution["positive_control"][key]
+            assert number(row[f"own_{key}"]) == execution[key]
+        assert number(row["fraction_executed"]) < 1.0 == number(row["own_fraction_executed"])
+
+
+def test_muddpythia_table_equals_its_audit(tiny_run):
+    plan, _, audits = tiny_run
+    table = {r["condition"]: r for r in rows(plan, "muddpythia_penalties")}
+    assert {r["model"] for r in rows(plan, "muddpythia_penalties")} == {"muddpythia-s0"}
+    for condition in ("cross_input", "token_shuffle"):
+        figures = audits["muddpythia-s0"]["conditions"][condition]
+        assert number(table[condition]["delta"]) == figures["delta"]
+        assert [number(table[condition]["delta_ci95_lo"]), number(table[condition]["delta_ci95_hi"])] == figures["delta_ci95"]
+
+
+def test_explore_window_matches_the_audits_per_token_nll(tiny_run):
+    """The exploration notebook's per-token NLLs come from the same frozen replay as the audit's."""
+    plan, _, _ = tiny_run
+    table = rows(plan, "explore_window")
+    with gzip.open(plan.out / "audits" / "featuregate-s0" / "per_token_nll.csv.gz", "rt") as handle:
+        header, *lines = handle.read().splitlines()
+    columns = header.split(",")
+    audit_rows = [dict(zip(columns, line.split(","))) for line in lines if line.startswith("1,")]
+    assert len(table) == len(audit_rows) == 63
+    for mine, theirs in zip(table, audit_rows):
+        assert mine["position"] == theirs["position"]
+        assert math.isclose(float(mine["correct"]), float(theirs["correct"]), abs_tol=1e-4)
+        assert math.isclose(float(mine["nll_condition"]), float(theirs["cross_input"]), abs_tol=1e-4)
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_committed_notebooks_are_stripped_and_parameterised(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(cell.outputs == [] and cell.execution_count is None for cell in code)
+    assert sum("parameters" in cell.metadata.get("tags", []) for cell in nb.cells) == 1
+    assert nb.metadata.kernelspec.name == reproduce.KERNEL_NAME
+    assert path.stem in TABLES

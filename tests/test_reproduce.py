@@ -1,0 +1,127 @@
+"""``fca reproduce``: clear errors before any notebook starts, no silent clobbering, a failing notebook named
+with its cell while the others still run, and audits / coefficient caches reused across notebooks and runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fca_workbench import reproduce
+from fca_workbench.errors import UserError
+
+
+def fca(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def write_config(path, **config):
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_unknown_parameter_is_refused_before_anything_runs(tmp_path):
+    config = write_config(tmp_path / "c.json", parameters={"max_windos": 4})
+    result = fca("reproduce", "--config", config, "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
+    assert "unknown parameter 'max_windos'" in lines[0] and "max_windows" in lines[0]  # says what is known
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_parameter_for_one_notebook(tmp_path):
+    config = {"notebooks": ["05_muddpythia", "explore"], "notebook": {"05_muddpythia": {"layer": 1}}}
+    with pytest.raises(UserError, match="unknown parameter 'layer' for notebook 05_muddpythia"):
+        reproduce.plan(config, tmp_path / "out")
+    with pytest.raises(UserError, match="unknown notebook 'nope'"):
+        reproduce.plan({"notebooks": ["nope"]}, tmp_path / "out")
+    with pytest.raises(UserError, match="set by fca reproduce"):
+        reproduce.plan({"parameters": {"out": "x"}}, tmp_path / "out")
+    with pytest.raises(UserError, match="unknown config key 'max_windows'"):
+        reproduce.load_config(write_config(tmp_path / "c.json", max_windows=4))
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_checkpoint_is_refused_before_anything_runs(tiny_checkpoints, tmp_path):
+    config = {"parameters": {"checkpoints": [str(tiny_checkpoints["featuregate"]), str(tmp_path / "gone")]}}
+    with pytest.raises(UserError, match="checkpoint folder not found: .*gone"):
+        reproduce.plan(config, tmp_path / "out")
+    with pytest.raises(UserError, match="text file not found"):
+        reproduce.plan({"parameters": {"checkpoints": [str(tiny_checkpoints["dense"])],
+                                       "eval_data": str(tmp_path / "none.txt")}}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_results_are_not_clobbered(tiny_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("an earlier run")
+    config = {"notebooks": ["03_static_profiles"], "parameters": {"checkpoints": [str(tiny_checkpoints["featuregate"])]}}
+    with pytest.raises(UserError, match="already holds results.*--overwrite"):
+        reproduce.plan(config, out)
+    assert (out / "README.md").read_text() == "an earlier run"
+    assert reproduce.plan(config, out, overwrite=True).out == out.resolve()  # only when asked
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert reproduce.plan(config, empty).out == empty.resolve()  # an empty folder holds nothing to clobber
+
+
+def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
+    jobs = {}
+    for stem in reproduce.PAPER_NOTEBOOKS:
+        declared = reproduce.notebook_parameters(reproduce.NOTEBOOK_DIR / f"{stem}.ipynb")
+        jobs[stem] = declared
+        assert set(reproduce.DEFAULT_PARAMETERS) | set(reproduce.RESERVED) <= set(declared)
+        assert declared["max_windows"]["default"] == str(reproduce.DEFAULT_MAX_WINDOWS)
+    assert [p.split("/")[-1] for p in reproduce.shipped_checkpoints()] == [
+        *(f"featuregate-s{s}" for s in range(7)), "dense-s0", "muddpythia-s0"]
+    assert reproduce.DEFAULT_PARAMETERS["device"] == "cpu"
+
+
+def test_kernel_is_the_projects_own_python():
+    kernel = reproduce.ensure_kernel()
+    assert kernel["name"] == "fca-workbench"
+    assert kernel["python"].startswith(sys.prefix) or kernel["python"] == sys.executable
+
+
+def test_audits_and_caches_are_reused_across_notebooks_and_runs(tiny_checkpoints, tmp_path):
+    settings = dict(checkpoints=[str(tiny_checkpoints["featuregate"])], max_windows=3, batch_size=4,
+                    cache=str(tmp_path / "cache"), progress=False)
+    first = reproduce.NotebookRun(audits=str(tmp_path / "run1"), **settings)
+    audit = first.load_audits()[0]
+    audit_json = first.audit_dir(audit) / "audit.json"
+    shards = sorted((tmp_path / "cache").rglob("*.safetensors"))
+    assert shards
+    stamps = {p: p.stat().st_mtime_ns for p in [audit_json, *shards]}
+
+    again = reproduce.NotebookRun(audits=str(tmp_path / "run1"), **settings).load_audits()[0]  # another notebook
+    assert again == audit and audit_json.stat().st_mtime_ns == stamps[audit_json]
+
+    other = reproduce.NotebookRun(audits=str(tmp_path / "run2"), **settings).load_audits()[0]  # a later run
+    assert other["conditions"] == audit["conditions"]
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in shards)  # the coefficient cache was reused
+
+    changed = reproduce.NotebookRun(audits=str(tmp_path / "run1"), **{**settings, "seed": 1}).load_audits()[0]
+    assert changed["settings"]["seed"] == 1 and audit_json.stat().st_mtime_ns != stamps[audit_json]
+
+
+def test_failing_notebook_is_named_with_its_cell_and_the_others_still_run(tiny_checkpoints, tmp_path):
+    """No MUDDPythia among the checkpoints: its notebook fails, the one after it still runs, exit code 1."""
+    config = write_config(
+        tmp_path / "c.json",
+        notebooks=["05_muddpythia", "03_static_profiles"],
+        cache=str(tmp_path / "cache"),
+        parameters={"checkpoints": [str(tiny_checkpoints["featuregate"])], "max_windows": 3, "batch_size": 4},
+    )
+    out = tmp_path / "out"
+    result = fca("reproduce", "--config", config, "--out", out)
+    assert result.returncode == 1, result.stderr
+    assert "FAILED 05_muddpythia: cell" in result.stderr
+    assert "raised ValueError: no MUDDPythia checkpoint" in result.stderr
+    assert "passed  03_static_profiles" in result.stdout
+    assert (out / "tables" / "retention_over_seeds.csv").is_file()
+    assert (out / "notebooks" / "05_muddpythia.ipynb").is_file()  # kept, with the error in it
+    index = (out / "README.md").read_text()
+    assert "1 of 2 notebooks passed" in index and "**FAILED**: cell" in index
