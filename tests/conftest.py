@@ -42,3 +42,15 @@ def tiny_checkpoints(tmp_path_factory):
         tiny_model(name, vocab_size=len(tokenizer), window=64).save_pretrained(folders[name])
         tokenizer.save_pretrained(folders[name])
     return folders
+
+
+def assert_identical_models(model, loaded, ids):
+    """Bit-exact equality of two models: every weight, and the logits and coefficients on ``ids``."""
+    before, after = model.state_dict(), loaded.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with torch.no_grad():
+        a = model(ids, return_coefficients=True)
+        b = loaded(ids, return_coefficients=True)
+    assert torch.equal(a.logits, b.logits)
+    assert all(torch.equal(x, y) for x, y in zip(a.coefficients, b.coefficients))

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_identical_models
+
 from fca_workbench.models.common import next_token_nll
 from fca_workbench.models.muddpythia import (
     MUDDPythiaConfig,
@@ -167,15 +169,7 @@ def test_save_and_load_round_trip_is_bit_exact(tmp_path):
     assert {k: v for k, v in loaded.config.to_dict().items() if k not in ignore} == {
         k: v for k, v in model.config.to_dict().items() if k not in ignore
     }
-    before, after = model.state_dict(), loaded.state_dict()
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    ids = tokens()
-    with torch.no_grad():
-        a = model(ids, return_coefficients=True)
-        b = loaded(ids, return_coefficients=True)
-    assert torch.equal(a.logits, b.logits)
-    assert all(torch.equal(x, y) for x, y in zip(a.coefficients, b.coefficients))
+    assert_identical_models(model, loaded, tokens())
 
 
 # ------------------------------------------------------------------------------------------------------

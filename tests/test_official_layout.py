@@ -32,6 +32,7 @@ from fca_workbench.official import (
 )
 from fca_workbench.replay import replay_nll
 from fca_workbench.tokenizer import load_tokenizer
+from conftest import assert_identical_models
 
 TINY = dict(vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64, use_qk_norm=True, expand_last=True, round64=True)
 FORMATS = [("safetensors", 1), ("safetensors", 3), ("bin", 1), ("bin", 2)]
@@ -99,15 +100,7 @@ def test_official_folder_loads_strictly_and_round_trips_bit_exactly(tmp_path, we
 
     assert type(loaded) is MUDDPythiaForCausalLM and not loaded.training
     assert not hasattr(loaded.config, "auto_map")
-    before, after = model.state_dict(), loaded.state_dict()
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    ids = tokens()
-    with torch.no_grad():
-        a = model(ids, return_coefficients=True)
-        b = loaded(ids, return_coefficients=True)
-    assert torch.equal(a.logits, b.logits)
-    assert all(torch.equal(x, y) for x, y in zip(a.coefficients, b.coefficients))
+    assert_identical_models(model, loaded, tokens())
     assert_code_never_imported(marker)
 
 
