@@ -54,3 +54,15 @@ def assert_identical_models(model, loaded, ids):
         b = loaded(ids, return_coefficients=True)
     assert torch.equal(a.logits, b.logits)
     assert all(torch.equal(x, y) for x, y in zip(a.coefficients, b.coefficients))
+
+
+def perturbed_muddpythia(config: dict, seed: int = 0):
+    """A MUDDPythia whose every parameter is perturbed, so controllers and norms are not at their init."""
+    from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
+
+    torch.manual_seed(seed)
+    model = MUDDPythiaForCausalLM(MUDDPythiaConfig(**config))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    return model.eval()

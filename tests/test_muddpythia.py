@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_identical_models
+from conftest import assert_identical_models, perturbed_muddpythia
 
 from fca_workbench.models.common import next_token_nll
 from fca_workbench.models.muddpythia import (
@@ -26,13 +26,7 @@ TINY = dict(vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64)
 
 
 def make_model(seed=0, **overrides) -> MUDDPythiaForCausalLM:
-    """A tiny model whose every parameter is perturbed, so controllers and norms are not at their init."""
-    torch.manual_seed(seed)
-    model = MUDDPythiaForCausalLM(MUDDPythiaConfig(**{**TINY, **overrides}))
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.1 * torch.randn_like(param))
-    return model.eval()
+    return perturbed_muddpythia({**TINY, **overrides}, seed)
 
 
 def tokens(batch=2, length=12, seed=1):

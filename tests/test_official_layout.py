@@ -32,7 +32,7 @@ from fca_workbench.official import (
 )
 from fca_workbench.replay import replay_nll
 from fca_workbench.tokenizer import load_tokenizer
-from conftest import assert_identical_models
+from conftest import assert_identical_models, perturbed_muddpythia
 
 TINY = dict(vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64, use_qk_norm=True, expand_last=True, round64=True)
 FORMATS = [("safetensors", 1), ("safetensors", 3), ("bin", 1), ("bin", 2)]
@@ -40,12 +40,7 @@ CODE_FILES = ("configuration_muddpythia.py", "modeling_muddpythia.py")
 
 
 def tiny_official_model(seed=0, **overrides) -> MUDDPythiaForCausalLM:
-    torch.manual_seed(seed)
-    model = MUDDPythiaForCausalLM(MUDDPythiaConfig(**{**TINY, **overrides}))
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(0.1 * torch.randn_like(param))
-    return model.eval()
+    return perturbed_muddpythia({**TINY, **overrides}, seed)
 
 
 def write_official(model, folder, weights="safetensors", shards=1, tokenizer=None):
