@@ -247,6 +247,15 @@ VARIANCE_PATHS = {
 }
 
 
+def seed_rows(audits: list[dict], paths: dict[str, str]) -> list[dict]:
+    """One row per architecture: the seed count and mean ± sd of each figure at ``paths`` (column -> audit path)."""
+    rows = []
+    for arch, group in by_arch(audits).items():
+        summary = seed_summary(group, paths.values())
+        rows.append({"arch": arch, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
+    return rows
+
+
 def variation_table(audits: list[dict]) -> Table:
     """Coefficient variation and variance decomposition, one row per model with a controller."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *VARIANCE_COLUMNS]
@@ -262,10 +271,7 @@ def variation_seed_table(audits: list[dict]) -> Table:
     """The same figures as mean ± sd over the models of each architecture (independently trained seeds)."""
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
                *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in VARIANCE_COLUMNS]]
-    rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
-        summary = seed_summary(group, VARIANCE_PATHS.values())
-        rows.append({"arch": arch, "n": len(group), **{k: summary[p] for k, p in VARIANCE_PATHS.items()}})
+    rows = seed_rows(with_controller(audits), VARIANCE_PATHS)
     return Table("variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds",
                  columns, rows)
 
@@ -332,11 +338,7 @@ def retention_seed_table(audits: list[dict]) -> Table:
     """The paper's table: gap retention of each static profile, mean ± sd over seeds, per architecture."""
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
                *[Column(p, p, "pct", "msd", digits=4) for p in RETENTION_PROFILES]]
-    rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
-        paths = {p: f"retention.{p}.value" for p in RETENTION_PROFILES}
-        summary = seed_summary(group, paths.values())
-        rows.append({"arch": arch, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
+    rows = seed_rows(with_controller(audits), {p: f"retention.{p}.value" for p in RETENTION_PROFILES})
     return Table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
 
 
@@ -396,10 +398,7 @@ def execution_seed_table(audits: list[dict]) -> Table:
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
                *[Column(c.key, c.header, "float" if c.kind == "int" else c.kind, "msd", c.digits)
                  for c in EXECUTION_COLUMNS]]
-    rows = []
-    for arch, group in by_arch(audits).items():
-        summary = seed_summary(group, paths.values())
-        rows.append({"arch": arch, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
+    rows = seed_rows(audits, paths)
     return Table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
 
 
