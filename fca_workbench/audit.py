@@ -3,8 +3,6 @@
 This is orchestration only; every number comes from capture, replay, metrics and execution.
 """
 
-import gzip
-import io
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,6 +21,7 @@ from .models import FeatureGateForCausalLM, arch_of, load_model
 from .official import audit_batch_size
 from .replay import replay_nll
 from .report import verdicts
+from .results import per_token_files
 from .tokenizer import load_tokenizer
 
 SCHEMA = "fca-audit/1"
@@ -162,22 +161,6 @@ def data_summary(path: Path, windows: torch.Tensor) -> dict:
     }
 
 
-def per_token_table(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> bytes:
-    """Wide CSV: one row per predicted token, one NLL column per condition (gzipped, deterministic)."""
-    names = list(per_token)
-    columns = torch.stack([per_token[name].float() for name in names], dim=-1)  # [N, T-1, C]
-    text = io.StringIO()
-    text.write("window,position,target_token," + ",".join(names) + "\n")
-    for w in range(columns.shape[0]):
-        for t in range(columns.shape[1]):
-            values = ",".join(f"{v:.6f}" for v in columns[w, t].tolist())
-            text.write(f"{w},{t + 1},{int(windows[w, t + 1])},{values}\n")
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
-        gz.write(text.getvalue().encode())
-    return buffer.getvalue()
-
-
 def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
     """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them."""
     tensors = {f"{name}.layer_{i}": t.contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
@@ -197,5 +180,6 @@ def validate_audit(audit: dict) -> None:
 
 def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor) -> None:
     validate_audit(audit)
-    write_atomic(out / "per_token_nll.csv.gz", per_token_table(per_token, windows))
+    for name, data in per_token_files(per_token, windows).items():  # CSV, and Parquet with pyarrow
+        write_atomic(out / name, data)
     write_atomic(out / "audit.json", (json.dumps(audit, indent=2) + "\n").encode())

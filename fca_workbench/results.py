@@ -1,0 +1,256 @@
+"""An audit's results as pandas DataFrames: ``load_audit(folder)`` for one, ``load_audits`` for several.
+
+A notebook user filters, sorts, pivots and plots DataFrames; this module turns an audit folder
+(``audit.json``, ``per_token_nll.csv.gz`` or ``.parquet``) into them, value for value, and writes the
+per-token file the audit leaves behind. pandas is imported here, never by ``import fca_workbench``.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UserError
+
+PER_TOKEN_CSV = "per_token_nll.csv.gz"
+PER_TOKEN_PARQUET = "per_token_nll.parquet"
+PER_TOKEN_KEYS = ["window", "position", "target_token"]
+CONDITION_COLUMNS = ["nll", "ci95_lo", "ci95_hi", "delta", "delta_ci95_lo", "delta_ci95_hi"]
+RETENTION_COLUMNS = ["value", "ci95_lo", "ci95_hi"]
+VARIANCE_COLUMNS = ["r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window", "within_std", "cv"]
+EXECUTION_DTYPES = {"blocks_executed": "int64", "blocks_total": "int64", "fraction_executed": "float64",
+                    "controller_calls": "int64", "flops": "int64", "latency_ms": "float64", "dense_latency_ms": "float64",
+                    "latency_ratio_vs_dense": "float64"}
+EXECUTION_COLUMNS = list(EXECUTION_DTYPES)
+PER_LAYER_COLUMNS = ["nll", "delta", "delta_ci95_lo", "delta_ci95_hi"]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Writing the per-token NLLs (called by the audit)
+# ------------------------------------------------------------------------------------------------------
+
+def per_token_frame(per_token: dict, windows):
+    """Wide table: one row per predicted token (window, position, target token), one float32 NLL column per
+    condition, built from the ``[N, T-1]`` tensors in one step."""
+    import pandas as pd
+    import torch
+
+    names = list(per_token)
+    values = torch.stack([per_token[name].float() for name in names], dim=-1).numpy()  # [N, T-1, C]
+    n, t, c = values.shape
+    frame = pd.DataFrame({
+        "window": np.repeat(np.arange(n, dtype=np.int64), t),
+        "position": np.tile(np.arange(1, t + 1, dtype=np.int64), n),
+        "target_token": windows[:, 1:].reshape(-1).numpy().astype(np.int64),
+    })
+    return pd.concat([frame, pd.DataFrame(values.reshape(n * t, c), columns=names)], axis=1)
+
+
+def per_token_csv(frame) -> bytes:
+    """The wide table as gzip CSV at 6 decimals, mtime 0: the same NLLs always give the same bytes."""
+    text = frame.to_csv(index=False, float_format="%.6f", lineterminator="\n")
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
+        gz.write(text.encode())
+    return buffer.getvalue()
+
+
+def per_token_parquet(frame) -> bytes:
+    """The wide table as Parquet, the float32 NLLs exact (needs pyarrow: the ``parquet`` extra)."""
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def per_token_files(per_token: dict, windows) -> dict[str, bytes]:
+    """``per_token_nll.csv.gz`` and, when pyarrow is installed, ``per_token_nll.parquet``."""
+    frame = per_token_frame(per_token, windows)
+    files = {PER_TOKEN_CSV: per_token_csv(frame)}
+    if _has_pyarrow():
+        files[PER_TOKEN_PARQUET] = per_token_parquet(frame)
+    return files
+
+
+# ------------------------------------------------------------------------------------------------------
+# Reading an audit
+# ------------------------------------------------------------------------------------------------------
+
+def read_audit_json(path) -> tuple[dict, Path]:
+    """The audit dict and its folder; a missing, truncated or foreign file is a one-line ``UserError``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "audit.json"
+    if not path.is_file():
+        raise UserError(f"no audit.json in {path.parent}" if path.name == "audit.json" else f"not found: {path}")
+    try:
+        audit = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not a complete audit.json (truncated or not JSON: {exc})") from None
+    if not isinstance(audit, dict) or audit.get("schema") != "fca-audit/1":
+        found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
+        raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected 'fca-audit/1')")
+    import jsonschema
+
+    from .audit import validate_audit
+
+    try:
+        validate_audit(audit)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(map(str, exc.absolute_path)) or "top level"
+        raise UserError(f"{path} is not a valid FCA audit ({where}: {exc.message.splitlines()[0]})") from None
+    return audit, path.parent
+
+
+def _split_ci(value) -> tuple:
+    return tuple(value) if value else (None, None)
+
+
+class AuditResults:
+    """One audit: its metadata as dicts, its figures as DataFrames (full precision, column names and dtypes
+    pinned by the tests), the per-token NLLs read only when asked for."""
+
+    def __init__(self, path):
+        self.audit, self.folder = read_audit_json(path)
+        self.name = Path(self.audit["model"]["path"]).name
+        self.model, self.data, self.settings = self.audit["model"], self.audit["data"], self.audit["settings"]
+        self.verdicts = self.audit["verdict"]
+
+    def __repr__(self) -> str:
+        return f"<AuditResults {self.name} ({self.model['arch']}) from {self.folder}>"
+
+    @functools.cached_property
+    def conditions(self):
+        """One row per condition: NLL with its 95% CI, ΔNLL against the reference with its 95% CI."""
+        rows = [(name, f["nll"], *f["ci95"], f["delta"], *f["delta_ci95"]) for name, f in self.audit["conditions"].items()]
+        return _frame(rows, "condition", CONDITION_COLUMNS)
+
+    @functools.cached_property
+    def retention(self):
+        """One row per static profile: share of the Correct-to-GlobalMean gap retained, with its 95% CI."""
+        rows = [(name, r["value"], *_split_ci(r["ci95"])) for name, r in self.audit["retention"].items()]
+        return _frame(rows, "profile", RETENTION_COLUMNS)
+
+    @functools.cached_property
+    def variance(self):
+        """One row (none for a model without coefficients): R² of the static structure, within-std, CV."""
+        figures = {**(self.audit["variance"] or {}), **(self.audit["variation"] or {})}
+        rows = [tuple(figures.get(k) for k in VARIANCE_COLUMNS)] if self.audit["variance"] else []
+        return _numbers(rows, VARIANCE_COLUMNS)
+
+    @functools.cached_property
+    def execution(self):
+        """One row for the model, and one for its positive control when the audit has one (``run``)."""
+        import pandas as pd
+
+        execution = self.audit["execution"]
+        runs = {"model": execution, "positive_control": execution.get("positive_control")}
+        rows = [{"run": run, **{k: figures[k] for k in EXECUTION_COLUMNS}} for run, figures in runs.items() if figures]
+        return pd.DataFrame(rows).astype({"run": "str", **{k: EXECUTION_DTYPES[k] for k in EXECUTION_COLUMNS}})
+
+    @functools.cached_property
+    def per_layer(self):
+        """One row per (layer, condition) of a per-layer sweep; ``None`` when the audit has none."""
+        if self.audit.get("per_layer") is None:
+            return None
+        rows = [(r["condition"], r["nll"], r["delta"], *r["delta_ci95"]) for r in self.audit["per_layer"]]
+        frame = _frame(rows, "condition", PER_LAYER_COLUMNS)
+        frame.insert(0, "layer", np.array([r["layer"] for r in self.audit["per_layer"]], dtype=np.int64))
+        return frame
+
+    @functools.cached_property
+    def per_token(self):
+        """Tidy: one row per (window, position, condition) with the target token and its NLL (Parquet's exact
+        float32 values when present, else the CSV's 6 decimals)."""
+        import pandas as pd
+
+        parquet, csv = self.folder / PER_TOKEN_PARQUET, self.folder / PER_TOKEN_CSV
+        path = parquet if parquet.is_file() and _has_pyarrow() else csv
+        if not path.is_file():
+            raise UserError(f"no {PER_TOKEN_CSV} in {self.folder}")
+        try:
+            wide = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        except Exception as exc:  # truncated gzip / Parquet, wrong bytes: all mean the same to the user
+            raise UserError(f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        conditions = [c for c in wide.columns if c not in PER_TOKEN_KEYS]
+        if list(wide.columns[:3]) != PER_TOKEN_KEYS or set(conditions) != set(self.audit["conditions"]):
+            raise UserError(f"{path} does not hold this audit's conditions ({', '.join(map(str, wide.columns))})")
+        tidy = wide.melt(id_vars=PER_TOKEN_KEYS, value_vars=conditions, var_name="condition", value_name="nll")
+        return tidy.astype({"window": "int64", "position": "int64", "target_token": "int64", "nll": "float64",
+                            "condition": pd.CategoricalDtype(conditions)})
+
+
+class AuditCollection:
+    """Several audits: each DataFrame of ``AuditResults`` concatenated, with ``model`` and ``arch`` columns."""
+
+    def __init__(self, audits: list[AuditResults]):
+        self.audits = audits
+
+    def __repr__(self) -> str:
+        return f"<AuditCollection of {len(self.audits)}: {', '.join(a.name for a in self.audits)}>"
+
+    def _concat(self, name: str):
+        import pandas as pd
+
+        frames = [getattr(a, name) for a in self.audits]
+        if all(f is None for f in frames):
+            return None
+        frames = [f.assign(model=a.name, arch=a.model["arch"]) for a, f in zip(self.audits, frames) if f is not None]
+        frame = pd.concat(frames, ignore_index=True)
+        if name == "per_token":  # the conditions' order of the first audit, then any new ones
+            frame["condition"] = frame["condition"].astype(pd.CategoricalDtype(
+                list(dict.fromkeys(c for f in frames for c in f["condition"].cat.categories))))
+        return frame[["model", "arch", *(c for c in frame.columns if c not in ("model", "arch"))]]
+
+    conditions = property(lambda self: self._concat("conditions"))
+    retention = property(lambda self: self._concat("retention"))
+    variance = property(lambda self: self._concat("variance"))
+    execution = property(lambda self: self._concat("execution"))
+    per_layer = property(lambda self: self._concat("per_layer"))
+    per_token = property(lambda self: self._concat("per_token"))
+
+
+def load_audit(path) -> AuditResults:
+    """An audit folder (or its ``audit.json``) as DataFrames: ``.conditions``, ``.retention``, ``.variance``,
+    ``.execution``, ``.per_layer`` (when swept), ``.per_token`` (read lazily); ``.model``, ``.data``,
+    ``.settings``, ``.verdicts`` as in ``audit.json``."""
+    return AuditResults(path)
+
+
+def load_audits(paths) -> AuditCollection:
+    """Several audits: a list of folders / ``audit.json`` paths, or one folder holding audit folders (e.g. a
+    ``fca reproduce`` run's ``audits/``) or being one."""
+    if isinstance(paths, (str, Path)):
+        folder = Path(paths)
+        if (folder / "audit.json").is_file() or folder.suffix == ".json":
+            paths = [folder]
+        else:
+            paths = sorted(p.parent for p in folder.glob("*/audit.json"))
+            if not paths:
+                raise UserError(f"no audit folders (*/audit.json) in {folder}")
+    return AuditCollection([load_audit(p) for p in paths])
+
+
+def _has_pyarrow() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _frame(rows, key: str, columns: list[str]):
+    """A table keyed by a text column ``key``, the other columns float64 (``None`` → NaN)."""
+    frame = _numbers([row[1:] for row in rows], columns)
+    frame.insert(0, key, [row[0] for row in rows])
+    return frame.astype({key: "str"})
+
+
+def _numbers(rows, columns: list[str]):
+    import pandas as pd
+
+    return pd.DataFrame([[np.nan if v is None else v for v in row] for row in rows], columns=columns, dtype="float64")
