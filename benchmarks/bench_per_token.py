@@ -4,7 +4,7 @@
 
 On synthetic NLL tensors of the full eval set's shape (727 windows x 255 predicted positions x 8 conditions),
 times the old loop (kept here verbatim as the reference), the new gzip CSV and the new Parquet, checks
-that the old and new CSV bytes are identical, and writes the ratios (best of ``--repeats``) to
+that the old and new CSV text is identical, and writes the ratios (best of ``--repeats``) to
 benchmarks/results/bench_per_token.json and .md.
 """
 
@@ -60,8 +60,8 @@ def main() -> None:
 
     loop_s, old = best_of(args.repeats, lambda: loop_writer(per_token, windows))
     csv_s, new = best_of(args.repeats, lambda: per_token_csv(per_token_frame(per_token, windows)))
-    if old != new:
-        raise SystemExit("the pandas CSV differs from the loop's bytes")
+    if gzip.decompress(old) != gzip.decompress(new):
+        raise SystemExit("the pandas CSV differs from the loop's text")
     parquet_s, parquet = best_of(args.repeats, lambda: per_token_parquet(per_token_frame(per_token, windows)))
     rows = args.windows * (args.window - 1)
     result = {
@@ -73,7 +73,7 @@ def main() -> None:
         "pandas_parquet_s": parquet_s,
         "csv_bytes": len(new),
         "parquet_bytes": len(parquet),
-        "identical_csv_bytes": True,
+        "identical_csv_text": True,
         "speedup_csv_loop_over_pandas": loop_s / csv_s,
         "speedup_loop_csv_over_parquet": loop_s / parquet_s,
     }
@@ -85,8 +85,8 @@ def main() -> None:
         "",
         "| writer | seconds | loop / this | size |",
         "|---|---:|---:|---:|",
-        f"| per-value Python loop, gzip CSV (before) | {loop_s:.2f} | 1.00 | {len(old) / 2**20:.1f} MiB |",
-        f"| pandas, gzip CSV (now; identical bytes) | {csv_s:.2f} | {loop_s / csv_s:.2f} | {len(new) / 2**20:.1f} MiB |",
+        f"| per-value Python loop, gzip level 9 CSV (before) | {loop_s:.2f} | 1.00 | {len(old) / 2**20:.1f} MiB |",
+        f"| pandas, gzip level 1 CSV (now; identical text) | {csv_s:.2f} | {loop_s / csv_s:.2f} | {len(new) / 2**20:.1f} MiB |",
         f"| pandas, Parquet (now, with pyarrow) | {parquet_s:.2f} | {loop_s / parquet_s:.2f} | "
         f"{len(parquet) / 2**20:.1f} MiB |",
         "",

@@ -212,9 +212,12 @@ class NotebookRun:
         return self._audits
 
     def write_table(self, table):
-        """Write a ``tables.Table`` as CSV, Markdown and LaTeX under ``<out>/tables`` and return it (displays)."""
-        table.write(self.out)
-        return table
+        """Write a table (a ``tables`` DataFrame) as CSV, Markdown and LaTeX under ``<out>/tables``; returns its
+        ``Styler``, which the notebook displays."""
+        from .tables import styled, write_table
+
+        write_table(table, self.out)
+        return styled(table)
 
     def write_figure(self, fig, name: str) -> Path:
         from .tables import write_figure

@@ -52,10 +52,11 @@ def per_token_frame(per_token: dict, windows):
 
 
 def per_token_csv(frame) -> bytes:
-    """The wide table as gzip CSV at 6 decimals, mtime 0: the same NLLs always give the same bytes."""
+    """The wide table as gzip CSV at 6 decimals, mtime 0: the same NLLs always give the same bytes. Level 1:
+    on the full eval set level 9 took as long as formatting the text, for a file 9% smaller."""
     text = frame.to_csv(index=False, float_format="%.6f", lineterminator="\n")
     buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, compresslevel=1) as gz:
         gz.write(text.encode())
     return buffer.getvalue()
 

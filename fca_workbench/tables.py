@@ -1,176 +1,148 @@
-"""Presentation helpers for the notebooks: audit dicts → tables, tables → CSV / Markdown / LaTeX, figures
-→ interactive HTML.
+"""Presentation helpers for the notebooks: audit dicts → pandas DataFrames, DataFrames → a Styler to read and
+CSV / Markdown / LaTeX files, figures → interactive HTML.
 
-Nothing here computes a figure of the audit: every value in a table is read from an ``audit.json`` (or the
-``positive_control.json`` beside it, or ``aggregate.summarise`` of several), so a table always equals the
-audit it came from. The CSV keeps every number at full precision (``repr``), Markdown and LaTeX round it
-for reading.
+Nothing here computes a figure of the audit: every value in a table is read from an ``audit.json`` (or
+``aggregate.summarise`` of several), so a table always equals the audit it came from. A table is a DataFrame
+of exact numbers (a 95% CI as ``<key>_lo`` / ``<key>_hi``, a mean ± sd over seeds as ``<key>_mean`` /
+``<key>_sd`` / ``<key>_n``); its ``attrs`` carry its name, caption and column formats, which ``readable``
+uses to show CIs as ``[lo, hi]``, shares as percentages and ΔNLL with its sign. The CSV keeps full
+precision; Markdown and LaTeX are rounded for reading.
 """
 
 from __future__ import annotations
 
-import csv
-import html
-import io
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .aggregate import summarise
 from .capture import CoefficientCache
+from .data import write_atomic
 from .errors import UserError
 from .interventions import CONDITIONS, static_profiles
 
-# Column kinds: "text", "int", "float", "pct" (a share shown as %), "delta" (signed float), each optionally
-# as a 95% interval ("ci": value is [lo, hi]) or a mean ± sd over seeds ("msd": value is {"mean", "sd"}).
 
-
-@dataclass
+@dataclass(frozen=True)
 class Column:
+    """How a table column is read: kind text | int | float | delta (signed) | pct (a share as %) | sci, as one
+    value, a 95% interval (``ci``: ``[lo, hi]``) or a mean ± sd over seeds (``msd``: ``{"mean", "sd", "n"}``)."""
+
     key: str
     header: str
-    kind: str = "float"  # text | int | float | delta | pct | sci
+    kind: str = "float"
     form: str = "value"  # value | ci | msd
     digits: int = 4
+    integer: bool = False  # exact values are integers (always for kind int), e.g. FLOPs shown as sci
+
+    @property
+    def parts(self) -> list[str]:
+        """The DataFrame (and CSV) columns that hold this column's exact values."""
+        suffixes = {"value": [""], "ci": ["_lo", "_hi"], "msd": ["_mean", "_sd", "_n"]}[self.form]
+        return [self.key + s for s in suffixes]
+
+    def dtype(self, part: str) -> str:
+        if self.kind == "text":
+            return "str"
+        if self.form == "msd":
+            return "Int64" if part.endswith("_n") else "float64"
+        return "Int64" if self.form == "value" and (self.integer or self.kind == "int") else "float64"
 
 
-@dataclass
-class Table:
-    """One table of the paper: rows of plain values, written as CSV (exact), Markdown and LaTeX (rounded)."""
+def make_table(name: str, caption: str, columns: list[Column], rows: list[dict]):
+    """The exact DataFrame of a table: one column per part of each ``Column``, ``None`` as missing."""
+    import pandas as pd
 
-    name: str
-    caption: str
-    columns: list[Column]
-    rows: list[dict] = field(default_factory=list)
+    def parts(column: Column, value) -> list:
+        if column.form == "ci":
+            return list(value) if value is not None else [None, None]
+        if column.form == "msd":
+            return [(value or {}).get(k) for k in ("mean", "sd", "n")]
+        return [value]
 
-    # ---- exact values -------------------------------------------------------------------------------
-    def csv_header(self) -> list[str]:
-        header = []
-        for c in self.columns:
-            if c.form == "ci":
-                header += [f"{c.key}_lo", f"{c.key}_hi"]
-            elif c.form == "msd":
-                header += [f"{c.key}_mean", f"{c.key}_sd", f"{c.key}_n"]
-            else:
-                header.append(c.key)
-        return header
-
-    def csv_rows(self) -> list[list]:
-        out = []
-        for row in self.rows:
-            cells = []
-            for c in self.columns:
-                value = row.get(c.key)
-                if c.form == "ci":
-                    lo, hi = value if value is not None else (None, None)
-                    cells += [_exact(lo), _exact(hi)]
-                elif c.form == "msd":
-                    value = value or {}
-                    cells += [_exact(value.get("mean")), _exact(value.get("sd")), _exact(value.get("n"))]
-                else:
-                    cells.append(_exact(value))
-            out.append(cells)
-        return out
-
-    def to_csv(self) -> str:
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(self.csv_header())
-        writer.writerows(self.csv_rows())
-        return buffer.getvalue()
-
-    # ---- rounded, for reading -----------------------------------------------------------------------
-    def formatted(self) -> list[list[str]]:
-        return [[_format(row.get(c.key), c) for c in self.columns] for row in self.rows]
-
-    def to_markdown(self) -> str:
-        headers = [c.header for c in self.columns]
-        align = ["---" if c.kind == "text" else "---:" for c in self.columns]
-        lines = [f"**{self.caption}**", "", _md_row(headers), _md_row(align)]
-        lines += [_md_row(cells) for cells in self.formatted()]
-        return "\n".join(lines) + "\n"
-
-    def to_latex(self) -> str:
-        spec = "".join("l" if c.kind == "text" else "r" for c in self.columns)
-        lines = [
-            "% generated by fca_workbench.tables; needs \\usepackage{booktabs}",
-            "\\begin{table}[t]",
-            "\\centering",
-            f"\\caption{{{_tex(self.caption)}}}",
-            f"\\label{{tab:{self.name}}}",
-            f"\\begin{{tabular}}{{{spec}}}",
-            "\\toprule",
-            " & ".join(_tex(c.header) for c in self.columns) + " \\\\",
-            "\\midrule",
-        ]
-        lines += [" & ".join(_tex(cell) for cell in cells) + " \\\\" for cells in self.formatted()]
-        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
-        return "\n".join(lines) + "\n"
-
-    def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c.header)}</th>" for c in self.columns)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>" for cells in self.formatted()
-        )
-        return (
-            f"<p><b>{html.escape(self.caption)}</b></p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-        )
-
-    def _repr_markdown_(self) -> str:
-        return self.to_markdown()
-
-    def write(self, out) -> dict[str, Path]:
-        """Write ``out/tables/<name>.{csv,md,tex}``; returns the paths."""
-        folder = Path(out) / "tables"
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = {ext: folder / f"{self.name}.{ext}" for ext in ("csv", "md", "tex")}
-        paths["csv"].write_text(self.to_csv())
-        paths["md"].write_text(self.to_markdown())
-        paths["tex"].write_text(self.to_latex())
-        return paths
+    records = [[v for c in columns for v in parts(c, row.get(c.key))] for row in rows]
+    frame = pd.DataFrame(records, columns=[p for c in columns for p in c.parts], dtype=object)
+    frame = frame.astype({p: c.dtype(p) for c in columns for p in c.parts})
+    frame.attrs.update(name=name, caption=caption, columns=columns)
+    return frame
 
 
-def read_csv(path) -> list[dict[str, str]]:
-    """A written table's CSV as dicts of strings (what tests and downstream scripts read back)."""
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+def readable(table):
+    """The table as text for reading: CIs as ``[lo, hi]``, mean ± sd, percentages and signs, the columns'
+    headers; ``n/a`` where a figure is missing."""
+    import pandas as pd
+
+    cells = {c.header: [_format(c, row) for row in table.to_dict("records")] for c in table.attrs["columns"]}
+    return pd.DataFrame(cells, dtype="str")
 
 
-def _exact(value):
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return repr(value)
-    return value
+def styled(table):
+    """What a notebook shows: the readable table as a pandas ``Styler`` with its caption, without the index."""
+    return readable(table).style.hide(axis="index").set_caption(table.attrs["caption"])
 
 
-def _format(value, column: Column) -> str:
+def to_markdown(table) -> str:
+    """The caption in bold, then a pipe table (``DataFrame.to_markdown``; numbers right-aligned)."""
+    align = ["left" if c.kind == "text" else "right" for c in table.attrs["columns"]]
+    cells = readable(table).map(lambda text: text.replace("|", "\\|"))  # a token may hold a pipe
+    body = cells.to_markdown(index=False, tablefmt="pipe", colalign=align, disable_numparse=True)
+    return f"**{table.attrs['caption']}**\n\n{body}\n"
+
+
+# Unicode in headers and cells, as pdflatex reads it (replaced after Styler's escaping)
+_TEX = {"±": r"$\pm$", "Δ": r"$\Delta$", "×": r"$\times$", "²": r"$^2$", "←": r"$\leftarrow$"}
+
+
+def to_latex(table) -> str:
+    """A booktabs ``table`` float (``Styler.to_latex``), caption and ``tab:<name>`` label."""
+    spec = "".join("l" if c.kind == "text" else "r" for c in table.attrs["columns"])
+    styler = readable(table).style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    latex = styler.to_latex(hrules=True, column_format=spec, position="t", position_float="centering",
+                            caption=_escape_tex(table.attrs["caption"]), label=f"tab:{table.attrs['name']}")
+    for char, tex in _TEX.items():
+        latex = latex.replace(char, tex)
+    return "% generated by fca_workbench.tables; needs \\usepackage{booktabs}\n" + latex
+
+
+def _escape_tex(text: str) -> str:
+    """The caption, which ``Styler.to_latex`` writes as given (the cells it escapes itself)."""
+    special = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+    return "".join(special.get(char, char) for char in text)
+
+
+def write_table(table, out) -> dict[str, Path]:
+    """Write ``out/tables/<name>.{csv,md,tex}`` (each to a temporary name, then renamed); returns the paths."""
+    folder = Path(out) / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = {"csv": table.to_csv(index=False, lineterminator="\n"), "md": to_markdown(table), "tex": to_latex(table)}
+    paths = {ext: folder / f"{table.attrs['name']}.{ext}" for ext in texts}
+    for ext, text in texts.items():
+        write_atomic(paths[ext], text.encode())
+    return paths
+
+
+def _format(column: Column, row: dict) -> str:
+    import pandas as pd
+
+    values = [row[p] for p in column.parts]
+    if pd.isna(values[0]):
+        return "n/a"
     if column.form == "ci":
-        if value is None or value[0] is None:
-            return "n/a"
-        return "[" + ", ".join(_number(v, column) for v in value) + "]"
+        return "[" + ", ".join(_number(v, column) for v in values) + "]"
     if column.form == "msd":
-        if not value or value.get("mean") is None:
-            return "n/a"
-        if value.get("n", 1) < 2:
-            return _number(value["mean"], column)
-        sd = Column(column.key, column.header, column.kind if column.kind in ("pct", "sci") else "float",
-                    digits=column.digits)
-        return f"{_number(value['mean'], column)} ± {_number(value['sd'], sd)}"
-    return _number(value, column)
+        mean, sd, n = values
+        if n < 2:
+            return _number(mean, column)
+        sd_kind = column.kind if column.kind in ("pct", "sci") else "float"
+        return f"{_number(mean, column)} ± {_number(sd, Column(column.key, column.header, sd_kind, digits=column.digits))}"
+    return _number(values[0], column)
 
 
 def _number(value, column: Column) -> str:
-    if value is None:
-        return "n/a"
     if column.kind == "text":
         return str(value)
-    if isinstance(value, float) and math.isnan(value):
-        return "nan"
     if column.kind == "int":
         return f"{int(value):,}"
     if column.kind == "pct":
@@ -180,19 +152,6 @@ def _number(value, column: Column) -> str:
     if column.kind == "sci":
         return f"{value:.{column.digits - 1}e}"
     return f"{value:.{column.digits}f}"
-
-
-def _md_row(cells) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-
-_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-        "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "Δ": r"$\Delta$",
-        "×": r"$\times$", "²": r"$^2$"}
-
-
-def _tex(text: str) -> str:
-    return "".join(_TEX.get(ch, ch) for ch in str(text))
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -256,23 +215,23 @@ def seed_rows(audits: list[dict], paths: dict[str, str]) -> list[dict]:
     return rows
 
 
-def variation_table(audits: list[dict]) -> Table:
+def variation_table(audits: list[dict]):
     """Coefficient variation and variance decomposition, one row per model with a controller."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *VARIANCE_COLUMNS]
     rows = [
         {"model": model_name(a), "arch": a["model"]["arch"], **{k: _dig(a, p) for k, p in VARIANCE_PATHS.items()}}
         for a in with_controller(audits)
     ]
-    return Table("variation_per_model", "Coefficient variation and variance decomposition (eval set), per model",
+    return make_table("variation_per_model", "Coefficient variation and variance decomposition (eval set), per model",
                  columns, rows)
 
 
-def variation_seed_table(audits: list[dict]) -> Table:
+def variation_seed_table(audits: list[dict]):
     """The same figures as mean ± sd over the models of each architecture (independently trained seeds)."""
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
                *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in VARIANCE_COLUMNS]]
     rows = seed_rows(with_controller(audits), VARIANCE_PATHS)
-    return Table("variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds",
+    return make_table("variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds",
                  columns, rows)
 
 
@@ -290,15 +249,15 @@ def condition_rows(audit: dict, conditions=None) -> list[dict]:
              **{c.key: audit["conditions"][name][c.key] for c in CONDITION_COLUMNS}} for name in names]
 
 
-def assignment_table(audits: list[dict]) -> Table:
+def assignment_table(audits: list[dict]):
     """NLL and ΔNLL (against ``correct``) with 95% bootstrap CIs for every condition, per model."""
     columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
     rows = [row for audit in with_controller(audits) for row in condition_rows(audit)]
-    return Table("assignment_per_model", "Assignment dependence: NLL and ΔNLL vs correct (95% bootstrap CIs over "
+    return make_table("assignment_per_model", "Assignment dependence: NLL and ΔNLL vs correct (95% bootstrap CIs over "
                  "windows), per model", columns, rows)
 
 
-def assignment_seed_table(audits: list[dict]) -> Table:
+def assignment_seed_table(audits: list[dict]):
     """ΔNLL of each condition, mean ± sd over the seeds of each architecture."""
     columns = [Column("arch", "arch", "text"), Column("condition", "condition", "text"), Column("n", "seeds", "int"),
                Column("nll", "NLL", "float", "msd"), Column("delta", "ΔNLL", "delta", "msd")]
@@ -311,14 +270,14 @@ def assignment_seed_table(audits: list[dict]) -> Table:
                 continue
             rows.append({"arch": arch, "condition": name, "n": len(group),
                          **{k: summary[p] for k, p in paths.items()}})
-    return Table("assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds",
+    return make_table("assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds",
                  columns, rows)
 
 
 RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
 
 
-def retention_table(audits: list[dict]) -> Table:
+def retention_table(audits: list[dict]):
     """Gap retention of each static profile with its 95% CI, one row per model."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text")]
     for p in RETENTION_PROFILES:
@@ -330,16 +289,16 @@ def retention_table(audits: list[dict]) -> Table:
             row[p] = a["retention"][p]["value"]
             row[f"{p}_ci95"] = a["retention"][p]["ci95"]
         rows.append(row)
-    return Table("retention_per_model", "Static profiles: share of the Correct-to-GlobalMean gap retained, per model",
+    return make_table("retention_per_model", "Static profiles: share of the Correct-to-GlobalMean gap retained, per model",
                  columns, rows)
 
 
-def retention_seed_table(audits: list[dict]) -> Table:
+def retention_seed_table(audits: list[dict]):
     """The paper's table: gap retention of each static profile, mean ± sd over seeds, per architecture."""
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
                *[Column(p, p, "pct", "msd", digits=4) for p in RETENTION_PROFILES]]
     rows = seed_rows(with_controller(audits), {p: f"retention.{p}.value" for p in RETENTION_PROFILES})
-    return Table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
+    return make_table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
 
 
 EXECUTION_COLUMNS = [
@@ -347,19 +306,19 @@ EXECUTION_COLUMNS = [
     Column("blocks_total", "blocks present", "int"),
     Column("fraction_executed", "fraction executed", "float"),
     Column("controller_calls", "controller calls", "int"),
-    Column("flops", "FLOPs (one batch)", "sci"),
+    Column("flops", "FLOPs (one batch)", "sci", integer=True),
     Column("latency_ms", "latency ms", "float", digits=2),
     Column("dense_latency_ms", "Dense latency ms", "float", digits=2),
     Column("latency_ratio_vs_dense", "latency / Dense", "float", digits=3),
 ]
 
 
-def execution_table(audits: list[dict]) -> Table:
+def execution_table(audits: list[dict]):
     """What ran: blocks, controller calls, FLOPs, latency against the shape-matched Dense, per model."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *EXECUTION_COLUMNS]
     rows = [{"model": model_name(a), "arch": a["model"]["arch"],
              **{c.key: a["execution"][c.key] for c in EXECUTION_COLUMNS}} for a in audits]
-    return Table("execution", "Conditional execution: what ran, FLOPs and latency against the shape-matched Dense",
+    return make_table("execution", "Conditional execution: what ran, FLOPs and latency against the shape-matched Dense",
                  columns, rows)
 
 
@@ -367,14 +326,14 @@ CONTROL_COLUMNS = [
     Column("skip_threshold", "skip threshold", "float"),
     Column("own_fraction_executed", "fraction executed (model)", "float"),
     Column("fraction_executed", "fraction executed (control)", "float"),
-    Column("own_flops", "FLOPs (model)", "sci"),
-    Column("flops", "FLOPs (control)", "sci"),
+    Column("own_flops", "FLOPs (model)", "sci", integer=True),
+    Column("flops", "FLOPs (control)", "sci", integer=True),
     Column("own_latency_ratio_vs_dense", "latency / Dense (model)", "float", digits=3),
     Column("latency_ratio_vs_dense", "latency / Dense (control)", "float", digits=3),
 ]
 
 
-def positive_control_table(audits: list[dict]) -> Table:
+def positive_control_table(audits: list[dict]):
     """The positive control of every FeatureGate audit (``execution.positive_control``: a copy that skips the
     MLP rows whose gates all fall below the calibration median) beside the model's own figures: the audit
     must find the saving that really exists."""
@@ -389,29 +348,29 @@ def positive_control_table(audits: list[dict]) -> Table:
                      "fraction_executed": control["fraction_executed"], "own_flops": a["execution"]["flops"],
                      "flops": control["flops"], "own_latency_ratio_vs_dense": a["execution"]["latency_ratio_vs_dense"],
                      "latency_ratio_vs_dense": control["latency_ratio_vs_dense"]})
-    return Table("positive_control", "Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "
+    return make_table("positive_control", "Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "
                  "the calibration median, beside the model itself", columns, rows)
 
 
-def execution_seed_table(audits: list[dict]) -> Table:
+def execution_seed_table(audits: list[dict]):
     paths = {c.key: f"execution.{c.key}" for c in EXECUTION_COLUMNS}
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
                *[Column(c.key, c.header, "float" if c.kind == "int" else c.kind, "msd", c.digits)
                  for c in EXECUTION_COLUMNS]]
     rows = seed_rows(audits, paths)
-    return Table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
+    return make_table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
 
 
 MUDD_CONDITIONS = ("unperturbed", "correct", "cross_input", "token_shuffle", "global_mean", "layer_scalar",
                    "layer_mean", "layer_position_mean")
 
 
-def mudd_table(audits: list[dict]) -> Table:
+def mudd_table(audits: list[dict]):
     """The MUDDPythia table: NLL and penalties (ΔNLL vs correct) of cross-input reassignment and token
     shuffling, with the static profiles for comparison."""
     columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
     rows = [row for audit in audits for row in condition_rows(audit, MUDD_CONDITIONS)]
-    return Table("muddpythia_penalties", "MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, "
+    return make_table("muddpythia_penalties", "MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, "
                  "95% bootstrap CIs)", columns, rows)
 
 
@@ -542,7 +501,7 @@ class AuditExplorer:
                         for c in self.coefficients(condition, window, layer)]
         return next_token_nll(self.model(batch, coefficients=coefficients).logits, batch)[0].float().cpu()
 
-    def window_table(self, condition: str, window: int, layer: int | None = None) -> Table:
+    def window_table(self, condition: str, window: int, layer: int | None = None):
         """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""
         correct = self.token_nll("correct", window)
         other = self.token_nll(condition, window, layer)
@@ -553,8 +512,8 @@ class AuditExplorer:
                    Column("delta", "ΔNLL", "delta")]
         rows = [{"position": t + 1, "token": tokens[t + 1], "correct": float(correct[t]),
                  "nll_condition": float(other[t]), "delta": float(other[t] - correct[t])} for t in range(len(correct))]
-        return Table("explore_window", f"{model_name(self.audit)}, window {window}: per-token NLL under {condition} "
-                     f"({where}) against correct", columns, rows)
+        return make_table("explore_window", f"{model_name(self.audit)}, window {window}: per-token NLL under "
+                          f"{condition} ({where}) against correct", columns, rows)
 
 
 def mimebundle(fig) -> dict:

@@ -35,6 +35,8 @@ audits = None            # audit folders, shared by every notebook; None: <out>/
 cache = None             # coefficient caches, shared across runs; None: results/cache'''
 
 SETUP = '''\
+import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
@@ -81,12 +83,11 @@ VARIATION = notebook(
         ("code", "run.write_table(tables.variation_seed_table(audited))"),
         ("md", "## Variance decomposition"),
         ("code", '''\
-per_model = tables.variation_table(audited)
-fig = go.Figure()
-for column in tables.VARIANCE_COLUMNS[:4]:
-    fig.add_bar(name=column.header, x=[r["model"] for r in per_model.rows], y=[r[column.key] for r in per_model.rows])
-fig.update_layout(barmode="group", title="Share of coefficient variance explained", yaxis_tickformat=".0%",
-                  yaxis_range=[0, 1])
+r2 = {c.key: c.header for c in tables.VARIANCE_COLUMNS[:4]}
+shares = tables.variation_table(audited).melt(id_vars="model", value_vars=list(r2), var_name="figure", value_name="share")
+fig = px.bar(shares.replace({"figure": r2}), x="model", y="share", color="figure", barmode="group",
+             title="Share of coefficient variance explained", range_y=[0, 1])
+fig.update_layout(yaxis_tickformat=".0%")
 run.write_figure(fig, "variance_decomposition")
 tables.show(fig)'''),
         ("md", "## Coefficient heatmaps (mean over eval windows)"),
@@ -127,15 +128,11 @@ ASSIGNMENT = notebook(
         ("code", "run.write_table(tables.assignment_seed_table(audited))"),
         ("md", "## ΔNLL with 95% CIs"),
         ("code", '''\
-table = tables.assignment_table(audited)
-fig = go.Figure()
-for model in dict.fromkeys(r["model"] for r in table.rows):
-    rows = [r for r in table.rows if r["model"] == model and r["condition"] != "correct"]
-    fig.add_scatter(name=model, mode="markers", x=[r["condition"] for r in rows], y=[r["delta"] for r in rows],
-                    error_y={"type": "data", "symmetric": False,
-                             "array": [r["delta_ci95"][1] - r["delta"] for r in rows],
-                             "arrayminus": [r["delta"] - r["delta_ci95"][0] for r in rows]})
-fig.update_layout(title="ΔNLL against correct (95% CI)", yaxis_title="ΔNLL (nats)", scattermode="group")
+table = tables.assignment_table(audited).query("condition != 'correct'")
+fig = px.scatter(table, x="condition", y="delta", color="model", error_y=table.delta_ci95_hi - table.delta,
+                 error_y_minus=table.delta - table.delta_ci95_lo, title="ΔNLL against correct (95% CI)",
+                 labels={"delta": "ΔNLL (nats)"})
+fig.update_layout(scattermode="group")
 run.write_figure(fig, "assignment_delta_nll")
 tables.show(fig)'''),
     ],
@@ -151,15 +148,13 @@ RETENTION = notebook(
     "504M ones) for `layer_mean`, as mean ± sd over seeds: the second table.",
     [
         ("code", "run.write_table(tables.retention_table(audited))"),
-        ("code", "main = run.write_table(tables.retention_seed_table(audited))\nmain"),
+        ("code", "main = tables.retention_seed_table(audited)\nrun.write_table(main)"),
         ("code", '''\
-fig = go.Figure()
-for row in main.rows:
-    fig.add_bar(name=f"{row['arch']} (n={row['n']})", x=list(tables.RETENTION_PROFILES),
-                y=[row[p]["mean"] if row[p] else None for p in tables.RETENTION_PROFILES],
-                error_y={"type": "data", "array": [row[p]["sd"] if row[p] else None for p in tables.RETENTION_PROFILES]})
-fig.update_layout(barmode="group", title="Gap retention of static profiles (mean ± sd over seeds)",
-                  yaxis_tickformat=".1%")
+bars = pd.concat([main.assign(profile=p, mean=main[f"{p}_mean"], sd=main[f"{p}_sd"]) for p in tables.RETENTION_PROFILES])
+bars["arch"] = bars["arch"] + " (n=" + bars["n"].astype(str) + ")"
+fig = px.bar(bars, x="profile", y="mean", error_y="sd", color="arch", barmode="group",
+             title="Gap retention of static profiles (mean ± sd over seeds)")
+fig.update_layout(yaxis_tickformat=".1%")
 run.write_figure(fig, "retention")
 tables.show(fig)'''),
     ],
@@ -179,14 +174,12 @@ EXECUTION = notebook(
         ("code", "run.write_table(tables.positive_control_table(audited))"),
         ("code", "run.write_table(tables.execution_seed_table(audited))"),
         ("code", '''\
-table, controls = tables.execution_table(audited), tables.positive_control_table(audited)
-fig = make_subplots(rows=1, cols=2, subplot_titles=["fraction of branch work executed", "latency / Dense"])
-for name, rows in (("model", table.rows), ("positive control", controls.rows)):
-    names = [r["model"] for r in rows]
-    fig.add_bar(name=name, x=names, y=[r["fraction_executed"] for r in rows], legendgroup=name, row=1, col=1)
-    fig.add_bar(name=name, x=names, y=[r["latency_ratio_vs_dense"] for r in rows], legendgroup=name,
-                showlegend=False, row=1, col=2)
-fig.update_layout(title="Conditional execution")
+figures = {"fraction_executed": "fraction of branch work executed", "latency_ratio_vs_dense": "latency / Dense"}
+runs = pd.concat([tables.execution_table(audited).assign(run="model"),
+                  tables.positive_control_table(audited).assign(run="positive control")])
+bars = runs.melt(id_vars=["model", "run"], value_vars=list(figures), var_name="figure").replace({"figure": figures})
+fig = px.bar(bars, x="model", y="value", color="run", facet_col="figure", barmode="group", title="Conditional execution")
+fig.update_yaxes(matches=None, showticklabels=True)
 run.write_figure(fig, "execution")
 tables.show(fig)'''),
     ],
@@ -205,8 +198,7 @@ MUDD = notebook(
 mudds = [a for a in audited if a["model"]["arch"] == "muddpythia"]
 if not mudds:
     raise ValueError("no MUDDPythia checkpoint among the checkpoints given: " + ", ".join(run.checkpoints))
-table = run.write_table(tables.mudd_table(mudds))
-table'''),
+run.write_table(tables.mudd_table(mudds))'''),
         ("code", '''\
 for audit in mudds:
     c = audit["conditions"]
@@ -216,14 +208,10 @@ for audit in mudds:
         f"{c['token_shuffle']['delta']:+.4f} [{c['token_shuffle']['delta_ci95'][0]:+.4f}, "
         f"{c['token_shuffle']['delta_ci95'][1]:+.4f}]. {audit['verdict']['conditional_execution']}"))'''),
         ("code", '''\
-fig = go.Figure()
-for audit in mudds:
-    rows = [r for r in tables.condition_rows(audit, tables.MUDD_CONDITIONS) if r["condition"] != "correct"]
-    fig.add_bar(name=tables.model_name(audit), x=[r["condition"] for r in rows], y=[r["delta"] for r in rows],
-                error_y={"type": "data", "symmetric": False,
-                         "array": [r["delta_ci95"][1] - r["delta"] for r in rows],
-                         "arrayminus": [r["delta"] - r["delta_ci95"][0] for r in rows]})
-fig.update_layout(barmode="group", title="MUDDPythia: ΔNLL against correct (95% CI)", yaxis_title="ΔNLL (nats)")
+table = tables.mudd_table(mudds).query("condition != 'correct'")
+fig = px.bar(table, x="condition", y="delta", color="model", barmode="group", error_y=table.delta_ci95_hi - table.delta,
+             error_y_minus=table.delta - table.delta_ci95_lo, title="MUDDPythia: ΔNLL against correct (95% CI)",
+             labels={"delta": "ΔNLL (nats)"})
 run.write_figure(fig, "muddpythia_penalties")
 tables.show(fig)'''),
     ],
@@ -246,6 +234,8 @@ EXPLORE = notebook(
     [
         ("code", '''\
 import ipywidgets as widgets
+
+import fca_workbench
 from fca_workbench.interventions import CONDITIONS
 
 models = {tables.model_name(a): a for a in tables.with_controller(audited)}
@@ -277,11 +267,9 @@ def figures(name, layer, condition, window_):
     heat.update_layout(title=f"{name}, {where}: coefficients by position" + (" (mean over slots)" if layer is None else ""),
                        height=520, coloraxis={"colorscale": "Viridis"})
     table = e.window_table(condition, window_, layer)
-    line = go.Figure(go.Scatter(x=[r["position"] for r in table.rows], y=[r["delta"] for r in table.rows],
-                                text=[r["token"] for r in table.rows], mode="lines+markers",
-                                hovertemplate="position %{x}: %{text}<br>ΔNLL %{y:+.4f}<extra></extra>"))
-    line.update_layout(title=f"{name}, window {window_}: ΔNLL of {condition} ({where}) against correct",
-                       xaxis_title="position", yaxis_title="ΔNLL (nats)", height=320)
+    line = px.line(table, x="position", y="delta", hover_data=["token"], markers=True, height=320,
+                   labels={"delta": "ΔNLL (nats)"},
+                   title=f"{name}, window {window_}: ΔNLL of {condition} ({where}) against correct")
     return heat, line, table'''),
         ("code", '''\
 first = model if model in models else next(iter(models))
@@ -312,6 +300,14 @@ for w in (layer_w, condition_w, window_w):
     w.observe(render, names="value")
 display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), view]))
 render()'''),
+        ("md", "Every audit of this run as pandas DataFrames, in three lines: load a folder of audit folders (here "
+               "the run's `audits/`; any `fca reproduce` run's `audits/` works), sort, plot. `load_audits(...)` also "
+               "gives `.retention`, `.variance`, `.execution`, `.per_token` (one row per token and condition); "
+               "`fca_workbench.load_audit(folder)` opens one audit."),
+        ("code", '''\
+results = fca_workbench.load_audits(run.audits)
+display(results.conditions.sort_values("delta", ascending=False))
+tables.show(px.bar(results.conditions, x="condition", y="delta", color="model", barmode="group"))'''),
         ("md", "The selection the notebook was run with, written as a table and figures (for papermill runs):"),
         ("code", '''\
 heat, line, table = figures(first, layer_w.value, condition, window_w.value)
