@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 import torch
 
@@ -67,7 +68,9 @@ def tiny_run(tiny_checkpoints, tmp_path_factory):
 
 
 def rows(plan, name):
-    return tables.read_csv(plan.out / "tables" / f"{name}.csv")
+    """A written table's CSV cells as text, row by row (what a downstream script reads)."""
+    frame = pd.read_csv(plan.out / "tables" / f"{name}.csv", dtype=str, keep_default_na=False)
+    return frame.to_dict("records")
 
 
 def number(text):

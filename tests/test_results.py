@@ -3,6 +3,7 @@ family, its columns and dtypes are pinned, the per-token file is written through
 written tables read back to their numbers, and bad folders are one-line errors."""
 
 import gzip
+import io
 import json
 import math
 import re
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import fca_workbench
+from fca_workbench import results as results_module
 from fca_workbench import tables
 from fca_workbench.audit import AuditSettings, load_audit_inputs, run_audit
 from fca_workbench.errors import UserError
@@ -96,7 +98,7 @@ def test_parquet_and_csv_hold_the_same_per_token_nll(audits, tmp_path):
     assert np.abs(from_csv["nll"] - with_parquet["nll"]).max() <= 5e-7 + 1e-12  # 6 decimals, rounded
 
 
-def test_per_token_writer_keeps_the_format_and_is_deterministic():
+def test_per_token_writer_keeps_the_format_and_is_deterministic(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     windows = torch.randint(0, 1000, (3, 9), generator=generator)
     per_token = {name: torch.rand(3, 8, generator=generator) * 10 for name in CONDITIONS}
@@ -107,9 +109,11 @@ def test_per_token_writer_keeps_the_format_and_is_deterministic():
         f"{w},{t + 1},{int(windows[w, t + 1])}," + ",".join(f"{float(per_token[c][w, t]):.6f}" for c in CONDITIONS)
         for w in range(3) for t in range(8)]
     assert gzip.decompress(files[PER_TOKEN_CSV]).decode() == "\n".join(expected) + "\n"
-    wide = pd.read_parquet(__import__("io").BytesIO(files[PER_TOKEN_PARQUET]))
+    wide = pd.read_parquet(io.BytesIO(files[PER_TOKEN_PARQUET]))
     for name in CONDITIONS:  # Parquet holds the exact float32 values
         assert np.array_equal(wide[name].to_numpy(), per_token[name].reshape(-1).numpy())
+    monkeypatch.setattr(results_module, "_has_pyarrow", lambda: False)  # without the parquet extra: the CSV only
+    assert per_token_files(per_token, windows) == {PER_TOKEN_CSV: files[PER_TOKEN_CSV]}
 
 
 def test_per_layer_rows_when_the_audit_has_them(audits, tmp_path):
