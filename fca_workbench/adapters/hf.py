@@ -15,14 +15,7 @@ from ..errors import UserError
 from .kinds import KINDS, tensor_kind
 from .protocol import COEFFICIENT, frozen
 
-PROBE_TOKENS = 2  # the forward that learns the slot shapes and checks the controllers' outputs
-
-
-def _first_tensor(args, kwargs) -> torch.Tensor:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value
-    raise UserError("a controller was called without a tensor input; the adapter cannot use it")
+PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
 
 
 def find_controllers(model: nn.Module, pattern: str | None = None):
@@ -56,9 +49,10 @@ class TransformersControlled(nn.Module):
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
         self.coefficient_slot_shapes = []
+        self._flat = [None] * len(found)  # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
         if found:
             with torch.no_grad():
-                _, values = self.capture_run(torch.zeros(1, PROBE_TOKENS, dtype=torch.long, device=self._device))
+                _, values = self.capture_run(torch.zeros(PROBE_SHAPE, dtype=torch.long, device=self._device))
             self.coefficient_slot_shapes = [tuple(v[COEFFICIENT].shape[2:]) for v in values]
 
     @property
@@ -114,12 +108,14 @@ class TransformersControlled(nn.Module):
         def record(index):
             def hook(module, args, kwargs, output):
                 self._once(index, calls)
-                lead = _first_tensor(args, kwargs).shape[:-1]
 
                 def batch_first(tensor):
-                    if tensor.shape[: len(lead)] != lead or lead.numel() != batch * length:
-                        raise UserError(f"controller {self.controller_names[index]} gives a {tuple(tensor.shape)} "
-                                        f"output for a {tuple(lead)} input; the adapter cannot use it")
+                    if self._flat[index] is None:  # the probe: learn the layout
+                        self._flat[index] = tuple(tensor.shape[:2]) != (batch, length)
+                    lead = self._lead(index, batch, length)
+                    if tuple(tensor.shape[: len(lead)]) != lead:
+                        raise UserError(f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; "
+                                        "the adapter cannot use it")
                     return tensor.detach().reshape(batch, length, *tensor.shape[len(lead):])
 
                 try:
@@ -138,15 +134,19 @@ class TransformersControlled(nn.Module):
             raise UserError(f"controllers {missing} did not run in a forward; the adapter cannot use them")
         return logits, values
 
+    def _lead(self, index: int, batch: int, length: int) -> tuple[int, ...]:
+        """The leading shape of controller ``index``'s outputs for ``batch`` × ``length`` tokens."""
+        return (batch * length,) if self._flat[index] else (batch, length)
+
     def replay_run(self, input_ids: torch.Tensor, values) -> torch.Tensor:
         """Logits with every controller replaced by its values (``frozen``): no controller executes."""
         calls = [0] * len(self._controllers)
+        lead = [self._lead(i, *input_ids.shape) for i in range(len(self._controllers))]
 
         def replacement(index):
             def forward(*args, **kwargs):
                 self._once(index, calls)
-                lead = _first_tensor(args, kwargs).shape[:-1]
-                return self.kinds[index].to_output(values[index], lead)
+                return self.kinds[index].to_output(values[index], lead[index])
 
             return forward
 
@@ -162,17 +162,14 @@ class TransformersControlled(nn.Module):
         uniform gate over its experts; other controllers live)."""
         routers = [i for i, kind in enumerate(self.kinds) if kind.experts is not None]
 
-        def uniform(index):
-            def forward(*args, **kwargs):
-                lead = _first_tensor(args, kwargs).shape[:-1]
-                experts = self.coefficient_slot_shapes[index][0]
-                gate = torch.full((1, lead.numel(), experts), 1.0 / experts, device=self._device)
-                return self.kinds[index].to_output({COEFFICIENT: gate}, lead)
-
-            return forward
+        def uniform(index, batch, length):
+            experts = self.coefficient_slot_shapes[index][0]
+            gate = torch.full((batch, length, experts), 1.0 / experts, device=self._device)
+            output = self.kinds[index].to_output({COEFFICIENT: gate}, self._lead(index, batch, length))
+            return lambda *args, **kwargs: output
 
         def static_mixture(input_ids):
-            with frozen({self._controllers[i]: uniform(i) for i in routers}):
+            with frozen({self._controllers[i]: uniform(i, *input_ids.shape) for i in routers}):
                 return self(input_ids)
 
         return "static_mixture", static_mixture
