@@ -215,3 +215,19 @@ def test_refusals(tmp_path, tokenizer):
     with pytest.raises(UserError) as excinfo:
         audit(bare, tmp_path)
     assert "no tokenizer files" in one_line(excinfo)
+
+
+def test_a_registered_kind_finds_the_controllers_of_a_model_class_of_ones_own(ids, tmp_path, tokenizer, monkeypatch):
+    """The README's example: register a kind, then load."""
+    from fca_workbench.adapters import kinds, register_kind, tensor_kind
+
+    monkeypatch.setattr(kinds, "KINDS", list(kinds.KINDS))
+    monkeypatch.setattr("fca_workbench.adapters.hf.KINDS", kinds.KINDS)
+    torch.manual_seed(0)
+    folder = save(T.LlamaForCausalLM(T.LlamaConfig(**COMMON, intermediate_size=32)).eval(), tmp_path / "l", tokenizer)
+    register_kind(tensor_kind(r"model\.layers\.\d+\.mlp\.up_proj"))
+    controlled = load_controlled(folder)
+    assert controlled.controller_names == ["model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj"]
+    with torch.no_grad():
+        logits, values = controlled.capture_run(ids)
+        assert torch.equal(controlled.replay_run(ids, values), logits)
