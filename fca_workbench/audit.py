@@ -14,12 +14,11 @@ from tqdm.auto import tqdm
 from .capture import capture
 from .data import fingerprint_tensor, load_windows, split_path, write_atomic
 from .errors import UserError
-from .execution import execution_audit, positive_control
-from .interventions import CONDITIONS, static_profiles
+from .adapters import load_controlled
+from .execution import execution_audit, expert_execution
 from .metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
-from .models import FeatureGateForCausalLM, arch_of, load_model
 from .official import audit_batch_size
-from .replay import replay_nll
+from .replay import calibration_profiles, replay_conditions, replay_nll
 from .report import verdicts
 from .results import per_token_files
 from .tokenizer import load_tokenizer
@@ -44,6 +43,8 @@ class AuditSettings:
     resamples: int = 1000
     latency_repeats: int = 10
     cache: str | None = None
+    controllers: str | None = None  # regex naming a foreign model's controller modules (None: built-in kinds)
+    trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
 
 
 def default_out(checkpoint) -> Path:
@@ -56,7 +57,9 @@ def load_audit_inputs(settings: AuditSettings):
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but torch sees no CUDA device")
-    model = load_model(settings.checkpoint, DTYPES[settings.dtype]).to(settings.device)
+    model = load_controlled(
+        settings.checkpoint, DTYPES[settings.dtype], settings.controllers, settings.trust_remote_code
+    ).to(settings.device)
     tokenizer = load_tokenizer(settings.checkpoint)
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(
@@ -88,11 +91,11 @@ def run_audit(settings: AuditSettings, out) -> dict:
     profiles = None
     if has_controller:
         calib_cache = capture(model, calib_windows, cache_root / "calibration", desc="capture calibration", **capture_args)
-        profiles = static_profiles(calib_cache.batches())
+        profiles = calibration_profiles(calib_cache)
         save_profiles(out / "static_profiles.safetensors", profiles)
     per_token = {
         condition: replay_nll(model, eval_windows, eval_cache, condition, profiles, settings.seed, device=settings.device)
-        for condition in tqdm(CONDITIONS if has_controller else ("unperturbed",), desc="replay", unit="condition")
+        for condition in tqdm(replay_conditions(profiles) if has_controller else ("unperturbed",), desc="replay", unit="condition")
     }
     counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
     window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
@@ -101,9 +104,10 @@ def run_audit(settings: AuditSettings, out) -> dict:
         "schema": SCHEMA,
         "model": {
             "path": str(Path(settings.checkpoint).resolve()),
-            "arch": arch_of(model),
+            "arch": model.arch,
             "params": sum(p.numel() for p in model.parameters()),
             "fingerprint": eval_cache.manifest["model_fingerprint"],
+            "controllers": list(model.controller_names),
         },
         "data": {
             "eval": data_summary(eval_path, eval_windows),
@@ -114,7 +118,7 @@ def run_audit(settings: AuditSettings, out) -> dict:
         "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {},
         "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
         "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
-        "execution": execution_figures(model, eval_windows, calib_windows, settings),
+        "execution": {**execution_figures(model, eval_windows, calib_windows, settings), **expert_execution(model, eval_cache)},
     }
     audit["verdict"] = verdicts(audit)
     write_outputs(out, audit, per_token, eval_windows)
@@ -130,17 +134,18 @@ def coefficient_spread(cache) -> dict | None:
 
 
 def execution_figures(model, eval_windows, calib_windows, settings: AuditSettings) -> dict:
-    """Execution counted on the first batches (a full extra pass would add nothing), latency vs Dense.
+    """Execution counted on the first batches (a full extra pass would add nothing), latency vs the model's
+    baseline (a shape-matched Dense; for routers the static mixture, every expert run for every token).
 
-    For FeatureGate, the positive control (MLP skipped below the median gate) is audited the same way,
-    so the report shows what a real saving would look like next to the model's own figures.
+    Where the model has a positive control (FeatureGate: MLP skipped below the median gate), it is audited
+    the same way, so the report shows what a real saving would look like next to the model's own figures.
     """
     counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
     audit_args = {"batch_size": settings.batch_size, "repeats": settings.latency_repeats}
     execution = execution_audit(model, counted, **audit_args)
     execution["windows_counted"] = len(counted)
-    if isinstance(model, FeatureGateForCausalLM):
-        control = positive_control(model, calib_windows[: EXECUTION_BATCHES * settings.batch_size], quantile=0.5)
+    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * settings.batch_size])
+    if control is not None:
         control_figures = execution_audit(control, counted, **audit_args)
         control_figures["skip_threshold"] = control.config.skip_threshold
         execution["positive_control"] = control_figures

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .data import fingerprint_tensor, write_atomic
 from .errors import UserError
+from .adapters.protocol import COEFFICIENT
 from .models import next_token_nll
 
 CACHE_FORMAT = "fca-coefficient-cache/1"
@@ -68,6 +69,18 @@ class CoefficientCache:
         indices = torch.as_tensor(indices, dtype=torch.long)
         return [self._read(f"layer_{layer}", indices) for layer in range(self.num_layers)]
 
+    def values(self, indices) -> list[dict[str, torch.Tensor]]:
+        """Per controller, everything captured for ``indices``: ``"coefficient"`` plus the rest of the
+        controller's output (e.g. a router's whole output), each ``[B, T, ...]``, as the model made it."""
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        with safe_open(self.shard_path(0), framework="pt") as handle:
+            keys = list(handle.keys())
+        return [
+            {COEFFICIENT: coefficient,
+             **{key.split(".", 1)[1]: self._read(key, indices) for key in keys if key.startswith(f"layer_{layer}.")}}
+            for layer, coefficient in enumerate(self.coefficients(indices))
+        ]
+
     def nll(self, indices) -> torch.Tensor:
         return self._read("nll", torch.as_tensor(indices, dtype=torch.long))
 
@@ -111,6 +124,7 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         "shard_size": batch_size,
         "dtype": dtype,
         "slot_shapes": [list(shape) for shape in model.coefficient_slot_shapes],
+        "controllers": list(model.controller_names),
         "versions": library_versions(),
         "complete": False,
     }
@@ -130,9 +144,12 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         if path.is_file():
             continue
         batch = windows[shard * batch_size : (shard + 1) * batch_size].to(device)
-        out = model(batch, return_coefficients=True)
-        tensors = {f"layer_{layer}": c.float().cpu().contiguous() for layer, c in enumerate(out.coefficients)}
-        tensors["nll"] = next_token_nll(out.logits, batch).cpu().contiguous()
+        logits, values = model.capture_run(batch)
+        tensors = {f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)}
+        # the rest of each controller's output, in the dtype it came in, so replaying it is exact
+        tensors.update({f"layer_{layer}.{name}": t.cpu().contiguous() for layer, value in enumerate(values)
+                        for name, t in value.items() if name != COEFFICIENT})
+        tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
         tmp = path.with_name(f".{path.name}.tmp")
         save_file(tensors, tmp)
         tmp.replace(path)

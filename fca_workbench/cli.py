@@ -58,6 +58,8 @@ def audit_settings(args, checkpoint: str):
         seed=args.seed,
         batch_size=args.batch_size,
         cache=getattr(args, "cache", None),
+        controllers=args.controllers,
+        trust_remote_code=args.trust_remote_code,
     )
 
 
@@ -134,6 +136,11 @@ def add_audit_options(parser) -> None:
         help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
+    parser.add_argument("--controllers", default=None, metavar="REGEX",
+                        help="a foreign model's controller modules: regex over whole module paths, each output a "
+                             "tensor (default: MoE routers and shared-expert gates are found by themselves)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let a foreign checkpoint folder whose config needs its own code RUN THAT CODE")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,7 +35,7 @@ from .interventions import (
     static_profiles,
 )
 from .metrics import gap_retention
-from .models import arch_of, load_model
+from .adapters import load_controlled
 from .prefix import PrefixCache, PrefixStore
 
 SHIPPED_CHECKPOINTS = DATA_DIR / "checkpoints"
@@ -117,11 +117,11 @@ class SharedModel:
         from .tokenizer import load_tokenizer
 
         self.folder = Path(folder)
-        self.model = load_model(self.folder)
+        self.model = load_controlled(self.folder)  # never with remote code
         for param in self.model.parameters():
             param.requires_grad_(False)
         self.tokenizer = load_tokenizer(self.folder)
-        self.arch = arch_of(self.model)
+        self.arch = self.model.arch
         self.window = min(DEFAULT_WINDOW, self.model.context_length)
         self.eval_windows = load_windows(split_path("eval"), self.tokenizer, self.window, eval_windows)
         self.calibration_windows = calibration_windows
@@ -146,8 +146,8 @@ class SharedModel:
                 def batches():
                     for start in range(0, len(windows), 16):
                         with self.lock:
-                            out = self.model(windows[start : start + 16], return_coefficients=True)
-                        yield [c.float() for c in out.coefficients]
+                            _, values = self.model.capture_run(windows[start : start + 16])
+                        yield [value["coefficient"].float() for value in values]
 
                 self._profiles = static_profiles(batches())
             return self._profiles

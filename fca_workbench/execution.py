@@ -18,22 +18,17 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models.dense import Block, DenseConfig, DenseForCausalLM
-from .models.featuregate import FeatureGateForCausalLM
-from .models.muddpythia import TransformerBlock
+from .models.dense import DenseConfig, DenseForCausalLM
 
 
 def branch_modules(block: nn.Module) -> list[nn.Module]:
     """The modules whose calls a block could skip per token; [] means only block-level counting.
 
-    Explicit on purpose: a family is counted at branch level only once someone has said which of its
-    submodules are the branches (the MUDDPythia block names its own, and can be added here).
+    Explicit on purpose: a family is counted at branch level only once its block says which of its
+    submodules are the branches (a ``branches()`` method, as the native blocks have).
     """
-    if isinstance(block, Block):  # Dense and FeatureGate (FeatureGateBlock subclasses Block)
-        return [block.attn, block.mlp]
-    if isinstance(block, TransformerBlock):  # MUDDPythia
-        return [block.attention, block.feed_forward]
-    return []
+    branches = getattr(block, "branches", None)
+    return list(branches()) if callable(branches) else []
 
 
 def shape_matched_dense(model: nn.Module) -> DenseForCausalLM:
@@ -135,13 +130,16 @@ def count_execution(model: nn.Module, windows: torch.Tensor, batch_size: int = 1
     return result
 
 
-def count_flops(model: nn.Module, windows_batch: torch.Tensor) -> int:
-    """FLOPs of one unperturbed forward of the batch, as ``torch.utils.flop_counter`` counts them
-    (matmuls and attention; a skipped row's matmuls are simply absent)."""
-    model.eval()
+def count_flops(model, windows_batch: torch.Tensor, device=None) -> int:
+    """FLOPs of one unperturbed forward of the batch (``model``: a module, or a forward callable on
+    ``device``), as ``torch.utils.flop_counter`` counts them (matmuls and attention; a skipped row's
+    matmuls are simply absent)."""
+    if isinstance(model, nn.Module):
+        model.eval()
+        device = _device(model)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
-        model(windows_batch.to(_device(model)))
+        model(windows_batch.to(device))
     return int(counter.get_total_flops())
 
 
@@ -160,11 +158,12 @@ def _time_forward(model: nn.Module, batch: torch.Tensor) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
-def _interleaved_latencies(models: list[nn.Module], batch: torch.Tensor, repeats: int, warmup: int) -> list[float]:
-    """Median forward latency (ms) of each model, repeats interleaved (a, b, a, b, ...) so that load
-    drifting on a shared machine hits every model alike."""
+def _interleaved_latencies(models: list, batch: torch.Tensor, repeats: int, warmup: int) -> list[float]:
+    """Median forward latency (ms) of each model (or forward callable), repeats interleaved (a, b, a, b, ...)
+    so that load drifting on a shared machine hits every model alike."""
     for model in models:
-        model.eval()
+        if isinstance(model, nn.Module):
+            model.eval()
     batch = batch.to(_device(models[0]))
     times = [[] for _ in models]
     with torch.no_grad():
@@ -186,13 +185,18 @@ def execution_audit(
     model: nn.Module, windows: torch.Tensor, batch_size: int = 16, repeats: int = 10, dense: nn.Module | None = None
 ) -> dict:
     """The ``execution`` section of ``audit.json``: counts over all windows; FLOPs and latency on the first
-    ``batch_size`` windows, latency measured against ``dense`` (default: a fresh shape-matched Dense) in
-    the same call on the same batch."""
+    ``batch_size`` windows, latency measured against ``dense`` (default: the model's ``latency_baseline``,
+    a fresh shape-matched Dense for the native families, the static mixture for routers) in the same call
+    on the same batch."""
     result = count_execution(model, windows, batch_size)
     batch = windows[:batch_size]
-    dense = shape_matched_dense(model) if dense is None else dense
+    baseline = "dense"
+    if dense is None:
+        baseline, dense = model.latency_baseline()
     latency, dense_latency = _interleaved_latencies([model, dense], batch, repeats, warmup=2)
     return {
+        "baseline": baseline,
+        "baseline_flops": count_flops(dense, batch, device=_device(model)),
         "blocks_total": result["blocks_total"],
         "blocks_executed": result["blocks_executed"],
         "fraction_executed": result["fraction_executed"],
@@ -206,14 +210,42 @@ def execution_audit(
     }
 
 
-def positive_control(
-    model: FeatureGateForCausalLM, calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16
-) -> FeatureGateForCausalLM:
+def expert_execution(model, cache) -> dict:
+    """For models whose controllers select experts (routers), from the cached routing of every eval window
+    (no extra forward): ``expert_fraction_executed`` = expert evaluations run / (tokens × experts), overall
+    and per router (k/E for top-k), and each router's per-expert load (tokens routed to the expert / tokens).
+    Empty for models without routers."""
+    counts, tokens = {}, 0
+    if not model.controllers:
+        return {}
+    for indices in cache.shard_indices():
+        tokens += len(indices) * cache.manifest["window"]
+        for index, value in enumerate(cache.values(indices)):
+            count = model.expert_counts(index, value)
+            if count is not None:
+                counts[index] = count if index not in counts else counts[index] + count
+    if not counts:
+        return {}
+    names = cache.manifest.get("controllers") or list(model.controller_names)
+    run = sum(int(c.sum()) for c in counts.values())
+    present = sum(tokens * len(c) for c in counts.values())
+    return {
+        "expert_fraction_executed": run / present,
+        "experts": {
+            "controllers": [names[i] for i in counts],
+            "experts": [len(c) for c in counts.values()],
+            "fraction_executed": [int(c.sum()) / (tokens * len(c)) for c in counts.values()],
+            "load": [(c.double() / tokens).tolist() for c in counts.values()],
+        },
+    }
+
+
+def positive_control(model, calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16):
     """A copy of a FeatureGate that really skips work: tokens whose MLP gates all fall below a threshold
     skip the MLP branch. The threshold is the ``quantile`` of the per-token max MLP gate over the
     calibration windows (one for all layers), so about that fraction of token-MLP evaluations is skipped —
     a known saving the execution audit must find."""
-    if not isinstance(model, FeatureGateForCausalLM):
+    if not hasattr(model.config, "skip_threshold"):
         raise ValueError(f"the positive control needs a FeatureGate model, got {type(model).__name__}")
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must lie in [0, 1], got {quantile}")

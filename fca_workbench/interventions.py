@@ -17,6 +17,8 @@ CONDITIONS = (
     "layer_position_mean",
 )
 STATIC_PROFILES = ("global_mean", "layer_scalar", "layer_mean", "layer_position_mean")
+# For models with routers: each router's k experts with the largest mean gate, for every token.
+ROUTING_CONDITIONS = ("layer_mean_topk",)
 
 
 def derangement(n: int, seed: int) -> torch.Tensor:
@@ -79,6 +81,22 @@ def static_profiles(batches) -> dict[str, list[torch.Tensor]]:
         "layer_mean": [m.float() for m in layer_mean],
         "layer_position_mean": [p.float() for p in position_mean],
     }
+
+
+def layer_mean_topk(layer_mean: list[torch.Tensor], top_k: list[int | None]) -> list[torch.Tensor]:
+    """Per router (``top_k[l]`` = its k), the k experts with the largest mean gate, the others zero, rescaled
+    to the layer mean's total gate: the mean weight mass a token gets, i.e. 1 for families that renormalise
+    their top-k weights (times their scaling factor), the mean top-k probability mass for those that do
+    not. Controllers that select no experts (k None) keep their ``layer_mean``."""
+    out = []
+    for mean, k in zip(layer_mean, top_k):
+        if k is None:
+            out.append(mean)
+            continue
+        top = mean.topk(k, dim=-1)
+        kept = torch.zeros_like(mean).scatter(-1, top.indices, top.values)
+        out.append(kept * (mean.sum(-1, keepdim=True) / kept.sum(-1, keepdim=True)))
+    return out
 
 
 def broadcast_profile(profile: list[torch.Tensor], slot_shapes, batch: int, length: int) -> list[torch.Tensor]:

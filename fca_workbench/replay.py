@@ -8,15 +8,36 @@ import torch
 from tqdm.auto import tqdm
 
 from .capture import CoefficientCache
+from .adapters.protocol import COEFFICIENT
 from .interventions import (
+    CONDITIONS,
+    ROUTING_CONDITIONS,
     STATIC_PROFILES,
     broadcast_profile,
     derangement,
+    layer_mean_topk,
     position_permutations,
     restrict_to_layer,
     shuffle_positions,
+    static_profiles,
 )
 from .models import next_token_nll
+
+
+def calibration_profiles(cache: CoefficientCache) -> dict[str, list[torch.Tensor]]:
+    """The static profiles of a calibration capture, plus ``layer_mean_topk`` when it holds routers (their
+    cached ``top_k_index`` gives k)."""
+    profiles = static_profiles(cache.batches())
+    first = cache.values(torch.arange(1))
+    top_k = [value["top_k_index"].shape[-1] if "top_k_index" in value else None for value in first]
+    if any(k is not None for k in top_k):
+        profiles["layer_mean_topk"] = layer_mean_topk(profiles["layer_mean"], top_k)
+    return profiles
+
+
+def replay_conditions(profiles) -> tuple[str, ...]:
+    """Every condition a model's audit replays: section 4's, plus the routing ones its profiles allow."""
+    return CONDITIONS + tuple(c for c in ROUTING_CONDITIONS if profiles and c in profiles)
 
 
 class ConditionCoefficients:
@@ -27,25 +48,34 @@ class ConditionCoefficients:
     """
 
     def __init__(self, condition: str, cache: CoefficientCache, profiles=None, seed: int = 0, layer: int | None = None):
-        if condition in STATIC_PROFILES and profiles is None:
-            raise ValueError(f"condition '{condition}' needs static profiles from a calibration capture")
-        if condition not in STATIC_PROFILES and condition not in ("correct", "cross_input", "token_shuffle"):
+        profile_names = STATIC_PROFILES + ROUTING_CONDITIONS
+        if condition in profile_names and (profiles is None or condition not in profiles):
+            raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
+        if condition not in profile_names and condition not in ("correct", "cross_input", "token_shuffle"):
             raise ValueError(f"unknown replay condition '{condition}'")
         self.condition, self.cache, self.profiles, self.seed, self.layer = condition, cache, profiles, seed, layer
         self.donors = derangement(cache.num_windows, seed) if condition == "cross_input" else None
 
     def __call__(self, indices: torch.Tensor) -> list[torch.Tensor]:
-        correct = self.cache.coefficients(indices)
-        batch, length = correct[0].shape[:2]
+        """Per layer, the coefficients ``[B, T, *slot]`` the condition assigns."""
+        return [value[COEFFICIENT] for value in self.values(indices)]
+
+    def values(self, indices: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Per controller, the values replayed: ``correct``, ``cross_input`` and ``token_shuffle`` move
+        everything cached (a router's whole output); a static profile is a coefficient only."""
+        correct = self.cache.values(indices)
+        batch, length = correct[0][COEFFICIENT].shape[:2]
         if self.condition == "correct":
             intervened = correct
         elif self.condition == "cross_input":
-            intervened = self.cache.coefficients(self.donors[indices])
+            intervened = self.cache.values(self.donors[indices])
         elif self.condition == "token_shuffle":
-            intervened = shuffle_positions(correct, position_permutations(indices, length, self.seed))
+            permutations = position_permutations(indices, length, self.seed)
+            intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in correct]
         else:
             slot_shapes = [tuple(s) for s in self.cache.manifest["slot_shapes"]]
-            intervened = broadcast_profile(self.profiles[self.condition], slot_shapes, batch, length)
+            profile = broadcast_profile(self.profiles[self.condition], slot_shapes, batch, length)
+            intervened = [{COEFFICIENT: c} for c in profile]
         return intervened if self.layer is None else restrict_to_layer(intervened, correct, self.layer)
 
 
@@ -74,6 +104,9 @@ def replay_nll(
     shards = list(cache.shard_indices())
     for indices in tqdm(shards, desc=condition, leave=False):
         batch = windows[indices].to(device)
-        coefficients = [c.to(device=device, dtype=dtype) for c in assign(indices)]
-        rows.append(next_token_nll(model(batch, coefficients=coefficients).logits, batch).cpu())
+        values = [
+            {name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
+            for value in assign.values(indices)
+        ]
+        rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
     return torch.cat(rows)

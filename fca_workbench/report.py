@@ -55,9 +55,17 @@ def assignment_verdict(audit: dict) -> str:
     return f"{lead}: {penalties}; {kept}."
 
 
+BASELINES = {"dense": "the shape-matched Dense", "static_mixture": "the static mixture (every expert for every token)"}
+
+
 def execution_verdict(audit: dict) -> str:
     e = audit["execution"]
-    speed = f"latency {e['latency_ratio_vs_dense']:.2f}× the shape-matched Dense"
+    speed = f"latency {e['latency_ratio_vs_dense']:.2f}× {BASELINES[e.get('baseline', 'dense')]}"
+    if "expert_fraction_executed" in e:
+        return (
+            f"Conditional execution by routing: {e['expert_fraction_executed']:.3f} of the token × expert "
+            f"evaluations ran; {speed}."
+        )
     if e["fraction_executed"] >= 1.0:
         return (
             f"No conditional execution: every block ran for every token ({e['blocks_executed']}/{e['blocks_total']} "
@@ -122,8 +130,14 @@ def execution_figures(audit: dict) -> list[str]:
         f"{'controller calls':24s}{e['controller_calls']:>10d}",
         f"{'GFLOPs (one batch)':24s}{e['flops'] / 1e9:>10.2f}",
         f"{'latency (ms)':24s}{e['latency_ms']:>10.1f}",
-        f"{'latency / Dense':24s}{e['latency_ratio_vs_dense']:>10.2f}",
-    ] + positive_control_figures(e.get("positive_control"))
+        f"{'latency / ' + e.get('baseline', 'dense'):24s}{e['latency_ratio_vs_dense']:>10.2f}",
+    ] + expert_figures(e) + positive_control_figures(e.get("positive_control"))
+
+
+def expert_figures(e: dict) -> list[str]:
+    if "expert_fraction_executed" not in e:
+        return []
+    return [f"{'expert fraction executed':24s}{e['expert_fraction_executed']:>10.3f}"]
 
 
 def positive_control_figures(control: dict | None) -> list[str]:

@@ -60,10 +60,13 @@ def test_corrupt_config(tiny_checkpoints, tmp_path):
 
 
 def test_foreign_model_type(tmp_path):
+    """A transformers model_type is loaded through the adapter (tests/test_moe.py); broken ones are one line."""
     folder = tmp_path / "gpt2"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "not one of")
+    assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "no safetensors weights")
+    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-family"}))
+    assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "neither the workbench nor transformers")
 
 
 @pytest.mark.parametrize(

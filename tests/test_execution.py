@@ -131,7 +131,8 @@ def test_execution_audit_section_and_hook_hygiene(control):
         "blocks_total", "blocks_executed", "fraction_executed", "controller_calls",
         "flops", "latency_ms", "dense_latency_ms", "latency_ratio_vs_dense",
     }
-    assert set(audit) == design_keys | {"branch_tokens_total", "branch_tokens_executed"}
+    assert set(audit) == design_keys | {"branch_tokens_total", "branch_tokens_executed", "baseline", "baseline_flops"}
+    assert audit["baseline"] == "dense" and audit["baseline_flops"] > 0
     for key in ("blocks_total", "blocks_executed", "controller_calls", "flops",
                 "branch_tokens_total", "branch_tokens_executed"):
         assert isinstance(audit[key], int) and audit[key] >= 0, key

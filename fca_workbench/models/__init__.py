@@ -22,10 +22,6 @@ for _config_class, _model_class in FAMILIES.values():
     AutoModelForCausalLM.register(_config_class, _model_class, exist_ok=True)
 
 
-def arch_of(model: CoefficientModel) -> str:
-    return next(name for name, (_, cls) in FAMILIES.items() if isinstance(model, cls))
-
-
 def load_model(path, dtype=None) -> CoefficientModel:
     """Load a checkpoint folder strictly, turning every way it can be broken into one-line UserErrors.
 

@@ -33,11 +33,43 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
 class CoefficientModel(PreTrainedModel):
     """Base class of the workbench's families: the seam's checks and bookkeeping live here once.
 
-    Subclasses provide ``blocks`` (the per-layer modules), ``controllers`` (the modules that emit
-    coefficients; empty for Dense), ``coefficient_slot_shapes`` and ``context_length``.
+    Subclasses provide ``arch``, ``blocks`` (the per-layer modules), ``controllers`` (the modules that emit
+    coefficients; empty for Dense), ``coefficient_slot_shapes`` and ``context_length``. Through the seam
+    they implement the controlled-model protocol (``fca_workbench.adapters.protocol``) directly.
     """
 
     supports_gradient_checkpointing = False
+    arch = ""  # the family's name in ``FAMILIES`` and ``audit.json``
+    supports_stepping = True  # embed / run_blocks / head / resume_layer
+
+    @property
+    def controller_names(self) -> list[str]:
+        """The controllers' module paths, as ``named_modules`` spells them."""
+        names = {id(module): name for name, module in self.named_modules()}
+        return [names[id(module)] for module in self.controllers]
+
+    def capture_run(self, input_ids: torch.Tensor):
+        """Logits and per-controller values ``{"coefficient": [B, T, *slot]}`` of one unperturbed forward."""
+        out = self(input_ids, return_coefficients=True)
+        return out.logits, [{"coefficient": c} for c in out.coefficients]
+
+    def replay_run(self, input_ids: torch.Tensor, values) -> torch.Tensor:
+        """Logits of the frozen forward with each layer's ``values[l]["coefficient"]``; no controller runs."""
+        return self(input_ids, coefficients=[v["coefficient"] for v in values]).logits
+
+    def expert_counts(self, index: int, value) -> None:
+        """Per-expert evaluations of controller ``index``: the native controllers select no experts."""
+        return None
+
+    def latency_baseline(self):
+        """What latency is compared with: a shape-matched Dense with random weights (``execution``)."""
+        from ..execution import shape_matched_dense
+
+        return "dense", shape_matched_dense(self)
+
+    def positive_control(self, calibration_windows: torch.Tensor):
+        """A copy that really skips work, audited beside the model; None where the family has none."""
+        return None
 
     @property
     def controllers(self) -> list[nn.Module]:

@@ -98,6 +98,10 @@ class Block(nn.Module):
     def mlp_branch(self, h: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_2(h))
 
+    def branches(self) -> list[nn.Module]:
+        """The modules a block could skip per token (counted by the execution audit)."""
+        return [self.attn, self.mlp]
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = h + self.attn_branch(h)
         return h + self.mlp_branch(h)
@@ -191,6 +195,7 @@ class GPTBackbone(CoefficientModel):
 
 class DenseForCausalLM(GPTBackbone):
     config_class = DenseConfig
+    arch = "dense"
 
     def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
         self.check_inputs(input_ids, coefficients)

@@ -76,6 +76,13 @@ class FeatureGateBlock(Block):
 class FeatureGateForCausalLM(GPTBackbone):
     config_class = FeatureGateConfig
     block_class = FeatureGateBlock
+    arch = "featuregate"
+
+    def positive_control(self, calibration_windows: torch.Tensor):
+        """The copy that skips MLP rows below the median gate (``execution.positive_control``)."""
+        from ..execution import positive_control
+
+        return positive_control(self, calibration_windows, quantile=0.5)
 
     @property
     def controllers(self) -> list[nn.Module]:

@@ -329,6 +329,10 @@ class TransformerBlock(nn.Module):
         else:
             self.attention_norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
 
+    def branches(self) -> list[nn.Module]:
+        """The modules a block could skip per token (counted by the execution audit)."""
+        return [self.attention, self.feed_forward]
+
     def forward(self, streams, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.lidx == 0:
             res = streams
@@ -344,6 +348,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     """The reference ``MUDDPythia`` with the coefficient seam; state-dict keys are the checkpoint's."""
 
     config_class = MUDDPythiaConfig
+    arch = "muddpythia"
     _no_split_modules = ["TransformerBlock"]
     # decode caches the reference can attach at inference; never weights, so a checkpoint holding them loads
     _keys_to_ignore_on_load_unexpected = [r"\.kv_cache\.", r"^layer_cache\."]

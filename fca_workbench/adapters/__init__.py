@@ -1,0 +1,63 @@
+"""Loading any checkpoint folder as a controlled model (``fca_workbench.adapters.protocol``).
+
+Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUDDPythia layout) load
+strictly through ``fca_workbench.official``. Any other ``model_type`` that transformers knows is loaded with
+``AutoModelForCausalLM.from_pretrained`` from safetensors, locally, with no code from the folder unless the
+user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from .hf import TransformersControlled, find_controllers  # noqa: F401
+from .kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind  # noqa: F401
+from .protocol import COEFFICIENT, frozen  # noqa: F401
+
+
+def load_controlled(path, dtype=None, controllers: str | None = None, trust_remote_code: bool = False):
+    """The model in ``path`` as a controlled model; every way the folder can be wrong is a one-line UserError.
+
+    ``controllers``: a regex naming the controller modules of a foreign model (whole module paths); None:
+    the built-in kinds (MoE routers, shared-expert gates) find them.
+    """
+    from ..models import FAMILIES, load_model
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
+    try:
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raw = None
+    native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
+    if not isinstance(raw, dict) or raw.get("model_type") in native:
+        if controllers is not None:
+            raise UserError(f"--controllers is for foreign models; {folder} is a workbench model with its own controllers")
+        return load_model(folder, dtype)
+    return TransformersControlled(load_transformers(folder, raw, dtype, trust_remote_code), controllers)
+
+
+def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
+    """``AutoModelForCausalLM.from_pretrained`` from local safetensors; remote code only when asked."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = raw.get("model_type")
+    if raw.get("auto_map") and not trust_remote_code:
+        raise UserError(f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
+                        "to run the code in that folder, only if you trust it")
+    if not raw.get("auto_map") and model_type not in CONFIG_MAPPING:
+        shown = "no model_type" if model_type is None else f"model_type '{model_type}'"
+        raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
+    if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype or torch.float32, local_files_only=True, use_safetensors=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        text = str(exc).strip().splitlines()
+        raise UserError(f"cannot load {folder} with transformers: {text[0] if text else type(exc).__name__}") from None

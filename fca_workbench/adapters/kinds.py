@@ -1,0 +1,105 @@
+"""Controller kinds, declared as data: how to find a controller module, how its output becomes the values
+the cache keeps (``"coefficient"`` plus the rest of the output), and how values become the output to
+return during replay. Adding a family is one ``ControllerKind``; capture and replay exist once
+(``fca_workbench.adapters.hf``).
+
+Every output tensor's leading dimensions are the controller input's (``[B·T]`` flattened or ``[B, T]``);
+values are kept batch-first ``[B, T, ...]`` and reshaped back to the input's layout on replay.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from .protocol import COEFFICIENT
+
+ROUTER_OUTPUT = ("router_logits", "top_k_weights", "top_k_index")
+
+
+@dataclass(frozen=True)
+class ControllerKind:
+    """``find(name, module)``: is this module a controller of this kind. ``to_values(output, batch_first)``:
+    the output as named batch-first tensors (``batch_first(t)`` reshapes one tensor). ``to_output(values,
+    lead)``: the output to return for inputs with leading shape ``lead``. ``experts(values)``: evaluations
+    per expert; None for controllers that select no experts."""
+
+    name: str
+    find: Callable[[str, nn.Module], bool]
+    to_values: Callable
+    to_output: Callable
+    experts: Callable | None = None
+
+
+def class_suffix(*suffixes: str):
+    return lambda name, module: type(module).__name__.endswith(suffixes)
+
+
+def name_pattern(pattern: str):
+    compiled = re.compile(pattern)
+    return lambda name, module: compiled.fullmatch(name) is not None
+
+
+def _tensor_values(output, batch_first) -> dict:
+    if not isinstance(output, torch.Tensor):
+        raise UserError(f"returns a {type(output).__name__}, not a tensor; the adapter cannot use it")
+    return {COEFFICIENT: batch_first(output)}
+
+
+def _tensor_output(values, lead):
+    coefficient = values[COEFFICIENT]
+    return coefficient.reshape(*lead, *coefficient.shape[2:])
+
+
+def _router_values(output, batch_first) -> dict:
+    """``(router_logits [N, E], top_k_weights [N, k], top_k_index [N, k])``, whole, plus the dense gate:
+    the top-k weights scattered at their indices, zeros elsewhere."""
+    if not (isinstance(output, tuple) and len(output) == 3 and all(isinstance(t, torch.Tensor) for t in output)):
+        raise UserError("returns something other than (router_logits, top_k_weights, top_k_index); the adapter cannot use it")
+    values = {name: batch_first(t) for name, t in zip(ROUTER_OUTPUT, output)}
+    logits, weights, index = (values[name] for name in ROUTER_OUTPUT)
+    gate = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    values[COEFFICIENT] = gate.scatter(-1, index, weights.float())
+    return values
+
+
+def _router_output(values, lead):
+    """The cached output as it was; or, from a coefficient alone (a static profile), the static mixture:
+    every expert with a nonzero gate anywhere in the batch runs, weighted by its gate (the gate stands in
+    for the router logits, which the block discards)."""
+    if all(name in values for name in ROUTER_OUTPUT):
+        return tuple(values[name].reshape(*lead, *values[name].shape[2:]) for name in ROUTER_OUTPUT)
+    gate = values[COEFFICIENT]
+    experts = (gate != 0).flatten(0, -2).any(dim=0).nonzero().squeeze(1)
+    weights = gate.index_select(-1, experts)
+    index = experts.expand(*gate.shape[:-1], len(experts))
+    return tuple(t.reshape(*lead, t.shape[-1]) for t in (gate, weights, index))
+
+
+def _router_experts(values):
+    if "top_k_index" not in values:
+        return None
+    return torch.bincount(values["top_k_index"].flatten().cpu(), minlength=values[COEFFICIENT].shape[-1])
+
+
+TOP_K_ROUTER = ControllerKind(
+    "top_k_router", class_suffix("TopKRouter", "TopkRouter"), _router_values, _router_output, _router_experts
+)
+SHARED_EXPERT_GATE = ControllerKind("shared_expert_gate", name_pattern(r".*\.shared_expert_gate"), _tensor_values, _tensor_output)
+
+# Tried in order; the first kind that finds a module claims it.
+KINDS: list[ControllerKind] = [TOP_K_ROUTER, SHARED_EXPERT_GATE]
+
+
+def register_kind(kind: ControllerKind) -> None:
+    """Add a controller kind for models of your own (tried before the built-in ones)."""
+    KINDS.insert(0, kind)
+
+
+def tensor_kind(pattern: str) -> ControllerKind:
+    """Controllers named by ``pattern`` (matched against the whole module path) whose output is a tensor:
+    the coefficient is the tensor itself (``fca audit --controllers``)."""
+    return ControllerKind(f"tensor:{pattern}", name_pattern(pattern), _tensor_values, _tensor_output)

@@ -1,0 +1,233 @@
+"""Foreign transformers models through the controlled-model protocol: MoE routers and named controllers.
+
+Tiny models are built from their config classes with seeded random weights (no network) and saved with
+``save_pretrained`` plus the shipped tokenizer.
+"""
+
+import json
+
+import pytest
+import torch
+import transformers as T
+
+from fca_workbench.adapters import COEFFICIENT, TransformersControlled, load_controlled
+from fca_workbench.audit import AuditSettings, run_audit
+from fca_workbench.errors import UserError
+from fca_workbench.models import next_token_nll
+from fca_workbench.replay import ConditionCoefficients
+
+VOCAB = 4096  # the shipped tokenizer's
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+FAMILIES = {  # config class, its MoE fields (shared/moe-routing.md), router count
+    "mixtral": (T.MixtralConfig, dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": (T.Qwen2MoeConfig, dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                         num_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": (T.Qwen3MoeConfig, dict(moe_intermediate_size=32, head_dim=16, num_experts=4, num_experts_per_tok=2)),
+    "olmoe": (T.OlmoeConfig, dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+    "deepseek_v3": (T.DeepseekV3Config, dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8,
+                                             num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
+                                             first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
+                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)),
+    "gpt_oss": (T.GptOssConfig, dict(intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                     sliding_window=16)),
+    "granitemoe": (T.GraniteMoeConfig, dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
+    "jamba": (T.JambaConfig, dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2, attn_layer_period=2,
+                                  attn_layer_offset=1, expert_layer_period=1, expert_layer_offset=0)),
+}
+EXPECTED_CONTROLLERS = {"qwen2_moe": 4, "deepseek_v3": 1}  # Qwen2: a router and a shared-expert gate per layer
+
+
+def routers(model):
+    return [m for _, m in model.named_modules() if type(m).__name__.lower().endswith("topkrouter")]
+
+
+def build(family: str, seed: int = 0, router_scale: float = 20.0, **overrides):
+    """A seeded tiny model; routers scaled so routing depends on the input (0: constant routing)."""
+    config_class, fields = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = T.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **fields, **overrides})).eval()
+    with torch.no_grad():
+        for _, module in model.named_modules():
+            if module in routers(model) or _.endswith("shared_expert_gate"):
+                for param in module.parameters():
+                    param.mul_(router_scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from fca_workbench.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def save(model, folder, tokenizer):
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(1, VOCAB, (3, 12), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_replays_correct_bit_exactly_without_running_a_router(family, ids, tmp_path, tokenizer):
+    controlled = load_controlled(save(build(family), tmp_path / family, tokenizer))
+    assert isinstance(controlled, TransformersControlled) and controlled.arch == family
+    assert len(controlled.controller_names) == EXPECTED_CONTROLLERS.get(family, 2)
+    with torch.no_grad():
+        live = controlled(ids).logits
+        captured_logits, values = controlled.capture_run(ids)
+    assert torch.equal(captured_logits, live)
+    for value, shape in zip(values, controlled.coefficient_slot_shapes):
+        assert value[COEFFICIENT].shape == (*ids.shape, *shape)
+
+    router_class = type(routers(controlled.model)[0])
+    runs = []
+    original = router_class.forward
+    router_class.forward = lambda self, *a, **k: runs.append(1) or original(self, *a, **k)
+    try:
+        with torch.no_grad():
+            for router in routers(controlled.model):
+                router.weight.fill_(float("nan"))  # a router that ran would poison the logits
+            replayed = controlled.replay_run(ids, values)
+    finally:
+        router_class.forward = original
+    assert runs == [] and torch.isfinite(replayed).all()
+    assert torch.equal(replayed, live)
+    assert "forward" not in vars(routers(controlled.model)[0])  # the replacements were put back
+
+
+def test_reassignment_changes_nll_and_dense_gate_is_the_top_k(ids):
+    controlled = TransformersControlled(build("mixtral"))
+    with torch.no_grad():
+        logits, values = controlled.capture_run(ids)
+        donors = [{k: v.roll(1, dims=0) for k, v in value.items()} for value in values]
+        crossed = controlled.replay_run(ids, donors)
+    gate = values[0][COEFFICIENT]
+    assert ((gate > 0).sum(-1) == 2).all() and torch.allclose(gate.sum(-1), torch.ones(gate.shape[:2]))
+    assert not torch.allclose(next_token_nll(crossed, ids).mean(), next_token_nll(logits, ids).mean())
+
+
+def test_static_profile_equal_to_live_routing_replays_exactly(ids):
+    """A coefficient-only value (static mixture path) equal to constant live routing costs exactly 0."""
+    controlled = TransformersControlled(build("mixtral", router_scale=0.0))
+    with torch.no_grad():
+        logits, values = controlled.capture_run(ids)
+        static = controlled.replay_run(ids, [{COEFFICIENT: v[COEFFICIENT]} for v in values])
+    assert torch.equal(static, logits)
+
+
+def audit(folder, tmp_path, **settings):
+    args = dict(checkpoint=str(folder), window=16, max_windows=6, batch_size=3, resamples=50, latency_repeats=1)
+    return run_audit(AuditSettings(**{**args, **settings}), tmp_path / "audit")
+
+
+def test_constant_routing_costs_nothing_and_counts_k_over_e(tmp_path, tokenizer):
+    result = audit(save(build("mixtral", router_scale=0.0), tmp_path / "m", tokenizer), tmp_path)
+    conditions = result["conditions"]
+    assert "layer_mean_topk" in conditions
+    for name in ("cross_input", "token_shuffle", "layer_mean", "layer_mean_topk"):
+        assert abs(conditions[name]["delta"]) < 1e-6, name
+    assert result["model"]["controllers"] == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+    execution = result["execution"]
+    assert execution["expert_fraction_executed"] == 2 / 4
+    assert execution["experts"]["fraction_executed"] == [0.5, 0.5]
+    assert all(abs(sum(load) - 2) < 1e-9 for load in execution["experts"]["load"])
+    assert execution["baseline"] == "static_mixture"
+    assert execution["baseline_flops"] > execution["flops"]  # every expert for every token costs more
+
+
+def test_routed_audit_is_input_dependent_and_k_over_e(tmp_path, tokenizer):
+    result = audit(save(build("olmoe"), tmp_path / "o", tokenizer), tmp_path)
+    assert result["model"]["arch"] == "olmoe"
+    assert result["conditions"]["correct"]["delta"] == 0.0
+    assert result["conditions"]["cross_input"]["delta"] > 1e-4
+    assert result["execution"]["expert_fraction_executed"] == 2 / 4
+    load = result["execution"]["experts"]["load"][0]
+    assert max(load) > min(load)  # routing is not uniform
+
+
+def test_correct_replay_through_the_cache_equals_the_live_nll(tmp_path, tokenizer):
+    """capture → shards → ConditionCoefficients → replay_run: the whole router output round-trips bit-exactly."""
+    from fca_workbench.capture import capture
+
+    controlled = load_controlled(save(build("qwen2_moe"), tmp_path / "q", tokenizer))
+    windows = torch.randint(1, VOCAB, (4, 10), generator=torch.Generator().manual_seed(2))
+    cache = capture(controlled, windows, tmp_path / "cache", batch_size=2)
+    values = ConditionCoefficients("correct", cache).values(torch.arange(2))
+    assert set(values[0]) == {COEFFICIENT, "router_logits", "top_k_weights", "top_k_index"}
+    with torch.no_grad():
+        nll = next_token_nll(controlled.replay_run(windows[:2], values), windows[:2])
+    assert torch.equal(nll, cache.nll(torch.arange(2)))
+
+
+def test_controllers_regex_on_a_plain_gating_module(ids, tmp_path, tokenizer):
+    torch.manual_seed(0)
+    llama = T.LlamaForCausalLM(T.LlamaConfig(**COMMON, intermediate_size=32)).eval()
+    folder = save(llama, tmp_path / "llama", tokenizer)
+    assert load_controlled(folder).controller_names == []  # no built-in kind: a model without controllers
+    controlled = load_controlled(folder, controllers=r"model\.layers\.\d+\.mlp\.gate_proj")
+    assert controlled.controller_names == ["model.layers.0.mlp.gate_proj", "model.layers.1.mlp.gate_proj"]
+    assert controlled.coefficient_slot_shapes == [(32,), (32,)]
+    with torch.no_grad():
+        logits, values = controlled.capture_run(ids)
+        assert torch.equal(controlled.replay_run(ids, values), logits)
+        shuffled = [{COEFFICIENT: v[COEFFICIENT].flip(1)} for v in values]
+        assert not torch.allclose(controlled.replay_run(ids, shuffled), logits)
+
+
+def one_line(excinfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+def test_refusals(tmp_path, tokenizer):
+    folder = save(build("mixtral"), tmp_path / "m", tokenizer)
+    with pytest.raises(UserError) as excinfo:
+        load_controlled(folder, controllers=r"no\.such\.module")
+    assert "matches no module" in one_line(excinfo)
+    with pytest.raises(UserError) as excinfo:
+        load_controlled(folder, controllers=r"model\.layers\.\d+\.self_attn")  # returns a tuple
+    assert "cannot use" in one_line(excinfo)
+
+    config = json.loads((folder / "config.json").read_text())
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    for path in folder.iterdir():
+        (remote / path.name).write_bytes(path.read_bytes())
+    (remote / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "x.Model"}}))
+    with pytest.raises(UserError) as excinfo:
+        load_controlled(remote)
+    assert "--trust-remote-code" in one_line(excinfo)
+
+    (remote / "config.json").write_text(json.dumps({**config, "model_type": "no-such-model"}))
+    with pytest.raises(UserError) as excinfo:
+        load_controlled(remote)
+    assert "no-such-model" in one_line(excinfo)
+
+    bare = tmp_path / "bare"
+    build("mixtral").save_pretrained(bare)  # no tokenizer files
+    with pytest.raises(UserError) as excinfo:
+        audit(bare, tmp_path)
+    assert "no tokenizer files" in one_line(excinfo)
+
+
+def test_a_registered_kind_finds_the_controllers_of_a_model_class_of_ones_own(ids, tmp_path, tokenizer, monkeypatch):
+    """The README's example: register a kind, then load."""
+    from fca_workbench.adapters import kinds, register_kind, tensor_kind
+
+    monkeypatch.setattr(kinds, "KINDS", list(kinds.KINDS))
+    monkeypatch.setattr("fca_workbench.adapters.hf.KINDS", kinds.KINDS)
+    torch.manual_seed(0)
+    folder = save(T.LlamaForCausalLM(T.LlamaConfig(**COMMON, intermediate_size=32)).eval(), tmp_path / "l", tokenizer)
+    register_kind(tensor_kind(r"model\.layers\.\d+\.mlp\.up_proj"))
+    controlled = load_controlled(folder)
+    assert controlled.controller_names == ["model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj"]
+    with torch.no_grad():
+        logits, values = controlled.capture_run(ids)
+        assert torch.equal(controlled.replay_run(ids, values), logits)
