@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
 from .errors import UserError
@@ -84,6 +85,8 @@ def read_hf_config(path) -> dict:
         raise UserError(f"{path} names remote code (auto_map); only transformers' built-in model types can be trained")
     if fields["model_type"] not in CONFIG_MAPPING:
         raise UserError(f"{path}: unknown model_type '{fields['model_type']}' in this transformers")
+    if fields["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"{path}: model_type '{fields['model_type']}' has no causal language model in transformers")
     return fields
 
 
@@ -113,10 +116,7 @@ def build_hf_model(fields: dict, tokenizer, window: int):
         raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
     if getattr(config, "max_position_embeddings", window) < window:
         raise UserError(f"max_position_embeddings {config.max_position_embeddings} is shorter than the window {window}")
-    try:
-        return AutoModelForCausalLM.from_config(config)
-    except ValueError as exc:
-        raise UserError(f"cannot build a causal LM from a {model_type} config: {one_line(exc)[:200]}") from None
+    return AutoModelForCausalLM.from_config(config)
 
 
 def build_model(settings: TrainSettings, tokenizer):
@@ -192,8 +192,8 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     """
     out = Path(out)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
+    model = build_model(settings, tokenizer).to(settings.device)  # a bad config fails before the corpus is read
     stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
-    model = build_model(settings, tokenizer).to(settings.device)
     optimizer, scheduler = make_optimizer(model, settings)
     step = resume(out, settings, model, optimizer, scheduler)
     out.mkdir(parents=True, exist_ok=True)
