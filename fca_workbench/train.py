@@ -329,7 +329,9 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
 
 def model_card_markdown(card: dict) -> str:
     s = card["settings"]
-    common = f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
+    common = (
+        f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
+    )
     if s["hf_config"] is None:
         command = (
             f"fca train --arch {s['arch']} --layers {s['layers']} --width {s['width']} --heads {s['heads']} {common}"
@@ -345,7 +347,8 @@ def model_card_markdown(card: dict) -> str:
         config_lines = ["", "where `CONFIG.json` holds", "", "```json", json.dumps(s["hf_config"], indent=2), "```"]
         aux = card.get("router_aux_loss_coef")
         if aux is not None:
-            config_lines += ["", f"Trained on next-token NLL + {aux} × the router load-balancing loss; the logged loss is the NLL."]
+            objective = f"Trained on next-token NLL + {aux} × the router load-balancing loss"
+            config_lines += ["", f"{objective}; the logged loss is the NLL."]
     return "\n".join(
         [
             f"# {card['arch']} (seed {s['seed']})",

@@ -155,7 +155,8 @@ def test_bad_hf_config_is_one_line_error(content, fragment, small_text, tmp_path
     path = tmp_path / "config.json"
     if content is not None:
         path.write_text(content)
-    status = main(["train", "--hf-config", str(path), "--train", small_text, "--window", "32", "--out", str(tmp_path / "o")])
+    args = ["train", "--hf-config", path, "--train", small_text, "--window", "32", "--out", tmp_path / "o"]
+    status = main([str(a) for a in args])
     lines = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and lines[0].startswith("fca: error:") and fragment in lines[0], lines
     assert not (tmp_path / "o").exists()
