@@ -415,6 +415,39 @@ def mudd_table(audits: list[dict]) -> Table:
                  "95% bootstrap CIs)", columns, rows)
 
 
+def per_layer_table(audits: list[dict]) -> Table:
+    """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one layer alone, ΔNLL vs correct
+    with its 95% bootstrap CI, one row per model, layer and condition."""
+    columns = [Column("model", "model", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
+               Column("nll", "NLL", "float"), Column("delta", "ΔNLL", "delta"),
+               Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci")]
+    rows = [{"model": model_name(a), **row} for a in audits for row in a.get("per_layer") or []]
+    return Table("per_layer", "Per layer: each condition at one layer alone (others correct), ΔNLL vs correct "
+                 "(95% bootstrap CIs over windows), per model", columns, rows)
+
+
+def per_layer_seed_table(audits: list[dict]) -> Table:
+    """The per-layer ΔNLL as mean ± sd over the seeds of each architecture (``aggregate.summarise``)."""
+    columns = [Column("arch", "arch", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
+               Column("n", "seeds", "int"), Column("delta", "ΔNLL", "delta", "msd")]
+    rows = []
+    for arch, group in by_arch([a for a in audits if a.get("per_layer")]).items():
+        cells = [(r["layer"], r["condition"]) for r in group[0]["per_layer"]]
+        summary = seed_summary(group, [f"per_layer.{l}.{c}.delta" for l, c in cells])
+        rows += [{"arch": arch, "layer": l, "condition": c, "n": len(group), "delta": summary[f"per_layer.{l}.{c}.delta"]}
+                 for l, c in cells]
+    return Table("per_layer_over_seeds", "Per layer: ΔNLL vs correct of each condition at one layer alone, "
+                 "mean ± sd over seeds", columns, rows)
+
+
+def layer_condition_matrix(rows: list[dict], value) -> tuple[list[int], list[str], list[list]]:
+    """Layers, conditions and ``value(row)`` as a layer × condition grid (for a heatmap of a per-layer table)."""
+    layers = sorted({r["layer"] for r in rows})
+    conditions = list(dict.fromkeys(r["condition"] for r in rows))
+    cell = {(r["layer"], r["condition"]): value(r) for r in rows}
+    return layers, conditions, [[cell.get((l, c)) for c in conditions] for l in layers]
+
+
 # ------------------------------------------------------------------------------------------------------
 # Coefficient caches and static profiles, read back for heatmaps and exploration
 # ------------------------------------------------------------------------------------------------------
