@@ -534,7 +534,8 @@ class AuditExplorer:
         from .tokenizer import load_tokenizer
 
         self.audit, self.audit_dir = audit, Path(audit_dir)
-        self.settings = AuditSettings(**audit["settings"])
+        fields = AuditSettings.__dataclass_fields__  # settings also records what the run chose (window_sampling, ...)
+        self.settings = AuditSettings(**{k: v for k, v in audit["settings"].items() if k in fields})
         self.model, (_, self.windows), _ = load_audit_inputs(self.settings)
         self.tokenizer = load_tokenizer(self.settings.checkpoint)
         self.cache = open_cache(cache_folder(audit, audit_dir))
