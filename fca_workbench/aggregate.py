@@ -36,9 +36,20 @@ def numeric_leaves(tree, prefix: str = "") -> dict[str, float]:
     return leaves
 
 
+def per_layer_tree(rows: list[dict]) -> dict:
+    """The per-layer sweep's rows as ``{layer: {condition: {"nll", "delta"}}}``, so its figures have dotted
+    paths (``per_layer.3.cross_input.delta``) like every other figure."""
+    tree: dict = {}
+    for row in rows:
+        tree.setdefault(str(row["layer"]), {})[row["condition"]] = {"nll": row["nll"], "delta": row["delta"]}
+    return tree
+
+
 def summarise(audits: list[dict]) -> dict[str, dict]:
     """mean, sd (sample, n-1) and the per-seed values of every figure all audits share."""
-    leaves = [numeric_leaves({k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution") if a.get(k)}) for a in audits]
+    figures = [{k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution") if a.get(k)}
+               | ({"per_layer": per_layer_tree(a["per_layer"])} if a.get("per_layer") else {}) for a in audits]
+    leaves = [numeric_leaves(tree) for tree in figures]
     shared = sorted(set.intersection(*(set(l) for l in leaves)))
     return {
         path: {

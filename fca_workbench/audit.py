@@ -21,6 +21,7 @@ from .official import audit_batch_size
 from .replay import calibration_profiles, replay_conditions, replay_nll
 from .report import verdicts
 from .results import per_token_files
+from .sweep import per_layer_sweep, sweep_mode
 from .tokenizer import load_tokenizer
 
 SCHEMA = "fca-audit/1"
@@ -45,6 +46,7 @@ class AuditSettings:
     cache: str | None = None
     controllers: str | None = None  # regex naming a foreign model's controller modules (None: built-in kinds)
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
+    per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
 
 def default_out(checkpoint) -> Path:
@@ -79,7 +81,9 @@ def load_audit_inputs(settings: AuditSettings):
 
 
 def run_audit(settings: AuditSettings, out) -> dict:
-    """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles."""
+    """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
+
+    With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``)."""
     out = Path(out)
     model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
     cache_root = Path(settings.cache) if settings.cache else out / "cache"
@@ -120,6 +124,13 @@ def run_audit(settings: AuditSettings, out) -> dict:
         "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
         "execution": {**execution_figures(model, eval_windows, calib_windows, settings), **expert_execution(model, eval_cache)},
     }
+    audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
+    if settings.per_layer:
+        conditions = [c for c in per_token if c not in ("unperturbed", "correct")]
+        audit["per_layer"] = per_layer_sweep(
+            model, eval_windows, eval_cache, conditions, profiles, settings.seed, counts, settings.device
+        )
+        audit["settings"]["per_layer_mode"] = sweep_mode(model)
     audit["verdict"] = verdicts(audit)
     write_outputs(out, audit, per_token, eval_windows)
     return audit

@@ -62,6 +62,7 @@ def audit_settings(args, checkpoint: str):
         cache=getattr(args, "cache", None),
         controllers=args.controllers,
         trust_remote_code=args.trust_remote_code,
+        per_layer=args.per_layer,
     )
 
 
@@ -129,7 +130,14 @@ def add_audit_options(parser) -> None:
     parser.add_argument("--eval", help="eval text: UTF-8 .txt or JSONL {\"text\": ...} (default: shipped eval split)")
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
     parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
-    parser.add_argument("--max-windows", type=int, default=None, help="use at most N windows of each set")
+    parser.add_argument(
+        "--max-windows", type=int, default=None,
+        help="use N windows of each set, spread evenly over it (default: all)",
+    )
+    parser.add_argument(
+        "--per-layer", action="store_true",
+        help="also apply every condition at each layer alone (audit.json per_layer; prefix reuse)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0, help="seeds the derangement, shuffles and bootstrap")

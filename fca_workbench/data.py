@@ -193,8 +193,19 @@ def make_windows(stream: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def load_windows(path, tokenizer, window: int, max_windows: int | None = None) -> torch.Tensor:
+    """The text's windows; ``max_windows`` of them spread evenly over it (``even_sample``) when given."""
     windows = make_windows(token_stream(tokenizer, read_documents(path)), window)
-    return windows if max_windows is None else windows[:max_windows]
+    return windows if max_windows is None else windows[even_sample(len(windows), max_windows)]
+
+
+def even_sample(count: int, size: int) -> torch.Tensor:
+    """``size`` window indices evenly spaced over ``range(count)``, first and last included (all when
+    ``size >= count``): a small sample sees every work of a split, not only the opening of the first."""
+    if size < 1:
+        raise UserError(f"--max-windows must be at least 1, got {size}")
+    if size >= count:
+        return torch.arange(count)
+    return torch.linspace(0, count - 1, size, dtype=torch.float64).round().long()
 
 
 def fingerprint_tensor(tensor: torch.Tensor) -> str:

@@ -51,17 +51,19 @@ class PrefixCache:
     """
 
     @torch.no_grad()
-    def __init__(self, model, input_ids: torch.Tensor, lock=None):
+    def __init__(self, model, input_ids: torch.Tensor, lock=None, coefficients: list[torch.Tensor] | None = None):
+        """``coefficients``: None keeps the live run (controllers running); the cached ``correct`` list keeps
+        the frozen run instead, so every later replay repeats exactly the arithmetic of a frozen forward."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
-        model.check_inputs(input_ids, None)
+        model.check_inputs(input_ids, coefficients)
         self.model, self.input_ids, self.lock = model, input_ids, lock or nullcontext()
         with self.lock:
-            output, used, states = model.run_blocks(model.embed(input_ids), 0, None, keep_states=True)
+            output, used, states = model.run_blocks(model.embed(input_ids), 0, coefficients, keep_states=True)
             logits = model.head(output)
         self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer
         self.coefficients = [c.detach() for c in used]  # the window's own (= ``correct``) coefficients
-        self.nll = next_token_nll(logits, input_ids)  # [B, T-1], the live run (= ``correct``, bit-exact)
+        self.nll = next_token_nll(logits, input_ids)  # [B, T-1]: ``correct`` (the live run equals it bit-exactly)
 
     @property
     def num_layers(self) -> int:
@@ -81,21 +83,41 @@ class PrefixCache:
         return self.model.resume_layer(layer)
 
     @torch.no_grad()
-    def logits(self, coefficients: list[torch.Tensor], layer: int | None = None) -> torch.Tensor:
+    def logits(self, coefficients: list[torch.Tensor], layer: int | None = None, copies: int = 1) -> torch.Tensor:
         """Logits of the frozen replay with ``coefficients`` (the full per-layer list, controller off).
 
         ``layer``: the one layer at which ``coefficients`` may differ from ``self.coefficients`` (as made by
         ``interventions.restrict_to_layer``); the layers before it are not recomputed. None: all layers.
+        ``copies``: how many variants of the batch ``coefficients`` holds, concatenated along the batch
+        dimension (``[copies * B, T, *slot]``); they resume from the one kept state as one batch.
         """
-        self.model.check_inputs(self.input_ids, coefficients)
+        input_ids = repeat_batch(self.input_ids, copies)
+        self.model.check_inputs(input_ids, coefficients)
         start = self.start_for(layer)
         with self.lock:
-            output, _, _ = self.model.run_blocks(self.states[start], start, coefficients)
+            output, _, _ = self.model.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
             return self.model.head(output)
 
     def replay_nll(self, coefficients: list[torch.Tensor], layer: int | None = None) -> torch.Tensor:
         """Per-token NLL ``[B, T-1]`` of the frozen replay (see ``logits``)."""
         return next_token_nll(self.logits(coefficients, layer), self.input_ids)
+
+    def replay_nll_many(self, variants: list[list[torch.Tensor]], layer: int) -> torch.Tensor:
+        """Per-token NLL ``[K, B, T-1]`` of K coefficient lists that differ from the window's own at ``layer``
+        only, run from the state before it as one batch of K x B windows."""
+        coefficients = [torch.cat(tensors) for tensors in zip(*variants)]
+        logits = self.logits(coefficients, layer, copies=len(variants))
+        nll = next_token_nll(logits, repeat_batch(self.input_ids, len(variants)))
+        return nll.view(len(variants), *self.nll.shape)
+
+
+def repeat_batch(state, copies: int):
+    """A state (a tensor, or MUDDPythia's list of tensors) repeated ``copies`` times along the batch dim."""
+    if copies == 1:
+        return state
+    if isinstance(state, torch.Tensor):
+        return state.repeat(copies, *([1] * (state.dim() - 1)))
+    return [repeat_batch(tensor, copies) for tensor in state]
 
 
 class PrefixStore:

@@ -7,6 +7,8 @@ disagree with a verdict using the numbers beside it.
 import itertools
 import textwrap
 
+from .sweep import carrying_layers
+
 STATIC_RETENTION = 0.95  # a static profile retaining this much of the gap counts as "largely static"
 
 
@@ -52,7 +54,21 @@ def assignment_verdict(audit: dict) -> str:
         lead = "The frozen model depends on which coefficients each input gets"
     else:
         lead = "No significant assignment dependence (95% CIs include 0)"
-    return f"{lead}: {penalties}; {kept}."
+    return f"{lead}: {penalties}; {kept}.{per_layer_sentence(audit)}"
+
+
+def per_layer_sentence(audit: dict) -> str:
+    """Which layers carry the dependence, when the audit has a per-layer sweep (else nothing)."""
+    rows = audit.get("per_layer")
+    largest, significant = carrying_layers(rows or [])
+    if largest is None:
+        return ""
+    delta = next(r["delta"] for r in rows if r["layer"] == largest and r["condition"] == "cross_input")
+    listed = ", ".join(map(str, significant)) or "none"
+    return (
+        f" Per layer (each alone, the others correct): cross-input reassignment costs most at layer {largest} "
+        f"({delta:+.4f} nats); layers whose cross-input 95% CI excludes 0: {listed}."
+    )
 
 
 BASELINES = {"dense": "the shape-matched Dense", "static_mixture": "the static mixture (every expert for every token)"}
@@ -92,6 +108,7 @@ def format_report(audit: dict, width: int = 38) -> str:
             f"{name:22s} {c['nll']:8.4f} [{c['ci95'][0]:7.4f}, {c['ci95'][1]:7.4f}] {c['delta']:+9.4f} "
             f"[{c['delta_ci95'][0]:+8.4f}, {c['delta_ci95'][1]:+8.4f}]"
         )
+    lines += per_layer_table(audit.get("per_layer"))
     columns = [
         ("1. Coefficient variation", variation_figures(audit), audit["verdict"]["coefficient_variation"]),
         ("2. Assignment dependence", assignment_figures(audit), audit["verdict"]["assignment_dependence"]),
@@ -102,6 +119,18 @@ def format_report(audit: dict, width: int = 38) -> str:
     for row in itertools.zip_longest(*blocks, fillvalue=""):
         lines.append("  ".join(cell.ljust(width) for cell in row).rstrip())
     return "\n".join(lines)
+
+
+def per_layer_table(rows: list[dict] | None) -> list[str]:
+    """ΔNLL of each condition applied at one layer alone: one line per layer, one column per condition."""
+    if not rows:
+        return []
+    conditions = list(dict.fromkeys(r["condition"] for r in rows))
+    delta = {(r["layer"], r["condition"]): r["delta"] for r in rows}
+    lines = ["", "ΔNLL with the condition at one layer only:", "layer " + " ".join(f"{c:>19s}" for c in conditions)]
+    for layer in sorted({r["layer"] for r in rows}):
+        lines.append(f"{layer:5d} " + " ".join(f"{delta[(layer, c)]:+19.4f}" for c in conditions))
+    return lines
 
 
 def variation_figures(audit: dict) -> list[str]:

@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
 CHECKPOINT_DIR = DATA_DIR / "checkpoints"
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"]
-PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia")
+PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
+                   "06_per_layer")
 EXPLORE_NOTEBOOK = "explore"
 # Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
 # (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
@@ -51,8 +52,10 @@ DEFAULT_PARAMETERS = {
     "dtype": "float32",
     "seed": 0,
     "batch_size": None,
+    "per_layer": True,
 }
-AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size")
+AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size",
+                    "per_layer")
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
 PATH_PARAMETERS = ("eval_data", "calibration_data")
 CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
@@ -103,6 +106,7 @@ def shared_cache(cache_root, settings: AuditSettings) -> Path:
         "weights": {name: value for name, value in _input_files(settings).items()},
         "window": settings.window,
         "max_windows": settings.max_windows,
+        "window_sampling": "even",  # caches of the first-N sampling have other windows: never the same key
         "batch_size": settings.batch_size,
         "dtype": settings.dtype,
         "device": settings.device.split(":")[0],
@@ -155,6 +159,7 @@ class NotebookRun:
     dtype: str = "float32"
     seed: int = 0
     batch_size: int | None = None
+    per_layer: bool = True
     out: str | None = None
     audits: str | None = None
     cache: str | None = None
@@ -184,6 +189,7 @@ class NotebookRun:
             dtype=self.dtype,
             seed=self.seed,
             batch_size=self.batch_size,
+            per_layer=self.per_layer,
         )
         return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
 

@@ -374,6 +374,31 @@ def mudd_table(audits: list[dict]):
                  "95% bootstrap CIs)", columns, rows)
 
 
+def per_layer_table(audits: list[dict]):
+    """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one layer alone, ΔNLL vs correct
+    with its 95% bootstrap CI, one row per model, layer and condition."""
+    columns = [Column("model", "model", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
+               Column("nll", "NLL", "float"), Column("delta", "ΔNLL", "delta"),
+               Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci")]
+    rows = [{"model": model_name(a), **row} for a in audits for row in a.get("per_layer") or []]
+    return make_table("per_layer", "Per layer: each condition at one layer alone (others correct), ΔNLL vs correct "
+                 "(95% bootstrap CIs over windows), per model", columns, rows)
+
+
+def per_layer_seed_table(audits: list[dict]):
+    """The per-layer ΔNLL as mean ± sd over the seeds of each architecture (``aggregate.summarise``)."""
+    columns = [Column("arch", "arch", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
+               Column("n", "seeds", "int"), Column("delta", "ΔNLL", "delta", "msd")]
+    rows = []
+    for arch, group in by_arch([a for a in audits if a.get("per_layer")]).items():
+        cells = [(r["layer"], r["condition"]) for r in group[0]["per_layer"]]
+        summary = seed_summary(group, [f"per_layer.{l}.{c}.delta" for l, c in cells])
+        rows += [{"arch": arch, "layer": l, "condition": c, "n": len(group), "delta": summary[f"per_layer.{l}.{c}.delta"]}
+                 for l, c in cells]
+    return make_table("per_layer_over_seeds", "Per layer: ΔNLL vs correct of each condition at one layer alone, "
+                 "mean ± sd over seeds", columns, rows)
+
+
 # ------------------------------------------------------------------------------------------------------
 # Coefficient caches and static profiles, read back for heatmaps and exploration
 # ------------------------------------------------------------------------------------------------------
@@ -460,7 +485,8 @@ class AuditExplorer:
         from .tokenizer import load_tokenizer
 
         self.audit, self.audit_dir = audit, Path(audit_dir)
-        self.settings = AuditSettings(**audit["settings"])
+        fields = AuditSettings.__dataclass_fields__  # settings also records what the run chose (window_sampling, ...)
+        self.settings = AuditSettings(**{k: v for k, v in audit["settings"].items() if k in fields})
         self.model, (_, self.windows), _ = load_audit_inputs(self.settings)
         self.tokenizer = load_tokenizer(self.settings.checkpoint)
         self.cache = open_cache(cache_folder(audit, audit_dir))

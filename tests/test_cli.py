@@ -97,3 +97,12 @@ def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
     tiny_model("featuregate", vocab_size=64, window=64).save_pretrained(folder)
     load_tokenizer().save_pretrained(folder)
     assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "do not belong together")
+
+
+@pytest.mark.parametrize("command", [["audit", "ckpt"], ["audit-many", "ckpt", "ckpt2"]])
+def test_per_layer_flag_reaches_the_audit_settings(command):
+    from fca_workbench.cli import audit_settings, build_parser
+
+    parser = build_parser()
+    assert audit_settings(parser.parse_args(command + ["--per-layer"]), "ckpt").per_layer is True
+    assert audit_settings(parser.parse_args(command), "ckpt").per_layer is False

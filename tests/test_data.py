@@ -105,3 +105,21 @@ def test_text_shorter_than_a_window_is_refused(tmp_path):
     path.write_text("Exeunt.", encoding="utf-8")
     with pytest.raises(UserError, match="fewer than one window"):
         load_windows(path, load_tokenizer(), 256)
+
+
+def test_max_windows_spreads_the_sample_over_every_work():
+    import numpy as np
+
+    tokenizer = load_tokenizer()
+    everything = load_windows(split_path("eval"), tokenizer, 256)
+    sample = load_windows(split_path("eval"), tokenizer, 256, max_windows=16)
+    expected = np.linspace(0, len(everything) - 1, 16).round().astype(int)  # independent of the code's torch
+    assert torch.equal(sample, everything[torch.from_numpy(expected)])
+    assert expected[-1] == len(everything) - 1 and len(set(expected.tolist())) == 16
+    # which work each sampled window starts in: cumulative token counts of the documents (each + EOS)
+    ends = np.cumsum([len(tokenizer(text)["input_ids"]) + 1 for text in read_documents(split_path("eval"))])
+    starts_in = {int(np.searchsorted(ends, index * 256, side="right")) for index in expected}
+    assert starts_in == set(range(len(works("eval"))))
+    assert torch.equal(load_windows(split_path("eval"), tokenizer, 256, max_windows=10**6), everything)
+    with pytest.raises(UserError, match="at least 1"):
+        load_windows(split_path("eval"), tokenizer, 256, max_windows=0)

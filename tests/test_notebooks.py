@@ -1,7 +1,7 @@
 """The notebooks: every one runs under papermill with tiny parameters and writes its table, and every number
 in a table is the number in the audit.json of the same run.
 
-One tiny ``fca reproduce`` run of all six notebooks is shared by the whole module (tiny random checkpoints of
+One tiny ``fca reproduce`` run of all seven notebooks is shared by the whole module (tiny random checkpoints of
 each family plus a second FeatureGate seed, 4 windows of 64 tokens).
 """
 
@@ -26,6 +26,7 @@ TABLES = {
     "03_static_profiles": ["retention_per_model", "retention_over_seeds"],
     "04_execution": ["execution", "execution_over_seeds", "positive_control"],
     "05_muddpythia": ["muddpythia_penalties"],
+    "06_per_layer": ["per_layer", "per_layer_over_seeds"],
     "explore": ["explore_window"],
 }
 
@@ -96,7 +97,7 @@ def test_figures_are_offline_html(tiny_run):
     plan, _, _ = tiny_run
     figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
     assert {"variance_decomposition", "heatmap_featuregate-s0", "heatmap_muddpythia-s0", "assignment_delta_nll",
-            "retention", "execution", "muddpythia_penalties", "explore_coefficients"} <= figures
+            "retention", "execution", "muddpythia_penalties", "explore_coefficients", "per_layer_heatmap"} <= figures
     assert (plan.out / "figures" / "plotly.min.js").is_file()
     html = (plan.out / "figures" / "heatmap_featuregate-s0.html").read_text()
     assert 'src="plotly.min.js"' in html and "cdn.plot.ly" not in html
@@ -105,7 +106,7 @@ def test_figures_are_offline_html(tiny_run):
 def test_index_names_models_data_and_outputs(tiny_run):
     plan, _, _ = tiny_run
     index = (plan.out / "README.md").read_text()
-    assert "6 of 6 notebooks passed" in index
+    assert "7 of 7 notebooks passed" in index
     for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "eval.jsonl.gz", "max windows 4",
                  "tables/retention_over_seeds.csv", "figures/heatmap_featuregate-s0.html", "notebooks/01_variation.ipynb"):
         assert name in index
@@ -183,6 +184,26 @@ def test_muddpythia_table_equals_its_audit(tiny_run):
         figures = audits["muddpythia-s0"]["conditions"][condition]
         assert number(table[condition]["delta"]) == figures["delta"]
         assert [number(table[condition]["delta_ci95_lo"]), number(table[condition]["delta_ci95_hi"])] == figures["delta_ci95"]
+
+
+def test_per_layer_tables_equal_the_audits(tiny_run):
+    plan, _, audits = tiny_run
+    table = rows(plan, "per_layer")
+    assert {r["model"] for r in table} == {"featuregate-s0", "featuregate-s1", "muddpythia-s0"}  # reproduce sweeps
+    for row in table:
+        [figures] = [r for r in audits[row["model"]]["per_layer"]
+                     if r["layer"] == int(row["layer"]) and r["condition"] == row["condition"]]
+        assert number(row["nll"]) == figures["nll"] and number(row["delta"]) == figures["delta"]
+        assert [number(row["delta_ci95_lo"]), number(row["delta_ci95_hi"])] == figures["delta_ci95"]
+    assert len(table) == sum(len(a["per_layer"]) for a in audits.values())
+    fg = [audits["featuregate-s0"], audits["featuregate-s1"]]
+    seeds = [r for r in rows(plan, "per_layer_over_seeds") if r["arch"] == "featuregate"]
+    assert len(seeds) == len(fg[0]["per_layer"])
+    for row in seeds:
+        deltas = [next(r["delta"] for r in a["per_layer"] if r["layer"] == int(row["layer"])
+                       and r["condition"] == row["condition"]) for a in fg]
+        assert math.isclose(number(row["delta_mean"]), sum(deltas) / 2, rel_tol=1e-12)
+        assert math.isclose(number(row["delta_sd"]), abs(deltas[0] - deltas[1]) / math.sqrt(2), rel_tol=1e-9)
 
 
 def test_explore_window_matches_the_audits_per_token_nll(tiny_run):

@@ -24,10 +24,14 @@ class CoefficientLMOutput(ModelOutput):
 
 
 def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Per-token next-token cross-entropy in nats, ``[B, T-1]`` (position t predicts token t+1)."""
+    """Per-token next-token cross-entropy in nats, ``[B, T-1]`` (position t predicts token t+1).
+
+    Computed on rows ``[B * (T-1), vocab]``: the class dimension last and contiguous is about twice as fast
+    as ``[B, vocab, T-1]`` on CPU, where the log-softmax would stride over the vocabulary."""
+    shifted = logits[:, :-1].float()
     return F.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), input_ids[:, 1:], reduction="none"
-    )
+        shifted.reshape(-1, shifted.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none"
+    ).view(shifted.shape[:2])
 
 
 class CoefficientModel(PreTrainedModel):

@@ -1,0 +1,291 @@
+"""The workbench against the same work written by hand with nnsight, side by side in one run (ratios only:
+absolute times are noise on a shared machine).
+
+    .venv/bin/pip install -e '.[bench]'        # nnsight, for this benchmark only
+    .venv/bin/python benchmarks/bench_vs_nnsight.py [--checkpoint data/checkpoints/featuregate-s0]
+        [--windows 48] [--batch-size 16] [--repeats 1]
+
+On the same evenly sampled eval and calibration windows (FeatureGate: its controllers are modules whose
+output is the whole coefficient, so nnsight can capture and replace them):
+
+- **full audit** (capture eval and calibration, static profiles, frozen replay of every condition): the
+  workbench's ``capture`` / ``static_profiles`` / ``replay_nll`` against nnsight (``.output.save()`` on every
+  controller to capture, ``.skip(value)`` on every controller to replay), goal <= 1.0;
+- **per-layer sweep** (every condition at each layer alone): ``sweep.per_layer_sweep`` (prefix reuse) against
+  the L x K full frozen forwards (the workbench's fallback) and against nnsight doing the same L x K forwards
+  with every controller skipped; the prefix-reuse limit is (L+1)/(2L) of the naive cost plus one prefix pass
+  per batch (1/(L K)), goal within 1.1x of it; a second limit also counts the head + NLL, which every resumed
+  replay must still run;
+- **capture / (plain forward + NLL)**, goal <= 1.10, with cProfile's account of where capture's time goes;
+- both sides' NLLs agree (largest difference of any condition's and any per-layer row's mean NLL).
+
+Writes benchmarks/results/bench_vs_nnsight.json and .md.
+"""
+
+import argparse
+import cProfile
+import json
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fca_workbench.capture import capture
+from fca_workbench.data import load_windows, split_path
+from fca_workbench.interventions import (
+    CONDITIONS,
+    STATIC_PROFILES,
+    broadcast_profile,
+    derangement,
+    position_permutations,
+    restrict_to_layer,
+    shuffle_positions,
+    static_profiles,
+)
+from fca_workbench.metrics import bootstrap_counts
+from fca_workbench.models import load_model, next_token_nll
+from fca_workbench.replay import replay_nll
+from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
+from fca_workbench.tokenizer import load_tokenizer
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FROZEN = [c for c in CONDITIONS if c != "unperturbed"]  # replayed with the controllers skipped
+SWEPT = [c for c in FROZEN if c != "correct"]
+
+
+def best_of(repeats: int, fn):
+    """(fastest wall time, result of the last call)."""
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return min(times), result
+
+
+# ---- the workbench -------------------------------------------------------------------------------------
+
+def workbench_audit(model, windows, calib, batch_size, folder: Path):
+    eval_cache = capture(model, windows, folder / "eval", batch_size=batch_size)
+    profiles = static_profiles(capture(model, calib, folder / "calib", batch_size=batch_size).batches())
+    nll = {c: replay_nll(model, windows, eval_cache, c, profiles, seed=0).double().mean().item() for c in FROZEN}
+    return eval_cache, profiles, nll
+
+
+# ---- the same work by hand with nnsight -----------------------------------------------------------------
+
+def controller_envoys(traced, model):
+    """The nnsight envoys of the model's controllers, found by their module paths."""
+    names = {id(module): name for name, module in model.named_modules()}
+    envoys = []
+    for controller in model.controllers:
+        envoy = traced
+        for part in names[id(controller)].split("."):
+            envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+        envoys.append(envoy)
+    return envoys
+
+
+@torch.no_grad()
+def nnsight_capture(traced, model, windows, batch_size):
+    """Every controller's output (``.output.save()``) and the per-token NLL, batch by batch, in memory."""
+    layers, nll = [], []
+    for batch in windows.split(batch_size):
+        with traced.trace(batch):
+            saved = list().save()
+            for envoy in controller_envoys(traced, model):
+                saved.append(envoy.output)
+            logits = traced.output.logits.save()
+        layers.append([c.float() for c in saved])
+        nll.append(next_token_nll(logits, batch))
+    return [torch.cat(per_layer) for per_layer in zip(*layers)], torch.cat(nll)
+
+
+@torch.no_grad()
+def nnsight_replay(traced, model, batch, coefficients):
+    """Per-token NLL with every controller skipped (``.skip(value)``) and given ``coefficients``."""
+    with traced.trace(batch):
+        for envoy, value in zip(controller_envoys(traced, model), coefficients):
+            envoy.skip(value)
+        logits = traced.output.logits.save()
+    return next_token_nll(logits, batch)
+
+
+def nnsight_condition(condition, coefficients, profiles, indices, seed=0):
+    """The coefficients ``condition`` assigns to windows ``indices`` (the pure functions of interventions.py)."""
+    correct = [c[indices] for c in coefficients]
+    if condition == "correct":
+        return correct
+    if condition == "cross_input":
+        donors = derangement(len(coefficients[0]), seed)
+        return [c[donors[indices]] for c in coefficients]
+    if condition == "token_shuffle":
+        return shuffle_positions(correct, position_permutations(indices, correct[0].shape[1], seed))
+    assert condition in STATIC_PROFILES
+    slots = [tuple(c.shape[2:]) for c in coefficients]
+    return broadcast_profile(profiles[condition], slots, len(indices), correct[0].shape[1])
+
+
+def nnsight_audit(traced, model, windows, calib, batch_size):
+    coefficients, _ = nnsight_capture(traced, model, windows, batch_size)
+    calib_coefficients, _ = nnsight_capture(traced, model, calib, batch_size)
+    profiles = static_profiles([[c[i] for c in calib_coefficients] for i in torch.arange(len(calib)).split(batch_size)])
+    nll = {}
+    for condition in FROZEN:
+        rows = [nnsight_replay(traced, model, windows[i], nnsight_condition(condition, coefficients, profiles, i))
+                for i in torch.arange(len(windows)).split(batch_size)]
+        nll[condition] = torch.cat(rows).double().mean().item()
+    return coefficients, profiles, nll
+
+
+def nnsight_sweep(traced, model, windows, coefficients, profiles, batch_size):
+    """Mean NLL of every (layer, condition): L x K full forwards, every controller frozen."""
+    sums = {}
+    for i in torch.arange(len(windows)).split(batch_size):
+        correct = nnsight_condition("correct", coefficients, profiles, i)
+        for condition in SWEPT:
+            intervened = nnsight_condition(condition, coefficients, profiles, i)
+            for layer in range(len(coefficients)):
+                nll = nnsight_replay(traced, model, windows[i], restrict_to_layer(intervened, correct, layer))
+                sums[(layer, condition)] = sums.get((layer, condition), 0.0) + nll.double().sum().item()
+    tokens = windows.shape[0] * (windows.shape[1] - 1)
+    return {key: total / tokens for key, total in sums.items()}
+
+
+# ---- capture against a plain forward -------------------------------------------------------------------
+
+@torch.no_grad()
+def forward_and_nll(model, windows, batch_size):
+    for batch in windows.split(batch_size):
+        next_token_nll(model(batch).logits, batch)
+
+
+@torch.no_grad()
+def head_share(model, windows, batch_size) -> float:
+    """Share of a frozen forward + NLL spent in the head and the NLL (what every resumed replay still runs)."""
+    batch = windows[:batch_size]
+    output, _, _ = model.run_blocks(model.embed(batch), 0, None)
+    full, _ = best_of(3, lambda: next_token_nll(model(batch).logits, batch))
+    head, _ = best_of(3, lambda: next_token_nll(model.head(output), batch))
+    return head / full
+
+
+def capture_profile(model, windows, batch_size, folder: Path) -> list[tuple[str, float]]:
+    """cProfile's cumulative seconds of capture's parts, largest first."""
+    profiler = cProfile.Profile()
+    profiler.runcall(capture, model, windows, folder, batch_size=batch_size)
+    stats = pstats.Stats(profiler).stats
+    parts = {"model_fingerprint": "model fingerprint (sha256 of every weight)",
+             "fingerprint_tensor": "fingerprints (weights and windows)", "_call_impl": "model forward",
+             "next_token_nll": "NLL", "save_file": "shard writes (safetensors)", "write_atomic": "manifest writes",
+             "library_versions": "library versions", "capture": "capture, total"}
+    found = {}
+    for (_, _, name), (_, _, _, cumulative, _) in stats.items():
+        if name in parts:
+            found[parts[name]] = max(found.get(parts[name], 0.0), cumulative)
+    return sorted(found.items(), key=lambda kv: -kv[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="data/checkpoints/featuregate-s0")
+    parser.add_argument("--windows", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1, help="time each side this often and keep the fastest")
+    args = parser.parse_args()
+    from nnsight import NNsight
+
+    model = load_model(args.checkpoint).eval()
+    tokenizer = load_tokenizer(args.checkpoint)
+    windows = load_windows(split_path("eval"), tokenizer, 256, args.windows)
+    calib = load_windows(split_path("calibration"), tokenizer, 256, args.windows)
+    traced = NNsight(model)
+    layers, conditions = len(model.controllers), len(SWEPT)
+    forward_and_nll(model, windows[: args.batch_size], args.batch_size)  # warm-up, both sides
+    nnsight_capture(traced, model, windows[: args.batch_size], args.batch_size)
+    r = {"checkpoint": args.checkpoint, "windows": len(windows), "window": windows.shape[1], "layers": layers,
+         "conditions": conditions, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
+         "repeats": args.repeats}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        runs = iter(range(10**6))
+        forward, _ = best_of(args.repeats, lambda: forward_and_nll(model, windows, args.batch_size))
+        capture_seconds, _ = best_of(args.repeats, lambda: capture(model, windows, tmp / f"c{next(runs)}", batch_size=args.batch_size))
+        r["capture_profile_seconds"] = capture_profile(model, windows, args.batch_size, tmp / "profiled")
+        audit_wb, (cache, profiles, nll_wb) = best_of(
+            args.repeats, lambda: workbench_audit(model, windows, calib, args.batch_size, tmp / f"a{next(runs)}"))
+        audit_nn, (coefficients, nn_profiles, nll_nn) = best_of(
+            args.repeats, lambda: nnsight_audit(traced, model, windows, calib, args.batch_size))
+        counts = bootstrap_counts(len(windows), 100, 0)
+        sweep_args = (model, windows, cache, SWEPT, profiles, 0, counts)
+        prefix, rows = best_of(args.repeats, lambda: per_layer_sweep(*sweep_args))
+        batched, _ = best_of(args.repeats, lambda: per_layer_sweep(*sweep_args, group=conditions))
+        naive, _ = best_of(args.repeats, lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"))
+        sweep_nn, nll_sweep_nn = best_of(
+            args.repeats, lambda: nnsight_sweep(traced, model, windows, coefficients, nn_profiles, args.batch_size))
+    limit = (layers + 1) / (2 * layers) + 1 / (layers * conditions)
+    share = head_share(model, windows, args.batch_size)
+    head_limit = share + (1 - share) * (layers + 1) / (2 * layers) + 1 / (layers * conditions)
+    r.update({
+        "plain_forward_and_nll_seconds": forward,
+        "capture_over_forward_and_nll": capture_seconds / forward,
+        "full_audit_workbench_over_nnsight": audit_wb / audit_nn,
+        "full_audit_seconds": {"workbench": audit_wb, "nnsight": audit_nn},
+        "sweep_seconds": {"prefix": prefix, "prefix_batched": batched, "full_forward": naive, "nnsight": sweep_nn},
+        "sweep_prefix_over_full_forward": prefix / naive,
+        "sweep_prefix_batched_over_full_forward": batched / naive,
+        "sweep_prefix_over_nnsight": prefix / sweep_nn,
+        "sweep_full_forward_over_nnsight": naive / sweep_nn,
+        "prefix_limit": limit,
+        "head_share": share,
+        "prefix_limit_with_head": head_limit,
+        "max_nll_difference_conditions": max(abs(nll_wb[c] - nll_nn[c]) for c in FROZEN),
+        "max_nll_difference_per_layer": max(abs(row["nll"] - nll_sweep_nn[(row["layer"], row["condition"])]) for row in rows),
+    })
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_vs_nnsight.json").write_text(json.dumps(r, indent=2) + "\n")
+    (RESULTS / "bench_vs_nnsight.md").write_text(markdown(r))
+    print(markdown(r))
+
+
+def markdown(r: dict) -> str:
+    s = r["sweep_seconds"]
+    lines = [
+        f"# Workbench vs nnsight ({r['checkpoint']}, {r['windows']} windows x {r['window']}, batch {r['batch_size']}, "
+        f"{r['threads']} threads, best of {r['repeats']})",
+        "",
+        f"L = {r['layers']} layers, K = {r['conditions']} swept conditions. Both sides' NLLs agree: largest "
+        f"difference {r['max_nll_difference_conditions']:.2e} nats over the conditions, "
+        f"{r['max_nll_difference_per_layer']:.2e} over the per-layer rows.",
+        "",
+        "| ratio | measured | goal |",
+        "|---|---|---|",
+        f"| full audit (capture eval + calibration, profiles, every frozen condition): workbench / nnsight | "
+        f"{r['full_audit_workbench_over_nnsight']:.3f} | <= 1.0 |",
+        f"| per-layer sweep: prefix reuse / L x K full forwards | {r['sweep_prefix_over_full_forward']:.3f} | "
+        f"<= 1.1 x {r['prefix_limit']:.3f} = {1.1 * r['prefix_limit']:.3f} ((L+1)/2L + 1/(LK)) |",
+        f"| per-layer sweep, K conditions of a layer as one batch: prefix / L x K full forwards | "
+        f"{r['sweep_prefix_batched_over_full_forward']:.3f} | (pays on a GPU, not on a CPU) |",
+        f"| per-layer sweep: prefix limit counting the head + NLL ({r['head_share']:.1%} of a forward) | "
+        f"{r['prefix_limit_with_head']:.3f} | (what prefix reuse can reach on this model) |",
+        f"| per-layer sweep: workbench prefix reuse / nnsight (L x K forwards) | {r['sweep_prefix_over_nnsight']:.3f} | "
+        f"<= {1.1 * r['prefix_limit']:.3f} |",
+        f"| per-layer sweep: workbench full forwards / nnsight | {r['sweep_full_forward_over_nnsight']:.3f} | ~1 |",
+        f"| capture / (plain forward + NLL) | {r['capture_over_forward_and_nll']:.3f} | <= 1.10 |",
+        "",
+        f"Seconds: full audit workbench {r['full_audit_seconds']['workbench']:.1f}, nnsight "
+        f"{r['full_audit_seconds']['nnsight']:.1f}; sweep prefix {s['prefix']:.1f}, prefix batched "
+        f"{s['prefix_batched']:.1f}, full forwards {s['full_forward']:.1f}, nnsight {s['nnsight']:.1f}; plain "
+        f"forward + NLL {r['plain_forward_and_nll_seconds']:.2f}.",
+        "",
+        "Where capture's time goes (cProfile, cumulative seconds):",
+        "",
+    ]
+    lines += [f"- {name}: {seconds:.3f} s" for name, seconds in r["capture_profile_seconds"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

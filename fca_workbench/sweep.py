@@ -1,0 +1,107 @@
+"""Per-layer sweep: every reassignment condition applied at one layer alone, the other layers ``correct``.
+
+It answers which layer's content-conditioned assignment carries a model's dependence. Each row is the
+frozen replay of one (layer, condition), ΔNLL against ``correct`` with a paired bootstrap over windows.
+
+Prefix reuse: per batch of windows, one frozen pass with the cached ``correct`` coefficients keeps the state
+before every layer (``prefix.PrefixCache``); each (layer, condition) resumes from
+``model.resume_layer(layer)``, so the layers before it are never recomputed, and the conditions at one layer
+run from that state as one batch where memory allows. Memory is bounded by one batch's states. A model
+without layer stepping (no ``run_blocks``) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
+Both modes give the rows of full one-layer replays (tested within 1e-6).
+"""
+
+import torch
+from tqdm.auto import tqdm
+
+from .interventions import restrict_to_layer
+from .metrics import condition_figures
+from .official import RESERVE_BYTES, SAFETY, window_bytes
+from .prefix import PrefixCache
+from .replay import ConditionCoefficients, replay_nll
+
+PREFIX, FULL_FORWARD = "prefix", "full_forward"
+
+
+def sweep_mode(model) -> str:
+    """``prefix`` for models with the layer-stepping API, else ``full_forward`` (recorded in ``settings``)."""
+    return PREFIX if hasattr(model, "run_blocks") else FULL_FORWARD
+
+
+def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, device="cpu", group=None) -> list[dict]:
+    """Rows ``{"layer", "condition", "nll", "delta", "delta_ci95"}``, layer by layer, conditions in order.
+
+    ``counts``: the audit's bootstrap counts, so the CIs are paired with every other figure. ``group``: how
+    many conditions at one layer run as one batch (None: fitted to the device, ``conditions_per_pass``).
+    """
+    if not conditions:
+        return []
+    if sweep_mode(model) == PREFIX:
+        window_nll, correct = prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group)
+    else:
+        window_nll, correct = full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device)
+    rows = []
+    for (layer, condition), values in window_nll.items():
+        figures = condition_figures({"correct": correct, condition: values}, counts)[condition]
+        rows.append({"layer": layer, "condition": condition, **{k: figures[k] for k in ("nll", "delta", "delta_ci95")}})
+    return rows
+
+
+@torch.no_grad()
+def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group=None):
+    """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, by prefix reuse.
+
+    Batches follow the cache's shards, as in ``replay_nll``, so the arithmetic is the full forward's.
+    """
+    assigners = {c: ConditionCoefficients(c, cache, profiles, seed) for c in conditions}
+    dtype = next(model.parameters()).dtype
+    model.eval()
+    parts = {(layer, c): [] for layer in range(cache.num_layers) for c in conditions}
+    correct = []
+    for indices in tqdm(list(cache.shard_indices()), desc="per-layer", unit="batch", leave=False):
+        batch = windows[indices].to(device)
+        own = [c.to(device=device, dtype=dtype) for c in cache.coefficients(indices)]
+        prefix = PrefixCache(model, batch, coefficients=own)
+        correct.append(prefix.nll.double().mean(dim=1).cpu())
+        intervened = {c: [t.to(device=device, dtype=dtype) for t in assign(indices)] for c, assign in assigners.items()}
+        size = group or conditions_per_pass(model, batch, len(conditions), device)
+        for layer in range(cache.num_layers):
+            for start in range(0, len(conditions), size):
+                names = conditions[start : start + size]
+                variants = [restrict_to_layer(intervened[c], own, layer) for c in names]
+                nll = prefix.replay_nll_many(variants, layer).double().mean(dim=2).cpu()
+                for name, values in zip(names, nll):
+                    parts[(layer, name)].append(values)
+        del prefix, intervened  # one batch's states at a time
+    return {key: torch.cat(values) for key, values in parts.items()}, torch.cat(correct)
+
+
+def full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device):
+    """The same figures from full frozen forwards, for models without layer stepping."""
+    def window_mean(condition, layer=None):
+        return replay_nll(model, windows, cache, condition, profiles, seed, layer=layer, device=device).double().mean(dim=1)
+
+    window_nll = {(layer, c): window_mean(c, layer) for layer in range(cache.num_layers) for c in conditions}
+    return window_nll, window_mean("correct")
+
+
+def conditions_per_pass(model, batch: torch.Tensor, conditions: int, device) -> int:
+    """Conditions resumed together at one layer: on CUDA as many as the free memory holds next to the kept
+    states (``official.window_bytes`` per window, as the audit's batch size is fitted); elsewhere one, since
+    a CPU gains no speed from a bigger batch and only holds more memory."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    free, _ = torch.cuda.mem_get_info(device)
+    rows = int((free - RESERVE_BYTES) // (SAFETY * window_bytes(model, batch.shape[1])))
+    return max(1, min(conditions, rows // len(batch)))
+
+
+def carrying_layers(rows: list[dict], condition: str = "cross_input") -> tuple[int | None, list[int]]:
+    """The layer with the largest ΔNLL under ``condition``, and the layers whose ΔNLL CI excludes 0."""
+    chosen = [row for row in rows if row["condition"] == condition]
+    if not chosen:
+        return None, []
+    largest = max(chosen, key=lambda row: row["delta"])["layer"]
+    significant = [row["layer"] for row in chosen if row["delta_ci95"][0] > 0 or row["delta_ci95"][1] < 0]
+    return largest, significant
