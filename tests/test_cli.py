@@ -14,6 +14,9 @@ from fca_workbench.cli import build_parser
 from fca_workbench.tokenizer import load_tokenizer
 
 
+pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min
+
+
 def fca(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd

@@ -19,6 +19,10 @@ import torch
 
 from fca_workbench import reproduce, tables
 
+# Each test may be the first to need the shared papermill run (~2-5 min on a loaded 2-core machine): a hung
+# kernel fails it after 20 min instead of eating CI's time.
+pytestmark = pytest.mark.timeout(1200)
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TABLES = {
     "01_variation": ["variation_per_model", "variation_over_seeds"],

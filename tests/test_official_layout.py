@@ -423,6 +423,7 @@ def fca(*args):
     return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.timeout(600)  # `fca audit` in a subprocess: a hang fails here
 def test_fca_audit_runs_on_an_official_layout_folder(audit_folder, tmp_path):
     folder, _, marker = audit_folder
     out = tmp_path / "out"
@@ -471,6 +472,7 @@ def test_capture_and_replay_on_the_loaded_official_model(audit_folder, tmp_path)
     assert torch.isfinite(crossed).all() and not torch.equal(crossed, correct)
 
 
+@pytest.mark.timeout(300)
 def test_fca_audit_without_tokenizer_files_fails_on_one_line(tmp_path):
     folder = tmp_path / "no-tokenizer"
     write_official(tiny_official_model(vocab_size=4096), folder)
