@@ -8,13 +8,15 @@ import pytest
 import safetensors.torch
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors import safe_open
 
 import fca_workbench.capture as capture_module
-from fca_workbench.capture import capture
+from fca_workbench.capture import capture, model_fingerprint
+from fca_workbench.data import fingerprint_tensor
 from fca_workbench.errors import UserError
 from fca_workbench.interventions import STATIC_PROFILES, derangement, position_permutations
-from fca_workbench.replay import replay_nll
+from fca_workbench.replay import ConditionCoefficients, replay_nll
 
 from conftest import tiny_model
 
@@ -68,6 +70,11 @@ def test_cache_holds_the_models_own_coefficients_and_nll(model, windows, tmp_pat
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert manifest["complete"] is True and manifest["windows"] == 6 and manifest["shard_size"] == 4
     assert manifest["slot_shapes"] == [list(s) for s in model.coefficient_slot_shapes]
+    assert manifest["versions"] == {"torch": torch.__version__, "transformers": transformers.__version__,
+                                    "safetensors": safetensors.__version__}
+    for dtype in (torch.int32, torch.uint8):  # any integer index tensor selects rows (uint8 is no mask here)
+        assert torch.equal(cache.nll(order.to(dtype)), cache.nll(order))
+        assert all(torch.equal(a, b) for a, b in zip(cache.coefficients(order.to(dtype)), cache.coefficients(order)))
 
 
 def test_a_finished_cache_is_reused_and_a_different_layout_refused(model, windows, tmp_path, monkeypatch):
@@ -77,6 +84,21 @@ def test_a_finished_cache_is_reused_and_a_different_layout_refused(model, window
     assert calls == [] and again.num_windows == 6
     with pytest.raises(UserError, match="shard_size=2, this run needs 3"):
         capture(model, windows, tmp_path / "cache", batch_size=3)
+
+
+@pytest.mark.parametrize("what", ["model", "data"])
+def test_a_cache_of_another_model_or_data_is_refused_naming_the_fingerprints(model, windows, tmp_path, what):
+    capture(model, windows, tmp_path / "cache", batch_size=SHARD)
+    stored = json.loads((tmp_path / "cache" / "manifest.json").read_text())
+    other_model = tiny_model("featuregate", seed=7) if what == "model" else model
+    other_windows = windows.flip(0) if what == "data" else windows
+    key = f"{what}_fingerprint"
+    now = model_fingerprint(other_model) if what == "model" else fingerprint_tensor(other_windows)
+    message = (f"coefficient cache {tmp_path / 'cache'} was captured from another {what} ({key} {stored[key][:12]} "
+               f"!= {now[:12]}); use another --cache or delete it")
+    with pytest.raises(UserError) as refused:
+        capture(other_model, other_windows, tmp_path / "cache", batch_size=SHARD)
+    assert str(refused.value) == message
 
 
 def test_resume_keeps_the_finished_shards_untouched(model, windows, tmp_path, monkeypatch):
@@ -167,6 +189,23 @@ def test_cross_input_and_token_shuffle_equal_hand_built_reassignments(captured, 
     torch.testing.assert_close(shuffle, frozen_nll(model, windows, moved), rtol=0, atol=1e-5)
     correct = replay_nll(model, windows, cache, "correct")
     assert (cross - correct).abs().max() > 1e-3 and (shuffle - correct).abs().max() > 1e-3
+
+
+def test_one_layer_models_and_one_window_caches_replay(windows, tmp_path):
+    model = tiny_model("featuregate", layers=1)
+    cache = capture(model, windows[:1], tmp_path / "one", batch_size=SHARD)
+    assert torch.equal(replay_nll(model, windows[:1], cache, "correct"), cache.nll([0]))  # no derangement needed
+    profiles = {"layer_mean": [torch.full(model.coefficient_slot_shapes[0], 0.7)]}
+    with torch.no_grad():
+        own = model(windows[:1], return_coefficients=True).coefficients
+    torch.testing.assert_close(replay_nll(model, windows[:1], cache, "layer_mean", profiles),
+                               frozen_nll(model, windows[:1], [profiles["layer_mean"][0].expand_as(own[0])]),
+                               rtol=0, atol=1e-5)
+
+
+def test_the_default_seed_is_zero(captured):
+    _, cache, _ = captured
+    assert torch.equal(ConditionCoefficients("cross_input", cache).donors, derangement(6, 0))
 
 
 def test_cross_input_depends_on_the_seed(captured, windows):
