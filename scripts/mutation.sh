@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing with mutmut: every small deliberate bug in interventions, metrics, capture and replay
 # must make a test fail. The configuration is [tool.mutmut] in pyproject.toml (modules mutated, the fast
-# test files run). Slow (tens of minutes on 2 cores), so it is not part of CI.
+# test files run). Slow (about half an hour on 2 cores), so it is not part of CI.
 #
 #   scripts/mutation.sh                         # every configured module
 #   scripts/mutation.sh interventions metrics   # only these modules of fca_workbench
