@@ -1,13 +1,20 @@
 """The ``fca`` command line: help lists the commands; user errors are one line, non-zero, no traceback."""
 
+import argparse
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import tiny_model
+from fca_workbench.cli import build_parser
 from fca_workbench.tokenizer import load_tokenizer
+
+
+pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min
 
 
 def fca(*args, cwd=None):
@@ -26,10 +33,17 @@ def assert_one_line_error(result, *fragments):
 
 
 def test_help_lists_the_commands():
+    """The usage line's ``{...}`` choices, parsed exactly (``audit`` is not found inside ``audit-many``), are the
+    parser's subcommands, include the core ones, and each is documented in the README."""
     result = fca("--help")
     assert result.returncode == 0
-    for command in ("data", "train", "audit", "audit-many"):
-        assert command in result.stdout
+    listed = re.search(r"usage: fca \[-h\] \{([^}]*)\}", result.stdout).group(1).split(",")
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert listed == list(subparsers.choices)
+    assert {"data", "train", "audit", "audit-many", "dashboard", "reproduce"} <= set(listed)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for command in listed:
+        assert re.search(rf"^ *fca {re.escape(command)}( |$)", readme, re.MULTILINE), command
 
 
 def test_missing_checkpoint(tmp_path):

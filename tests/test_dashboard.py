@@ -6,8 +6,10 @@ The browser test starts ``fca dashboard`` on a free localhost port in a subproce
 is skipped elsewhere.
 """
 
+import html
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -249,6 +251,17 @@ def served(tiny_checkpoints, tmp_path_factory):
         log.close()
 
 
+# The token pane's HTML as the server produced it: Panel ships an HTML pane's markup escaped once more and
+# unescapes it in the browser, so decode it once (a textarea parses its content as text with entities).
+SENT_TOKEN_HTML = """() => {
+    const pane = [...Bokeh.documents[0].all_models].find(m => (m.css_classes || []).includes('fca-token-pane'));
+    const decode = document.createElement('textarea');
+    decode.innerHTML = pane.text;
+    return decode.value;
+}"""
+
+
+@pytest.mark.timeout(900)  # a hang fails here instead of eating CI's time; the test takes ~1-2 min
 def test_dashboard_in_a_real_browser(served):
     from playwright.sync_api import sync_playwright
 
@@ -308,6 +321,11 @@ def test_dashboard_in_a_real_browser(served):
             assert page.evaluate("window.__fca_pwned") is None  # ... never run
             assert page.locator(".fca-token-pane script").count() == 0
             assert page.locator(".fca-token-pane b").count() == 0
+            # The DOM alone cannot tell: this tokenizer splits "<", "/" and ">" into tokens of their own, and a
+            # lone "<" in a span parses as text. So read the markup the server sent for the token pane.
+            sent = page.evaluate(SENT_TOKEN_HTML)
+            tokens = re.findall(r'<span class="fca-token"[^>]*>([^<]*)</span>', sent)
+            assert "".join(tokens).strip() == html.escape(attack) and "<script" not in sent
             snap(page, "03-pasted-script-escaped")
 
             page.locator(".fca-text textarea").fill("")

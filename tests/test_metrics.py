@@ -131,10 +131,25 @@ def test_variance_without_coefficients():
 def test_variance_rejects_changed_layers():
     acc = VarianceAccumulator()
     acc.update([torch.zeros(1, T, 2), torch.zeros(1, T, 3)], 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^got 1 layers, expected 2$"):
         acc.update([torch.zeros(1, T, 2)], 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^slot count changed from 3 to 4$"):
         acc.update([torch.zeros(1, T, 2), torch.zeros(1, T, 4)], 1)
+    one_position = VarianceAccumulator()  # windows of a single position
+    one_position.update([torch.zeros(1, 1, 2)], 0)
+    with pytest.raises(ValueError, match="^slot count changed from 2 to 3$"):
+        one_position.update([torch.zeros(1, 1, 3)], 1)
+
+
+def test_a_slot_that_is_always_zero_has_cv_zero():
+    """sd 0 and mean 0: the CV is 0 by definition, not 0/0."""
+    full = synthetic(noise=0.5, seed=2)
+    full[0][..., 0, 0] = 0.0  # layer 0, slot (0, 0): always exactly 0
+    got = accumulate(full)
+    assert np.isfinite(got["cv"])
+    groups = [x.reshape(N_WIN * T, -1) for x in full]
+    cvs = [0.0 if g.std() == 0 else g.std() / abs(g.mean()) for x in groups for g in x.T]
+    assert got["cv"] == pytest.approx(np.mean(cvs), rel=1e-9)
 
 
 # ------------------------------------------------------------------ bootstrap
@@ -145,10 +160,10 @@ def test_bootstrap_counts():
     assert (counts.sum(1) == 50).all() and (counts >= 0).all()
     assert torch.equal(counts, bootstrap_counts(50, resamples=200, seed=1))
     assert not torch.equal(counts, bootstrap_counts(50, resamples=200, seed=2))
-    assert bootstrap_counts(5).shape == (1000, 5)
-    with pytest.raises(ValueError):
+    assert torch.equal(bootstrap_counts(5), bootstrap_counts(5, resamples=1000, seed=0))  # the defaults
+    with pytest.raises(ValueError, match="^bootstrap needs at least 2 windows, got 1$"):
         bootstrap_counts(1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^resamples must be >= 1, got 0$"):
         bootstrap_counts(5, resamples=0)
 
 
@@ -160,8 +175,27 @@ def test_bootstrap_means_and_ci_match_direct_resampling():
     point, lo, hi = mean_ci(values, counts)
     assert point == pytest.approx(values.mean().item(), abs=1e-15)
     np.testing.assert_allclose([lo, hi], np.percentile(direct, [2.5, 97.5]), rtol=1e-12)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^window_values has shape \(10,\), counts expect \[30\]$"):
         bootstrap_means(values[:10], counts)
+
+
+def test_float32_window_values_are_figured_in_float64():
+    """Capture stores NLL in float32; means, differences and ratios must still be taken in float64
+    (here float32 would lose the 0.5 of a mean and the 0.1 of a difference)."""
+    as32 = {"correct": [0.1, 0.1, 3.0, 5.0], "global_mean": [2.0**24, 1.0, 2.0**24, 1.0],
+            "layer_mean": [2.0**23, 2.0, 2.0**23, 4.0]}
+    nll32 = {k: torch.tensor(v, dtype=torch.float32) for k, v in as32.items()}
+    exact = {k: v.numpy().astype(np.float64) for k, v in nll32.items()}  # the same float32 numbers, in float64
+    counts = bootstrap_counts(4, resamples=50, seed=3)
+    w = counts.numpy() / 4
+    np.testing.assert_allclose(bootstrap_means(nll32["global_mean"], counts).numpy(), w @ exact["global_mean"],
+                               rtol=1e-15)
+    assert mean_ci(nll32["global_mean"], counts)[0] == exact["global_mean"].mean()
+    figures = condition_figures(nll32, counts)
+    assert figures["global_mean"]["delta"] == pytest.approx((exact["global_mean"] - exact["correct"]).mean(),
+                                                            rel=1e-15)
+    g, p, c = (exact[k].mean() for k in ("global_mean", "layer_mean", "correct"))
+    assert gap_retention(nll32, "layer_mean", counts)["value"] == pytest.approx((g - p) / (g - c), rel=1e-15)
 
 
 def test_ci_contains_point_and_shrinks_with_more_windows():

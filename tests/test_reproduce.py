@@ -10,6 +10,8 @@ import pytest
 from fca_workbench import reproduce
 from fca_workbench.errors import UserError
 
+pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
+
 
 def fca(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)],
@@ -107,6 +109,7 @@ def test_audits_and_caches_are_reused_across_notebooks_and_runs(tiny_checkpoints
     assert changed["settings"]["seed"] == 1 and audit_json.stat().st_mtime_ns != stamps[audit_json]
 
 
+@pytest.mark.timeout(900)  # papermill in a subprocess: a hung kernel fails here
 def test_failing_notebook_is_named_with_its_cell_and_the_others_still_run(tiny_checkpoints, tmp_path):
     """No MUDDPythia among the checkpoints: its notebook fails, the one after it still runs, exit code 1."""
     config = write_config(
