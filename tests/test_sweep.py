@@ -45,6 +45,10 @@ class WithoutStepping(nn.Module):
     def forward(self, *args, **kwargs):
         return self.inner(*args, **kwargs)
 
+    def replay_run(self, input_ids, values):
+        """The protocol's frozen replay, as every controlled model has it (adapters/protocol.py)."""
+        return self.inner.replay_run(input_ids, values)
+
 
 def sweep(model, windows, cache, profiles, group=None):
     counts = bootstrap_counts(len(windows), 200, seed=0)
