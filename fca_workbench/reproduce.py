@@ -25,13 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .audit import AuditSettings, run_audit
-from .data import DATA_DIR, split_path, write_atomic
+from .data import split_path, write_atomic
 from .errors import UserError
+from .resources import checkpoints_dir, results_root, shipped
 
 KERNEL_NAME = "fca-workbench"
-REPO = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO / "notebooks"
-CHECKPOINT_DIR = DATA_DIR / "checkpoints"
+NOTEBOOK_DIR = shipped("notebooks")
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"]
 PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia")
 EXPLORE_NOTEBOOK = "explore"
@@ -59,7 +58,7 @@ CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
 
 
 def shipped_checkpoints(names=SHIPPED) -> list[str]:
-    return [str(CHECKPOINT_DIR / name) for name in names]
+    return [str(checkpoints_dir() / name) for name in names]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -169,9 +168,9 @@ class NotebookRun:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
-        self.out = Path(self.out).resolve() if self.out else (REPO / "results" / "notebooks")
+        self.out = Path(self.out).resolve() if self.out else (results_root() / "notebooks")
         self.audits = Path(self.audits).resolve() if self.audits else self.out / "audits"
-        self.cache = Path(self.cache).resolve() if self.cache else (REPO / DEFAULT_CACHE)
+        self.cache = Path(self.cache).resolve() if self.cache else (results_root() / "cache")
 
     def settings(self, checkpoint) -> AuditSettings:
         settings = AuditSettings(
