@@ -293,7 +293,7 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
         import papermill  # noqa: F401
     except ImportError as exc:
         raise UserError(f"fca reproduce needs the notebooks extra ({exc.name} is missing): "
-                        "pip install -e '.[notebooks]', or run scripts/setup.sh") from None
+                        "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)") from None
     names = config.get("notebooks", list(PAPER_NOTEBOOKS))
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
