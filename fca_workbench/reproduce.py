@@ -381,7 +381,7 @@ def ensure_kernel(name: str = KERNEL_NAME) -> dict:
         print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
         spec = KernelSpecManager().get_kernel_spec(name)
     python = spec.argv[0]
-    if os.path.isabs(python) and Path(python).parent.absolute() != Path(sys.executable).parent.absolute():
+    if os.path.isabs(python) and Path(python).parent.resolve() != Path(sys.executable).parent.resolve():
         raise UserError(
             f"the Jupyter kernel '{name}' runs {python}, not this environment's {sys.executable}; reinstall it "
             f"with: {sys.executable} -m ipykernel install --prefix {sys.prefix} --name {name} "

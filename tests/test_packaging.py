@@ -7,6 +7,7 @@ split and the dashboard app come from the installed wheel.
 """
 
 import email
+import io
 import json
 import os
 import socket
@@ -23,12 +24,11 @@ from types import SimpleNamespace
 
 import pytest
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
+import fca_workbench
 
 from fca_workbench.data import fingerprint_tensor, load_windows, split_path
+from fca_workbench.errors import UserError
+from fca_workbench.resources import copy_checkpoints
 from fca_workbench.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,6 +85,29 @@ def files_under(folder: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
+def test_copy_checkpoints_takes_only_checkpoint_files_and_never_overwrites(tmp_path):
+    """Members outside ``<top>/data/checkpoints/`` or climbing out of it with ``..`` are never written."""
+    sdist = tmp_path / "fca_workbench-0.1.0.tar.gz"
+    members = {"fca_workbench-0.1.0/data/checkpoints/m/config.json": b"{}",
+               "fca_workbench-0.1.0/data/checkpoints/m/.lock": b"",
+               "fca_workbench-0.1.0/data/checkpoints/m/../../../../escaped": b"x",
+               "fca_workbench-0.1.0/data/corpus/eval.jsonl.gz": b"y"}
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+    into = tmp_path / "out" / "checkpoints"
+    assert copy_checkpoints(sdist, into) == ["m"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "fca_workbench-0.1.0.tar.gz", "out/checkpoints/m/config.json"]
+    with pytest.raises(UserError, match="not an empty folder"):
+        copy_checkpoints(sdist, into)
+    with pytest.raises(UserError, match="no data/checkpoints folder"):
+        copy_checkpoints(tmp_path / "out", tmp_path / "again")  # a folder, but not a checkout
+    assert not (tmp_path / "again").exists() and not list((tmp_path / "out").glob(".*"))
+
+
 def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     names = set(zipfile.ZipFile(dist.wheel).namelist())
     expected = {f"fca_workbench/shipped/notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.ipynb")}
@@ -97,8 +120,7 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
 
     metadata = email.message_from_bytes(zipfile.ZipFile(dist.wheel).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))))
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    assert metadata["Version"] == project["version"] and metadata["License-Expression"] == "MIT"
+    assert metadata["Version"] == fca_workbench.__version__ and metadata["License-Expression"] == "MIT"
     assert metadata.get_all("Project-URL") and len(metadata.get_all("Classifier")) >= 5
     assert {"notebooks", "test", "bench"} <= set(metadata.get_all("Provides-Extra"))
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
