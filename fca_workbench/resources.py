@@ -1,0 +1,101 @@
+"""Where the shipped files are, in a source checkout and in an installed wheel.
+
+A checkout keeps them at the top level (``data/``, ``notebooks/``, ``dashboards/``), where people open them.
+The wheel maps those folders into the package as ``fca_workbench/shipped/<name>`` (``pyproject.toml``) and
+leaves out the 34 MB of checkpoints; an installed copy reads them through ``importlib.resources``. The
+bundled copy wins when it exists, so a wheel never reaches for a folder beside site-packages.
+"""
+
+import fnmatch
+import os
+import shutil
+import tarfile
+from importlib.resources import files
+from pathlib import Path, PurePosixPath
+
+from .errors import UserError
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKPOINTS_ENV = "FCA_CHECKPOINTS"
+CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpacked sdist keeps them
+LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
+
+
+def shipped(name: str) -> Path:
+    """The folder ``data``, ``notebooks`` or ``dashboards``: bundled in the wheel, else the checkout's."""
+    bundled = files("fca_workbench").joinpath("shipped", name)
+    return Path(str(bundled)) if bundled.is_dir() else CHECKOUT / name
+
+
+def in_checkout() -> bool:
+    """True when running from a source checkout (editable install or ``PYTHONPATH``), not a wheel."""
+    return not files("fca_workbench").joinpath("shipped").is_dir()
+
+
+def results_root() -> Path:
+    """Default parent of results: the checkout's ``results/``, or ``results/`` in the current folder (never
+    inside site-packages)."""
+    return CHECKOUT / "results" if in_checkout() else Path.cwd() / "results"
+
+
+def checkpoints_dir() -> Path:
+    """The shipped checkpoints: ``$FCA_CHECKPOINTS`` if set, else ``data/checkpoints`` of the checkout; a wheel
+    does not carry them, and says in one line where to get them."""
+    if os.environ.get(CHECKPOINTS_ENV):
+        return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
+    if in_checkout():
+        return CHECKOUT / "data" / "checkpoints"
+    raise UserError(
+        "the shipped checkpoints are not in the installed package: copy them out of the sdist with "
+        f"'fca data checkpoints --from fca_workbench-*.tar.gz --into DIR' and set {CHECKPOINTS_ENV}=DIR, "
+        "or name your own checkpoints (fca reproduce --config, fca dashboard --registry)"
+    )
+
+
+def copy_checkpoints(source, into: Path) -> list[str]:
+    """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
+    ``into``, through a temporary sibling renamed at the end; returns the checkpoint names."""
+    if source is None:
+        if not in_checkout():
+            raise UserError("the installed package holds no checkpoints: pass --from fca_workbench-*.tar.gz "
+                            "(the sdist) or --from a source checkout")
+        source = CHECKOUT
+    source, into = Path(source), Path(into)
+    if into.exists() and (not into.is_dir() or any(into.iterdir())):
+        raise UserError(f"{into} already exists and is not an empty folder")
+    tmp = into.with_name(f".{into.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if source.is_dir():
+        folder = source.joinpath(*CHECKPOINTS_IN_SOURCE)
+        if not folder.is_dir():
+            raise UserError(f"no {'/'.join(CHECKPOINTS_IN_SOURCE)} folder in {source}")
+        shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+    elif source.is_file() and tarfile.is_tarfile(source):
+        extract_checkpoints(source, tmp)
+    else:
+        raise UserError(f"--from must be an sdist (.tar.gz) or a source folder: {source}")
+    names = sorted(p.name for p in tmp.iterdir() if (p / "config.json").is_file()) if tmp.is_dir() else []
+    if not names:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
+    if into.exists():
+        into.rmdir()
+    tmp.replace(into)
+    return names
+
+
+def extract_checkpoints(sdist: Path, folder: Path) -> None:
+    """The regular files under ``<top>/data/checkpoints/`` of the sdist, written below ``folder`` (members
+    are read, never extracted by their own names, so no path in the archive can point elsewhere)."""
+    with tarfile.open(sdist) as archive:
+        for member in archive:
+            parts = PurePosixPath(member.name).parts
+            if not member.isfile() or parts[1:3] != CHECKPOINTS_IN_SOURCE or len(parts) < 4:
+                continue
+            relative = parts[3:]
+            if ".." in relative or any(fnmatch.fnmatch(part, pattern) for part in relative for pattern in LEFT_BEHIND):
+                continue
+            target = folder.joinpath(*relative)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.extractfile(member) as stream, open(target, "wb") as out:
+                shutil.copyfileobj(stream, out)

@@ -1,0 +1,215 @@
+"""The workbench as a user installs it (issue 17): the sdist and wheel built by ``python -m build``, the wheel
+installed into a fresh virtualenv, and every command run from a folder outside the checkout.
+
+The virtualenv holds only the wheel; its dependencies are this environment's, reached through a ``.pth``
+file (no network, nothing reinstalled), and this checkout is on no path, so every import, notebook, corpus
+split and the dashboard app come from the installed wheel.
+"""
+
+import email
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+import urllib.request
+import venv
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import fca_workbench
+
+from fca_workbench.data import fingerprint_tensor, load_windows, split_path
+from fca_workbench.errors import UserError
+from fca_workbench.resources import copy_checkpoints
+from fca_workbench.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "data" / "checkpoints"
+CHECKPOINT = SHIPPED / "featuregate-s0"
+MAX_WINDOWS = 4
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    """``python -m build``: the sdist, and the wheel built from that sdist (so the sdist must be complete)."""
+    out = tmp_path_factory.mktemp("dist")
+    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    return SimpleNamespace(wheel=next(out.glob("*.whl")), sdist=next(out.glob("*.tar.gz")))
+
+
+@pytest.fixture(scope="module")
+def user(dist, tmp_path_factory):
+    """A fresh virtualenv with the wheel installed, and an empty working folder outside the checkout."""
+    root = tmp_path_factory.mktemp("user")
+    assert REPO not in root.parents
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FCA_CHECKPOINTS", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", JUPYTER_DATA_DIR=str(root / "jupyter"), IPYTHONDIR=str(root / "ipython"))
+    env_dir = root / "venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+                    "--no-index", str(dist.wheel)], check=True, timeout=300, env=env)
+    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        text=True, env=env).strip())
+    (site / "test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = root / "work"
+    work.mkdir()
+    return SimpleNamespace(venv=env_dir, python=python, site=site, package=site / "fca_workbench", env=env, work=work)
+
+
+def fca(user, *args, env=None, timeout=600):
+    return subprocess.run([str(user.venv / "bin" / "fca"), *map(str, args)], cwd=user.work, capture_output=True,
+                          text=True, env={**user.env, **(env or {})}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(user, dist):
+    """``fca data checkpoints --from SDIST --into checkpoints``, run in the working folder."""
+    copied = fca(user, "data", "checkpoints", "--from", dist.sdist, "--into", "checkpoints")
+    assert copied.returncode == 0, copied.stderr
+    return user.work / "checkpoints"
+
+
+def files_under(folder: Path) -> dict[Path, int]:
+    """Every file below ``folder`` with its mtime (bytecode caches aside)."""
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_copy_checkpoints_takes_only_checkpoint_files_and_never_overwrites(tmp_path):
+    """Members outside ``<top>/data/checkpoints/`` or climbing out of it with ``..`` are never written."""
+    sdist = tmp_path / "fca_workbench-0.1.0.tar.gz"
+    members = {"fca_workbench-0.1.0/data/checkpoints/m/config.json": b"{}",
+               "fca_workbench-0.1.0/data/checkpoints/m/.lock": b"",
+               "fca_workbench-0.1.0/data/checkpoints/m/../../../../escaped": b"x",
+               "fca_workbench-0.1.0/data/corpus/eval.jsonl.gz": b"y"}
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+    into = tmp_path / "out" / "checkpoints"
+    assert copy_checkpoints(sdist, into) == ["m"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "fca_workbench-0.1.0.tar.gz", "out/checkpoints/m/config.json"]
+    with pytest.raises(UserError, match="not an empty folder"):
+        copy_checkpoints(sdist, into)
+    with pytest.raises(UserError, match="no data/checkpoints folder"):
+        copy_checkpoints(tmp_path / "out", tmp_path / "again")  # a folder, but not a checkout
+    assert not (tmp_path / "again").exists() and not list((tmp_path / "out").glob(".*"))
+
+
+def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
+    names = set(zipfile.ZipFile(dist.wheel).namelist())
+    expected = {f"fca_workbench/shipped/notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.ipynb")}
+    expected |= {f"fca_workbench/shipped/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.py")}
+    expected |= {f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"
+                 for folder in ("corpus", "tokenizer", "configs") for p in (REPO / "data" / folder).iterdir()}
+    # every module of the package, subpackages included (a subpackage missing from pyproject's list is not)
+    expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "fca_workbench").rglob("*.py")}
+    assert len(expected) >= 6 + 2 + 3 + 2 and expected <= names, sorted(expected - names)
+    assert not [n for n in names if "checkpoints" in n or n.endswith(".safetensors")]
+    assert dist.wheel.stat().st_size < 5 * 2**20
+
+    metadata = email.message_from_bytes(zipfile.ZipFile(dist.wheel).read(
+        next(n for n in names if n.endswith(".dist-info/METADATA"))))
+    assert metadata["Version"] == fca_workbench.__version__ and metadata["License-Expression"] == "MIT"
+    assert metadata.get_all("Project-URL") and len(metadata.get_all("Classifier")) >= 5
+    assert {"notebooks", "test", "bench"} <= set(metadata.get_all("Provides-Extra"))
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+    with tarfile.open(dist.sdist) as sdist:
+        weights = {Path(n).parent.name for n in sdist.getnames() if n.endswith("model.safetensors")}
+    assert weights == {p.name for p in SHIPPED.iterdir() if (p / "model.safetensors").is_file()}
+
+
+def test_installed_audit_reads_the_bundled_corpus(user):
+    result = fca(user, "audit", CHECKPOINT, "--max-windows", MAX_WINDOWS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    audit = json.loads((user.work / "results" / "audit-featuregate-s0" / "audit.json").read_text())
+    tokenizer = load_tokenizer()
+    for split in ("eval", "calibration"):
+        source = Path(audit["data"][split]["source"])
+        assert source == user.package / "shipped" / "data" / "corpus" / f"{split}.jsonl.gz"
+        # the same windows as the checkout's own split, tokenized here by the checkout's code
+        expected = fingerprint_tensor(load_windows(split_path(split), tokenizer, 256, MAX_WINDOWS))
+        assert audit["data"][split]["fingerprint"] == expected
+
+
+def test_checkpoints_come_from_the_sdist_and_their_absence_is_one_line(user):
+    missing = fca(user, "dashboard", "--port", free_port())
+    lines = missing.stderr.strip().splitlines()
+    assert missing.returncode == 2 and len(lines) == 1, missing.stderr
+    assert "fca data checkpoints --from" in lines[0] and "FCA_CHECKPOINTS" in lines[0]
+    no_source = fca(user, "data", "checkpoints", "--into", "elsewhere")  # the wheel has none to copy
+    assert no_source.returncode == 2 and "--from" in no_source.stderr and not (user.work / "elsewhere").exists()
+
+
+def test_data_checkpoints_copies_them_out_of_the_sdist(checkpoints):
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(p.name for p in SHIPPED.iterdir() if p.is_dir())
+    for folder in SHIPPED.iterdir():
+        for file in folder.iterdir():
+            if file.is_file() and file.name != "trainer_state.pt" and not file.name.startswith("."):
+                assert (checkpoints / folder.name / file.name).read_bytes() == file.read_bytes(), file
+
+
+def test_installed_reproduce_runs_the_bundled_notebook_with_its_own_kernel(user):
+    before = files_under(user.venv)
+    (user.work / "reproduce.toml").write_text(
+        f'notebooks = ["01_variation"]\n[parameters]\ncheckpoints = ["{CHECKPOINT}"]\nmax_windows = {MAX_WINDOWS}\n')
+    result = fca(user, "reproduce", "--config", "reproduce.toml")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "passed  01_variation" in result.stdout
+    (out,) = (p for p in (user.work / "results").iterdir() if p.name not in ("cache", "audit-featuregate-s0"))
+    assert (out / "tables" / "variation_per_model.csv").is_file()
+    assert (out / "notebooks" / "01_variation.ipynb").is_file() and (user.work / "results" / "cache").is_dir()
+
+    kernel = json.loads((user.venv / "share" / "jupyter" / "kernels" / "fca-workbench" / "kernel.json").read_text())
+    assert kernel["argv"][0] == str(user.python)  # registered for the installed interpreter, in sys.prefix
+    after = files_under(user.venv)
+    written = {p for p in after if before.get(p) != after[p]}
+    assert {p.relative_to(user.venv).parts[:4] for p in written} == {("share", "jupyter", "kernels", "fca-workbench")}
+
+
+def test_installed_dashboard_serves_the_bundled_app(user, checkpoints):
+    before = files_under(user.package)
+    port = free_port()
+    server = subprocess.Popen([str(user.venv / "bin" / "fca"), "dashboard", "--port", str(port)], cwd=user.work,
+                              env={**user.env, "FCA_CHECKPOINTS": str(checkpoints)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        page = http_get(f"http://127.0.0.1:{port}/", server, timeout=180)
+    finally:
+        server.terminate()
+        log, _ = server.communicate(timeout=30)
+    assert page is not None, log[-3000:]
+    assert "FCA dashboard" in page
+    assert files_under(user.package) == before  # nothing written inside site-packages
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(url: str, server: subprocess.Popen, timeout: float) -> str | None:
+    """The page once the server answers 200; None if it exits or the time runs out first."""
+    deadline = time.monotonic() + timeout
+    while server.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                if response.status == 200:
+                    return response.read().decode()
+        except OSError:
+            time.sleep(0.5)
+    return None
