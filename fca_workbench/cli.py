@@ -20,16 +20,18 @@ def cmd_data_prepare(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .train import TrainSettings, train
+    from .train import TrainSettings, read_hf_config, train
 
+    shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
+    if args.hf_config and shape:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in shape)
+        raise UserError(f"{flags} shape --arch models; a --hf-config file sets its own sizes")
     settings = TrainSettings(
         arch=args.arch,
+        hf_config=read_hf_config(args.hf_config) if args.hf_config else None,
         seed=args.seed,
         train_data=args.train,
-        layers=args.layers,
-        width=args.width,
-        heads=args.heads,
-        gate_groups=args.gate_groups,
+        **shape,
         window=args.window,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -155,13 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.set_defaults(func=cmd_data_prepare)
 
     train = commands.add_parser("train", help="train a model on the train split (resumable)")
-    train.add_argument("--arch", required=True, choices=["dense", "featuregate", "muddpythia"])
+    model_kind = train.add_mutually_exclusive_group(required=True)
+    model_kind.add_argument("--arch", choices=["dense", "featuregate", "muddpythia"])
+    model_kind.add_argument(
+        "--hf-config", default=None, help="a transformers causal-LM config JSON (with model_type), e.g. mixtral"
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--out", required=True, help="checkpoint folder (rerun to resume)")
     train.add_argument("--train", default=None, help="training text (default: the shipped train split)")
-    train.add_argument("--layers", type=int, default=4)
-    train.add_argument("--width", type=int, default=96)
-    train.add_argument("--heads", type=int, default=4)
+    train.add_argument("--layers", type=int, default=None, help="--arch only (default 4)")
+    train.add_argument("--width", type=int, default=None, help="--arch only (default 96)")
+    train.add_argument("--heads", type=int, default=None, help="--arch only (default 4)")
     train.add_argument("--gate-groups", type=int, default=None, help="FeatureGate groups (default: heads)")
     train.add_argument("--window", type=int, default=256)
     train.add_argument("--steps", type=int, default=300)

@@ -3,6 +3,14 @@
 The run's whole state (weights, optimizer, scheduler, step) is one ``trainer_state.pt`` written
 atomically, so an interrupted run resumes exactly; the batch of step s is drawn from a generator seeded
 with (seed, s), so a resumed run sees the same data as an uninterrupted one.
+
+Besides the workbench's own families (``arch``), any built-in ``transformers`` causal-LM config can be
+trained (``hf_config``: the fields of a config JSON file with its ``model_type``); it is built with
+``AutoConfig.for_model`` and ``AutoModelForCausalLM.from_config``, so no code from anywhere but the
+installed ``transformers`` ever runs. Its objective is the same next-token NLL plus, for mixture-of-experts
+configs (those with ``router_aux_loss_coef``), that coefficient times transformers' router load-balancing
+loss, which ``transformers`` adds only when ``output_router_logits`` is set; here it is always added while
+training (set the coefficient to 0 to train without it) and the saved config keeps the file's setting.
 """
 
 import contextlib
@@ -15,7 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
 from .errors import UserError
@@ -28,12 +40,13 @@ LOG_FILE = "train_log.csv"
 
 @dataclass
 class TrainSettings:
-    arch: str
+    arch: str | None = None  # a workbench family, or None with hf_config
+    hf_config: dict | None = None  # a transformers config's fields, model_type included (see read_hf_config)
     seed: int = 0
     train_data: str | None = None  # any UTF-8 text or JSONL; default: the shipped train split
-    layers: int = 4
-    width: int = 96
-    heads: int = 4
+    layers: int | None = 4  # layers, width, heads and gate_groups shape arch models; hf_config has its own
+    width: int | None = 96
+    heads: int | None = 4
     gate_groups: int | None = None
     window: int = 256
     steps: int = 300
@@ -45,8 +58,71 @@ class TrainSettings:
     eval_windows: int = 64
     device: str = "cpu"
 
+    def __post_init__(self):
+        if (self.arch is None) == (self.hf_config is None):
+            raise UserError("give exactly one of --arch and --hf-config")
+        if self.hf_config is not None:
+            self.layers = self.width = self.heads = self.gate_groups = None
 
-def build_model(settings: TrainSettings, vocab_size: int):
+    @property
+    def name(self) -> str:
+        return self.arch or self.hf_config["model_type"]
+
+
+def read_hf_config(path) -> dict:
+    """The fields of a transformers config JSON file; one that names remote code is refused."""
+    path = Path(path)
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"no config file {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"unreadable config {path}: {one_line(exc)}") from None
+    if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
+        raise UserError(f"{path} is not a transformers config: it needs a JSON object with a \"model_type\"")
+    if "auto_map" in fields:
+        raise UserError(f"{path} names remote code (auto_map); only transformers' built-in model types can be trained")
+    if fields["model_type"] not in CONFIG_MAPPING:
+        raise UserError(f"{path}: unknown model_type '{fields['model_type']}' in this transformers")
+    if fields["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"{path}: model_type '{fields['model_type']}' has no causal language model in transformers")
+    return fields
+
+
+def one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def build_hf_model(fields: dict, tokenizer, window: int):
+    """A transformers causal LM from config fields (see read_hf_config), sized to the shipped tokenizer.
+
+    Vocabulary size and special-token ids default to the tokenizer's; its pad id is None, so no real
+    token's embedding row is frozen as padding (some families default ``pad_token_id`` to 1).
+    """
+    defaults = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    model_type = fields["model_type"]
+    given = {k: v for k, v in fields.items() if k != "model_type"}
+    try:
+        config = AutoConfig.for_model(model_type, **{**defaults, **given})
+    except (StrictDataclassError, ValueError, TypeError) as exc:
+        raise UserError(f"invalid {model_type} config: {one_line(exc)}") from None
+    if config.vocab_size < len(tokenizer):
+        raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    if getattr(config, "max_position_embeddings", window) < window:
+        raise UserError(f"max_position_embeddings {config.max_position_embeddings} is shorter than the window {window}")
+    return AutoModelForCausalLM.from_config(config)
+
+
+def build_model(settings: TrainSettings, tokenizer):
+    if settings.hf_config is not None:
+        torch.manual_seed(settings.seed)
+        return build_hf_model(settings.hf_config, tokenizer, settings.window)
+    vocab_size = len(tokenizer)
     if settings.arch not in FAMILIES:
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
     config_class, model_class = FAMILIES[settings.arch]
@@ -81,12 +157,25 @@ def make_optimizer(model, settings: TrainSettings):
     return optimizer, scheduler
 
 
+def step_seed(settings: TrainSettings, step: int) -> int:
+    return settings.seed * 1_000_003 + step
+
+
 def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
     if len(stream) <= settings.window:
         raise UserError(f"training text has {len(stream)} tokens, not more than one window of {settings.window}")
-    generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+    generator = torch.Generator().manual_seed(step_seed(settings, step))
     starts = torch.randint(0, len(stream) - settings.window, (settings.batch_size,), generator=generator)
     return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
+
+
+def training_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss."""
+    aux_coef = getattr(model.config, "router_aux_loss_coef", None)
+    out = model(batch, **({"output_router_logits": True} if aux_coef is not None else {}))
+    nll = next_token_nll(out.logits, batch).mean()
+    aux = getattr(out, "aux_loss", None)
+    return nll, nll if aux is None else nll + aux_coef * aux
 
 
 def autocast(device: str):
@@ -102,8 +191,8 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     """
     out = Path(out)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
+    model = build_model(settings, tokenizer).to(settings.device)  # a bad config fails before the corpus is read
     stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
-    model = build_model(settings, len(tokenizer)).to(settings.device)
     optimizer, scheduler = make_optimizer(model, settings)
     step = resume(out, settings, model, optimizer, scheduler)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,11 +200,12 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     started, elapsed_before = time.perf_counter(), (float(log_rows[-1]["seconds"]) if log_rows else 0.0)
     last_step = settings.steps if stop_after is None else min(settings.steps, step + stop_after)
     model.train()
-    with tqdm(total=settings.steps, initial=step, desc=f"train {settings.arch} seed {settings.seed}") as bar:
+    with tqdm(total=settings.steps, initial=step, desc=f"train {settings.name} seed {settings.seed}") as bar:
         while step < last_step:
             batch = sample_batch(stream, step, settings).to(settings.device)
+            torch.manual_seed(step_seed(settings, step))  # dropout or router jitter, if a config has them
             with autocast(settings.device):
-                loss = model(batch, labels=batch).loss
+                nll, loss = training_loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -125,14 +215,14 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
             log_rows.append(
                 {
                     "step": step,
-                    "loss": f"{loss.item():.5f}",
+                    "loss": f"{nll.item():.5f}",
                     "lr": f"{scheduler.get_last_lr()[0]:.6g}",
                     "tokens_seen": step * settings.batch_size * settings.window,
                     "seconds": f"{elapsed_before + time.perf_counter() - started:.1f}",
                 }
             )
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{nll.item():.3f}")
             if step % settings.save_every == 0 or step == last_step:
                 save_state(out, settings, model, optimizer, scheduler, step, log_rows)
     if step < settings.steps:
@@ -186,15 +276,17 @@ def save_state(out: Path, settings, model, optimizer, scheduler, step: int, log_
 
 
 @torch.no_grad()
-def coefficient_summary(model, windows: torch.Tensor, batch_size: int = 16) -> tuple[float, float | None]:
-    """Eval NLL and the mean within-(layer, slot) std of coefficients over the given windows."""
+def coefficient_summary(
+    model, windows: torch.Tensor, with_coefficients: bool = True, batch_size: int = 16
+) -> tuple[float, float | None]:
+    """Eval NLL and the mean within-(layer, slot) std of coefficients (a workbench family's) over the windows."""
     model.eval()
     nll_sum, count, per_layer = 0.0, 0, None
     for batch in windows.split(batch_size):
-        out = model(batch, return_coefficients=True)
+        out = model(batch, return_coefficients=True) if with_coefficients else model(batch)
         nll = next_token_nll(out.logits, batch)
         nll_sum, count = nll_sum + nll.sum().item(), count + nll.numel()
-        flat = [c.flatten(0, 1).double() for c in out.coefficients]
+        flat = [c.flatten(0, 1).double() for c in out.coefficients] if with_coefficients else []
         per_layer = flat if per_layer is None else [torch.cat(pair) for pair in zip(per_layer, flat)]
     within_std = None
     if per_layer:
@@ -206,9 +298,9 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
     """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
     model = model.float().cpu()
     windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
-    eval_nll, within_std = coefficient_summary(model, windows)
+    eval_nll, within_std = coefficient_summary(model, windows, with_coefficients=settings.arch is not None)
     card = {
-        "arch": settings.arch,
+        "arch": settings.name,
         "params": sum(p.numel() for p in model.parameters()),
         "tokens_seen": int(log_rows[-1]["tokens_seen"]),
         "final_train_loss": float(log_rows[-1]["loss"]),
@@ -218,6 +310,8 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
         "train_seconds": float(log_rows[-1]["seconds"]),
         "settings": asdict(settings),
     }
+    if settings.hf_config is not None:
+        card["router_aux_loss_coef"] = getattr(model.config, "router_aux_loss_coef", None)
     staging = out.with_name(f".{out.name}.final")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
@@ -234,12 +328,26 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
 
 def model_card_markdown(card: dict) -> str:
     s = card["settings"]
-    command = (
-        f"fca train --arch {s['arch']} --seed {s['seed']} --layers {s['layers']} --width {s['width']} "
-        f"--heads {s['heads']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} "
-        f"--lr {s['lr']}" + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "") + " --out DIR"
+    common = (
+        f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
     )
-    std = card["within_layer_coefficient_std"]
+    if s["hf_config"] is None:
+        command = (
+            f"fca train --arch {s['arch']} --layers {s['layers']} --width {s['width']} --heads {s['heads']} {common}"
+            + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "")
+            + " --out DIR"
+        )
+        std = card["within_layer_coefficient_std"]
+        std_text = "n/a (no controller)" if std is None else std
+        config_lines = []
+    else:
+        command = f"fca train --hf-config CONFIG.json {common} --out DIR"
+        std_text = "not computed (transformers model)"
+        config_lines = ["", "where `CONFIG.json` holds", "", "```json", json.dumps(s["hf_config"], indent=2), "```"]
+        aux = card.get("router_aux_loss_coef")
+        if aux is not None:
+            objective = f"Trained on next-token NLL + {aux} × the router load-balancing loss"
+            config_lines += ["", f"{objective}; the logged loss is the NLL."]
     return "\n".join(
         [
             f"# {card['arch']} (seed {s['seed']})",
@@ -252,10 +360,11 @@ def model_card_markdown(card: dict) -> str:
             f"| tokens seen | {card['tokens_seen']:,} |",
             f"| final train loss (nats) | {card['final_train_loss']} |",
             f"| eval NLL (nats, {card['eval_windows']} windows of {s['window']}) | {card['eval_nll']} |",
-            f"| within-(layer, slot) coefficient std | {'n/a (no controller)' if std is None else std} |",
+            f"| within-(layer, slot) coefficient std | {std_text} |",
             f"| training time (s, this machine) | {card['train_seconds']} |",
             "",
             f"Reproduce: `{command}`",
+            *config_lines,
             "",
         ]
     )

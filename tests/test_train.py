@@ -1,6 +1,10 @@
-"""``fca train``: the loss goes down, and an interrupted run resumes to the same weights."""
+"""``fca train``: the loss goes down, and an interrupted run resumes to the same weights.
+
+The same holds for transformers configs (``--hf-config``), whose saved folder reproduces the trained logits.
+"""
 
 import csv
+import json
 
 import pytest
 import torch
@@ -8,8 +12,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import fca_workbench  # noqa: F401
-from fca_workbench.data import read_documents, split_path
-from fca_workbench.train import TrainSettings, train
+from fca_workbench import train as train_module
+from fca_workbench.cli import main
+from fca_workbench.data import load_windows, read_documents, split_path
+from fca_workbench.models import next_token_nll
+from fca_workbench.tokenizer import load_tokenizer
+from fca_workbench.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +54,13 @@ def test_short_training_lowers_the_loss_and_saves_a_loadable_checkpoint(arch, sm
     assert (arch == "dense") == (card["within_layer_coefficient_std"] is None)
 
 
-def test_interrupted_run_resumes_from_its_step_to_identical_weights(small_text, tmp_path):
-    settings = tiny_settings("featuregate", small_text, steps=12, save_every=4)
+@pytest.mark.parametrize("kind", ["featuregate", "mixtral"])  # a workbench family and a transformers config
+def test_interrupted_run_resumes_from_its_step_to_identical_weights(kind, small_text, tmp_path):
+    steps = dict(steps=12, save_every=4)
+    if kind in TINY_HF_CONFIGS:
+        settings = hf_settings(tmp_path, kind, small_text, **steps)
+    else:
+        settings = tiny_settings(kind, small_text, **steps)
     train(settings, tmp_path / "whole")
     assert train(settings, tmp_path / "split", stop_after=6) is None
     state = torch.load(tmp_path / "split" / "trainer_state.pt", weights_only=False)
@@ -59,3 +72,100 @@ def test_interrupted_run_resumes_from_its_step_to_identical_weights(small_text, 
     split = load_file(tmp_path / "split" / "model.safetensors")
     assert whole.keys() == split.keys()
     assert all(torch.equal(whole[k], split[k]) for k in whole)
+
+
+TINY_HF_CONFIGS = {
+    "mixtral": dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    ),
+    "olmoe": dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    ),
+}
+
+
+def write_config(folder, **fields):
+    path = folder / "config.json"
+    path.write_text(json.dumps(fields))
+    return path
+
+
+def hf_settings(folder, model_type, small_text, **overrides):
+    fields = read_hf_config(write_config(folder, model_type=model_type, **TINY_HF_CONFIGS[model_type]))
+    return tiny_settings(None, small_text, hf_config=fields, **overrides)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_HF_CONFIGS))
+def test_hf_config_training_lowers_the_loss_and_saves_the_trained_model(model_type, small_text, tmp_path, monkeypatch):
+    probe = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(1))
+    trained = {}
+
+    def finish_recording_logits(out, settings, model, tokenizer, log_rows):
+        model.eval()
+        with torch.no_grad():
+            trained["logits"] = model(probe).logits
+        return finish(out, settings, model, tokenizer, log_rows)
+
+    monkeypatch.setattr(train_module, "finish", finish_recording_logits)
+    card = train(hf_settings(tmp_path, model_type, small_text), tmp_path / "run")
+    history = losses(tmp_path / "run")
+    assert len(history) == 40
+    assert sum(history[-5:]) / 5 < sum(history[:5]) / 5 - 1.0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    assert model.config.model_type == model_type and model.config.vocab_size == 4096
+    assert card["params"] == sum(p.numel() for p in model.parameters())
+    assert card["within_layer_coefficient_std"] is None
+    with torch.no_grad():
+        assert torch.equal(model(probe).logits, trained["logits"])
+        windows = load_windows(split_path("eval"), load_tokenizer(), 32, 4)
+        assert card["eval_nll"] == round(next_token_nll(model(windows).logits, windows).mean().item(), 4)
+    assert (tmp_path / "run" / "tokenizer.json").is_file()
+    assert not (tmp_path / "run" / "trainer_state.pt").exists()
+
+
+def test_hf_training_loss_is_the_nll_plus_the_weighted_router_loss_as_transformers_computes_it(tmp_path):
+    fields = read_hf_config(write_config(tmp_path, model_type="mixtral", router_aux_loss_coef=0.5,
+                                         **TINY_HF_CONFIGS["mixtral"]))
+    model = build_hf_model(fields, load_tokenizer(), window=32)
+    batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(2))
+    nll, loss = training_loss(model, batch)
+    reference = model(batch, labels=batch, output_router_logits=True)
+    assert loss.item() > nll.item() + 0.5  # the load-balancing loss is at least 1 (k experts per token)
+    assert torch.allclose(loss, reference.loss, atol=1e-5)
+    assert torch.allclose(nll, reference.loss - 0.5 * reference.aux_loss, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "no config file"),
+        ("{not json", "unreadable config"),
+        ('["mixtral"]', "needs a JSON object"),
+        ('{"model_type": "no-such-model"}', "unknown model_type 'no-such-model'"),
+        ('{"model_type": "mixtral", "auto_map": {"AutoConfig": "x.Config"}}', "remote code"),
+        ('{"model_type": "mixtral", "hidden_size": "wide"}', "invalid mixtral config"),
+        ('{"model_type": "mixtral", "vocab_size": 100}', "smaller than the tokenizer's 4096"),
+        ('{"model_type": "mixtral", "max_position_embeddings": 16}', "shorter than the window 32"),
+        ('{"model_type": "t5"}', "has no causal language model"),
+    ],
+)
+def test_bad_hf_config_is_one_line_error(content, fragment, small_text, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    args = ["train", "--hf-config", path, "--train", small_text, "--window", "32", "--out", tmp_path / "o"]
+    status = main([str(a) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("fca: error:") and fragment in lines[0], lines
+    assert not (tmp_path / "o").exists()
+
+
+def test_arch_and_hf_config_together_are_refused(tmp_path, capsys):
+    path = write_config(tmp_path, model_type="mixtral")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--arch", "dense", "--hf-config", str(path), "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert main(["train", "--hf-config", str(path), "--layers", "2", "--out", str(tmp_path / "o")]) == 2
+    assert "--layers shape --arch models" in capsys.readouterr().err
