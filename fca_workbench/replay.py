@@ -75,6 +75,13 @@ class ConditionCoefficients:
         return intervened if self.layer is None else restrict_to_layer(intervened, correct, self.layer)
 
 
+def values_on(values: list[dict[str, torch.Tensor]], device, dtype) -> list[dict[str, torch.Tensor]]:
+    """Values moved to ``device``, coefficients cast to the model's ``dtype`` (the rest of a controller's
+    output keeps the dtype it was captured in, so replaying it is exact)."""
+    return [{name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
+            for value in values]
+
+
 @torch.no_grad()
 def replay_nll(
     model,
@@ -100,9 +107,6 @@ def replay_nll(
     shards = list(cache.shard_indices())
     for indices in tqdm(shards, desc=condition, leave=False):
         batch = windows[indices].to(device)
-        values = [
-            {name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
-            for value in assign.values(indices)
-        ]
+        values = values_on(assign.values(indices), device, dtype)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
     return torch.cat(rows)
