@@ -248,3 +248,19 @@ def test_cuda_batch_size_of_a_transformers_model_follows_its_config(monkeypatch)
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, free))
         assert official.audit_batch_size(controlled, window, "cuda") == expected
     assert official.audit_batch_size(controlled, window, "cpu") == 16
+
+
+def test_fca_audit_on_the_shipped_moe(tmp_path):
+    """``fca audit data/checkpoints/moe-s0`` on its first 4 windows: the frozen replay of the cached router
+    outputs reproduces the live NLL, and top-2 of 8 experts ran."""
+    from fca_workbench.cli import main
+    from fca_workbench.data import DATA_DIR
+
+    assert main(["audit", str(DATA_DIR / "checkpoints" / "moe-s0"), "--max-windows", "4", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "audit.json").read_text())
+    conditions = result["conditions"]
+    assert abs(conditions["correct"]["nll"] - conditions["unperturbed"]["nll"]) < 1e-6
+    assert conditions["cross_input"]["delta"] > 0.01 and "layer_mean_topk" in conditions
+    assert result["model"]["controllers"] == [f"model.layers.{l}.mlp.gate" for l in range(4)]
+    assert result["execution"]["expert_fraction_executed"] == 2 / 8
+    assert result["execution"]["baseline"] == "static_mixture"
