@@ -295,6 +295,10 @@ class DashboardApp:
             self.set_quietly(self.window, "end", last)
             self.window.name = f"Eval window (0–{last}, {model.window} tokens each)"
         self.set_quietly(self.window, "disabled", self.source.value != SOURCES[0])
+        if list(self.condition.options) != list(model.conditions):  # routers add layer_mean_topk
+            value = self.condition.value if self.condition.value in model.conditions else "token_shuffle"
+            self.set_quietly(self.condition, "options", list(model.conditions))
+            self.set_quietly(self.condition, "value", value)
         seeded = self.condition.value in SEEDED
         self.set_quietly(self.seed, "disabled", not seeded)
         self.set_quietly(self.donor, "disabled", self.condition.value != "cross_input")

@@ -26,16 +26,19 @@ from .data import load_windows, split_path
 from .errors import UserError
 from .interventions import (
     CONDITIONS,
+    ROUTING_CONDITIONS,
     STATIC_PROFILES,
     broadcast_profile,
     derangement,
     position_permutations,
     restrict_to_layer,
+    routing_top_k,
     shuffle_positions,
     static_profiles,
+    with_routing_profiles,
 )
 from .metrics import gap_retention
-from .adapters import load_controlled
+from .adapters import COEFFICIENT, load_controlled
 from .prefix import PrefixCache, PrefixStore
 from .resources import checkpoints_dir
 
@@ -50,6 +53,7 @@ CONDITION_HELP = {
     "layer_scalar": "one scalar per layer (calibration mean)",
     "layer_mean": "the static layerwise profile: per layer and slot (calibration mean)",
     "layer_position_mean": "per layer, slot and position (calibration mean)",
+    "layer_mean_topk": "routers: each layer's k experts with the largest mean gate, for every token (calibration)",
 }
 SEEDED = ("cross_input", "token_shuffle")
 FG_BRANCHES = ("attn", "mlp")
@@ -126,7 +130,13 @@ class SharedModel:
         self.eval_windows = load_windows(split_path("eval"), self.tokenizer, self.window, eval_windows)
         self.calibration_windows = calibration_windows
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
-        self.num_layers = len(self.model.blocks)
+        # per controller, a router's k (from a two-token capture), which adds the routing conditions
+        with torch.no_grad():
+            self.top_k = routing_top_k(self.model.capture_run(self.eval_windows[:1, :2])[1])
+        routed = any(k is not None for k in self.top_k)
+        self.conditions = CONDITIONS + (ROUTING_CONDITIONS if routed else ())
+        # where an intervention can go: a controller (one per layer for the native families), else a block
+        self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.lock = threading.Lock()
         self._profiles = None
         self._profiles_lock = threading.Lock()
@@ -149,7 +159,7 @@ class SharedModel:
                             _, values = self.model.capture_run(windows[start : start + 16])
                         yield [value["coefficient"].float() for value in values]
 
-                self._profiles = static_profiles(batches())
+                self._profiles = with_routing_profiles(static_profiles(batches()), self.top_k)
             return self._profiles
 
     def donor_for(self, window_index: int | None, seed: int) -> int:
@@ -167,6 +177,8 @@ class SharedModel:
             last = layer == self.num_layers - 1
             streams = ("out",) if last else MUDD_STREAMS
             return [f"{streams[c]}←x{j}" for c in range(shape[0]) for j in range(shape[1])]
+        if self.top_k[layer] is not None:  # a router's coefficient is its dense gate: one slot per expert
+            return [f"expert {e}" for e in range(shape[0])]
         return [f"slot {i}" for i in range(int(np.prod(shape)))]
 
     def all_slot_labels(self) -> list[str]:
@@ -338,23 +350,26 @@ class DashboardSession:
         key = (name, str(shared.folder), text.key)
         return self.prefixes.get(key, lambda: PrefixCache(shared.model, text.ids, lock=shared.lock))
 
-    def condition_coefficients(self, name, shared, text, prefix, condition, seed, donor) -> list[torch.Tensor]:
-        """The coefficients ``condition`` assigns to this window at every layer (design.md section 4)."""
-        correct = prefix.coefficients
+    def condition_values(self, name, shared, text, prefix, condition, seed, donor) -> list[dict]:
+        """Per controller, the values ``condition`` assigns to this window at every layer (design.md section
+        4): ``correct``, ``cross_input`` and ``token_shuffle`` move everything cached (a router's whole
+        output); a static profile is a coefficient only."""
+        correct = prefix.values
         length = text.ids.shape[1]
         if condition in ("correct", "unperturbed"):
             return correct
         if condition == "cross_input":
             donor_cache = self.prefix(name, shared, window_input(shared, donor))
-            return [c[:, :length] for c in donor_cache.coefficients]  # causal: a prefix's own coefficients
+            # causal: a prefix's own values
+            return [{key: t[:, :length] for key, t in value.items()} for value in donor_cache.values]
         if condition == "token_shuffle":
-            index = torch.tensor([text.window_index or 0])
-            return shuffle_positions(correct, position_permutations(index, length, seed))
-        if condition in STATIC_PROFILES:
-            dtype = correct[0].dtype
+            permutations = position_permutations(torch.tensor([text.window_index or 0]), length, seed)
+            return [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in correct]
+        if condition in shared.conditions:
+            dtype = correct[0][COEFFICIENT].dtype
             profile = broadcast_profile(shared.profiles()[condition], shared.slot_shapes, 1, length)
-            return [p.to(dtype) for p in profile]
-        raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(CONDITIONS)}")
+            return [{COEFFICIENT: p.to(dtype)} for p in profile]
+        raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(shared.conditions)}")
 
     def replay(self, name, shared, text, prefix, condition, layer, seed, donor) -> np.ndarray:
         """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session."""
@@ -366,10 +381,10 @@ class DashboardSession:
         if condition == "unperturbed" or not shared.has_coefficients:
             nll = prefix.nll[0].numpy()
         else:
-            coefficients = self.condition_coefficients(name, shared, text, prefix, condition, seed, donor)
+            values = self.condition_values(name, shared, text, prefix, condition, seed, donor)
             if layer is not None:
-                coefficients = restrict_to_layer(coefficients, prefix.coefficients, layer)
-            nll = prefix.replay_nll(coefficients, layer)[0].numpy()
+                values = restrict_to_layer(values, prefix.values, layer)
+            nll = prefix.replay_nll(values, layer)[0].numpy()
         with self._mutex:
             self.results[key] = nll
             while len(self.results) > self.max_results:
@@ -389,8 +404,8 @@ class DashboardSession:
         """Answer one query. ``donor`` (cross_input only): an eval window index, None for the audit's own
         seeded derangement. Raises ``UserError`` for anything the user can fix."""
         started = time.perf_counter()
-        if condition not in CONDITIONS:
-            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(CONDITIONS)}")
+        if condition not in shared.conditions:
+            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(shared.conditions)}")
         if layer is not None and not 0 <= layer < shared.num_layers:
             raise UserError(f"layer {layer} does not exist: the model has {shared.num_layers} layers")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -413,13 +428,13 @@ class DashboardSession:
         nll_correct = prefix.nll[0].double().numpy()
         nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
         if shared.has_coefficients and condition not in ("correct", "unperturbed"):
-            intervened = self.condition_coefficients(name, shared, text, prefix, condition, seed, donor)
+            intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor)
             if layer is not None:
-                intervened = restrict_to_layer(intervened, prefix.coefficients, layer)
+                intervened = restrict_to_layer(intervened, prefix.values, layer)
         else:
-            intervened = prefix.coefficients
+            intervened = prefix.values
         retention = nll_gm = None
-        if condition in STATIC_PROFILES and shared.has_coefficients:
+        if condition in STATIC_PROFILES + ROUTING_CONDITIONS and shared.has_coefficients:
             gm = self.replay(name, shared, text, prefix, "global_mean", layer, 0, None).astype(np.float64)
             nll_gm = float(gm.mean())
             per_window = {
@@ -442,7 +457,7 @@ class DashboardSession:
             nll_correct=nll_correct,
             nll_condition=nll,
             coefficients_correct=_flat(prefix.coefficients),
-            coefficients_condition=_flat(intervened),
+            coefficients_condition=_flat([value[COEFFICIENT] for value in intervened]),
             slot_labels=[shared.slot_labels(l) for l in range(shared.num_layers)] if shared.has_coefficients else [],
             start_layer=start,
             retention=retention,

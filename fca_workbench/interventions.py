@@ -99,6 +99,18 @@ def layer_mean_topk(layer_mean: list[torch.Tensor], top_k: list[int | None]) -> 
     return out
 
 
+def routing_top_k(values: list[dict]) -> list[int | None]:
+    """Per controller, a router's k (the width of its cached ``top_k_index``); None for other controllers."""
+    return [value["top_k_index"].shape[-1] if "top_k_index" in value else None for value in values]
+
+
+def with_routing_profiles(profiles: dict, top_k: list[int | None]) -> dict:
+    """``profiles`` plus ``layer_mean_topk`` when any controller is a router (``top_k`` from ``routing_top_k``)."""
+    if any(k is not None for k in top_k):
+        profiles["layer_mean_topk"] = layer_mean_topk(profiles["layer_mean"], top_k)
+    return profiles
+
+
 def broadcast_profile(profile: list[torch.Tensor], slot_shapes, batch: int, length: int) -> list[torch.Tensor]:
     """A static profile expanded to per-layer coefficient tensors ``[B, T, *slot]``."""
     out = []

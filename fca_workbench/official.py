@@ -376,20 +376,48 @@ SAFETY = 1.5  # the estimate below counts the large tensors only; allocator slac
 RESERVE_BYTES = 2 * 2**30  # left free for the CUDA context growth, cuBLAS workspaces and fragmentation
 
 
+# config attribute names of each size, in the workbench's families and in transformers' configs
+SIZE_FIELDS = {
+    "width": ("hidden_size", "n_embd", "dim", "d_model"),
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "heads": ("num_attention_heads", "n_head", "num_heads"),
+    "vocab_size": ("vocab_size",),
+}
+
+
+def model_sizes(model) -> dict[str, int]:
+    """Width, layers, heads, vocabulary and FFN width of any controlled model, read from its config by the
+    names the workbench's families and transformers use (layers: the protocol's ``blocks`` if the config
+    names none; FFN: ``intermediate_size``, at least 4 × width)."""
+    config = model.config
+    sizes = {}
+    for size, fields in SIZE_FIELDS.items():
+        found = next((getattr(config, f) for f in fields if isinstance(getattr(config, f, None), int)), None)
+        if found is None and size == "layers":
+            found = len(model.blocks)
+        if found is None:
+            raise UserError(f"cannot size the audit's batches: the {type(config).__name__} names no {size} "
+                            f"({' / '.join(fields)}); pass --batch-size")
+        sizes[size] = found
+    sizes["ffn"] = max(4 * sizes["width"], getattr(config, "intermediate_size", None) or 0)
+    return sizes
+
+
 def window_bytes(model, window: int) -> int:
     """An upper estimate of the GPU memory one window of ``window`` tokens needs in a no-grad forward plus
-    the NLL of its logits, from the model's sizes (the large tensors only):
+    the NLL of its logits, from the model's sizes (``model_sizes``; the large tensors only):
 
     * every layer output kept for the cross-layer mix: ``(layers + 1) · T · width``, plus about 8 stream
       and mixing temporaries ``T · width``;
     * attention scores, scaled, masked and softmaxed: 4 × ``heads · T²``;
-    * the widest FFN hidden (1.5 × 4 · width for MUDDPythia), input and activation: 2 × ``T · 6 · width``;
+    * the widest FFN hidden (1.5 × the FFN width: MUDDPythia's schedule), input and activation:
+      2 × ``T · 1.5 · ffn``;
     * logits in the model dtype, then their fp32 copy, log-softmax and loss temporaries: ``T · vocab · (e + 12)``.
     """
-    sizes = model.config.sizes()
+    sizes = model_sizes(model)
     element = next(model.parameters()).element_size()
     width, layers, heads, vocab = sizes["width"], sizes["layers"], sizes["heads"], sizes["vocab_size"]
-    activations = ((layers + 1) + 8 + 12) * window * width * element
+    activations = ((layers + 1) + 8) * window * width * element + 2 * window * (3 * sizes["ffn"] // 2) * element
     attention = 4 * heads * window * window * element
     logits = window * vocab * (element + 12)
     return int(activations + attention + logits)

@@ -1,11 +1,15 @@
 """The prefix cache: replay an intervention at layer l without recomputing the layers before it.
 
 One unperturbed pass over a window keeps the state before every layer (``model.embed`` /
-``model.run_blocks`` / ``model.head``, the explicit layer-stepping API of every family) together with the
-window's own coefficients and NLL. A replay whose coefficients differ from the window's own at layer l only
+``model.run_blocks`` / ``model.head``, the layer-stepping API of the native families) together with the
+window's own controller values and NLL. A replay whose coefficients differ from the window's own at layer l only
 starts from the kept state before ``model.resume_layer(l)`` (l for Dense and FeatureGate, l + 1 for
 MUDDPythia, whose coefficient of layer l only mixes outputs that already exist) and gives exactly the logits
 of a full ``model(input_ids, coefficients=...)`` forward: the same ops on the same tensors.
+
+A model without layer stepping (``supports_stepping`` False: a transformers model through its adapter) keeps
+no states; its one-layer and all-layer replays are the protocol's full frozen forward,
+``model.replay_run(input_ids, values)``, with the window's own cached values at every other controller.
 
 ``PrefixStore`` keeps a few windows' caches under a byte budget (least recently used out first), so the
 memory one user of the dashboard can hold is bounded; ``clear`` frees it all.
@@ -19,6 +23,7 @@ from contextlib import nullcontext
 
 import torch
 
+from .adapters.protocol import COEFFICIENT
 from .models import next_token_nll
 
 
@@ -28,6 +33,8 @@ def _tensors(obj):
     elif isinstance(obj, (list, tuple)):
         for item in obj:
             yield from _tensors(item)
+    elif isinstance(obj, dict):
+        yield from _tensors(list(obj.values()))
 
 
 def tensor_bytes(*objs) -> int:
@@ -43,8 +50,14 @@ def tensor_bytes(*objs) -> int:
     return total
 
 
+def as_values(items) -> list[dict[str, torch.Tensor]]:
+    """Per-controller values from either values dicts or bare coefficient tensors."""
+    return [item if isinstance(item, dict) else {COEFFICIENT: item} for item in items]
+
+
 class PrefixCache:
-    """One window's unperturbed run: states before every layer, its coefficients and per-token NLL.
+    """One window's unperturbed run: its controllers' values (``correct``), per-token NLL and, for a model
+    that steps layer by layer, the states before every layer.
 
     ``input_ids`` is ``[B, T]`` (the dashboard uses B = 1). ``lock`` (optional) is held around every
     computation on the shared model, so sessions that share one model never run it concurrently.
@@ -52,55 +65,72 @@ class PrefixCache:
 
     @torch.no_grad()
     def __init__(self, model, input_ids: torch.Tensor, lock=None, coefficients: list[torch.Tensor] | None = None):
-        """``coefficients``: None keeps the live run (controllers running); the cached ``correct`` list keeps
-        the frozen run instead, so every later replay repeats exactly the arithmetic of a frozen forward."""
+        """``coefficients`` (layer-stepping models only): None keeps the live run (controllers running); the
+        cached ``correct`` list keeps the frozen run instead, so every later replay repeats exactly the
+        arithmetic of a frozen forward (the per-layer sweep's reference)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
-        model.check_inputs(input_ids, coefficients)
         self.model, self.input_ids, self.lock = model, input_ids, lock or nullcontext()
+        self.stepping = bool(model.supports_stepping)
+        if coefficients is not None and not self.stepping:
+            raise ValueError("a frozen prefix run needs a model with layer stepping")
+        model.check_inputs(input_ids, coefficients)
         with self.lock:
-            output, used, states = model.run_blocks(model.embed(input_ids), 0, coefficients, keep_states=True)
-            logits = model.head(output)
-        self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer
-        self.coefficients = [c.detach() for c in used]  # the window's own (= ``correct``) coefficients
-        self.nll = next_token_nll(logits, input_ids)  # [B, T-1]: ``correct`` (the live run equals it bit-exactly)
+            if self.stepping:
+                output, used, states = model.run_blocks(model.embed(input_ids), 0, coefficients, keep_states=True)
+                logits, values = model.head(output), [{COEFFICIENT: c.detach()} for c in used]
+            else:
+                (logits, values), states = model.capture_run(input_ids), None
+        self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer (None: no stepping)
+        self.values = values  # per controller, the window's own (= ``correct``) values, e.g. a router's whole output
+        self.nll = next_token_nll(logits, input_ids)  # [B, T-1], the live run (= ``correct``, bit-exact)
+        self.num_layers = len(states) - 1 if self.stepping else len(values)  # where an intervention can go
 
     @property
-    def num_layers(self) -> int:
-        return len(self.states) - 1
+    def coefficients(self) -> list[torch.Tensor]:
+        return [value[COEFFICIENT] for value in self.values]
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes(self.states, self.coefficients, self.nll, self.input_ids)
+        return tensor_bytes(self.states, self.values, self.nll, self.input_ids)
 
     def start_for(self, layer: int | None) -> int:
         """Where a replay of coefficients that differ from the window's own at ``layer`` only (None: at any
-        layer) must start."""
+        layer) must start; 0 (the embeddings) for a model without layer stepping."""
         if layer is None:
             return 0
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is out of range: the model has {self.num_layers} layers")
-        return self.model.resume_layer(layer)
+        return self.model.resume_layer(layer) if self.stepping else 0
 
     @torch.no_grad()
-    def logits(self, coefficients: list[torch.Tensor], layer: int | None = None, copies: int = 1) -> torch.Tensor:
-        """Logits of the frozen replay with ``coefficients`` (the full per-layer list, controller off).
+    def logits(self, values, layer: int | None = None, copies: int = 1) -> torch.Tensor:
+        """Logits of the frozen replay with ``values`` (per controller: a values dict or a coefficient
+        tensor, for every layer; controllers off).
 
-        ``layer``: the one layer at which ``coefficients`` may differ from ``self.coefficients`` (as made by
-        ``interventions.restrict_to_layer``); the layers before it are not recomputed. None: all layers.
-        ``copies``: how many variants of the batch ``coefficients`` holds, concatenated along the batch
-        dimension (``[copies * B, T, *slot]``); they resume from the one kept state as one batch.
+        ``layer``: the one layer at which ``values`` may differ from ``self.values`` (as made by
+        ``interventions.restrict_to_layer``); with layer stepping, the layers before it are not recomputed.
+        None: all layers. ``copies`` (layer stepping): how many variants of the batch ``values`` holds,
+        concatenated along the batch dimension (``[copies * B, T, *slot]``); they resume from the one kept
+        state as one batch.
         """
-        input_ids = repeat_batch(self.input_ids, copies)
-        self.model.check_inputs(input_ids, coefficients)
+        values = as_values(values)
         start = self.start_for(layer)
+        if not self.stepping:
+            if copies != 1:
+                raise ValueError("batched variants need a model with layer stepping")
+            self.model.check_inputs(self.input_ids, values)
+            with self.lock:
+                return self.model.replay_run(self.input_ids, values)
+        coefficients = [value[COEFFICIENT] for value in values]
+        self.model.check_inputs(repeat_batch(self.input_ids, copies), coefficients)
         with self.lock:
             output, _, _ = self.model.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
             return self.model.head(output)
 
-    def replay_nll(self, coefficients: list[torch.Tensor], layer: int | None = None) -> torch.Tensor:
+    def replay_nll(self, values, layer: int | None = None) -> torch.Tensor:
         """Per-token NLL ``[B, T-1]`` of the frozen replay (see ``logits``)."""
-        return next_token_nll(self.logits(coefficients, layer), self.input_ids)
+        return next_token_nll(self.logits(values, layer), self.input_ids)
 
     def replay_nll_many(self, variants: list[list[torch.Tensor]], layer: int) -> torch.Tensor:
         """Per-token NLL ``[K, B, T-1]`` of K coefficient lists that differ from the window's own at ``layer``

@@ -15,11 +15,12 @@ from .interventions import (
     STATIC_PROFILES,
     broadcast_profile,
     derangement,
-    layer_mean_topk,
     position_permutations,
     restrict_to_layer,
+    routing_top_k,
     shuffle_positions,
     static_profiles,
+    with_routing_profiles,
 )
 from .models import next_token_nll
 
@@ -27,12 +28,7 @@ from .models import next_token_nll
 def calibration_profiles(cache: CoefficientCache) -> dict[str, list[torch.Tensor]]:
     """The static profiles of a calibration capture, plus ``layer_mean_topk`` when it holds routers (their
     cached ``top_k_index`` gives k)."""
-    profiles = static_profiles(cache.batches())
-    first = cache.values(torch.arange(1))
-    top_k = [value["top_k_index"].shape[-1] if "top_k_index" in value else None for value in first]
-    if any(k is not None for k in top_k):
-        profiles["layer_mean_topk"] = layer_mean_topk(profiles["layer_mean"], top_k)
-    return profiles
+    return with_routing_profiles(static_profiles(cache.batches()), routing_top_k(cache.values(torch.arange(1))))
 
 
 def replay_conditions(profiles) -> tuple[str, ...]:
@@ -79,6 +75,13 @@ class ConditionCoefficients:
         return intervened if self.layer is None else restrict_to_layer(intervened, correct, self.layer)
 
 
+def values_on(values: list[dict[str, torch.Tensor]], device, dtype) -> list[dict[str, torch.Tensor]]:
+    """Values moved to ``device``, coefficients cast to the model's ``dtype`` (the rest of a controller's
+    output keeps the dtype it was captured in, so replaying it is exact)."""
+    return [{name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
+            for value in values]
+
+
 @torch.no_grad()
 def replay_nll(
     model,
@@ -104,9 +107,6 @@ def replay_nll(
     shards = list(cache.shard_indices())
     for indices in tqdm(shards, desc=condition, leave=False):
         batch = windows[indices].to(device)
-        values = [
-            {name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
-            for value in assign.values(indices)
-        ]
+        values = values_on(assign.values(indices), device, dtype)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
     return torch.cat(rows)

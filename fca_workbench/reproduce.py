@@ -31,13 +31,13 @@ from .resources import checkpoints_dir, results_root, shipped
 
 KERNEL_NAME = "fca-workbench"
 NOTEBOOK_DIR = shipped("notebooks")
-SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"]
+SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
 PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
                    "06_per_layer")
 EXPLORE_NOTEBOOK = "explore"
 # Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
 # (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
-# nine checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
+# ten checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
 DEFAULT_MAX_WINDOWS = 64
 DEFAULT_CACHE = Path("results") / "cache"
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).

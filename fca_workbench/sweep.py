@@ -7,7 +7,7 @@ Prefix reuse: per batch of windows, one frozen pass with the cached ``correct`` 
 before every layer (``prefix.PrefixCache``); each (layer, condition) resumes from
 ``model.resume_layer(layer)``, so the layers before it are never recomputed, and the conditions at one layer
 run from that state as one batch where memory allows. Memory is bounded by one batch's states. A model
-without layer stepping (no ``run_blocks``) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
+without layer stepping (``supports_stepping`` false) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
 Both modes give the rows of full one-layer replays (tested within 1e-6).
 """
 
@@ -25,7 +25,7 @@ PREFIX, FULL_FORWARD = "prefix", "full_forward"
 
 def sweep_mode(model) -> str:
     """``prefix`` for models with the layer-stepping API, else ``full_forward`` (recorded in ``settings``)."""
-    return PREFIX if hasattr(model, "run_blocks") else FULL_FORWARD
+    return PREFIX if getattr(model, "supports_stepping", False) else FULL_FORWARD
 
 
 def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, device="cpu", group=None) -> list[dict]:

@@ -21,7 +21,9 @@ from .aggregate import summarise
 from .capture import CoefficientCache
 from .data import write_atomic
 from .errors import UserError
-from .interventions import CONDITIONS, static_profiles
+from .interventions import CONDITIONS, ROUTING_CONDITIONS, static_profiles
+
+AUDIT_CONDITIONS = CONDITIONS + ROUTING_CONDITIONS  # routing ones only where the audit has them (routers)
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,7 @@ CONDITION_COLUMNS = [
 
 
 def condition_rows(audit: dict, conditions=None) -> list[dict]:
-    names = [c for c in (conditions or CONDITIONS) if c in audit["conditions"]]
+    names = [c for c in (conditions or AUDIT_CONDITIONS) if c in audit["conditions"]]
     return [{"model": model_name(audit), "arch": audit["model"]["arch"], "condition": name,
              **{c.key: audit["conditions"][name][c.key] for c in CONDITION_COLUMNS}} for name in names]
 
@@ -263,7 +265,7 @@ def assignment_seed_table(audits: list[dict]):
                Column("nll", "NLL", "float", "msd"), Column("delta", "ΔNLL", "delta", "msd")]
     rows = []
     for arch, group in by_arch(with_controller(audits)).items():
-        for name in CONDITIONS:
+        for name in AUDIT_CONDITIONS:
             paths = {"nll": f"conditions.{name}.nll", "delta": f"conditions.{name}.delta"}
             summary = seed_summary(group, paths.values())
             if summary[paths["nll"]] is None:
@@ -308,18 +310,23 @@ EXECUTION_COLUMNS = [
     Column("controller_calls", "controller calls", "int"),
     Column("flops", "FLOPs (one batch)", "sci", integer=True),
     Column("latency_ms", "latency ms", "float", digits=2),
-    Column("dense_latency_ms", "Dense latency ms", "float", digits=2),
-    Column("latency_ratio_vs_dense", "latency / Dense", "float", digits=3),
+    Column("expert_fraction_executed", "expert fraction executed", "float"),  # routers only
+    Column("dense_latency_ms", "baseline latency ms", "float", digits=2),
+    Column("latency_ratio_vs_dense", "latency / baseline", "float", digits=3),
 ]
 
 
 def execution_table(audits: list[dict]):
-    """What ran: blocks, controller calls, FLOPs, latency against the shape-matched Dense, per model."""
-    columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *EXECUTION_COLUMNS]
-    rows = [{"model": model_name(a), "arch": a["model"]["arch"],
-             **{c.key: a["execution"][c.key] for c in EXECUTION_COLUMNS}} for a in audits]
-    return make_table("execution", "Conditional execution: what ran, FLOPs and latency against the shape-matched Dense",
-                 columns, rows)
+    """What ran: blocks, controller calls, FLOPs, the share of expert evaluations run (routers), latency
+    against the baseline: the shape-matched Dense, or for routers the static mixture (every expert for every
+    token), per model."""
+    columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), Column("baseline", "baseline", "text"),
+               *EXECUTION_COLUMNS]
+    rows = [{"model": model_name(a), "arch": a["model"]["arch"], "baseline": a["execution"].get("baseline", "dense"),
+             **{c.key: a["execution"].get(c.key) for c in EXECUTION_COLUMNS}} for a in audits]
+    return make_table("execution", "Conditional execution: what ran, FLOPs and latency against the baseline (the "
+                      "shape-matched Dense; for routers the static mixture, every expert run for every token)",
+                      columns, rows)
 
 
 CONTROL_COLUMNS = [
@@ -443,10 +450,13 @@ def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([m.flatten(1).mean(1) for m in means])
 
 
-def slot_labels(slot_shape, arch: str) -> list[str]:
-    """Readable names of a layer's slots: FeatureGate ``attn g0``/``mlp g0``, MUDDPythia ``q←0`` (stream ← source)."""
+def slot_labels(slot_shape, arch: str, router: bool = False) -> list[str]:
+    """Readable names of a layer's slots: FeatureGate ``attn g0``/``mlp g0``, MUDDPythia ``q←0`` (stream ← source),
+    a router's dense gate ``expert 0``, ..."""
     import itertools
 
+    if router:
+        return [f"expert {e}" for e in range(slot_shape[0])]
     if arch == "featuregate" and len(slot_shape) == 2 and slot_shape[0] == 2:
         return [f"{branch} g{g}" for branch in ("attn", "mlp") for g in range(slot_shape[1])]
     if arch == "muddpythia" and len(slot_shape) == 2:
@@ -454,6 +464,12 @@ def slot_labels(slot_shape, arch: str) -> list[str]:
         if streams:
             return [f"{s}←{j}" for s in streams for j in range(slot_shape[1])]
     return [",".join(map(str, idx)) for idx in itertools.product(*(range(n) for n in slot_shape))]
+
+
+def routers(audit: dict) -> list[bool]:
+    """Per controller of the audited model: is it a router (its coefficient a dense gate over the experts)."""
+    names = set((audit["execution"].get("experts") or {}).get("controllers", []))
+    return [name in names for name in audit["model"].get("controllers", [])]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -497,6 +513,8 @@ class AuditExplorer:
         self.profiles = load_profiles(profiles_path) if profiles_path.is_file() else None
         self.slot_shapes = [tuple(s) for s in self.cache.manifest["slot_shapes"]]
         self.arch = audit["model"]["arch"]
+        self.routers = routers(audit) or [False] * len(self.slot_shapes)
+        self.conditions = [c for c in AUDIT_CONDITIONS if c in audit["conditions"]]
 
     @property
     def num_layers(self) -> int:
@@ -521,11 +539,13 @@ class AuditExplorer:
 
         if condition == "unperturbed":
             return self.cache.nll(torch.tensor([window]))[0]
+        from .replay import ConditionCoefficients, values_on
+
         parameter = next(self.model.parameters())
         batch = self.windows[[window]].to(parameter.device)
-        coefficients = [c.unsqueeze(0).to(device=parameter.device, dtype=parameter.dtype)
-                        for c in self.coefficients(condition, window, layer)]
-        return next_token_nll(self.model(batch, coefficients=coefficients).logits, batch)[0].float().cpu()
+        assign = ConditionCoefficients(condition, self.cache, self.profiles, self.settings.seed, layer)
+        values = values_on(assign.values(torch.tensor([window])), parameter.device, parameter.dtype)
+        return next_token_nll(self.model.replay_run(batch, values), batch)[0].float().cpu()
 
     def window_table(self, condition: str, window: int, layer: int | None = None):
         """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 PARAMETERS = f'''\
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
-checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0
+checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0
 eval_data = None         # eval text (.txt, or JSONL of {{"text": ...}}); None: the shipped eval split
 calibration_data = None  # calibration text for the static profiles; None: the shipped calibration split
 window = None            # tokens per window; None: min(256, the model's context)
@@ -78,7 +78,8 @@ VARIATION = notebook(
     "Do the controller's coefficients vary across tokens and inputs, and how much of their variance is static "
     "structure? R² of layer identity, of layer×slot, then adding position or the input window "
     "(`audit.json` → `variance`, `variation`); per model and as mean ± sd over seeds. Heatmaps: each "
-    "coefficient's mean over the eval windows (layer × position, and slot × position per layer).",
+    "coefficient's mean over the eval windows (layer × position, and slot × position per layer); a router's "
+    "coefficient is its dense gate over the experts (slot = expert).",
     [
         ("code", "run.write_table(tables.variation_table(audited))"),
         ("code", "run.write_table(tables.variation_seed_table(audited))"),
@@ -102,8 +103,9 @@ def heatmaps(audit):
                         + [f"layer {l}: slot × position" for l in range(len(means))])
     fig.add_trace(go.Heatmap(z=tables.layer_position_matrix(means).tolist(),
                              y=[f"layer {l}" for l in range(len(means))], coloraxis="coloraxis"), row=1, col=1)
+    routers = tables.routers(audit) or [False] * len(means)
     for l, m in enumerate(means):
-        labels = tables.slot_labels(cache_.manifest["slot_shapes"][l], audit["model"]["arch"])
+        labels = tables.slot_labels(cache_.manifest["slot_shapes"][l], audit["model"]["arch"], routers[l])
         fig.add_trace(go.Heatmap(z=m.flatten(1).T.tolist(), y=labels, coloraxis="coloraxis"), row=l + 2, col=1)
     fig.update_layout(title=f"{tables.model_name(audit)}: mean coefficient by position", height=220 * rows,
                       coloraxis={"colorscale": "Viridis"})
@@ -123,7 +125,8 @@ ASSIGNMENT = notebook(
     "Assignment dependence: NLL and ΔNLL under every condition",
     "Does the frozen model care which coefficients go to which input? Mean next-token NLL (nats) of the frozen "
     "replay under each condition, and ΔNLL against `correct`, with 95% bootstrap CIs over windows "
-    "(`audit.json` → `conditions`); per model, then mean ± sd over seeds.",
+    "(`audit.json` → `conditions`); per model, then mean ± sd over seeds. For routers, `layer_mean_topk` is the "
+    "static sparse model: each layer's k experts with the largest mean gate, for every token.",
     [
         ("code", "run.write_table(tables.assignment_table(audited))"),
         ("code", "run.write_table(tables.assignment_seed_table(audited))"),
@@ -164,9 +167,11 @@ tables.show(fig)'''),
 EXECUTION = notebook(
     "04_execution",
     "Conditional execution",
-    "Does the model skip computation because of its coefficients, and is it faster than a shape-matched Dense? "
-    "Blocks executed / present, controller calls, FLOPs of one batch and median latency against a "
-    "shape-matched Dense (`audit.json` → `execution`). The positive control is a copy of each FeatureGate that "
+    "Does the model skip computation because of its coefficients, and is it faster than its baseline? "
+    "Blocks executed / present, controller calls, FLOPs of one batch and median latency against the baseline "
+    "(`audit.json` → `execution`): a shape-matched Dense, or for a mixture of experts the static mixture that "
+    "runs every expert for every token. The MoE row is where conditional execution is real: its routers run "
+    "k of E experts per token (`expert_fraction_executed`). The positive control is a copy of each FeatureGate that "
     "really skips the MLP rows whose gates all fall below the calibration median (`execution.positive_control`): "
     "its fraction executed must fall below 1, which shows the audit can see a saving where one exists.",
     [
@@ -175,7 +180,8 @@ EXECUTION = notebook(
         ("code", "run.write_table(tables.positive_control_table(audited))"),
         ("code", "run.write_table(tables.execution_seed_table(audited))"),
         ("code", '''\
-figures = {"fraction_executed": "fraction of branch work executed", "latency_ratio_vs_dense": "latency / Dense"}
+figures = {"fraction_executed": "fraction of branch work executed",
+           "expert_fraction_executed": "fraction of expert evaluations run", "latency_ratio_vs_dense": "latency / baseline"}
 runs = pd.concat([tables.execution_table(audited).assign(run="model"),
                   tables.positive_control_table(audited).assign(run="positive control")])
 bars = runs.melt(id_vars=["model", "run"], value_vars=list(figures), var_name="figure").replace({"figure": figures})
@@ -216,7 +222,7 @@ fig = px.bar(table, x="condition", y="delta", color="model", barmode="group", er
 run.write_figure(fig, "muddpythia_penalties")
 tables.show(fig)'''),
     ],
-    parameters=PARAMETERS.replace("None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0",
+    parameters=PARAMETERS.replace("None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0",
                                   "None: the shipped muddpythia-s0"),
     setup=SETUP.replace("from fca_workbench.reproduce import NotebookRun",
                         "from fca_workbench.reproduce import NotebookRun, shipped_checkpoints").replace(
@@ -270,7 +276,6 @@ EXPLORE = notebook(
 import ipywidgets as widgets
 
 import fca_workbench
-from fca_workbench.interventions import CONDITIONS
 
 models = {tables.model_name(a): a for a in tables.with_controller(audited)}
 if not models:
@@ -292,7 +297,7 @@ def figures(name, layer, condition, window_):
         y = [f"layer {l}" for l in range(e.num_layers)]
     else:
         z = [c[layer].flatten(1).T.tolist() for c in (correct, assigned)]
-        y = tables.slot_labels(e.slot_shapes[layer], e.arch)
+        y = tables.slot_labels(e.slot_shapes[layer], e.arch, e.routers[layer])
     heat = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
                          subplot_titles=[f"correct: window {window_}", f"{condition}: what the replay gets"])
     for row, values in enumerate(z, start=1):
@@ -309,8 +314,7 @@ def figures(name, layer, condition, window_):
 first = model if model in models else next(iter(models))
 model_w = widgets.Dropdown(options=list(models), value=first, description="model")
 layer_w = widgets.Dropdown(description="layer")
-condition_w = widgets.Dropdown(options=[c for c in CONDITIONS if c != "correct"], value=condition,
-                               description="condition")
+condition_w = widgets.Dropdown(description="condition")
 window_w = widgets.IntSlider(min=0, description="window", continuous_update=False)
 view = widgets.Output()
 
@@ -319,6 +323,8 @@ def on_model(*_):
     e = explorer(model_w.value)
     layer_w.options = [("all", None)] + [(str(l), l) for l in range(e.num_layers)]
     layer_w.value = layer if layer is not None and layer < e.num_layers else None
+    condition_w.options = [c for c in e.conditions if c != "correct"]  # routers add layer_mean_topk
+    condition_w.value = condition if condition in condition_w.options else "cross_input"
     window_w.max = len(e.windows) - 1
     window_w.value = min(window_index, window_w.max)
 

@@ -44,6 +44,30 @@ def tiny_checkpoints(tmp_path_factory):
     return folders
 
 
+TINY_MIXTRAL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                    num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tmp_path_factory):
+    """A tiny random Mixtral folder (2 layers, 4 experts, top-2, context 64) with the shipped tokenizer; its
+    routers are scaled up so that routing depends on the input."""
+    import transformers
+
+    from fca_workbench.tokenizer import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("mixtral") / "mixtral"
+    tokenizer = load_tokenizer()
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(vocab_size=len(tokenizer), **TINY_MIXTRAL))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.mul_(20.0)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def assert_identical_models(model, loaded, ids):
     """Bit-exact equality of two models: every weight, and the logits and coefficients on ``ids``."""
     before, after = model.state_dict(), loaded.state_dict()

@@ -168,6 +168,60 @@ def _flat_window(model, index):
     return [c[0].reshape(c.shape[1], -1).numpy() for c in coefficients]
 
 
+@pytest.fixture(scope="module")
+def moe_model(tiny_mixtral):
+    return SharedModel(tiny_mixtral, calibration_windows=8, eval_windows=6)
+
+
+def test_moe_every_condition_replays_through_the_protocol(moe_model):
+    """A foreign model has no layer stepping: every replay, one layer or all, is the protocol's full frozen
+    forward with the window's own cached router outputs elsewhere, computed here independently."""
+    from fca_workbench.adapters import COEFFICIENT
+    from fca_workbench.data import load_windows, split_path
+
+    model, session, controlled = moe_model, DashboardSession(), moe_model.model
+    assert model.conditions[-1] == "layer_mean_topk" and model.num_layers == 2
+    assert model.all_slot_labels() == ["expert 0", "expert 1", "expert 2", "expert 3"]
+    text = window_input(model, 1)
+    length = text.ids.shape[1]
+    with torch.no_grad():
+        live = next_token_nll(controlled(text.ids).logits, text.ids)[0].double().numpy()
+        _, own = controlled.capture_run(text.ids)
+        _, donor = controlled.capture_run(model.eval_windows[[model.donor_for(1, 3)]])
+        calibration = load_windows(split_path("calibration"), model.tokenizer, model.window, 8)
+        gates = [v[COEFFICIENT] for v in controlled.capture_run(calibration)[1]]
+    means = [g.double().mean(dim=(0, 1)) for g in gates]
+    top = [torch.zeros(4, dtype=torch.float64).scatter(0, m.topk(2).indices, m.topk(2).values) for m in means]
+    profiles = {"layer_mean": means, "layer_mean_topk": [t / t.sum() for t in top]}  # Mixtral renormalises top-k
+    permutations = position_permutations(torch.tensor([1]), length, 3)
+    assigned = {
+        "correct": own,
+        "cross_input": donor,
+        "token_shuffle": [{k: shuffle_positions([t], permutations)[0] for k, t in v.items()} for v in own],
+        **{name: [{COEFFICIENT: p.float().expand(1, length, 4)} for p in profile] for name, profile in profiles.items()},
+    }
+    for condition in model.conditions:
+        for layer in (None, 1):
+            analysis = session.analyse("moe", model, text, condition, layer=layer, seed=3)
+            assert np.array_equal(analysis.nll_correct, live) and analysis.start_layer == 0
+            gate = analysis.coefficients_correct[0]  # the heatmaps show the dense gate: slot = expert
+            assert gate.shape == (length, 4) and ((gate > 0).sum(1) == 2).all()
+            if condition in ("unperturbed", "correct"):
+                assert np.array_equal(analysis.nll_condition, live), condition
+                continue
+            assert np.isfinite(analysis.nll_condition).all() and analysis.delta.any(), (condition, layer)
+            if condition not in assigned:
+                continue
+            values = assigned[condition] if layer is None else restrict_to_layer(assigned[condition], own, layer)
+            with torch.no_grad():
+                expected = next_token_nll(controlled.replay_run(text.ids, values), text.ids)[0].double().numpy()
+            if condition in ("cross_input", "token_shuffle"):  # moved whole: the same forward, bit for bit
+                assert np.array_equal(analysis.nll_condition, expected), (condition, layer)
+            np.testing.assert_allclose(analysis.nll_condition, expected, rtol=0, atol=1e-5, err_msg=f"{condition} {layer}")
+            if layer is not None:
+                assert np.array_equal(analysis.coefficients_condition[0], gate)  # layer 0 keeps its own gate
+
+
 def test_session_memory_is_bounded_and_freed(shared_models):
     model = shared_models["featuregate"]
     session = DashboardSession(max_windows=2, max_results=3)

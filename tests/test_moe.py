@@ -235,3 +235,36 @@ def test_a_registered_kind_finds_the_controllers_of_a_model_class_of_ones_own(id
     with torch.no_grad():
         logits, values = controlled.capture_run(ids)
         assert torch.equal(controlled.replay_run(ids, values), logits)
+
+
+def test_cuda_batch_size_of_a_transformers_model_follows_its_config(monkeypatch):
+    """``audit_batch_size`` on CUDA sizes a foreign model from its config (no ``sizes()``), ``mem_get_info``
+    stubbed: the per-window estimate written out from the Mixtral's own numbers."""
+    import fca_workbench.official as official
+
+    controlled = TransformersControlled(build("mixtral"))  # width 64, 2 layers, 4 heads, FFN 64 (< 4·64), fp32
+    window, element = 64, 4
+    per_window = ((2 + 1 + 8) * window * 64 + 2 * window * (3 * 256 // 2) + 4 * 4 * window * window) * element \
+        + window * VOCAB * (element + 12)
+    weights = sum(p.numel() * 4 for p in controlled.parameters())  # on the CPU: still to be moved
+    assert official.window_bytes(controlled, window) == per_window
+    for free, expected in [(official.RESERVE_BYTES + weights + 7.5 * 1.5 * per_window, 7), (2**40, 64), (2**20, 1)]:
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, free))
+        assert official.audit_batch_size(controlled, window, "cuda") == expected
+    assert official.audit_batch_size(controlled, window, "cpu") == 16
+
+
+def test_fca_audit_on_the_shipped_moe(tmp_path):
+    """``fca audit data/checkpoints/moe-s0`` on its first 4 windows: the frozen replay of the cached router
+    outputs reproduces the live NLL, and top-2 of 8 experts ran."""
+    from fca_workbench.cli import main
+    from fca_workbench.data import DATA_DIR
+
+    assert main(["audit", str(DATA_DIR / "checkpoints" / "moe-s0"), "--max-windows", "4", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "audit.json").read_text())
+    conditions = result["conditions"]
+    assert abs(conditions["correct"]["nll"] - conditions["unperturbed"]["nll"]) < 1e-6
+    assert conditions["cross_input"]["delta"] > 0.01 and "layer_mean_topk" in conditions
+    assert result["model"]["controllers"] == [f"model.layers.{l}.mlp.gate" for l in range(4)]
+    assert result["execution"]["expert_fraction_executed"] == 2 / 8
+    assert result["execution"]["baseline"] == "static_mixture"

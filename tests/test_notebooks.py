@@ -2,7 +2,7 @@
 in a table is the number in the audit.json of the same run.
 
 One tiny ``fca reproduce`` run of all seven notebooks is shared by the whole module (tiny random checkpoints of
-each family plus a second FeatureGate seed, 4 windows of 64 tokens).
+each family a second FeatureGate seed and a tiny Mixtral, 4 windows of 64 tokens).
 """
 
 import functools
@@ -54,12 +54,13 @@ def second_seed(folder: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tiny_checkpoints, tmp_path_factory):
+def tiny_run(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
     root = tmp_path_factory.mktemp("notebooks")
     names = {"featuregate": "featuregate-s0", "dense": "dense-s0", "muddpythia": "muddpythia-s0"}
     copies = {arch: Path(shutil.copytree(tiny_checkpoints[arch], root / name)) for arch, name in names.items()}
     fg1 = second_seed(tiny_checkpoints["featuregate"], root / "featuregate-s1")
-    checkpoints = [copies["featuregate"], fg1, copies["dense"], copies["muddpythia"]]
+    moe = Path(shutil.copytree(tiny_mixtral, root / "moe-s0"))
+    checkpoints = [copies["featuregate"], fg1, copies["dense"], copies["muddpythia"], moe]
     config = root / "tiny.json"
     config.write_text(json.dumps({
         "notebooks": list(TABLES),
@@ -69,7 +70,7 @@ def tiny_run(tiny_checkpoints, tmp_path_factory):
     }))
     plan, results = reproduce.reproduce(config, root / "run", progress=False)
     audits = {name: json.loads((plan.out / "audits" / name / "audit.json").read_text())
-              for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0")}
+              for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "moe-s0")}
     return plan, {r.name: r for r in results}, audits
 
 
@@ -110,7 +111,8 @@ def test_every_notebook_runs_and_writes_its_tables(tiny_run):
 def test_figures_are_offline_html(tiny_run):
     plan, _, _ = tiny_run
     figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
-    assert {"variance_decomposition", "heatmap_featuregate-s0", "heatmap_muddpythia-s0", "assignment_delta_nll",
+    assert {"variance_decomposition", "heatmap_featuregate-s0", "heatmap_muddpythia-s0", "heatmap_moe-s0",
+            "assignment_delta_nll",
             "retention", "execution", "muddpythia_penalties", "explore_coefficients", "per_layer_heatmap"} <= figures
     assert (plan.out / "figures" / "plotly.min.js").is_file()
     html = (plan.out / "figures" / "heatmap_featuregate-s0.html").read_text()
@@ -121,7 +123,7 @@ def test_index_names_models_data_and_outputs(tiny_run):
     plan, _, _ = tiny_run
     index = (plan.out / "README.md").read_text()
     assert "7 of 7 notebooks passed" in index
-    for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "eval.jsonl.gz", "max windows 4",
+    for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "moe-s0", "eval.jsonl.gz", "max windows 4",
                  "tables/retention_over_seeds.csv", "figures/heatmap_featuregate-s0.html", "notebooks/01_variation.ipynb"):
         assert name in index
 
@@ -129,7 +131,7 @@ def test_index_names_models_data_and_outputs(tiny_run):
 def test_variation_tables_equal_the_audits(tiny_run):
     plan, _, audits = tiny_run
     per_model = {r["model"]: r for r in rows(plan, "variation_per_model")}
-    assert set(per_model) == {"featuregate-s0", "featuregate-s1", "muddpythia-s0"}  # Dense has no coefficients
+    assert set(per_model) == {"featuregate-s0", "featuregate-s1", "muddpythia-s0", "moe-s0"}  # Dense has no coefficients
     for name, row in per_model.items():
         for key, path in tables.VARIANCE_PATHS.items():
             section, field = path.split(".")
@@ -145,7 +147,8 @@ def test_variation_tables_equal_the_audits(tiny_run):
 def test_assignment_tables_equal_the_audits(tiny_run):
     plan, _, audits = tiny_run
     table = rows(plan, "assignment_per_model")
-    assert len(table) == 3 * 8
+    assert len(table) == 4 * 8 + 1  # the MoE adds layer_mean_topk
+    assert [r["model"] for r in table if r["condition"] == "layer_mean_topk"] == ["moe-s0"]
     for row in table:
         figures = audits[row["model"]]["conditions"][row["condition"]]
         assert number(row["nll"]) == figures["nll"] and number(row["delta"]) == figures["delta"]
@@ -178,7 +181,11 @@ def test_execution_tables_equal_the_audits_with_the_positive_control(tiny_run):
     assert set(table) == set(audits)
     for name, audit in audits.items():
         for column in tables.EXECUTION_COLUMNS:
-            assert number(table[name][column.key]) == audit["execution"][column.key]
+            assert number(table[name][column.key]) == audit["execution"].get(column.key)
+        assert table[name]["baseline"] == audit["execution"]["baseline"]
+    moe = table["moe-s0"]  # the row where conditional execution is real: top-2 of 4 experts, against every expert
+    assert number(moe["expert_fraction_executed"]) == 2 / 4 and moe["baseline"] == "static_mixture"
+    assert {table[name]["expert_fraction_executed"] for name in audits if name != "moe-s0"} == {""}
     controls = {r["model"]: r for r in rows(plan, "positive_control")}
     assert set(controls) == {"featuregate-s0", "featuregate-s1"}
     for name, row in controls.items():
@@ -232,6 +239,22 @@ def test_explore_window_matches_the_audits_per_token_nll(tiny_run):
         assert mine["position"] == theirs["position"]
         assert math.isclose(float(mine["correct"]), float(theirs["correct"]), abs_tol=1e-4)
         assert math.isclose(float(mine["nll_condition"]), float(theirs["cross_input"]), abs_tol=1e-4)
+
+
+def test_explore_replays_the_moe_through_the_protocol(tiny_run):
+    """The explorer's per-token NLLs of the MoE (router outputs replayed whole, or a static gate) equal the
+    audit's."""
+    plan, _, audits = tiny_run
+    explorer = tables.AuditExplorer(audits["moe-s0"], plan.out / "audits" / "moe-s0")
+    assert explorer.routers == [True, True] and explorer.conditions[-1] == "layer_mean_topk"
+    assert tables.slot_labels(explorer.slot_shapes[0], explorer.arch, True) == [f"expert {e}" for e in range(4)]
+    with gzip.open(plan.out / "audits" / "moe-s0" / "per_token_nll.csv.gz", "rt") as handle:
+        frame = pd.read_csv(handle)
+    window = frame[frame["window"] == 1]
+    for condition in ("correct", "cross_input", "token_shuffle", "layer_mean", "layer_mean_topk"):
+        nll = explorer.token_nll(condition, 1)
+        assert len(nll) == len(window) == 63
+        assert (nll - torch.tensor(window[condition].to_numpy())).abs().max() < 1e-5, condition
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)

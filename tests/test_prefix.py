@@ -99,3 +99,29 @@ def test_store_is_bounded_and_clears(window):
     assert len(small) == 1  # the byte budget holds one window's cache
     store.clear()
     assert len(store) == 0 and store.nbytes == 0
+
+
+def test_a_model_without_layer_stepping_replays_in_full_without_running_a_router(tiny_mixtral):
+    """A transformers MoE keeps no states: a one-layer replay is the protocol's full frozen forward with the
+    window's own router outputs elsewhere, equal to ``replay_run``; no router executes."""
+    from fca_workbench.adapters import load_controlled
+
+    model = load_controlled(tiny_mixtral)
+    window = torch.randint(1, 4096, (1, 16), generator=torch.Generator().manual_seed(3))
+    cache = PrefixCache(model, window)
+    assert cache.states is None and cache.num_layers == 2 and cache.start_for(1) == 0
+    with torch.no_grad():
+        live = model(window).logits
+    assert torch.equal(cache.logits(cache.values), live)  # correct: the whole router outputs, bit-exact
+    shifted = [{name: t.roll(1, dims=1) for name, t in value.items()} for value in cache.values]
+    values = restrict_to_layer(shifted, cache.values, 1)
+    router_class = type(model.controllers[0])
+    runs, original = [], router_class.forward
+    router_class.forward = lambda self, *a, **k: runs.append(1) or original(self, *a, **k)
+    try:
+        got = cache.logits(values, layer=1)
+    finally:
+        router_class.forward = original
+    with torch.no_grad():
+        assert torch.equal(got, model.replay_run(window, values))
+    assert runs == [] and not torch.equal(got, live)

@@ -79,7 +79,7 @@ def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
         assert set(reproduce.DEFAULT_PARAMETERS) | set(reproduce.RESERVED) <= set(declared)
         assert declared["max_windows"]["default"] == str(reproduce.DEFAULT_MAX_WINDOWS)
     assert [p.split("/")[-1] for p in reproduce.shipped_checkpoints()] == [
-        *(f"featuregate-s{s}" for s in range(7)), "dense-s0", "muddpythia-s0"]
+        *(f"featuregate-s{s}" for s in range(7)), "dense-s0", "muddpythia-s0", "moe-s0"]
     assert reproduce.DEFAULT_PARAMETERS["device"] == "cpu"
 
 
