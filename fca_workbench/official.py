@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from .errors import UserError, first_line
 
 CONFIG_FILE = "config.json"
 # What the loader looks for, in this order (the order transformers prefers too).
@@ -128,7 +128,7 @@ def read_config(folder: Path, families: dict):
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"unreadable checkpoint config in {folder}: {_first_line(exc)}") from None
+        raise UserError(f"unreadable checkpoint config in {folder}: {first_line(exc)}") from None
     if not isinstance(raw, dict):
         raise UserError(f"unreadable checkpoint config in {folder}: config.json is not a JSON object")
     model_type = raw.get("model_type")
@@ -143,7 +143,7 @@ def read_config(folder: Path, families: dict):
     try:
         config = config_class.from_dict(fields)
     except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
-        raise UserError(f"{path}: {_first_line(exc)}") from None
+        raise UserError(f"{path}: {first_line(exc)}") from None
     config._name_or_path = str(folder)
     return config
 
@@ -196,7 +196,7 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {_first_line(exc)}") from None
+            raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}") from None
         shapes, misplaced = {}, []
         for shard in shards:
             if not (folder / shard).is_file():
@@ -225,7 +225,7 @@ def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     except UserError:
         raise
     except Exception as exc:  # safetensors, torch and pickle each raise their own types on bad files
-        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {_first_line(exc)}") from None
+        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {first_line(exc)}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"corrupt or missing weights in {path.parent}: {path.name} is not a state dict of tensors")
     return {key: tuple(value.shape) for key, value in state.items()}
@@ -284,7 +284,7 @@ def load_weights(folder: Path, model_class, config, dtype):
             output_loading_info=True,
         )
     except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
-        raise UserError(f"corrupt or missing weights in {folder}: {_first_line(exc)}") from None
+        raise UserError(f"corrupt or missing weights in {folder}: {first_line(exc)}") from None
     leftovers = {k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     unexpected = [k for k in leftovers.get("unexpected_keys", []) if not MUDDPYTHIA_CACHE_KEYS.match(k)]
     if leftovers.get("missing_keys") or leftovers.get("mismatched_keys") or unexpected or info.get("error_msgs"):
@@ -422,8 +422,3 @@ def _some(items) -> str:
     items = list(items)
     shown = ", ".join(items[:NAMED_KEYS])
     return shown + (f", ... ({len(items) - NAMED_KEYS} more)" if len(items) > NAMED_KEYS else "")
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
