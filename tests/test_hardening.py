@@ -99,3 +99,142 @@ def test_train_out_dot_trains_into_the_current_folder(small_text, tmp_path, monk
 def test_checkpoint_files_names_everything_a_finished_run_writes(arch, small_text, tmp_path):
     train(tiny_run(small_text, arch=arch, steps=2), tmp_path / "run")
     assert set(os.listdir(tmp_path / "run")) <= set(CHECKPOINT_FILES)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. coefficient cache integrity
+
+
+def cache_windows(vocab_size=64, count=10, window=16, seed=1):
+    return torch.randint(0, vocab_size, (count, window), generator=torch.Generator().manual_seed(seed))
+
+
+def live_nll(model, windows):
+    from fca_workbench.models import next_token_nll
+
+    with torch.no_grad():
+        return next_token_nll(model(windows).logits, windows)
+
+
+def read_everything(cache):
+    """Every stored tensor of every shard, as an audit reads them."""
+    indices = torch.arange(cache.num_windows)
+    return cache.coefficients(indices), cache.nll(indices)
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def damage_header(path):
+    data = bytearray(path.read_bytes())
+    data[8:24] = b"}{ not json at all"[:16]
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "flipped bytes": (flip_last_byte, "is damaged: its sha256 differs"),
+    "damaged header": (damage_header, "is damaged: its sha256 differs"),
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-7]), "bytes, manifest.json says"),
+    "deleted": (lambda p: p.unlink(), "is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_shard_of_a_finished_cache_stops_with_one_line_naming_it(damage, tmp_path):
+    from fca_workbench.capture import capture
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    capture(model, windows, tmp_path / "cache", batch_size=4)
+    harm, message = DAMAGE[damage]
+    harm(tmp_path / "cache" / "shard_00001.safetensors")
+    with pytest.raises(UserError, match="shard_00001.safetensors") as error:
+        read_everything(capture(model, windows, tmp_path / "cache", batch_size=4))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_shard_damaged_after_the_cache_was_opened_is_one_line_on_read(tmp_path):
+    from fca_workbench.capture import capture
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    cache = capture(model, windows, tmp_path / "cache", batch_size=4)
+    damage_header(tmp_path / "cache" / "shard_00002.safetensors")
+    with pytest.raises(UserError, match="shard_00002.safetensors is unreadable"):
+        cache.nll(torch.arange(8, 10))
+
+
+def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
+    from fca_workbench.audit import AuditSettings, load_audit_inputs
+    from fca_workbench.capture import capture
+
+    settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=4)
+    model, (_, windows), _ = load_audit_inputs(settings)
+    capture(model, windows, tmp_path / "out" / "cache" / "eval", batch_size=2)  # where fca audit --out looks
+    damage_header(tmp_path / "out" / "cache" / "eval" / "shard_00001.safetensors")
+    result = fca("audit", tiny_checkpoints["featuregate"], "--window", 64, "--max-windows", 4, "--batch-size", 2,
+                 "--out", tmp_path / "out")
+    assert result.returncode == 2
+    assert_one_line_error(result, "eval/shard_00001.safetensors is damaged")
+
+
+def test_corrupt_manifest_is_one_line(tmp_path):
+    from fca_workbench.capture import capture
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    capture(model, windows, tmp_path / "cache", batch_size=4)
+    (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/2", "windows": ')
+    with pytest.raises(UserError, match="unreadable manifest.json"):
+        capture(model, windows, tmp_path / "cache", batch_size=4)
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/2"}))
+    with pytest.raises(UserError, match="manifest.json is malformed"):
+        capture(model, windows, tmp_path / "cache", batch_size=4)
+
+
+def test_stale_shards_of_another_model_are_never_adopted(tmp_path):
+    """The issue's case: shards left without a manifest, then a capture of another model in that folder."""
+    from fca_workbench.capture import capture
+    from fca_workbench.replay import replay_nll
+
+    first, second, windows = tiny_model("featuregate", seed=0), tiny_model("featuregate", seed=5), cache_windows()
+    capture(first, windows, tmp_path / "cache", batch_size=4)
+    (tmp_path / "cache" / "manifest.json").unlink()
+    (tmp_path / "cache" / "shard_00009.safetensors").write_bytes(b"a shard of some older, larger capture")
+    cache = capture(second, windows, tmp_path / "cache", batch_size=4)
+    own = live_nll(second, windows)
+    assert not torch.allclose(own, live_nll(first, windows))  # the two models really differ
+    assert torch.allclose(cache.nll(torch.arange(len(windows))), own, atol=1e-6)
+    assert torch.allclose(replay_nll(second, windows, cache, "correct"), own, atol=1e-5)
+    assert not (tmp_path / "cache" / "shard_00009.safetensors").exists()
+
+
+def test_interrupted_capture_recaptures_a_damaged_or_unclaimed_shard(tmp_path, monkeypatch):
+    import fca_workbench.capture as capture_module
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    real_write = capture_module.write_shard
+
+    def crash_at_third(tensors, path):
+        if path.name == "shard_00002.safetensors":
+            real_write(tensors, path)  # on disk, but the crash comes before the manifest claims it
+            raise KeyboardInterrupt
+        return real_write(tensors, path)
+
+    monkeypatch.setattr(capture_module, "write_shard", crash_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        capture_module.capture(model, windows, tmp_path / "cache", batch_size=4)
+    monkeypatch.setattr(capture_module, "write_shard", real_write)
+    flip_last_byte(tmp_path / "cache" / "shard_00000.safetensors")  # claimed, then damaged
+    other = tiny_model("featuregate", seed=5)
+    from safetensors.torch import save_file
+
+    with torch.no_grad():
+        stale = other(windows[8:10], return_coefficients=True)
+    save_file({f"layer_{i}": c.contiguous() for i, c in enumerate(stale.coefficients)}
+              | {"nll": live_nll(other, windows[8:10])}, tmp_path / "cache" / "shard_00002.safetensors")
+    cache = capture_module.capture(model, windows, tmp_path / "cache", batch_size=4)
+    assert torch.allclose(cache.nll(torch.arange(len(windows))), live_nll(model, windows), atol=1e-6)
+    with torch.no_grad():
+        live = model(windows, return_coefficients=True).coefficients
+    assert all(torch.allclose(c, l, atol=1e-6) for c, l in zip(cache.coefficients(torch.arange(10)), live))
