@@ -197,11 +197,14 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             shards = sorted(set(weight_map.values()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}") from None
+        if not all(isinstance(name, str) for name in [*weight_map, *shards]):
+            raise UserError(f"corrupt or missing weights in {folder}: {path.name} maps names to non-strings")
         shapes, misplaced = {}, []
         for shard in shards:
-            if not (folder / shard).is_file():
+            shard_path = inside_folder(folder, shard, path.name)
+            if not shard_path.is_file():
                 raise UserError(f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing")
-            in_shard = _file_shapes(folder / shard)
+            in_shard = _file_shapes(shard_path)
             misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
             shapes.update(in_shard)
         if misplaced:
@@ -210,7 +213,23 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                 f"not in their shard: {_some(misplaced)}"
             )
         return shapes
-    return _file_shapes(path)
+    return _file_shapes(inside_folder(folder, path.name, path.name))
+
+
+def inside_folder(folder: Path, name: str, named_by: str) -> Path:
+    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
+    symlinks are resolved: a checkpoint reads no weights from elsewhere, so its fingerprint and an
+    audit's freshness record cover everything that was loaded. The one exception is the Hugging Face hub
+    cache, whose ``snapshots/<revision>/`` files are symlinks into the same repository's ``blobs/``."""
+    root = folder.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":
+        allowed.append(root.parent.parent / "blobs")
+    resolved = (folder / name).resolve()
+    if not any(resolved.is_relative_to(place) for place in allowed):
+        raise UserError(f"{named_by} in {folder} points outside the checkpoint folder ({name} is {resolved}); "
+                        "weights are read only from inside it")
+    return folder / name
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:

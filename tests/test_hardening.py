@@ -238,3 +238,76 @@ def test_interrupted_capture_recaptures_a_damaged_or_unclaimed_shard(tmp_path, m
     with torch.no_grad():
         live = model(windows, return_coefficients=True).coefficients
     assert all(torch.allclose(c, l, atol=1e-6) for c, l in zip(cache.coefficients(torch.arange(10)), live))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 7. weights only from inside the checkpoint folder
+
+
+def official_with_shard_moved(tmp_path, weights, place):
+    """A two-shard official folder whose index names its second shard where ``place`` puts it."""
+    from test_official_layout import tiny_official_model, write_official
+
+    folder = tmp_path / "ckpt"
+    write_official(tiny_official_model(), folder, weights=weights, shards=2)
+    suffix = "safetensors" if weights == "safetensors" else "bin"
+    stem = "model" if weights == "safetensors" else "pytorch_model"
+    shard = folder / f"{stem}-00002-of-00002.{suffix}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = elsewhere / shard.name
+    shard.replace(moved)
+    index_path = folder / f"{stem}.{suffix}.index.json"
+    index = json.loads(index_path.read_text())
+    name = place(folder, moved)
+    index["weight_map"] = {k: (name if v == shard.name else v) for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    return folder
+
+
+PLACES = {
+    "relative ..": lambda folder, moved: f"../elsewhere/{moved.name}",
+    "absolute": lambda folder, moved: str(moved),
+    "symlink": lambda folder, moved: (folder / "link.bin").symlink_to(moved) or "link.bin",
+}
+
+
+@pytest.mark.parametrize("weights", ["safetensors", "bin"])
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_index_naming_weights_outside_the_folder_is_refused(weights, place, tmp_path):
+    from fca_workbench.models import load_model
+
+    folder = official_with_shard_moved(tmp_path, weights, PLACES[place])
+    with pytest.raises(UserError, match="points outside the checkpoint folder") as error:
+        load_model(folder)
+    assert "\n" not in str(error.value)
+
+
+def test_single_weight_file_symlinked_from_elsewhere_is_refused(tmp_path):
+    from fca_workbench.models import load_model
+    from test_official_layout import tiny_official_model, write_official
+
+    folder = tmp_path / "ckpt"
+    write_official(tiny_official_model(), folder)
+    (tmp_path / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(tmp_path / "model.safetensors")
+    with pytest.raises(UserError, match="model.safetensors in .* points outside"):
+        load_model(folder)
+
+
+def test_hub_cache_snapshot_with_blob_symlinks_still_loads(tmp_path):
+    """``huggingface_hub`` stores ``snapshots/<rev>/<file>`` as symlinks to ``../../blobs/<hash>``."""
+    from conftest import assert_identical_models
+    from fca_workbench.models import load_model
+    from test_official_layout import tiny_official_model, tokens, write_official
+
+    model, plain = tiny_official_model(), tmp_path / "plain"
+    write_official(model, plain, shards=2)
+    snapshot, blobs = tmp_path / "models--x" / "snapshots" / "abc123", tmp_path / "models--x" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for n, path in enumerate(sorted(plain.iterdir())):
+        (blobs / f"blob{n}").write_bytes(path.read_bytes())
+        (snapshot / path.name).symlink_to(Path("../../blobs") / f"blob{n}")
+    assert_identical_models(model, load_model(snapshot), tokens())
