@@ -151,8 +151,11 @@ class CoefficientCache:
 
 
 def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_manifest(folder: Path) -> dict | None:

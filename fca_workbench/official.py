@@ -11,11 +11,14 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
   builds the workbench's own config class for the ``model_type``; no Auto class and no
   ``trust_remote_code`` is involved, so the code files the ``auto_map`` names are never imported.
   A ``muddpythia`` config must carry every architecture field the official configs carry, with the right
-  types; the config class then refuses shapes it does not build (``dense_type`` other than ``qkvr`` ...).
-* ``check_weights`` reads only the names and shapes stored in the weight files (safetensors headers,
+  types; the config class then refuses shapes it does not build (``dense_type`` other than ``qkvr`` ...),
+  and ``fca_workbench.limits`` refuses absurd sizes (a million layers, a billion-token context).
+* ``check_weights`` first refuses a model whose parameters would not fit in the memory available, then
+  reads only the names and shapes stored in the weight files (safetensors headers,
   ``torch.load(..., weights_only=True, map_location="meta")`` for ``.bin``) and compares them with the
   model built on the meta device: any missing key, unexpected key or wrong shape is one ``UserError``
-  that names them. Only then are the weights loaded (``from_pretrained`` of the concrete class, with
+  that names them. Weight files (and the shards an index names) are read only from inside the folder.
+  Only then are the weights loaded (``from_pretrained`` of the concrete class, with
   ``weights_only=True``), and its own loading report must be empty too.
 
 ``save_official`` writes a model in that layout (the test and GPU-check helper), and ``audit_batch_size``
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError, first_line
+from .limits import check_memory, check_sizes
 
 CONFIG_FILE = "config.json"
 # What the loader looks for, in this order (the order transformers prefers too).
@@ -144,6 +148,7 @@ def read_config(folder: Path, families: dict):
         config = config_class.from_dict(fields)
     except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
         raise UserError(f"{path}: {first_line(exc)}") from None
+    check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
 
@@ -262,11 +267,14 @@ def expected_shapes(model_class, config) -> tuple[dict[str, tuple[int, ...]], se
     return shapes, optional
 
 
-def check_weights(folder: Path, model_class, config) -> Path:
-    """Compare the stored names and shapes with the model's, strictly; returns the weight file to load."""
+def check_weights(folder: Path, model_class, config, dtype: torch.dtype) -> Path:
+    """Check the model fits in memory in ``dtype``, then compare the stored names and shapes with the
+    model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
-    stored = stored_shapes(path)
     expected, optional = expected_shapes(model_class, config)
+    parameters = sum(math.prod(shape) for shape in expected.values())
+    check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+    stored = stored_shapes(path)
     allowed_extra = MUDDPYTHIA_CACHE_KEYS if config.model_type == "muddpythia" else None
     missing = [k for k in expected if k not in stored and k not in optional]
     unexpected = [k for k in stored if k not in expected and not (allowed_extra and allowed_extra.match(k))]
@@ -291,12 +299,13 @@ def check_weights(folder: Path, model_class, config) -> Path:
 
 def load_weights(folder: Path, model_class, config, dtype):
     """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
-    path = check_weights(folder, model_class, config)
+    dtype = dtype or torch.float32
+    path = check_weights(folder, model_class, config, dtype)
     try:
         model, info = model_class.from_pretrained(
             folder,
             config=config,
-            dtype=dtype or torch.float32,
+            dtype=dtype,
             local_files_only=True,
             use_safetensors=path.name.startswith("model.safetensors"),
             weights_only=True,

@@ -19,10 +19,12 @@ from tqdm.auto import tqdm
 
 from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
 from .errors import UserError, first_line
+from .limits import check_memory, check_sizes
 from .models import FAMILIES, next_token_nll
 from .tokenizer import load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 STATE_KEYS = {"settings", "step", "model", "optimizer", "scheduler"}
 LOG_FILE = "train_log.csv"
 STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
@@ -57,14 +59,21 @@ def build_model(settings: TrainSettings, vocab_size: int):
     if settings.arch not in FAMILIES:
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
     config_class, model_class = FAMILIES[settings.arch]
-    config = config_class.from_sizes(
-        vocab_size=vocab_size,
-        layers=settings.layers,
-        width=settings.width,
-        heads=settings.heads,
-        window=settings.window,
-        gate_groups=settings.gate_groups,
-    )
+    try:
+        config = config_class.from_sizes(
+            vocab_size=vocab_size,
+            layers=settings.layers,
+            width=settings.width,
+            heads=settings.heads,
+            window=settings.window,
+            gate_groups=settings.gate_groups,
+        )
+    except (ValueError, ZeroDivisionError) as exc:  # the config classes refuse shapes they cannot build
+        raise UserError(f"fca train's model config: {first_line(exc)}") from None
+    check_sizes(config, "fca train's model config")
+    with torch.device("meta"):  # counts the parameters without allocating them
+        parameters = sum(p.numel() for p in model_class(config).parameters())
+    check_memory(parameters, TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
     torch.manual_seed(settings.seed)
     return model_class(config)
 
@@ -110,8 +119,8 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     out = run_folder(out)
     state = read_state(out, settings)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
-    stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     model = build_model(settings, len(tokenizer)).to(settings.device)
+    stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     optimizer, scheduler = make_optimizer(model, settings)
     step = restore(state, model, optimizer, scheduler)
     out.mkdir(parents=True, exist_ok=True)

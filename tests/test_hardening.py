@@ -311,3 +311,74 @@ def test_hub_cache_snapshot_with_blob_symlinks_still_loads(tmp_path):
         (blobs / f"blob{n}").write_bytes(path.read_bytes())
         (snapshot / path.name).symlink_to(Path("../../blobs") / f"blob{n}")
     assert_identical_models(model, load_model(snapshot), tokens())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. absurd configs refused from the config, before anything is built
+
+
+def checkpoint_with(tiny_checkpoints, tmp_path, arch, **fields):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for item in tiny_checkpoints[arch].iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return folder
+
+
+@pytest.mark.parametrize("arch, field, value", [
+    ("featuregate", "n_layer", 10**6),
+    ("dense", "n_embd", 10**7),
+    ("dense", "vocab_size", 10**9),
+    ("muddpythia", "block_size", 10**9),
+    ("muddpythia", "intermediate_size", 10**8),
+    ("dense", "n_layer", 0),
+])
+def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_path, arch, field, value):
+    from fca_workbench.models import load_model
+
+    folder = checkpoint_with(tiny_checkpoints, tmp_path, arch, **{field: value})
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=f"{field}={value} is out of range") as error:
+        load_model(folder)
+    assert time.perf_counter() - started < 5
+    assert "\n" not in str(error.value)
+
+
+def test_parameters_beyond_available_memory_are_refused(tiny_checkpoints, monkeypatch):
+    import fca_workbench.limits as limits
+    from fca_workbench.models import load_model
+
+    model = load_model(tiny_checkpoints["featuregate"])  # fits: loads
+    needed = sum(p.numel() for p in model.parameters()) * 4
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
+    with pytest.raises(UserError, match="parameters, 0.0 GiB in float32, more than the 0.0 GiB of memory available"):
+        load_model(tiny_checkpoints["featuregate"])
+
+
+def test_train_refuses_absurd_sizes_before_reading_any_text(tmp_path):
+    text = tmp_path / "missing.txt"  # never read: the sizes are refused first
+    result = fca("train", "--arch", "muddpythia", "--layers", 10**6, "--train", text, "--out", tmp_path / "run")
+    assert_one_line_error(result, "n_layer=1000000 is out of range")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(width=97), "n_embd=97 is not divisible by n_head=4"),
+    (dict(layers=200, width=65536, heads=512), "GiB for fp32 weights, gradients and AdamW, more than the"),
+])
+def test_train_refuses_sizes_it_cannot_build(sizes, message):
+    from fca_workbench.train import build_model
+
+    with pytest.raises(UserError, match=message):
+        build_model(TrainSettings(arch="dense", **sizes), vocab_size=4096)
+
+
+@pytest.mark.parametrize("name", ["featuregate-s0", "dense-s0", "muddpythia-s0"])
+def test_shipped_checkpoints_still_load(name):
+    from fca_workbench.data import DATA_DIR
+    from fca_workbench.models import load_model
+
+    model = load_model(DATA_DIR / "checkpoints" / name)
+    assert sum(p.numel() for p in model.parameters()) > 0
