@@ -21,6 +21,7 @@ from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split
 from .errors import UserError, first_line
 from .limits import check_memory, check_sizes
 from .models import FAMILIES, next_token_nll
+from .outputs import output_folder
 from .tokenizer import load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
@@ -160,9 +161,7 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
 def run_folder(out) -> Path:
     """The run's folder, refused before any work when it is a file, a finished checkpoint, or holds
     files the finished checkpoint would replace that this trainer did not write (a user's README.md ...)."""
-    out = Path(out).resolve()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a folder")
+    out = output_folder(out)
     running = (out / STATE_FILE).is_file()
     if not running and (out / "config.json").exists():
         raise UserError(f"{out} already holds a finished checkpoint; choose another --out")

@@ -382,3 +382,98 @@ def test_shipped_checkpoints_still_load(name):
 
     model = load_model(DATA_DIR / "checkpoints" / name)
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 6. output folders: audit, audit-many, reproduce
+
+
+def test_audit_refuses_to_replace_an_audit_json_it_did_not_write(tiny_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "audit.json").write_text(json.dumps({"schema": "fca-audit/1", "mine": "hand-written notes"}))
+    result = fca("audit", tiny_checkpoints["dense"], "--out", out)
+    assert_one_line_error(result, "audit.json exists and is not a fca-audit/1 file this workbench wrote")
+    assert json.loads((out / "audit.json").read_text())["mine"] == "hand-written notes"
+    assert sorted(os.listdir(out)) == ["audit.json"]  # refused before any work: no cache, no outputs
+
+
+def test_out_naming_a_file_is_one_line(tiny_checkpoints, tmp_path):
+    from fca_workbench import reproduce
+    from fca_workbench.aggregate import aggregate_audits
+    from fca_workbench.audit import AuditSettings
+
+    path = tmp_path / "file"
+    path.write_text("x")
+    assert_one_line_error(fca("audit", tiny_checkpoints["dense"], "--out", path), "is a file, not a folder")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        aggregate_audits([AuditSettings(checkpoint=str(tiny_checkpoints["dense"]))], path)
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        reproduce.plan({"notebooks": ["03_static_profiles"]}, path)
+    assert path.read_text() == "x"
+
+
+def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkpoints, tmp_path):
+    from fca_workbench.aggregate import aggregate_audits, audit_names
+    from fca_workbench.audit import AuditSettings
+
+    assert audit_names(["x/a/fg", "x/b/fg", "x/c/other"]) == ["a-fg", "b-fg", "other"]
+    assert audit_names(["p/a/fg", "q/a/fg"]) == ["1-a-fg", "2-a-fg"]
+    with pytest.raises(UserError, match="is given twice"):
+        audit_names(["a/fg", "a/../a/fg"])
+    folders = []
+    for parent in ("a", "b"):
+        folder = tmp_path / parent / "fg"
+        folder.mkdir(parents=True)
+        for item in tiny_checkpoints["dense"].iterdir():
+            (folder / item.name).write_bytes(item.read_bytes())
+        folders.append(folder)
+    options = dict(window=64, max_windows=2, batch_size=2, latency_repeats=1, resamples=10)
+    summary = aggregate_audits([AuditSettings(checkpoint=str(f), **options) for f in folders], tmp_path / "many")
+    assert summary["audits"] == ["a-fg", "b-fg"]
+    paths = [json.loads((tmp_path / "many" / n / "audit.json").read_text())["model"]["path"] for n in ("a-fg", "b-fg")]
+    assert paths == [str(f.resolve()) for f in folders]
+
+
+def test_audit_many_checks_every_output_folder_before_the_first_audit(tiny_checkpoints, tmp_path):
+    from fca_workbench.aggregate import aggregate_audits
+    from fca_workbench.audit import AuditSettings
+
+    (tmp_path / "many" / "featuregate").mkdir(parents=True)
+    (tmp_path / "many" / "featuregate" / "audit.json").write_text("my own audit notes")
+    settings = [AuditSettings(checkpoint=str(tiny_checkpoints[a])) for a in ("dense", "featuregate")]
+    with pytest.raises(UserError, match="featuregate/audit.json exists and is not"):
+        aggregate_audits(settings, tmp_path / "many")
+    assert not (tmp_path / "many" / "dense").exists()
+
+
+def test_cache_errors_suggest_no_option_a_command_lacks():
+    from fca_workbench.capture import capture
+
+    windows = cache_windows()
+    folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"fca-hardening-{os.getpid()}"
+    try:
+        capture(tiny_model("featuregate", seed=0), windows, folder, batch_size=4)
+        with pytest.raises(UserError) as error:
+            capture(tiny_model("featuregate", seed=5), windows, folder, batch_size=4)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    assert "another model" in str(error.value) and "--" not in str(error.value)
+
+
+def test_reproduce_overwrites_only_a_folder_it_wrote(tiny_checkpoints, tmp_path):
+    from fca_workbench import reproduce
+    from fca_workbench.outputs import RESULTS_MARKER, mark_results
+
+    out = tmp_path / "mine"
+    (out / "notebooks").mkdir(parents=True)
+    (out / "README.md").write_text("my README")
+    config = {"notebooks": ["03_static_profiles"], "parameters": {"checkpoints": [str(tiny_checkpoints["dense"])]}}
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match=f"was not written by fca reproduce \\(no {RESULTS_MARKER}"):
+            reproduce.plan(config, out, overwrite=overwrite)
+    assert (out / "README.md").read_text() == "my README"
+    mark_results(out)
+    assert reproduce.plan(config, out, overwrite=True).out == out.resolve()
