@@ -4,8 +4,12 @@ import json
 import statistics
 from pathlib import Path
 
-from .audit import run_audit
+from .audit import check_audit_out, run_audit
 from .data import write_atomic
+from .errors import UserError
+from .outputs import output_folder, refuse_foreign
+
+SCHEMA = "fca-audit-many/1"
 
 HEADLINE = (
     ("NLL correct", "conditions.correct.nll"),
@@ -62,15 +66,33 @@ def summarise(audits: list[dict]) -> dict[str, dict]:
     }
 
 
+def audit_names(checkpoints) -> list[str]:
+    """One distinct folder name per checkpoint for its audit: the checkpoint's folder name, prefixed by
+    its parent's where two share it (``a/fg``, ``b/fg`` -> ``a-fg``, ``b-fg``), numbered if still equal."""
+    paths = [Path(c).resolve() for c in checkpoints]
+    repeated = sorted({str(p) for p in paths if paths.count(p) > 1})
+    if repeated:
+        raise UserError(f"checkpoint {repeated[0]} is given twice; each seed is one checkpoint")
+    names = [p.name for p in paths]
+    names = [f"{p.parent.name}-{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+    if len(set(names)) < len(names):
+        names = [f"{i}-{name}" for i, name in enumerate(names, 1)]
+    return names
+
+
 def aggregate_audits(settings_list, out) -> dict:
-    out = Path(out)
-    audits = []
-    for settings in settings_list:
-        name = Path(settings.checkpoint).resolve().name
-        audits.append(run_audit(settings, out / name))
+    """Audit every checkpoint into ``out/<name>`` (``audit_names``), then ``out/audit_many.json``; every
+    output folder is checked before the first audit starts."""
+    out = output_folder(out)
+    refuse_foreign(out / "audit_many.json", SCHEMA)
+    names = audit_names([settings.checkpoint for settings in settings_list])
+    for name in names:
+        check_audit_out(out / name)
+    audits = [run_audit(settings, out / name) for settings, name in zip(settings_list, names)]
     summary = {
-        "schema": "fca-audit-many/1",
+        "schema": SCHEMA,
         "checkpoints": [a["model"]["path"] for a in audits],
+        "audits": names,
         "archs": [a["model"]["arch"] for a in audits],
         "figures": summarise(audits),
     }

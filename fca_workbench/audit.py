@@ -18,6 +18,7 @@ from .adapters import load_controlled
 from .execution import execution_audit, expert_execution
 from .metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
 from .official import audit_batch_size
+from .outputs import output_folder, refuse_foreign
 from .replay import calibration_profiles, replay_conditions, replay_nll
 from .report import verdicts
 from .results import per_token_files
@@ -53,6 +54,14 @@ def default_out(checkpoint) -> Path:
     return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
 
 
+def check_audit_out(out) -> Path:
+    """The audit's output folder, refused before any work when it is a file or holds an ``audit.json``
+    this workbench did not write (anything that is not a valid ``fca-audit/1`` audit)."""
+    out = output_folder(out)
+    refuse_foreign(out / "audit.json", SCHEMA, validate_audit)
+    return out
+
+
 def load_audit_inputs(settings: AuditSettings):
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
     if settings.dtype not in DTYPES:
@@ -84,7 +93,7 @@ def run_audit(settings: AuditSettings, out) -> dict:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
 
     With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``)."""
-    out = Path(out)
+    out = check_audit_out(out)
     model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
     cache_root = Path(settings.cache) if settings.cache else out / "cache"
     if settings.batch_size is None:

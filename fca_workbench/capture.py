@@ -4,23 +4,59 @@ The cache is a folder of safetensors shards (one per batch) plus ``manifest.json
 exact model and windows by fingerprints, so replay can never mix coefficients from another model or other
 data. Shards are written atomically and the manifest is marked complete only at the end, so an
 interrupted capture never looks finished and a rerun resumes from the shards already written.
+
+Integrity: the manifest records each shard's sha256 and size, hashed from the very bytes written. Only
+shards it claims are ever used: a rerun resumes from the claimed shards whose hash still matches and
+recaptures the others; shards in the folder that no manifest claims (another model's, a crash between
+shard and manifest) are deleted before a capture starts. A finished cache is verified when opened, before
+any figure is computed (every shard present, at its size and hash); a shard that fails stops the run with
+one line naming it (delete the folder to capture again): damage to a finished cache is worth knowing
+about, not papering over with a silent recapture.
 """
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from .data import fingerprint_tensor, write_atomic
-from .errors import UserError
 from .adapters.protocol import COEFFICIENT
+from .errors import UserError, first_line
 from .models import next_token_nll
 
-CACHE_FORMAT = "fca-coefficient-cache/1"
+CACHE_FORMAT = "fca-coefficient-cache/2"
+LEGACY_FORMATS = ("fca-coefficient-cache/1",)  # no shard hashes: recaptured, never trusted
+MANIFEST = "manifest.json"
+SHARD_FILE = re.compile(r"^\.?shard_\d{5}\.safetensors(\.tmp)?$")  # shards and their temporary names
+MANIFEST_SCHEMA = {
+    "type": "object",
+    "required": ["format", "model_fingerprint", "data_fingerprint", "windows", "window", "shard_size", "dtype",
+                 "slot_shapes", "shards", "complete"],
+    "properties": {
+        "model_fingerprint": {"type": "string"},
+        "data_fingerprint": {"type": "string"},
+        "windows": {"type": "integer", "minimum": 0},
+        "window": {"type": "integer", "minimum": 1},
+        "shard_size": {"type": "integer", "minimum": 1},
+        "dtype": {"type": "string"},
+        "slot_shapes": {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+        "shards": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["sha256", "bytes"],
+                "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                               "bytes": {"type": "integer", "minimum": 0}},
+            },
+        },
+        "complete": {"type": "boolean"},
+    },
+}
 
 
 def model_fingerprint(model) -> str:
@@ -40,7 +76,11 @@ def library_versions() -> dict:
 
 
 class CoefficientCache:
-    """Read access to a finished capture: coefficients and unperturbed NLL of any set of windows."""
+    """Read access to a finished capture: coefficients and unperturbed NLL of any set of windows.
+
+    ``open_cache`` builds it and ``verify``s every shard first; a read that still fails (a shard changed
+    since) is a one-line UserError naming the shard.
+    """
 
     def __init__(self, folder: Path, manifest: dict):
         self.folder = Path(folder)
@@ -52,14 +92,42 @@ class CoefficientCache:
     def shard_path(self, shard: int) -> Path:
         return self.folder / f"shard_{shard:05d}.safetensors"
 
+    def num_shards(self) -> int:
+        return -(-self.num_windows // self.shard_size)
+
+    def damaged(self, shard: int, why: str) -> UserError:
+        return UserError(f"coefficient cache shard {self.shard_path(shard)} {why}; delete {self.folder} to capture again")
+
+    def verify(self) -> None:
+        """Check a finished cache before any of it is used: every shard claimed by the manifest, present,
+        at its size and with its sha256 (each shard read once more; hashing is fast next to a forward)."""
+        for shard in range(self.num_shards()):
+            path = self.shard_path(shard)
+            claim = self.manifest["shards"].get(path.name)
+            if claim is None:
+                raise self.damaged(shard, f"is not listed in {MANIFEST}")
+            if not path.is_file():
+                raise self.damaged(shard, "is missing")
+            if path.stat().st_size != claim["bytes"]:
+                raise self.damaged(shard, f"has {path.stat().st_size} bytes, {MANIFEST} says {claim['bytes']}")
+            try:
+                digest = file_sha256(path)
+            except OSError as exc:
+                raise self.damaged(shard, f"is unreadable ({first_line(exc)})") from None
+            if digest != claim["sha256"]:
+                raise self.damaged(shard, f"is damaged: its sha256 differs from the one in {MANIFEST}")
+
     def _read(self, key: str, indices: torch.Tensor) -> torch.Tensor:
         """Rows ``indices`` of one stored tensor, in the order asked for, opening each shard once."""
         shards = indices // self.shard_size
         out = None
         for shard in shards.unique().tolist():
             positions = (shards == shard).nonzero().squeeze(1)
-            with safe_open(self.shard_path(shard), framework="pt") as handle:
-                rows = handle.get_tensor(key)[indices[positions] - shard * self.shard_size]
+            try:
+                with safe_open(self.shard_path(shard), framework="pt") as handle:
+                    rows = handle.get_tensor(key)[indices[positions] - shard * self.shard_size]
+            except (OSError, SafetensorError, IndexError) as exc:
+                raise self.damaged(shard, f"is unreadable ({first_line(exc)})") from None
             if out is None:
                 out = rows.new_empty((len(indices), *rows.shape[1:]))
             out[positions] = rows
@@ -73,8 +141,11 @@ class CoefficientCache:
         """Per controller, everything captured for ``indices``: ``"coefficient"`` plus the rest of the
         controller's output (e.g. a router's whole output), each ``[B, T, ...]``, as the model made it."""
         indices = torch.as_tensor(indices, dtype=torch.long)
-        with safe_open(self.shard_path(0), framework="pt") as handle:
-            keys = list(handle.keys())
+        try:
+            with safe_open(self.shard_path(0), framework="pt") as handle:
+                keys = list(handle.keys())
+        except (OSError, SafetensorError) as exc:
+            raise self.damaged(0, f"is unreadable ({first_line(exc)})") from None
         return [
             {COEFFICIENT: coefficient,
              **{key.split(".", 1)[1]: self._read(key, indices) for key in keys if key.startswith(f"layer_{layer}.")}}
@@ -95,13 +166,74 @@ class CoefficientCache:
             yield self.coefficients(indices)
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The cache's manifest; None when there is none, or one of an older format (recaptured)."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"coefficient cache {folder}: unreadable {MANIFEST} ({first_line(exc)}); "
+                        f"delete {folder} to capture again") from None
+    if isinstance(manifest, dict) and manifest.get("format") in LEGACY_FORMATS:
+        return None
+    import jsonschema  # slow to import; only needed when a cache is opened
+
+    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+        raise UserError(f"coefficient cache {folder}: {MANIFEST} is not a {CACHE_FORMAT} manifest; "
+                        f"delete {folder} to capture again")
+    try:
+        jsonschema.validate(manifest, MANIFEST_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        raise UserError(f"coefficient cache {folder}: {MANIFEST} is malformed ({first_line(exc)}); "
+                        f"delete {folder} to capture again") from None
+    return manifest
+
+
+def open_cache(folder) -> CoefficientCache:
+    """A finished capture, checked: manifest well-formed and complete, every shard at its size and hash."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise UserError(f"no coefficient cache in {folder}")
+    if not manifest["complete"]:
+        raise UserError(f"coefficient cache {folder} is incomplete; rerun the audit to finish it")
+    cache = CoefficientCache(folder, manifest)
+    cache.verify()
+    return cache
+
+
+def remove_unclaimed_shards(folder: Path, claimed) -> None:
+    """Delete shard files no manifest claims: another capture's, or written just before a crash."""
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if SHARD_FILE.match(path.name) and path.name not in claimed:
+                path.unlink()
+
+
+def write_shard(tensors: dict[str, torch.Tensor], path: Path) -> dict:
+    """Write one shard atomically; returns the sha256 and size of exactly the bytes written."""
+    payload = save(tensors)
+    write_atomic(path, payload)
+    return {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
+
+
 def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
     """Refuse a cache made for another model or other windows, naming which fingerprint differs."""
     for key, what in (("model_fingerprint", "model"), ("data_fingerprint", "data")):
         if manifest.get(key) != expected[key]:
             raise UserError(
                 f"coefficient cache {folder} was captured from another {what} "
-                f"({key} {str(manifest.get(key))[:12]} != {expected[key][:12]}); use another --cache or delete it"
+                f"({key} {str(manifest.get(key))[:12]} != {expected[key][:12]}); delete that folder to capture again"
             )
     for key in ("window", "shard_size", "dtype"):
         if manifest.get(key) != expected[key]:
@@ -126,22 +258,24 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         "slot_shapes": [list(shape) for shape in model.coefficient_slot_shapes],
         "controllers": list(model.controller_names),
         "versions": library_versions(),
+        "shards": {},
         "complete": False,
     }
-    manifest_path = folder / "manifest.json"
-    if manifest_path.is_file():
-        existing = json.loads(manifest_path.read_text())
+    existing = read_manifest(folder)
+    if existing is not None:
         check_manifest(existing, manifest, folder)
         if existing["complete"]:
-            return CoefficientCache(folder, existing)
-    else:
-        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+            return open_cache(folder)
+        manifest["shards"] = existing["shards"]  # the interrupted capture's; each is verified before reuse
+    remove_unclaimed_shards(folder, manifest["shards"])
+    manifest_path = folder / MANIFEST
+    write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
     model.eval()
     cache = CoefficientCache(folder, manifest)
-    shards = range(-(-len(windows) // batch_size))
-    for shard in tqdm(shards, desc=desc, unit="shard", leave=False):
+    for shard in tqdm(range(cache.num_shards()), desc=desc, unit="shard", leave=False):
         path = cache.shard_path(shard)
-        if path.is_file():
+        claim = manifest["shards"].get(path.name)
+        if claim is not None and path.is_file() and file_sha256(path) == claim["sha256"]:
             continue
         batch = windows[shard * batch_size : (shard + 1) * batch_size].to(device)
         logits, values = model.capture_run(batch)
@@ -150,9 +284,8 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         tensors.update({f"layer_{layer}.{name}": t.cpu().contiguous() for layer, value in enumerate(values)
                         for name, t in value.items() if name != COEFFICIENT})
         tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file(tensors, tmp)
-        tmp.replace(path)
+        manifest["shards"][path.name] = write_shard(tensors, path)
+        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
     manifest["complete"] = True
     write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
-    return cache
+    return open_cache(folder)

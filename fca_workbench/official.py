@@ -11,11 +11,14 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
   builds the workbench's own config class for the ``model_type``; no Auto class and no
   ``trust_remote_code`` is involved, so the code files the ``auto_map`` names are never imported.
   A ``muddpythia`` config must carry every architecture field the official configs carry, with the right
-  types; the config class then refuses shapes it does not build (``dense_type`` other than ``qkvr`` ...).
-* ``check_weights`` reads only the names and shapes stored in the weight files (safetensors headers,
+  types; the config class then refuses shapes it does not build (``dense_type`` other than ``qkvr`` ...),
+  and ``fca_workbench.limits`` refuses absurd sizes (a million layers, a billion-token context).
+* ``check_weights`` first refuses a model whose parameters would not fit in the memory available, then
+  reads only the names and shapes stored in the weight files (safetensors headers,
   ``torch.load(..., weights_only=True, map_location="meta")`` for ``.bin``) and compares them with the
   model built on the meta device: any missing key, unexpected key or wrong shape is one ``UserError``
-  that names them. Only then are the weights loaded (``from_pretrained`` of the concrete class, with
+  that names them. Weight files (and the shards an index names) are read only from inside the folder.
+  Only then are the weights loaded (``from_pretrained`` of the concrete class, with
   ``weights_only=True``), and its own loading report must be empty too.
 
 ``save_official`` writes a model in that layout (the test and GPU-check helper), and ``audit_batch_size``
@@ -30,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from .errors import UserError, first_line
+from .limits import check_memory, check_sizes
 
 CONFIG_FILE = "config.json"
 # What the loader looks for, in this order (the order transformers prefers too).
@@ -128,7 +132,7 @@ def read_config(folder: Path, families: dict):
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"unreadable checkpoint config in {folder}: {_first_line(exc)}") from None
+        raise UserError(f"unreadable checkpoint config in {folder}: {first_line(exc)}") from None
     if not isinstance(raw, dict):
         raise UserError(f"unreadable checkpoint config in {folder}: config.json is not a JSON object")
     model_type = raw.get("model_type")
@@ -143,7 +147,8 @@ def read_config(folder: Path, families: dict):
     try:
         config = config_class.from_dict(fields)
     except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
-        raise UserError(f"{path}: {_first_line(exc)}") from None
+        raise UserError(f"{path}: {first_line(exc)}") from None
+    check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
 
@@ -196,12 +201,15 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {_first_line(exc)}") from None
+            raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}") from None
+        if not all(isinstance(name, str) for name in [*weight_map, *shards]):
+            raise UserError(f"corrupt or missing weights in {folder}: {path.name} maps names to non-strings")
         shapes, misplaced = {}, []
         for shard in shards:
-            if not (folder / shard).is_file():
+            shard_path = inside_folder(folder, shard, path.name)
+            if not shard_path.is_file():
                 raise UserError(f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing")
-            in_shard = _file_shapes(folder / shard)
+            in_shard = _file_shapes(shard_path)
             misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
             shapes.update(in_shard)
         if misplaced:
@@ -210,7 +218,23 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
                 f"not in their shard: {_some(misplaced)}"
             )
         return shapes
-    return _file_shapes(path)
+    return _file_shapes(inside_folder(folder, path.name, path.name))
+
+
+def inside_folder(folder: Path, name: str, named_by: str) -> Path:
+    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
+    symlinks are resolved: a checkpoint reads no weights from elsewhere, so its fingerprint and an
+    audit's freshness record cover everything that was loaded. The one exception is the Hugging Face hub
+    cache, whose ``snapshots/<revision>/`` files are symlinks into the same repository's ``blobs/``."""
+    root = folder.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":
+        allowed.append(root.parent.parent / "blobs")
+    resolved = (folder / name).resolve()
+    if not any(resolved.is_relative_to(place) for place in allowed):
+        raise UserError(f"{named_by} in {folder} points outside the checkpoint folder ({name} is {resolved}); "
+                        "weights are read only from inside it")
+    return folder / name
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -225,7 +249,7 @@ def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     except UserError:
         raise
     except Exception as exc:  # safetensors, torch and pickle each raise their own types on bad files
-        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {_first_line(exc)}") from None
+        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {first_line(exc)}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"corrupt or missing weights in {path.parent}: {path.name} is not a state dict of tensors")
     return {key: tuple(value.shape) for key, value in state.items()}
@@ -243,11 +267,14 @@ def expected_shapes(model_class, config) -> tuple[dict[str, tuple[int, ...]], se
     return shapes, optional
 
 
-def check_weights(folder: Path, model_class, config) -> Path:
-    """Compare the stored names and shapes with the model's, strictly; returns the weight file to load."""
+def check_weights(folder: Path, model_class, config, dtype: torch.dtype) -> Path:
+    """Check the model fits in memory in ``dtype``, then compare the stored names and shapes with the
+    model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
-    stored = stored_shapes(path)
     expected, optional = expected_shapes(model_class, config)
+    parameters = sum(math.prod(shape) for shape in expected.values())
+    check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+    stored = stored_shapes(path)
     allowed_extra = MUDDPYTHIA_CACHE_KEYS if config.model_type == "muddpythia" else None
     missing = [k for k in expected if k not in stored and k not in optional]
     unexpected = [k for k in stored if k not in expected and not (allowed_extra and allowed_extra.match(k))]
@@ -272,19 +299,20 @@ def check_weights(folder: Path, model_class, config) -> Path:
 
 def load_weights(folder: Path, model_class, config, dtype):
     """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
-    path = check_weights(folder, model_class, config)
+    dtype = dtype or torch.float32
+    path = check_weights(folder, model_class, config, dtype)
     try:
         model, info = model_class.from_pretrained(
             folder,
             config=config,
-            dtype=dtype or torch.float32,
+            dtype=dtype,
             local_files_only=True,
             use_safetensors=path.name.startswith("model.safetensors"),
             weights_only=True,
             output_loading_info=True,
         )
     except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
-        raise UserError(f"corrupt or missing weights in {folder}: {_first_line(exc)}") from None
+        raise UserError(f"corrupt or missing weights in {folder}: {first_line(exc)}") from None
     leftovers = {k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     unexpected = [k for k in leftovers.get("unexpected_keys", []) if not MUDDPYTHIA_CACHE_KEYS.match(k)]
     if leftovers.get("missing_keys") or leftovers.get("mismatched_keys") or unexpected or info.get("error_msgs"):
@@ -450,8 +478,3 @@ def _some(items) -> str:
     items = list(items)
     shown = ", ".join(items[:NAMED_KEYS])
     return shown + (f", ... ({len(items) - NAMED_KEYS} more)" if len(items) > NAMED_KEYS else "")
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -25,8 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .audit import AuditSettings, run_audit
+from .capture import read_manifest
 from .data import split_path, write_atomic
 from .errors import UserError
+from .outputs import RESULTS_MARKER, is_results, mark_results, output_folder
 from .resources import checkpoints_dir, results_root, shipped
 
 KERNEL_NAME = "fca-workbench"
@@ -126,7 +128,11 @@ def audit_is_current(settings: AuditSettings, folder) -> bool:
     if read_json(folder / "provenance.json") != provenance(settings) or read_json(folder / "audit.json") is None:
         return False
     cache = Path(settings.cache) if settings.cache else folder / "cache"
-    return bool((read_json(cache / "eval" / "manifest.json") or {}).get("complete"))
+    try:
+        manifest = read_manifest(cache / "eval")  # None for a cache of an older format: captured again
+    except UserError:
+        return False  # a broken manifest: the audit runs again and reports it
+    return bool(manifest and manifest["complete"])
 
 
 def ensure_audit(settings: AuditSettings, folder) -> dict:
@@ -336,13 +342,14 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
                 raise UserError(f"unknown parameter '{name}' for notebook {stem} "
                                 f"(it declares: {', '.join(n for n in declared[stem] if n not in RESERVED)})")
 
-    out = Path(out) if out else default_out()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output path {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"output folder {out} already holds results; choose another --out, or pass --overwrite "
-                        "to write this run over them (current audits are reused)")
-    out = out.resolve()
+    out = output_folder(out or default_out())
+    if out.is_dir() and any(out.iterdir()):
+        if not is_results(out):
+            raise UserError(f"output folder {out} is not empty and was not written by fca reproduce "
+                            f"(no {RESULTS_MARKER} in it); choose another --out")
+        if not overwrite:
+            raise UserError(f"output folder {out} already holds results; choose another --out, or pass --overwrite "
+                            "to write this run over them (current audits are reused)")
     cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
 
     jobs, audits, first_user = [], {}, {}
@@ -454,6 +461,7 @@ def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
 
     out = plan_.out
     out.mkdir(parents=True, exist_ok=True)
+    mark_results(out)
     write_atomic(out / "reproduce_config.json", (json.dumps(plan_summary(plan_), indent=2) + "\n").encode())
     started = time.perf_counter()
     audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .aggregate import summarise
-from .capture import CoefficientCache
+from .capture import CoefficientCache, open_cache
 from .data import write_atomic
 from .errors import UserError
 from .interventions import CONDITIONS, ROUTING_CONDITIONS, static_profiles
@@ -414,17 +414,6 @@ def cache_folder(audit: dict, audit_dir, split: str = "eval") -> Path:
     """Where the audit's coefficient cache of ``split`` lies (its ``--cache``, else beside audit.json)."""
     root = audit["settings"].get("cache")
     return (Path(root) if root else Path(audit_dir) / "cache") / split
-
-
-def open_cache(folder) -> CoefficientCache:
-    folder = Path(folder)
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise UserError(f"no coefficient cache in {folder}")
-    manifest = json.loads(manifest_path.read_text())
-    if not manifest.get("complete"):
-        raise UserError(f"coefficient cache {folder} is incomplete; rerun the audit to finish it")
-    return CoefficientCache(folder, manifest)
 
 
 def load_profiles(path) -> dict[str, list[torch.Tensor]]:

@@ -30,12 +30,22 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
-from .errors import UserError
+from .errors import UserError, first_line
+from .limits import check_memory, check_sizes
 from .models import FAMILIES, next_token_nll
+from .outputs import output_folder
 from .tokenizer import load_tokenizer
 
 STATE_FILE = "trainer_state.pt"
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+STATE_KEYS = {"settings", "step", "model", "optimizer", "scheduler"}
 LOG_FILE = "train_log.csv"
+STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
+# Every file a finished checkpoint may hold (tests/test_hardening.py checks it against real runs).
+CHECKPOINT_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "model_card.json", "README.md", LOG_FILE,
+)
 
 
 @dataclass
@@ -126,14 +136,21 @@ def build_model(settings: TrainSettings, tokenizer):
     if settings.arch not in FAMILIES:
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
     config_class, model_class = FAMILIES[settings.arch]
-    config = config_class.from_sizes(
-        vocab_size=vocab_size,
-        layers=settings.layers,
-        width=settings.width,
-        heads=settings.heads,
-        window=settings.window,
-        gate_groups=settings.gate_groups,
-    )
+    try:
+        config = config_class.from_sizes(
+            vocab_size=vocab_size,
+            layers=settings.layers,
+            width=settings.width,
+            heads=settings.heads,
+            window=settings.window,
+            gate_groups=settings.gate_groups,
+        )
+    except (ValueError, ZeroDivisionError) as exc:  # the config classes refuse shapes they cannot build
+        raise UserError(f"fca train's model config: {first_line(exc)}") from None
+    check_sizes(config, "fca train's model config")
+    with torch.device("meta"):  # counts the parameters without allocating them
+        parameters = sum(p.numel() for p in model_class(config).parameters())
+    check_memory(parameters, TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
     torch.manual_seed(settings.seed)
     return model_class(config)
 
@@ -189,12 +206,13 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
 
     Returns the model card's figures when the run completes, None when it stopped early.
     """
-    out = Path(out)
+    out = run_folder(out)
+    state = read_state(out, settings)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
     model = build_model(settings, tokenizer).to(settings.device)  # a bad config fails before the corpus is read
     stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     optimizer, scheduler = make_optimizer(model, settings)
-    step = resume(out, settings, model, optimizer, scheduler)
+    step = restore(state, model, optimizer, scheduler)
     out.mkdir(parents=True, exist_ok=True)
     log_rows = read_log(out, step)
     started, elapsed_before = time.perf_counter(), (float(log_rows[-1]["seconds"]) if log_rows else 0.0)
@@ -230,16 +248,44 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     return finish(out, settings, model, tokenizer, log_rows)
 
 
-def resume(out: Path, settings, model, optimizer, scheduler) -> int:
-    state_path = out / STATE_FILE
-    if not state_path.is_file():
-        if (out / "config.json").exists():
-            raise UserError(f"{out} already holds a finished checkpoint; choose another --out")
-        return 0
-    state = torch.load(state_path, map_location=settings.device, weights_only=False)
+def run_folder(out) -> Path:
+    """The run's folder, refused before any work when it is a file, a finished checkpoint, or holds
+    files the finished checkpoint would replace that this trainer did not write (a user's README.md ...)."""
+    out = output_folder(out)
+    running = (out / STATE_FILE).is_file()
+    if not running and (out / "config.json").exists():
+        raise UserError(f"{out} already holds a finished checkpoint; choose another --out")
+    ours = {LOG_FILE} if running else set()
+    clashes = [name for name in CHECKPOINT_FILES if name not in ours and (out / name).exists()]
+    if clashes:
+        raise UserError(f"{out} already holds {', '.join(clashes)}, which fca train did not write and would "
+                        "replace; choose another --out")
+    return out
+
+
+def read_state(out: Path, settings: TrainSettings) -> dict | None:
+    """The saved state of an unfinished run in ``out`` (None: a fresh run), unpickled with
+    ``weights_only=True``: tensors and plain containers only, so a planted pickle cannot run code."""
+    path = out / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch and pickle raise many types on foreign or damaged files
+        raise UserError(f"{path} is not a training state fca train wrote ({first_line(exc)}); "
+                        "remove it or choose another --out") from None
+    if not isinstance(state, dict) or not STATE_KEYS <= state.keys() or not isinstance(state["settings"], dict):
+        raise UserError(f"{path} is not a training state fca train wrote; remove it or choose another --out")
     if state["settings"] != asdict(settings):
         changed = sorted(k for k in state["settings"] if state["settings"][k] != asdict(settings).get(k))
         raise UserError(f"{out} holds a run with different settings ({', '.join(changed)}); choose another --out")
+    return state
+
+
+def restore(state: dict | None, model, optimizer, scheduler) -> int:
+    """Load a saved state into the freshly built run; returns the step to continue from."""
+    if state is None:
+        return 0
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -312,14 +358,19 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
     }
     if settings.hf_config is not None:
         card["router_aux_loss_coef"] = getattr(model.config, "router_aux_loss_coef", None)
-    staging = out.with_name(f".{out.name}.final")
+    staging = out / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
     (staging / "README.md").write_text(model_card_markdown(card))
     shutil.copy(out / LOG_FILE, staging / LOG_FILE)
-    for path in staging.iterdir():
+    staged = sorted(staging.iterdir())
+    clashes = [p.name for p in staged if p.name not in CHECKPOINT_FILES and (out / p.name).exists()]
+    if clashes:  # a file name CHECKPOINT_FILES does not know yet (a newer transformers): never replace it
+        raise UserError(f"{out} holds {', '.join(clashes)}, which fca train did not write; "
+                        f"the finished checkpoint is left in {staging}")
+    for path in staged:
         path.replace(out / path.name)
     staging.rmdir()
     (out / STATE_FILE).unlink()

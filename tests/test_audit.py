@@ -172,21 +172,22 @@ def test_cache_from_another_model_or_other_data_is_refused(tiny_checkpoints, tmp
 
 
 def test_interrupted_capture_resumes_to_the_same_audit(tiny_checkpoints, audits, tmp_path, monkeypatch):
-    real_save, written = capture_module.save_file, []
+    real_write, written = capture_module.write_shard, []
 
     def crash_after_two_shards(tensors, path):
         if len(written) == 2:
             raise KeyboardInterrupt("killed mid-capture")
         written.append(path)
-        real_save(tensors, path)
+        return real_write(tensors, path)
 
-    monkeypatch.setattr(capture_module, "save_file", crash_after_two_shards)
+    monkeypatch.setattr(capture_module, "write_shard", crash_after_two_shards)
     with pytest.raises(KeyboardInterrupt):
         run_audit(settings(tiny_checkpoints["featuregate"]), tmp_path / "run")
     manifest = json.loads((tmp_path / "run" / "cache" / "eval" / "manifest.json").read_text())
     assert manifest["complete"] is False
+    assert sorted(manifest["shards"]) == sorted(p.name for p in written)  # each written shard is claimed
     assert not (tmp_path / "run" / "audit.json").exists()
     assert not list((tmp_path / "run" / "cache" / "eval").glob(".*.tmp"))
-    monkeypatch.setattr(capture_module, "save_file", real_save)
+    monkeypatch.setattr(capture_module, "write_shard", real_write)
     resumed = run_audit(settings(tiny_checkpoints["featuregate"]), tmp_path / "run")
     assert figures(resumed) == figures(audits["featuregate"][0])

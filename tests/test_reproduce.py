@@ -10,6 +10,7 @@ import pytest
 
 from fca_workbench import reproduce
 from fca_workbench.errors import UserError
+from fca_workbench.outputs import mark_results
 
 pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
 
@@ -60,6 +61,7 @@ def test_missing_checkpoint_is_refused_before_anything_runs(tiny_checkpoints, tm
 def test_existing_results_are_not_clobbered(tiny_checkpoints, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
+    mark_results(out)  # the marker an earlier fca reproduce run left
     (out / "README.md").write_text("an earlier run")
     config = {"notebooks": ["03_static_profiles"], "parameters": {"checkpoints": [str(tiny_checkpoints["featuregate"])]}}
     with pytest.raises(UserError, match="already holds results.*--overwrite"):
@@ -127,5 +129,6 @@ def test_failing_notebook_is_named_with_its_cell_and_the_others_still_run(tiny_c
     assert "passed  03_static_profiles" in result.stdout
     assert (out / "tables" / "retention_over_seeds.csv").is_file()
     assert (out / "notebooks" / "05_muddpythia.ipynb").is_file()  # kept, with the error in it
+    assert (out / ".fca-results").is_file()  # the marker that lets a later --overwrite write here
     index = (out / "README.md").read_text()
     assert "1 of 2 notebooks passed" in index and "**FAILED**: cell" in index

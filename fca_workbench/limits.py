@@ -1,0 +1,44 @@
+"""Sanity limits on model sizes, checked from the config before any module is built.
+
+A ``config.json`` (or ``fca train``'s flags) can ask for a million layers or a context of a billion tokens;
+building that hangs or exhausts memory long before any useful error. The limits below lie far above
+every model of these families (MUDDPythia-2.8B: 32 layers, width 2560, context 2048) and refuse only the
+absurd; then the parameter count the sizes imply (counted on a model built on the meta device, which
+allocates nothing) is checked against the memory this machine has available.
+"""
+
+import psutil
+
+from .errors import UserError
+
+# config field -> largest accepted value; every size field any family has (a family lacks some).
+SIZE_LIMITS = {
+    "n_layer": 256,  # the deepest released LLMs have about 128; the controllers grow with depth
+    "n_head": 1024,
+    "n_embd": 65_536,
+    "dim": 65_536,
+    "intermediate_size": 262_144,
+    "gate_groups": 65_536,
+    "block_size": 1 << 20,  # the context: position tables are sized by it
+    "vocab_size": 1 << 22,
+}
+
+
+def check_sizes(config, source: str) -> None:
+    """Refuse a size field that is not a whole number in 1..its limit, naming the field."""
+    for field, limit in SIZE_LIMITS.items():
+        if field not in vars(config):
+            continue
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+            raise UserError(f"{source}: {field}={value!r} is out of range (a whole number from 1 to {limit:,})")
+
+
+def check_memory(parameters: int, bytes_per_parameter: float, source: str, purpose: str) -> None:
+    """Refuse sizes whose parameters alone would not fit in the memory available now."""
+    needed, available = parameters * bytes_per_parameter, psutil.virtual_memory().available
+    if needed > available:
+        raise UserError(
+            f"{source}: the config's sizes imply {parameters:,} parameters, {needed / 2**30:,.1f} GiB {purpose}, "
+            f"more than the {available / 2**30:,.1f} GiB of memory available"
+        )

@@ -1,0 +1,479 @@
+"""Attacks and careless uses (issue 16): planted pickles, damaged caches, absurd configs, output folders the
+workbench did not write, weights from outside the checkpoint folder. Each is refused with one line."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from fca_workbench.data import read_documents, split_path
+from fca_workbench.errors import UserError
+from fca_workbench.train import CHECKPOINT_FILES, STATE_FILE, TrainSettings, train
+from test_cli import assert_one_line_error, fca
+
+
+@pytest.fixture(scope="module")
+def small_text(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "small.txt"
+    path.write_text(read_documents(split_path("calibration"))[0][:20_000], encoding="utf-8")
+    return str(path)
+
+
+def tiny_run(small_text, arch="featuregate", **overrides):
+    settings = dict(arch=arch, train_data=small_text, layers=2, width=32, heads=4, window=32, steps=4,
+                    batch_size=2, warmup=1, save_every=2, eval_windows=2)
+    return TrainSettings(**{**settings, **overrides})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 1. no code from a planted trainer_state.pt
+
+
+class PlantedCode:
+    """Unpickling this calls ``open(marker, "w")``: it creates the marker file, the proof code ran."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_planted_pickle_in_the_run_folder_never_runs(tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "code-ran"
+    run.mkdir()
+    torch.save({"settings": PlantedCode(marker), "step": 0}, run / STATE_FILE)
+    result = fca("train", "--arch", "dense", "--out", run)
+    assert not marker.exists()
+    assert result.returncode == 2
+    assert_one_line_error(result, "trainer_state.pt is not a training state fca train wrote")
+
+
+def test_genuine_state_still_resumes_through_the_safe_unpickler(small_text, tmp_path):
+    settings = tiny_run(small_text)
+    assert train(settings, tmp_path / "run", stop_after=2) is None
+    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    assert state["step"] == 2
+    assert train(settings, tmp_path / "run") is not None
+    assert not (tmp_path / "run" / STATE_FILE).exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 6. fca train: output folders
+
+
+def test_train_never_replaces_a_users_readme(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "README.md").write_text("my notes")
+    result = fca("train", "--arch", "dense", "--out", run)
+    assert_one_line_error(result, "README.md", "did not write")
+    assert (run / "README.md").read_text() == "my notes"
+    assert sorted(os.listdir(run)) == ["README.md"]  # refused before training: nothing written
+
+
+def test_train_out_file_is_one_line(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    assert_one_line_error(fca("train", "--arch", "dense", "--out", path), "is a file, not a folder")
+    assert path.read_text() == "x"
+
+
+def test_train_out_dot_trains_into_the_current_folder(small_text, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("kept")  # a file the checkpoint does not need: left alone
+    monkeypatch.chdir(run)
+    card = train(tiny_run(small_text, steps=2), ".")
+    assert card["params"] > 0
+    assert (run / "notes.txt").read_text() == "kept"
+    assert set(os.listdir(run)) - {"notes.txt"} <= set(CHECKPOINT_FILES)
+    assert {"config.json", "model.safetensors", "README.md"} <= set(os.listdir(run))
+
+
+@pytest.mark.parametrize("arch", ["dense", "muddpythia"])
+def test_checkpoint_files_names_everything_a_finished_run_writes(arch, small_text, tmp_path):
+    train(tiny_run(small_text, arch=arch, steps=2), tmp_path / "run")
+    assert set(os.listdir(tmp_path / "run")) <= set(CHECKPOINT_FILES)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. coefficient cache integrity
+
+
+def cache_windows(vocab_size=64, count=10, window=16, seed=1):
+    return torch.randint(0, vocab_size, (count, window), generator=torch.Generator().manual_seed(seed))
+
+
+def live_nll(model, windows):
+    from fca_workbench.models import next_token_nll
+
+    with torch.no_grad():
+        return next_token_nll(model(windows).logits, windows)
+
+
+def read_everything(cache):
+    """Every stored tensor of every shard, as an audit reads them."""
+    indices = torch.arange(cache.num_windows)
+    return cache.coefficients(indices), cache.nll(indices)
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def damage_header(path):
+    data = bytearray(path.read_bytes())
+    data[8:24] = b"}{ not json at all"[:16]
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "flipped bytes": (flip_last_byte, "is damaged: its sha256 differs"),
+    "damaged header": (damage_header, "is damaged: its sha256 differs"),
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-7]), "bytes, manifest.json says"),
+    "deleted": (lambda p: p.unlink(), "is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_shard_of_a_finished_cache_stops_with_one_line_naming_it(damage, tmp_path):
+    from fca_workbench.capture import capture
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    capture(model, windows, tmp_path / "cache", batch_size=4)
+    harm, message = DAMAGE[damage]
+    harm(tmp_path / "cache" / "shard_00001.safetensors")
+    with pytest.raises(UserError, match="shard_00001.safetensors") as error:
+        read_everything(capture(model, windows, tmp_path / "cache", batch_size=4))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_shard_damaged_after_the_cache_was_opened_is_one_line_on_read(tmp_path):
+    from fca_workbench.capture import capture
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    cache = capture(model, windows, tmp_path / "cache", batch_size=4)
+    damage_header(tmp_path / "cache" / "shard_00002.safetensors")
+    with pytest.raises(UserError, match="shard_00002.safetensors is unreadable"):
+        cache.nll(torch.arange(8, 10))
+
+
+def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
+    from fca_workbench.audit import AuditSettings, load_audit_inputs
+    from fca_workbench.capture import capture
+
+    settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=4)
+    model, (_, windows), _ = load_audit_inputs(settings)
+    capture(model, windows, tmp_path / "out" / "cache" / "eval", batch_size=2)  # where fca audit --out looks
+    damage_header(tmp_path / "out" / "cache" / "eval" / "shard_00001.safetensors")
+    result = fca("audit", tiny_checkpoints["featuregate"], "--window", 64, "--max-windows", 4, "--batch-size", 2,
+                 "--out", tmp_path / "out")
+    assert result.returncode == 2
+    assert_one_line_error(result, "eval/shard_00001.safetensors is damaged")
+
+
+def test_corrupt_manifest_is_one_line(tmp_path):
+    from fca_workbench.capture import capture
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    capture(model, windows, tmp_path / "cache", batch_size=4)
+    (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/2", "windows": ')
+    with pytest.raises(UserError, match="unreadable manifest.json"):
+        capture(model, windows, tmp_path / "cache", batch_size=4)
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/2"}))
+    with pytest.raises(UserError, match="manifest.json is malformed"):
+        capture(model, windows, tmp_path / "cache", batch_size=4)
+
+
+def test_stale_shards_of_another_model_are_never_adopted(tmp_path):
+    """The issue's case: shards left without a manifest, then a capture of another model in that folder."""
+    from fca_workbench.capture import capture
+    from fca_workbench.replay import replay_nll
+
+    first, second, windows = tiny_model("featuregate", seed=0), tiny_model("featuregate", seed=5), cache_windows()
+    capture(first, windows, tmp_path / "cache", batch_size=4)
+    (tmp_path / "cache" / "manifest.json").unlink()
+    (tmp_path / "cache" / "shard_00009.safetensors").write_bytes(b"a shard of some older, larger capture")
+    cache = capture(second, windows, tmp_path / "cache", batch_size=4)
+    own = live_nll(second, windows)
+    assert not torch.allclose(own, live_nll(first, windows))  # the two models really differ
+    assert torch.allclose(cache.nll(torch.arange(len(windows))), own, atol=1e-6)
+    assert torch.allclose(replay_nll(second, windows, cache, "correct"), own, atol=1e-5)
+    assert not (tmp_path / "cache" / "shard_00009.safetensors").exists()
+
+
+def test_interrupted_capture_recaptures_a_damaged_or_unclaimed_shard(tmp_path, monkeypatch):
+    import fca_workbench.capture as capture_module
+
+    model, windows = tiny_model("featuregate"), cache_windows()
+    real_write = capture_module.write_shard
+
+    def crash_at_third(tensors, path):
+        if path.name == "shard_00002.safetensors":
+            real_write(tensors, path)  # on disk, but the crash comes before the manifest claims it
+            raise KeyboardInterrupt
+        return real_write(tensors, path)
+
+    monkeypatch.setattr(capture_module, "write_shard", crash_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        capture_module.capture(model, windows, tmp_path / "cache", batch_size=4)
+    monkeypatch.setattr(capture_module, "write_shard", real_write)
+    flip_last_byte(tmp_path / "cache" / "shard_00000.safetensors")  # claimed, then damaged
+    other = tiny_model("featuregate", seed=5)
+    from safetensors.torch import save_file
+
+    with torch.no_grad():
+        stale = other(windows[8:10], return_coefficients=True)
+    save_file({f"layer_{i}": c.contiguous() for i, c in enumerate(stale.coefficients)}
+              | {"nll": live_nll(other, windows[8:10])}, tmp_path / "cache" / "shard_00002.safetensors")
+    cache = capture_module.capture(model, windows, tmp_path / "cache", batch_size=4)
+    assert torch.allclose(cache.nll(torch.arange(len(windows))), live_nll(model, windows), atol=1e-6)
+    with torch.no_grad():
+        live = model(windows, return_coefficients=True).coefficients
+    assert all(torch.allclose(c, l, atol=1e-6) for c, l in zip(cache.coefficients(torch.arange(10)), live))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 7. weights only from inside the checkpoint folder
+
+
+def official_with_shard_moved(tmp_path, weights, place):
+    """A two-shard official folder whose index names its second shard where ``place`` puts it."""
+    from test_official_layout import tiny_official_model, write_official
+
+    folder = tmp_path / "ckpt"
+    write_official(tiny_official_model(), folder, weights=weights, shards=2)
+    suffix = "safetensors" if weights == "safetensors" else "bin"
+    stem = "model" if weights == "safetensors" else "pytorch_model"
+    shard = folder / f"{stem}-00002-of-00002.{suffix}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = elsewhere / shard.name
+    shard.replace(moved)
+    index_path = folder / f"{stem}.{suffix}.index.json"
+    index = json.loads(index_path.read_text())
+    name = place(folder, moved)
+    index["weight_map"] = {k: (name if v == shard.name else v) for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+    return folder
+
+
+PLACES = {
+    "relative ..": lambda folder, moved: f"../elsewhere/{moved.name}",
+    "absolute": lambda folder, moved: str(moved),
+    "symlink": lambda folder, moved: (folder / "link.bin").symlink_to(moved) or "link.bin",
+}
+
+
+@pytest.mark.parametrize("weights", ["safetensors", "bin"])
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_index_naming_weights_outside_the_folder_is_refused(weights, place, tmp_path):
+    from fca_workbench.models import load_model
+
+    folder = official_with_shard_moved(tmp_path, weights, PLACES[place])
+    with pytest.raises(UserError, match="points outside the checkpoint folder") as error:
+        load_model(folder)
+    assert "\n" not in str(error.value)
+
+
+def test_single_weight_file_symlinked_from_elsewhere_is_refused(tmp_path):
+    from fca_workbench.models import load_model
+    from test_official_layout import tiny_official_model, write_official
+
+    folder = tmp_path / "ckpt"
+    write_official(tiny_official_model(), folder)
+    (tmp_path / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(tmp_path / "model.safetensors")
+    with pytest.raises(UserError, match="model.safetensors in .* points outside"):
+        load_model(folder)
+
+
+def test_hub_cache_snapshot_with_blob_symlinks_still_loads(tmp_path):
+    """``huggingface_hub`` stores ``snapshots/<rev>/<file>`` as symlinks to ``../../blobs/<hash>``."""
+    from conftest import assert_identical_models
+    from fca_workbench.models import load_model
+    from test_official_layout import tiny_official_model, tokens, write_official
+
+    model, plain = tiny_official_model(), tmp_path / "plain"
+    write_official(model, plain, shards=2)
+    snapshot, blobs = tmp_path / "models--x" / "snapshots" / "abc123", tmp_path / "models--x" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for n, path in enumerate(sorted(plain.iterdir())):
+        (blobs / f"blob{n}").write_bytes(path.read_bytes())
+        (snapshot / path.name).symlink_to(Path("../../blobs") / f"blob{n}")
+    assert_identical_models(model, load_model(snapshot), tokens())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. absurd configs refused from the config, before anything is built
+
+
+def checkpoint_with(tiny_checkpoints, tmp_path, arch, **fields):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for item in tiny_checkpoints[arch].iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return folder
+
+
+@pytest.mark.parametrize("arch, field, value", [
+    ("featuregate", "n_layer", 10**6),
+    ("dense", "n_embd", 10**7),
+    ("dense", "vocab_size", 10**9),
+    ("muddpythia", "block_size", 10**9),
+    ("muddpythia", "intermediate_size", 10**8),
+    ("dense", "n_layer", 0),
+])
+def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_path, arch, field, value):
+    from fca_workbench.models import load_model
+
+    folder = checkpoint_with(tiny_checkpoints, tmp_path, arch, **{field: value})
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=f"{field}={value} is out of range") as error:
+        load_model(folder)
+    assert time.perf_counter() - started < 5
+    assert "\n" not in str(error.value)
+
+
+def test_parameters_beyond_available_memory_are_refused(tiny_checkpoints, monkeypatch):
+    import fca_workbench.limits as limits
+    from fca_workbench.models import load_model
+
+    model = load_model(tiny_checkpoints["featuregate"])  # fits: loads
+    needed = sum(p.numel() for p in model.parameters()) * 4
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
+    with pytest.raises(UserError, match="parameters, 0.0 GiB in float32, more than the 0.0 GiB of memory available"):
+        load_model(tiny_checkpoints["featuregate"])
+
+
+def test_train_refuses_absurd_sizes_before_reading_any_text(tmp_path):
+    text = tmp_path / "missing.txt"  # never read: the sizes are refused first
+    result = fca("train", "--arch", "muddpythia", "--layers", 10**6, "--train", text, "--out", tmp_path / "run")
+    assert_one_line_error(result, "n_layer=1000000 is out of range")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(width=97), "n_embd=97 is not divisible by n_head=4"),
+    (dict(layers=200, width=65536, heads=512), "GiB for fp32 weights, gradients and AdamW, more than the"),
+])
+def test_train_refuses_sizes_it_cannot_build(sizes, message):
+    from fca_workbench.train import build_model
+
+    with pytest.raises(UserError, match=message):
+        build_model(TrainSettings(arch="dense", **sizes), vocab_size=4096)
+
+
+@pytest.mark.parametrize("name", ["featuregate-s0", "dense-s0", "muddpythia-s0"])
+def test_shipped_checkpoints_still_load(name):
+    from fca_workbench.data import DATA_DIR
+    from fca_workbench.models import load_model
+
+    model = load_model(DATA_DIR / "checkpoints" / name)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 6. output folders: audit, audit-many, reproduce
+
+
+def test_audit_refuses_to_replace_an_audit_json_it_did_not_write(tiny_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "audit.json").write_text(json.dumps({"schema": "fca-audit/1", "mine": "hand-written notes"}))
+    result = fca("audit", tiny_checkpoints["dense"], "--out", out)
+    assert_one_line_error(result, "audit.json exists and is not a fca-audit/1 file this workbench wrote")
+    assert json.loads((out / "audit.json").read_text())["mine"] == "hand-written notes"
+    assert sorted(os.listdir(out)) == ["audit.json"]  # refused before any work: no cache, no outputs
+
+
+def test_out_naming_a_file_is_one_line(tiny_checkpoints, tmp_path):
+    from fca_workbench import reproduce
+    from fca_workbench.aggregate import aggregate_audits
+    from fca_workbench.audit import AuditSettings
+
+    path = tmp_path / "file"
+    path.write_text("x")
+    assert_one_line_error(fca("audit", tiny_checkpoints["dense"], "--out", path), "is a file, not a folder")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        aggregate_audits([AuditSettings(checkpoint=str(tiny_checkpoints["dense"]))], path)
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        reproduce.plan({"notebooks": ["03_static_profiles"]}, path)
+    assert path.read_text() == "x"
+
+
+def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkpoints, tmp_path):
+    from fca_workbench.aggregate import aggregate_audits, audit_names
+    from fca_workbench.audit import AuditSettings
+
+    assert audit_names(["x/a/fg", "x/b/fg", "x/c/other"]) == ["a-fg", "b-fg", "other"]
+    assert audit_names(["p/a/fg", "q/a/fg"]) == ["1-a-fg", "2-a-fg"]
+    with pytest.raises(UserError, match="is given twice"):
+        audit_names(["a/fg", "a/../a/fg"])
+    folders = []
+    for parent in ("a", "b"):
+        folder = tmp_path / parent / "fg"
+        folder.mkdir(parents=True)
+        for item in tiny_checkpoints["dense"].iterdir():
+            (folder / item.name).write_bytes(item.read_bytes())
+        folders.append(folder)
+    options = dict(window=64, max_windows=2, batch_size=2, latency_repeats=1, resamples=10)
+    summary = aggregate_audits([AuditSettings(checkpoint=str(f), **options) for f in folders], tmp_path / "many")
+    assert summary["audits"] == ["a-fg", "b-fg"]
+    paths = [json.loads((tmp_path / "many" / n / "audit.json").read_text())["model"]["path"] for n in ("a-fg", "b-fg")]
+    assert paths == [str(f.resolve()) for f in folders]
+
+
+def test_audit_many_checks_every_output_folder_before_the_first_audit(tiny_checkpoints, tmp_path):
+    from fca_workbench.aggregate import aggregate_audits
+    from fca_workbench.audit import AuditSettings
+
+    (tmp_path / "many" / "featuregate").mkdir(parents=True)
+    (tmp_path / "many" / "featuregate" / "audit.json").write_text("my own audit notes")
+    settings = [AuditSettings(checkpoint=str(tiny_checkpoints[a])) for a in ("dense", "featuregate")]
+    with pytest.raises(UserError, match="featuregate/audit.json exists and is not"):
+        aggregate_audits(settings, tmp_path / "many")
+    assert not (tmp_path / "many" / "dense").exists()
+
+
+def test_cache_errors_suggest_no_option_a_command_lacks():
+    from fca_workbench.capture import capture
+
+    windows = cache_windows()
+    folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"fca-hardening-{os.getpid()}"
+    try:
+        capture(tiny_model("featuregate", seed=0), windows, folder, batch_size=4)
+        with pytest.raises(UserError) as error:
+            capture(tiny_model("featuregate", seed=5), windows, folder, batch_size=4)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    assert "another model" in str(error.value) and "--" not in str(error.value)
+
+
+def test_reproduce_overwrites_only_a_folder_it_wrote(tiny_checkpoints, tmp_path):
+    from fca_workbench import reproduce
+    from fca_workbench.outputs import RESULTS_MARKER, mark_results
+
+    out = tmp_path / "mine"
+    (out / "notebooks").mkdir(parents=True)
+    (out / "README.md").write_text("my README")
+    config = {"notebooks": ["03_static_profiles"], "parameters": {"checkpoints": [str(tiny_checkpoints["dense"])]}}
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match=f"was not written by fca reproduce \\(no {RESULTS_MARKER}"):
+            reproduce.plan(config, out, overwrite=overwrite)
+    assert (out / "README.md").read_text() == "my README"
+    mark_results(out)
+    assert reproduce.plan(config, out, overwrite=True).out == out.resolve()
