@@ -134,7 +134,6 @@ class SharedModel:
     def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None):
         from .tokenizer import load_tokenizer
 
-        self.serial = next(_LOADS)
         self.folder = Path(folder)
         self.model = load_model(self.folder)
         for param in self.model.parameters():
@@ -147,6 +146,7 @@ class SharedModel:
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         self.num_layers = len(self.model.blocks)
         self.lock = threading.Lock()
+        self.serial = next(_LOADS)
         self._profiles = None
         self._profiles_lock = threading.Lock()
         # one derangement per seed the Seed box was set to: a bounded LRU, not one per seed ever asked for
