@@ -444,7 +444,7 @@ def sessions_memory(names: list[str], registry: Registry, sessions: int, max_ses
             if not client.full:  # a new window and a layer: prefix caches and results, as a user makes them
                 client.set("fca-window", 1 + index)
                 client.wait(120)
-                client.set("fca-layer", 1)
+                client.set("fca-layer", client.widgets["fca-layer"].options[-1][0])  # (value, label) pairs
                 client.wait(120)
         time.sleep(2)
         with_open = rss_mib(server.pid)
