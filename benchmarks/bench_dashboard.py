@@ -1,9 +1,10 @@
 """Dashboard speed and load, measured in one run on this machine (CPU).
 
     .venv/bin/python benchmarks/bench_dashboard.py [--checkpoints featuregate-s0 muddpythia-s0]
-        [--repeats 30] [--sessions 10] [--duration 60] [--skip-latency] [--skip-load]
+        [--repeats 30] [--sessions 10] [--duration 60] [--seeds 100000] [--analysed-seeds 300]
+        [--memory-sessions 40] [--skip-latency] [--skip-load] [--skip-memory]
 
-Writes benchmarks/results/bench_dashboard.json and .md:
+Writes benchmarks/results/bench_dashboard.json and .md (a section skipped keeps its last figures):
 
 1. Update latency (in process, torch with 1 thread, one 256-token eval window): a single-layer intervention
    replayed through the prefix cache (from layer l on) against a full frozen forward of the same window and
@@ -16,6 +17,11 @@ Writes benchmarks/results/bench_dashboard.json and .md:
    p50 / p95 of the client-observed update latency, server RSS before (models loaded, no session open), at
    peak and after every session closed (goal: back within 10% of before). The loop is bounded in time and
    talks only to 127.0.0.1.
+3. Memory a server left running accumulates (issue 16): in process, RSS after the cross_input derangements
+   of 100k seeds (what stepping the Seed box asks for) and after whole cross_input updates over a few hundred
+   seeds (prefix and result caches included); on loopback, server RSS with 40 sessions open, under the
+   default ``--max-sessions`` and with no limit; in process, RSS of loaded checkpoints and after
+   ``ModelPool`` unloads them as idle.
 """
 
 import argparse
@@ -32,12 +38,21 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fca_workbench.dashboard import DashboardSession, Registry, SharedModel, window_input
+from fca_workbench.dashboard import (
+    DEFAULT_MAX_SESSIONS,
+    DashboardSession,
+    ModelPool,
+    Registry,
+    SharedModel,
+    release_memory,
+    window_input,
+)
 from fca_workbench.interventions import restrict_to_layer
 from fca_workbench.prefix import PrefixCache
 
@@ -138,6 +153,7 @@ class Client:
     def __init__(self, url: str, timeout: float = 120):
         self.closing = False
         self.error = None
+        self.full = False  # got the "server is full" page instead of the app
         self.ready = threading.Event()
         self.update = 0
         self.server_ms = None
@@ -145,6 +161,8 @@ class Client:
         self.thread.start()
         if not self.ready.wait(timeout) or self.error:
             raise RuntimeError(f"session did not start: {self.error!r}")
+        if self.full:
+            return
         ms, state = self.wait(timeout)  # the first update, after the document is ready
         if state is None:
             raise RuntimeError("session got no first update")
@@ -162,9 +180,11 @@ class Client:
                 for css in getattr(model, "css_classes", None) or []:
                     if css.startswith("fca-"):
                         self.widgets[css] = model
-            self.status = self.widgets["fca-status"]
             self.connection = self.session._connection
-            self.session.document.callbacks.send_event(DocumentReady())  # what a browser sends once drawn
+            self.full = "fca-server-full" in self.widgets
+            if not self.full:
+                self.status = self.widgets["fca-status"]
+                self.session.document.callbacks.send_event(DocumentReady())  # what a browser sends once drawn
         except Exception as exc:  # noqa: BLE001
             self.error = exc
             self.ready.set()
@@ -208,7 +228,9 @@ class Client:
         self.thread.join(timeout=10)
 
 
-def load_run(names: list[str], registry: Registry, sessions: int, duration: float, calibration_windows) -> dict:
+@contextmanager
+def dashboard_server(names: list[str], registry: Registry, calibration_windows, *argv):
+    """``fca dashboard`` serving ``names`` on a free loopback port; yields (process, url, log path)."""
     with tempfile.TemporaryDirectory() as tmp:
         registry_file = Path(tmp) / "registry.json"
         registry_file.write_text(json.dumps({n: str(registry.folder(n)) for n in names}))
@@ -216,7 +238,7 @@ def load_run(names: list[str], registry: Registry, sessions: int, duration: floa
         url = f"http://127.0.0.1:{port}/"
         log_path = Path(tmp) / "server.log"
         command = [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port),
-                   "--registry", str(registry_file)]
+                   "--registry", str(registry_file), *argv]
         if calibration_windows:
             command += ["--calibration-windows", str(calibration_windows)]
         with open(log_path, "w") as log:
@@ -224,14 +246,14 @@ def load_run(names: list[str], registry: Registry, sessions: int, duration: floa
         try:
             deadline = time.monotonic() + 120
             while True:
-                try:
-                    with urllib.request.urlopen(url, timeout=5):
+                try:  # a static file: a page would open a session
+                    with urllib.request.urlopen(url + "static/js/bokeh.min.js", timeout=5):
                         break
                 except OSError:
                     if server.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("dashboard server did not start:\n" + log_path.read_text())
                     time.sleep(0.5)
-            return drive(server, url, names, sessions, duration, log_path)
+            yield server, url, log_path
         finally:
             server.terminate()
             try:
@@ -239,6 +261,11 @@ def load_run(names: list[str], registry: Registry, sessions: int, duration: floa
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def load_run(names: list[str], registry: Registry, sessions: int, duration: float, calibration_windows) -> dict:
+    with dashboard_server(names, registry, calibration_windows) as (server, url, log_path):
+        return drive(server, url, names, sessions, duration, log_path)
 
 
 def drive(server, url, names, sessions, duration, log_path) -> dict:
@@ -300,6 +327,9 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
             return
         with lock:
             clients_open.append(client)
+            if client.full:
+                errors.append(f"session {index}: the server is full (raise --max-sessions)")
+                return
         layers = [value for value, _ in client.widgets["fca-layer"].options]
         conditions = list(client.widgets["fca-condition"].options)
         while time.monotonic() < end:
@@ -361,6 +391,112 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def settled_rss_mib() -> float:
+    """This process's RSS once garbage is collected and freed pages are handed back."""
+    release_memory()
+    return rss_mib(os.getpid())
+
+
+def seed_memory(name: str, folder: Path, seeds: int, analysed: int, calibration_windows) -> dict:
+    """RSS growth over ``seeds`` seeds' derangements, then over ``analysed`` whole cross_input updates."""
+    shared = SharedModel(folder, calibration_windows=calibration_windows)
+    session = DashboardSession()
+    text = window_input(shared, 0)
+    session.analyse(name, shared, text, "cross_input", layer=0, seed=0)
+    before = settled_rss_mib()
+    started = time.perf_counter()
+    for seed in range(seeds):
+        shared.donor_for(0, seed)
+    after_seeds = settled_rss_mib()
+    seconds = time.perf_counter() - started
+    for seed in range(analysed):
+        session.analyse(name, shared, window_input(shared, seed % len(shared.eval_windows)), "cross_input",
+                        layer=seed % shared.num_layers, seed=seed)
+    after_analysed = settled_rss_mib()
+    return {
+        "checkpoint": name, "eval_windows": len(shared.eval_windows), "seeds": seeds, "seconds": seconds,
+        "analysed_seeds": analysed, "rss_mib": {"before": before, "after_seeds": after_seeds, "after_analysed": after_analysed},
+        "derangements_kept": shared.derangements.cache_info().currsize,
+        "prefix_caches_kept": len(session.prefixes), "results_kept": len(session.results),
+    }
+
+
+def sessions_memory(names: list[str], registry: Registry, sessions: int, max_sessions: int, calibration_windows) -> dict:
+    """Server RSS with ``sessions`` sessions open at once (each made two updates), then after they closed."""
+    with dashboard_server(names, registry, calibration_windows, "--max-sessions", str(max_sessions)) as (server, url, _):
+        warm = Client(url)  # loads the model and its static profiles, then leaves
+        warm.set("fca-condition", "layer_mean")
+        warm.wait(300)
+        warm.close()
+        time.sleep(15)  # unused sessions are reaped every 5 s after 5 s
+        before = rss_mib(server.pid)
+        clients, failed = [], 0
+        for index in range(sessions):
+            try:
+                client = Client(url)
+            except RuntimeError:
+                failed += 1
+                continue
+            clients.append(client)
+            if not client.full:  # a new window and a layer: prefix caches and results, as a user makes them
+                client.set("fca-window", 1 + index)
+                client.wait(120)
+                client.set("fca-layer", client.widgets["fca-layer"].options[-1][0])  # (value, label) pairs
+                client.wait(120)
+        time.sleep(2)
+        with_open = rss_mib(server.pid)
+        admitted = sum(not c.full for c in clients)
+        for client in clients:
+            client.close()
+        closed_at = time.monotonic()
+        while True:  # sessions are reaped within ~10 s of closing; give them up to 60 s
+            time.sleep(3)
+            after = rss_mib(server.pid)
+            if after <= before * 1.10 or time.monotonic() - closed_at > 60:
+                break
+    return {"sessions": sessions, "max_sessions": max_sessions, "admitted": admitted,
+            "server_full_pages": len(clients) - admitted, "failed": failed,
+            "seconds_after_close": time.monotonic() - closed_at,
+            "server_rss_mib": {"before": before, "open": with_open, "after_close": after}}
+
+
+def model_memory(names: list[str], registry: Registry, calibration_windows) -> dict:
+    """RSS with the checkpoints loaded and used (profiles included), then after ``ModelPool`` unloads them."""
+    now = [0.0]
+    pool = ModelPool(idle_seconds=600, clock=lambda: now[0])
+    before = settled_rss_mib()
+    session = DashboardSession()
+    pool.attach(session)
+    for name in names:
+        shared = pool.acquire(registry.folder(name), calibration_windows=calibration_windows)
+        session.analyse(name, shared, window_input(shared, 0), "layer_mean", layer=0)
+        pool.release(shared)
+    del shared
+    loaded = settled_rss_mib()
+    now[0] = 599.0
+    kept = len(pool.unload_idle())
+    now[0] = 600.0
+    unloaded = pool.unload_idle()
+    after = settled_rss_mib()
+    return {"checkpoints": names, "idle_seconds": 600, "unloaded_before_idle": kept, "unloaded": len(unloaded),
+            "rss_mib": {"before": before, "loaded": loaded, "after_unload": after}}
+
+
+def memory_run(names: list[str], registry: Registry, args) -> dict:
+    with_coefficients = [n for n in names if "dense" not in n] or names
+    result = {"seeds": seed_memory(with_coefficients[0], registry.folder(with_coefficients[0]), args.seeds,
+                                   args.analysed_seeds, args.calibration_windows)}
+    result["models"] = model_memory(names, registry, args.calibration_windows)
+    result["sessions"] = [
+        sessions_memory(with_coefficients[:1], registry, args.memory_sessions, limit, args.calibration_windows)
+        for limit in (DEFAULT_MAX_SESSIONS, 0)
+    ]
+    return result
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -373,8 +509,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--calibration-windows", type=int, default=None, help="for the static profiles (default: all)")
+    parser.add_argument("--seeds", type=int, default=100_000, help="memory: seeds whose derangement is asked for")
+    parser.add_argument("--analysed-seeds", type=int, default=300, help="memory: whole cross_input updates")
+    parser.add_argument("--memory-sessions", type=int, default=40, help="memory: sessions open at once")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the server subprocess is stopped on the way out
     torch.set_num_threads(1)
@@ -382,8 +522,13 @@ def main() -> None:
     names = args.checkpoints or [n for n in ("featuregate-s0", "muddpythia-s0", "dense-s0") if n in registry.entries]
     if not names:
         sys.exit("no checkpoints to measure: none shipped yet; pass --registry and --checkpoints")
-    results = {"machine": {"cpus": os.cpu_count(), "torch_threads": 1}, "checkpoints": names}
     RESULTS.mkdir(exist_ok=True)
+    previous = RESULTS / "bench_dashboard.json"
+    results = json.loads(previous.read_text()) if previous.is_file() else {}  # sections skipped keep their figures
+    results.update({"machine": {"cpus": os.cpu_count(), "torch_threads": 1}, "checkpoints": names})
+    if not args.skip_memory:  # first, while this process holds nothing else
+        results["memory"] = memory_run(names, registry, args)
+        results["memory"]["load_average_1min_at_end"] = os.getloadavg()[0]
     if not args.skip_latency:
         results["latency"] = [latency(n, registry.folder(n), args.repeats, args.calibration_windows) for n in names]
     if not args.skip_load:
@@ -446,7 +591,40 @@ def markdown(r: dict) -> str:
         ]
         if x["error_examples"]:
             lines += ["Errors (first 5): " + "; ".join(x["error_examples"]), ""]
+    if "memory" in r:
+        lines += memory_markdown(r["memory"])
     return "\n".join(lines)
+
+
+def memory_markdown(m: dict) -> list[str]:
+    seeds, models = m["seeds"], m["models"]
+    rss, mrss = seeds["rss_mib"], models["rss_mib"]
+    lines = [
+        f"## Memory a long-running server accumulates (1-min load average at the end: {m['load_average_1min_at_end']:.1f})",
+        "",
+        "| figure | before (MiB) | after (MiB) | after / before | kept |",
+        "|---|---|---|---|---|",
+        f"| {seeds['seeds']:,} seeds' cross_input derangements ({seeds['checkpoint']}, {seeds['eval_windows']} eval "
+        f"windows, {seeds['seconds']:.0f} s) | {fmt(rss['before'])} | {fmt(rss['after_seeds'])} | "
+        f"{rss['after_seeds'] / rss['before']:.3f} | {seeds['derangements_kept']} derangements |",
+        f"| then {seeds['analysed_seeds']:,} whole cross_input updates, a new seed, window and layer each | "
+        f"{fmt(rss['after_seeds'])} | {fmt(rss['after_analysed'])} | {rss['after_analysed'] / rss['after_seeds']:.3f} | "
+        f"{seeds['prefix_caches_kept']} prefix caches, {seeds['results_kept']} results |",
+        f"| {', '.join(models['checkpoints'])} loaded and used, then idle for {models['idle_seconds']} s | "
+        f"{fmt(mrss['loaded'])} | {fmt(mrss['after_unload'])} | {mrss['after_unload'] / mrss['loaded']:.3f} | "
+        f"{models['unloaded']} unloaded ({models['unloaded_before_idle']} a second earlier); nothing loaded: "
+        f"{fmt(mrss['before'])} MiB |",
+    ]
+    for x in m["sessions"]:
+        srss = x["server_rss_mib"]
+        limit = f"--max-sessions {x['max_sessions']}" if x["max_sessions"] else "no session limit (--max-sessions 0)"
+        lines.append(
+            f"| server with {x['sessions']} sessions open, {limit} | {fmt(srss['before'])} | {fmt(srss['open'])} | "
+            f"{srss['open'] / srss['before']:.3f} | {x['admitted']} got the app, {x['server_full_pages']} the "
+            f"'server is full' page, {x['failed']} failed; {fmt(srss['after_close'])} MiB "
+            f"{x.get('seconds_after_close', 20):.0f} s after all closed |"
+        )
+    return lines + [""]
 
 
 if __name__ == "__main__":

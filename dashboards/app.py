@@ -8,18 +8,18 @@ Serve it with ``fca dashboard [--port P] [--address A] [--registry FILE]`` or
 (see README, "Dashboard", for serving it to a lab group). This file only presents: every number comes from
 ``fca_workbench.dashboard`` (which uses the core's interventions, prefix cache and metrics).
 
-Per process: each checkpoint is loaded once (``pn.state.as_cached``) and shared read-only by every session;
-forwards on it run in a worker thread under the checkpoint's lock, so the server keeps answering other
-sessions while one computes. Per session: a bounded prefix store and result cache, freed when the session
-ends.
+Per process: each checkpoint is loaded once (``fca_workbench.dashboard.MODELS``) and shared read-only by
+every session, and unloaded when no session has used it for ``--model-idle-seconds``; forwards on it run in a
+worker thread under the checkpoint's lock, so the server keeps answering other sessions while one computes.
+At most ``--max-sessions`` sessions are open at once; one more gets a page saying the server is full. Per
+session: a bounded prefix store and result cache, freed when the session ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import gc
+import datetime
 import html
 import logging
 import os
@@ -40,13 +40,18 @@ import views  # noqa: E402  (the sibling presentation module)
 from fca_workbench.dashboard import (  # noqa: E402
     CONDITION_HELP,
     CONDITIONS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MODEL_IDLE_SECONDS,
     MAX_PASTE_CHARS,
+    MODELS,
     SEEDED,
+    SESSIONS,
     DashboardSession,
     Registry,
     SharedModel,
     load_registry,
     pasted_input,
+    release_memory,
     window_input,
 )
 from fca_workbench.errors import UserError  # noqa: E402
@@ -59,14 +64,12 @@ SOURCES = ("eval window", "pasted text")
 ALL_LAYERS = -1
 
 
-def shared(registry: Registry, name: str) -> SharedModel:
-    """The process-wide model of checkpoint ``name`` (loaded once, shared read-only by all sessions)."""
+def acquire_model(registry: Registry, name: str) -> SharedModel:
+    """The process-wide model of checkpoint ``name`` (loaded once, shared read-only by all sessions), in use
+    until ``MODELS.release``."""
     folder = registry.folder(name)
     try:
-        return pn.state.as_cached(
-            f"fca-dashboard-model:{folder}", SharedModel, folder=str(folder),
-            calibration_windows=SETTINGS["calibration_windows"],
-        )
+        return MODELS.acquire(folder, calibration_windows=SETTINGS["calibration_windows"])
     except UserError as exc:  # name the checkpoint, never the server's folder
         raise UserError(f"checkpoint '{name}' cannot be used: " + str(exc).replace(str(folder), f"'{name}'")) from None
 
@@ -81,19 +84,11 @@ class FigurePane(pn.pane.Plotly):
         return super()._to_figure(obj)
 
 
-def release_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS, so a closed session's memory shows as freed."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 class DashboardApp:
     def __init__(self, registry: Registry):
         self.registry = registry
         self.session = DashboardSession()
+        MODELS.attach(self.session)  # told to drop its prefix caches of a model that is unloaded
         self.generation = 0
         self.updates = 0
         self.syncing = False
@@ -236,11 +231,14 @@ class DashboardApp:
         loop = asyncio.get_running_loop()
         try:
             await self.in_document(self.set_loading, True)
-            model = await loop.run_in_executor(None, shared, self.registry, self.checkpoint.value)
-            if generation != self.generation:
-                return
-            query = await self.in_document(self.sync_and_query, model)
-            analysis = await loop.run_in_executor(None, self.compute, query, model)
+            model = await loop.run_in_executor(None, acquire_model, self.registry, self.checkpoint.value)
+            try:
+                if generation != self.generation:
+                    return
+                query = await self.in_document(self.sync_and_query, model)
+                analysis = await loop.run_in_executor(None, self.compute, query, model)
+            finally:
+                MODELS.release(model)
             await self.in_document(self.finish, generation, started, analysis, None)
         except UserError as exc:
             await self.in_document(self.finish, generation, started, None, str(exc))
@@ -341,34 +339,54 @@ class DashboardApp:
             pane.object = None
 
 
+def server_full_page():
+    return pn.pane.Alert(
+        f"The FCA dashboard is full: {SESSIONS.maximum} sessions are open, the most this server takes at once. "
+        "Please try again in a few minutes; closing a dashboard tab you no longer use frees its place.",
+        alert_type="warning", css_classes=["fca-server-full"],
+    )
+
+
 def create_app(registry: Registry | None = None):
-    """One session's app; frees that session's memory when the session ends."""
-    registry = registry or SETTINGS["registry"] or load_registry()
-    app = DashboardApp(registry)
+    """One session's app, or the polite "server is full" page past ``--max-sessions``; frees that session's
+    memory when the session ends."""
+    if not SESSIONS.admit():
+        return server_full_page()
+    app = None
 
     def destroyed(session_context):
-        app.close()
+        SESSIONS.leave()
+        if app is not None:
+            app.close()
         release_memory()
 
     pn.state.on_session_destroyed(destroyed)
+    if MODELS.idle_seconds:  # idempotent: scheduled once per process
+        period = datetime.timedelta(seconds=max(1.0, min(60.0, MODELS.idle_seconds / 4)))
+        pn.state.schedule_task("fca-unload-idle-models", MODELS.unload_idle, period=period)
+    app = DashboardApp(registry or SETTINGS["registry"] or load_registry())
     return app.layout
 
 
-def configure(registry=None, calibration_windows=None, torch_threads=1) -> Registry:
+def configure(registry=None, calibration_windows=None, torch_threads=1, max_sessions=DEFAULT_MAX_SESSIONS,
+              model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS) -> Registry:
     """Process settings: the registry (None: the shipped checkpoints), calibration windows for the static
-    profiles (None: all), torch threads (1 keeps small models fast when several sessions share the CPU)."""
+    profiles (None: all), torch threads (1 keeps small models fast when several sessions share the CPU), the
+    most sessions open at once and the idle time after which a model is unloaded (0: no limit, never)."""
     SETTINGS["registry"] = load_registry(registry)
     SETTINGS["calibration_windows"] = calibration_windows
+    SESSIONS.maximum = max_sessions
+    MODELS.idle_seconds = model_idle_seconds
     if torch_threads:
         torch.set_num_threads(torch_threads)
     return SETTINGS["registry"]
 
 
 def serve(port=5006, address="127.0.0.1", registry=None, calibration_windows=None, torch_threads=1,
-          show=False, **kwargs):
+          max_sessions=DEFAULT_MAX_SESSIONS, model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS, show=False, **kwargs):
     """Serve the app (blocking). ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret,
     num_threads, ...). Closed sessions are cleaned up within ~10 s."""
-    configure(registry, calibration_windows, torch_threads)
+    configure(registry, calibration_windows, torch_threads, max_sessions, model_idle_seconds)
     if kwargs.get("num_threads") is not None:
         pn.config.nthreads = kwargs.pop("num_threads")
     kwargs.pop("num_threads", None)
@@ -383,6 +401,10 @@ def _served_settings(argv):
     parser.add_argument("--registry", default=os.environ.get("FCA_REGISTRY"))
     parser.add_argument("--calibration-windows", type=int, default=os.environ.get("FCA_CALIBRATION_WINDOWS"))
     parser.add_argument("--torch-threads", type=int, default=int(os.environ.get("FCA_TORCH_THREADS", "1")))
+    parser.add_argument("--max-sessions", type=int,
+                        default=int(os.environ.get("FCA_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)))
+    parser.add_argument("--model-idle-seconds", type=float,
+                        default=float(os.environ.get("FCA_MODEL_IDLE_SECONDS", DEFAULT_MODEL_IDLE_SECONDS)))
     args, _ = parser.parse_known_args(argv)
     return args
 
@@ -392,7 +414,7 @@ if __name__.startswith("bokeh"):  # ``panel serve dashboards/app.py [--args ...]
         if SETTINGS["registry"] is None:
             _args = _served_settings(sys.argv[1:])
             _calibration = int(_args.calibration_windows) if _args.calibration_windows else None
-            configure(_args.registry, _calibration, _args.torch_threads)
+            configure(_args.registry, _calibration, _args.torch_threads, _args.max_sessions, _args.model_idle_seconds)
         create_app().servable(title="FCA dashboard")
     except UserError as exc:
         pn.pane.Alert(html.escape(str(exc)), alert_type="danger").servable(title="FCA dashboard")

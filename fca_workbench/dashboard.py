@@ -7,14 +7,23 @@ and answers one query (window, layer, condition, seed, donor) with per-token NLL
 intervened coefficients, using the core's interventions, the prefix cache (an intervention at layer l is
 replayed from layer l only) and ``metrics.gap_retention``. ``DashboardSession`` is one browser session's
 state: a bounded prefix store and a bounded result cache, freed by ``close``.
+
+Memory is bounded for a server left running: every per-seed or per-text result is kept in a cache of fixed
+size, ``SessionLimit`` caps the open sessions and ``ModelPool`` unloads a checkpoint no session has used for
+a while (never one in use).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import gc
+import itertools
 import json
 import threading
 import time
 import unicodedata
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +53,9 @@ from .resources import checkpoints_dir
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
+DERANGEMENTS_KEPT = 64  # per model: the cross_input derangements of the most recently used seeds
+DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
+DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
 CONDITION_HELP = {
     "unperturbed": "the live model, controller running",
     "correct": "the window's own coefficients, replayed with the controller off",
@@ -114,8 +126,14 @@ def load_registry(path=None) -> Registry:
 # one checkpoint, shared read-only by every session of the process
 
 
+_LOADS = itertools.count()
+
+
 class SharedModel:
-    """A checkpoint loaded once per process. ``lock`` is held around every computation on the model."""
+    """A checkpoint loaded once per process. ``lock`` is held around every computation on the model.
+
+    ``serial`` numbers the loads of the process, so state derived from one load (a session's prefix caches)
+    is never mistaken for state of a later load of the same folder."""
 
     def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None):
         from .tokenizer import load_tokenizer
@@ -138,9 +156,13 @@ class SharedModel:
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.lock = threading.Lock()
+        self.serial = next(_LOADS)
         self._profiles = None
         self._profiles_lock = threading.Lock()
-        self._derangements: dict[int, torch.Tensor] = {}
+        # one derangement per seed the Seed box was set to: a bounded LRU, not one per seed ever asked for
+        self.derangements = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(
+            functools.partial(derangement, len(self.eval_windows))
+        )
 
     @property
     def has_coefficients(self) -> bool:
@@ -164,9 +186,7 @@ class SharedModel:
 
     def donor_for(self, window_index: int | None, seed: int) -> int:
         """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""
-        if seed not in self._derangements:
-            self._derangements[seed] = derangement(len(self.eval_windows), seed)
-        return int(self._derangements[seed][window_index or 0])
+        return int(self.derangements(seed)[window_index or 0])
 
     def slot_labels(self, layer: int) -> list[str]:
         """Names of layer ``layer``'s flattened slots, shared across layers where the slot means the same."""
@@ -189,26 +209,106 @@ class SharedModel:
         return list(seen)
 
 
-_SHARED: dict[tuple, SharedModel] = {}
-_SHARED_LOCK = threading.Lock()
-_LOADING: dict[tuple, threading.Lock] = {}
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so freed memory shows as freed."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
-def shared_model(folder, calibration_windows: int | None = None, eval_windows: int | None = None) -> SharedModel:
-    """The process-wide ``SharedModel`` of ``folder`` (loaded on first use; a failed load is not cached)."""
-    key = (str(Path(folder).resolve()), calibration_windows, eval_windows)
-    with _SHARED_LOCK:
-        if key in _SHARED:
-            return _SHARED[key]
-        loading = _LOADING.setdefault(key, threading.Lock())
-    with loading:
-        with _SHARED_LOCK:
-            if key in _SHARED:
-                return _SHARED[key]
-        shared = SharedModel(folder, calibration_windows, eval_windows)
-        with _SHARED_LOCK:
-            _SHARED[key] = shared
+class ModelPool:
+    """The process's ``SharedModel``s: each checkpoint loaded once and shared by every session, and unloaded
+    once no session has used it for ``idle_seconds`` (0: never).
+
+    A model is in use from ``acquire`` to ``release`` (one update of one session) and is never unloaded then.
+    Sessions keep prefix caches that hold the model; ``attach`` them and ``unload_idle`` makes them drop those,
+    so the memory of an unloaded model is really freed even while a forgotten tab stays open.
+    """
+
+    def __init__(self, idle_seconds: float = DEFAULT_MODEL_IDLE_SECONDS, clock=time.monotonic):
+        self.idle_seconds, self.clock = idle_seconds, clock
+        self._models: dict[tuple, SharedModel] = {}
+        self._users: dict[tuple, int] = {}
+        self._last_used: dict[tuple, float] = {}
+        self._loading: dict[tuple, threading.Lock] = {}
+        self._sessions = weakref.WeakSet()
+        self._mutex = threading.Lock()
+
+    def acquire(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None) -> SharedModel:
+        """The shared model of ``folder``, loaded on first use (a failed load is not kept); in use until
+        ``release``."""
+        key = (str(Path(folder).resolve()), calibration_windows, eval_windows)
+        with self._mutex:
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:  # one load per checkpoint at a time; other checkpoints load alongside
+            with self._mutex:
+                shared = self._models.get(key)
+            if shared is None:
+                shared = SharedModel(folder, calibration_windows, eval_windows)
+            with self._mutex:
+                self._models[key] = shared
+                self._users[key] = self._users.get(key, 0) + 1
+                self._last_used[key] = self.clock()
         return shared
+
+    def release(self, shared: SharedModel) -> None:
+        with self._mutex:
+            for key, model in self._models.items():
+                if model is shared:
+                    self._users[key] -= 1
+                    self._last_used[key] = self.clock()
+
+    def attach(self, session: "DashboardSession") -> None:
+        self._sessions.add(session)
+
+    def unload_idle(self) -> list[Path]:
+        """Unload every model unused for ``idle_seconds``; returns their folders."""
+        if not self.idle_seconds:
+            return []
+        now = self.clock()
+        with self._mutex:
+            idle = [key for key in self._models
+                    if self._users[key] == 0 and now - self._last_used[key] >= self.idle_seconds]
+            unloaded = [self._models.pop(key) for key in idle]
+            for key in idle:
+                del self._users[key], self._last_used[key]
+        for shared in unloaded:
+            for session in list(self._sessions):
+                session.forget(shared)
+        if unloaded:
+            release_memory()
+        return [shared.folder for shared in unloaded]
+
+    @property
+    def loaded(self) -> list[Path]:
+        with self._mutex:
+            return [shared.folder for shared in self._models.values()]
+
+
+class SessionLimit:
+    """At most ``maximum`` sessions open at once in the process (0: no limit)."""
+
+    def __init__(self, maximum: int = DEFAULT_MAX_SESSIONS):
+        self.maximum, self.open = maximum, 0
+        self._mutex = threading.Lock()
+
+    def admit(self) -> bool:
+        """Count one more session if it fits; False (nothing counted) when the server is full."""
+        with self._mutex:
+            if self.maximum and self.open >= self.maximum:
+                return False
+            self.open += 1
+            return True
+
+    def leave(self) -> None:
+        with self._mutex:
+            self.open -= 1
+
+
+MODELS = ModelPool()  # process-wide: ``panel serve`` runs the app's script once per session, this module once
+SESSIONS = SessionLimit()
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -347,8 +447,12 @@ class DashboardSession:
             self.results.clear()
 
     def prefix(self, name: str, shared: SharedModel, text: TextInput) -> PrefixCache:
-        key = (name, str(shared.folder), text.key)
+        key = (shared.serial, text.key)
         return self.prefixes.get(key, lambda: PrefixCache(shared.model, text.ids, lock=shared.lock))
+
+    def forget(self, shared: SharedModel) -> None:
+        """Drop the prefix caches of ``shared`` (being unloaded), which hold its model."""
+        self.prefixes.discard(lambda key: key[0] == shared.serial)
 
     def condition_values(self, name, shared, text, prefix, condition, seed, donor) -> list[dict]:
         """Per controller, the values ``condition`` assigns to this window at every layer (design.md section

@@ -192,6 +192,12 @@ class PrefixStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def discard(self, predicate) -> None:
+        """Drop the caches whose key satisfies ``predicate``."""
+        with self._mutex:
+            for key in [key for key in self._entries if predicate(key)]:
+                del self._entries[key]
+
     def clear(self) -> None:
         with self._mutex:
             self._entries.clear()

@@ -6,6 +6,8 @@ The browser test starts ``fca dashboard`` on a free localhost port in a subproce
 is skipped elsewhere.
 """
 
+import gc
+import http.cookiejar
 import html
 import json
 import os
@@ -14,7 +16,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +28,19 @@ import pytest
 import torch
 
 from fca_workbench.dashboard import (
+    DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
     DashboardSession,
+    ModelPool,
     Registry,
+    SessionLimit,
     SharedModel,
     load_registry,
     pasted_input,
     window_input,
 )
 from fca_workbench.errors import UserError
-from fca_workbench.interventions import position_permutations, restrict_to_layer, shuffle_positions
+from fca_workbench.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.models import next_token_nll
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,6 +242,60 @@ def test_session_memory_is_bounded_and_freed(shared_models):
     assert len(session.prefixes) == 0 and not session.results
 
 
+def test_derangements_are_kept_for_a_bounded_number_of_seeds(shared_models):
+    model = shared_models["featuregate"]
+    session = DashboardSession()
+    text = window_input(model, 1)
+    for seed in range(3 * DERANGEMENTS_KEPT):  # the Seed box stepped through many seeds
+        model.donor_for(1, seed)
+    for seed in range(3):
+        session.analyse("fg", model, text, "cross_input", layer=0, seed=10_000 + seed)
+    assert model.derangements.cache_info().currsize == DERANGEMENTS_KEPT
+    for seed in (0, 3 * DERANGEMENTS_KEPT - 1, 10_002):  # evicted, kept, and used by analyse
+        assert model.donor_for(1, seed) == int(derangement(len(model.eval_windows), seed)[1])
+
+
+def test_model_pool_unloads_idle_models_never_one_in_use(tiny_checkpoints):
+    now = [0.0]
+    pool = ModelPool(idle_seconds=10, clock=lambda: now[0])
+    folder = tiny_checkpoints["featuregate"]
+    shared = pool.acquire(folder, calibration_windows=4, eval_windows=4)
+    assert pool.acquire(folder, calibration_windows=4, eval_windows=4) is shared  # loaded once, shared
+    pool.release(shared)
+    session = DashboardSession()
+    pool.attach(session)
+    session.analyse("fg", shared, window_input(shared, 0), "token_shuffle", layer=1)
+    assert len(session.prefixes) == 1
+    now[0] = 100.0
+    assert pool.unload_idle() == [] and pool.loaded == [folder]  # in use (one acquire not released yet)
+    pool.release(shared)
+    now[0] = 105.0
+    assert pool.unload_idle() == []  # released 5 s ago: not idle long enough
+    now[0] = 110.0
+    assert pool.unload_idle() == [folder] and pool.loaded == []
+    assert len(session.prefixes) == 0  # the session dropped its caches, which held the model
+    model = weakref.ref(shared.model)
+    del shared
+    gc.collect()
+    assert model() is None  # nothing keeps the unloaded model alive
+    again = pool.acquire(folder, calibration_windows=4, eval_windows=4)  # loaded anew on the next use
+    analysis = session.analyse("fg", again, window_input(again, 0), "token_shuffle", layer=1)
+    assert analysis.start_layer == again.model.resume_layer(1) and len(session.prefixes) == 1
+    never = ModelPool(idle_seconds=0, clock=lambda: now[0])
+    never.release(never.acquire(folder, calibration_windows=4, eval_windows=4))
+    now[0] = 1e9
+    assert never.unload_idle() == [] and never.loaded == [folder]
+
+
+def test_session_limit_admits_up_to_the_maximum():
+    limit = SessionLimit(2)
+    assert limit.admit() and limit.admit() and not limit.admit() and limit.open == 2
+    limit.leave()
+    assert limit.admit() and not limit.admit()
+    unlimited = SessionLimit(0)
+    assert all(unlimited.admit() for _ in range(100))
+
+
 def test_token_html_escapes_everything():
     import views
 
@@ -241,13 +304,187 @@ def test_token_html_escapes_everything():
     assert html.count('class="fca-token"') == 4
 
 
-# ------------------------------------------------------------------------------------------------ browser
+# ------------------------------------------------------------------------------------------------ serving
+
+
+def _dashboard_args(monkeypatch, *argv):
+    from fca_workbench.cli import build_parser, serving_auth
+
+    for variable in ("FCA_BASIC_AUTH", "FCA_COOKIE_SECRET"):
+        monkeypatch.delenv(variable, raising=False)
+    return serving_auth(build_parser().parse_args(["dashboard", *argv]))
+
+
+def test_fca_dashboard_refuses_unsafe_serving_in_one_line(tmp_path, monkeypatch, capsys):
+    from fca_workbench.cli import main
+
+    for variable in ("FCA_BASIC_AUTH", "FCA_COOKIE_SECRET"):
+        monkeypatch.delenv(variable, raising=False)
+    missing = ["--registry", str(tmp_path / "missing.json")]  # were the checks absent, this error would show
+    for argv, message in [
+        (["--address", "0.0.0.0"], "--address 0.0.0.0 lets the network reach the dashboard"),
+        (["--address", "lab.example"], "--address lab.example lets the network reach the dashboard"),
+        (["--basic-auth", "hunter2"], "--basic-auth needs a --cookie-secret"),
+        (["--address", "0.0.0.0", "--basic-auth", "hunter2"], "--basic-auth needs a --cookie-secret"),
+        (["--basic-auth", "pw", "--cookie-secret", "s", "--no-auth"], "--no-auth contradicts --basic-auth"),
+        (["--cookie-secret-file", str(tmp_path / "nope")], "--cookie-secret-file"),
+    ]:
+        assert main(["dashboard", *argv, *missing]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"fca: error: {message}"), err
+    monkeypatch.setenv("FCA_BASIC_AUTH", "hunter2")  # a password from the environment needs the secret too
+    assert main(["dashboard", *missing]) == 2
+    assert "--basic-auth needs a --cookie-secret" in capsys.readouterr().err
+
+
+def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatch, capsys):
+    assert _dashboard_args(monkeypatch) == {}  # loopback: no authentication needed
+    assert _dashboard_args(monkeypatch, "--address", "::1") == {}
+    assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", "--no-auth") == {}
+    (tmp_path / "password").write_text("hunter2\n")
+    (tmp_path / "secret").write_text("s" * 64)
+    (tmp_path / "users.json").write_text(json.dumps({"alice": "pw"}))
+    files = ["--cookie-secret-file", str(tmp_path / "secret")]
+    assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", "--basic-auth-file", str(tmp_path / "password"), *files) \
+        == {"basic_auth": "hunter2", "cookie_secret": "s" * 64}
+    for flag in ("--basic-auth-file", "--basic-auth"):  # JSON credentials: Panel reads the file itself
+        assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", flag, str(tmp_path / "users.json"), *files) \
+            == {"basic_auth": str(tmp_path / "users.json"), "cookie_secret": "s" * 64}
+    assert "visible" not in capsys.readouterr().err  # nothing secret was on the command line
+    monkeypatch.setenv("FCA_BASIC_AUTH", "from-env")
+    monkeypatch.setenv("FCA_COOKIE_SECRET", "secret-from-env")
+    from fca_workbench.cli import build_parser, serving_auth
+
+    assert serving_auth(build_parser().parse_args(["dashboard", "--address", "0.0.0.0"])) == \
+        {"basic_auth": "from-env", "cookie_secret": "secret-from-env"}
+    assert serving_auth(build_parser().parse_args(["dashboard", "--basic-auth", "typed", "--cookie-secret", "x"])) == \
+        {"basic_auth": "typed", "cookie_secret": "x"}
+    assert "visible to every user in `ps`" in capsys.readouterr().err  # typed secrets are warned about
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextmanager
+def dashboard_server(root: Path, registry: dict, *argv, env=None):
+    """``fca dashboard`` on a free localhost port in a subprocess; yields (url, server log) once it answers."""
+    (root / "registry.json").write_text(json.dumps(registry))
+    port = _free_port()
+    log = open(root / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
+         str(root / "registry.json"), "--calibration-windows", "16", *argv],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:  # a static file: a page would open a session (counted against --max-sessions until reaped)
+                with urllib.request.urlopen(url + "static/js/bokeh.min.js", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dashboard server did not start:\n{(root / 'server.log').read_text()}")
+            time.sleep(0.5)
+        yield url, root / "server.log"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # hand the 3xx back as an HTTPError, to look at
+
+
+def _status(opener, url, data=None) -> tuple[int, str, str]:
+    """(status, Location header, body) of one request, redirects not followed."""
+    try:
+        with opener.open(url, data=data, timeout=30) as response:
+            return response.status, "", response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Location", ""), ""
+
+
+def test_environment_auth_guards_the_dashboard(tiny_checkpoints, tmp_path):
+    env = {"FCA_BASIC_AUTH": "lab-password", "FCA_COOKIE_SECRET": "c" * 64}  # never on the command line
+    with dashboard_server(tmp_path, {"fg": str(tiny_checkpoints["featuregate"])}, env=env) as (url, server_log):
+        anonymous = urllib.request.build_opener(_NoRedirect)
+        status, location, _ = _status(anonymous, url)
+        assert status == 302 and "login" in location  # no page, no session without logging in
+        status, _, body = _status(anonymous, url + "login")
+        assert status == 200 and 'name="password"' in body
+        _, status, location, cookies = _logged_in(url, "wrong")
+        assert status == 302 and "error" in location and "user" not in cookies
+        opener, status, location, cookies = _logged_in(url, "lab-password")
+        assert status == 302 and "user" in cookies
+        status, _, body = _status(opener, url)
+        assert status == 200 and "<title>FCA dashboard</title>" in body
+        status, _, _ = _status(opener, url + "static/..%2f..%2f..%2fetc%2fpasswd")
+        assert status in (403, 404)  # static routes still refuse traversal
+        log = server_log.read_text()
+    assert "lab-password" not in log and "Traceback" not in log
+
+
+def _logged_in(url: str, password: str):
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPCookieProcessor(jar))
+    form = urllib.parse.urlencode({"username": "alice", "password": password}).encode()
+    status, location, _ = _status(opener, url + "login", form)
+    return opener, status, location, {cookie.name for cookie in jar}
+
+
+def _open_session(url: str):
+    """One session opened over the websocket, as a browser does: (session, its CSS classes, its text); the
+    caller closes it."""
+    import asyncio
+
+    import panel.models.plotly  # noqa: F401  (registers Panel's Bokeh models for the client)
+    from bokeh.client import pull_session
+
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    session = pull_session(url=url)
+    models = list(session.document.models)
+    classes = {css for model in models for css in (getattr(model, "css_classes", None) or [])}
+    return session, classes, " ".join(str(getattr(model, "text", "") or "") for model in models)
+
+
+def _wait_for_a_place(url: str, message: str):
+    """A session that got the app (not the 'server is full' page) within 60 s; the caller closes it."""
+    deadline = time.monotonic() + 60
+    while True:
+        session, classes, _ = _open_session(url)
+        if "fca-checkpoint" in classes:
+            return session
+        session.close()
+        assert time.monotonic() < deadline, message
+        time.sleep(1)
+
+
+def test_a_session_over_the_limit_gets_a_polite_page(tiny_checkpoints, tmp_path):
+    with dashboard_server(tmp_path, {"fg": str(tiny_checkpoints["featuregate"])}, "--max-sessions", "1") as (url, log):
+        first = _wait_for_a_place(url, "no session got the app")
+        over, classes, text = _open_session(url)  # one more than --max-sessions 1
+        over.close()
+        first.close()
+        assert "fca-server-full" in classes and "fca-checkpoint" not in classes
+        assert "The FCA dashboard is full: 1 sessions are open" in text
+        _wait_for_a_place(url, "a closed session kept its place").close()  # reaped within ~10 s
+        assert "Traceback" not in log.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ browser
 
 
 def _browser_available() -> str | None:
@@ -273,36 +510,8 @@ def served(tiny_checkpoints, tmp_path_factory):
     (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")
     registry = {"featuregate-tiny": str(tiny_checkpoints["featuregate"]), "muddpythia-tiny": str(tiny_checkpoints["muddpythia"]),
                 "dense-tiny": str(tiny_checkpoints["dense"]), "broken": str(root / "broken")}
-    (root / "registry.json").write_text(json.dumps(registry))
-    port = _free_port()
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
-         str(root / "registry.json"), "--calibration-windows", "16"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dashboard server did not start:\n{(root / 'server.log').read_text()}")
-            time.sleep(0.5)
-        yield url, root / "server.log"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+    with dashboard_server(root, registry) as served:
+        yield served
 
 
 # The token pane's HTML as the server produced it: Panel ships an HTML pane's markup escaped once more and
