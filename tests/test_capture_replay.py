@@ -3,6 +3,7 @@ model's coefficients and NLL; an interrupted capture never leaves a partial shar
 the shards already written; every replay condition equals a hand-built frozen forward."""
 
 import json
+from pathlib import Path
 
 import pytest
 import safetensors.torch
@@ -11,7 +12,6 @@ import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
 
-import fca_workbench.capture as capture_module
 from fca_workbench.capture import capture, model_fingerprint
 from fca_workbench.data import fingerprint_tensor
 from fca_workbench.errors import UserError
@@ -95,7 +95,7 @@ def test_a_cache_of_another_model_or_data_is_refused_naming_the_fingerprints(mod
     key = f"{what}_fingerprint"
     now = model_fingerprint(other_model) if what == "model" else fingerprint_tensor(other_windows)
     message = (f"coefficient cache {tmp_path / 'cache'} was captured from another {what} ({key} {stored[key][:12]} "
-               f"!= {now[:12]}); use another --cache or delete it")
+               f"!= {now[:12]}); delete that folder to capture again")
     with pytest.raises(UserError) as refused:
         capture(other_model, other_windows, tmp_path / "cache", batch_size=SHARD)
     assert str(refused.value) == message
@@ -121,18 +121,18 @@ def test_resume_keeps_the_finished_shards_untouched(model, windows, tmp_path, mo
 
 
 def test_a_crash_while_writing_a_shard_leaves_no_partial_shard(model, windows, tmp_path, monkeypatch):
-    folder, real_save, saved = tmp_path / "cache", capture_module.save_file, []
+    folder, real_write, saved = tmp_path / "cache", Path.write_bytes, []
 
-    def half_written_then_crash(tensors, filename, *args, **kwargs):
+    def half_written_then_crash(path, payload):
+        if "shard_" not in path.name:
+            return real_write(path, payload)
         if len(saved) == 2:  # the third shard: half its bytes reach the disk, then the process dies
-            payload = safetensors.torch.save(tensors)
-            with open(filename, "wb") as handle:
-                handle.write(payload[: len(payload) // 2])
+            real_write(path, payload[: len(payload) // 2])
             raise KeyboardInterrupt("killed while writing")
-        saved.append(filename)
-        real_save(tensors, filename, *args, **kwargs)
+        saved.append(path)
+        return real_write(path, payload)
 
-    monkeypatch.setattr(capture_module, "save_file", half_written_then_crash)
+    monkeypatch.setattr(Path, "write_bytes", half_written_then_crash)
     with pytest.raises(KeyboardInterrupt):
         capture(model, windows, folder, batch_size=SHARD)
     assert [p.name for p in shard_files(folder)] == ["shard_00000.safetensors", "shard_00001.safetensors"]

@@ -369,10 +369,11 @@ def test_train_refuses_absurd_sizes_before_reading_any_text(tmp_path):
     (dict(layers=200, width=65536, heads=512), "GiB for fp32 weights, gradients and AdamW, more than the"),
 ])
 def test_train_refuses_sizes_it_cannot_build(sizes, message):
+    from fca_workbench.tokenizer import load_tokenizer
     from fca_workbench.train import build_model
 
     with pytest.raises(UserError, match=message):
-        build_model(TrainSettings(arch="dense", **sizes), vocab_size=4096)
+        build_model(TrainSettings(arch="dense", **sizes), load_tokenizer())
 
 
 @pytest.mark.parametrize("name", ["featuregate-s0", "dense-s0", "muddpythia-s0"])
