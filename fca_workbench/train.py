@@ -21,6 +21,7 @@ from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split
 from .errors import UserError
 from .models import FAMILIES, next_token_nll
 from .tokenizer import load_tokenizer
+from .training_audit import TrainingAudit, postfix
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.csv"
@@ -44,6 +45,8 @@ class TrainSettings:
     save_every: int = 100
     eval_windows: int = 64
     device: str = "cpu"
+    audit_every: int | None = None  # mini-audit every N steps and at the end (training_audit.py)
+    audit_windows: int = 16
 
 
 def build_model(settings: TrainSettings, vocab_size: int):
@@ -106,11 +109,13 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     model = build_model(settings, len(tokenizer)).to(settings.device)
     optimizer, scheduler = make_optimizer(model, settings)
     step = resume(out, settings, model, optimizer, scheduler)
+    audit = TrainingAudit.for_run(settings, model, tokenizer, out, step)
     out.mkdir(parents=True, exist_ok=True)
     log_rows = read_log(out, step)
     started, elapsed_before = time.perf_counter(), (float(log_rows[-1]["seconds"]) if log_rows else 0.0)
     last_step = settings.steps if stop_after is None else min(settings.steps, step + stop_after)
     model.train()
+    latest_audit = postfix(audit.log.rows[-1]) if audit and audit.log.rows else {}
     with tqdm(total=settings.steps, initial=step, desc=f"train {settings.arch} seed {settings.seed}") as bar:
         while step < last_step:
             batch = sample_batch(stream, step, settings).to(settings.device)
@@ -132,12 +137,15 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
                 }
             )
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            audited = audit and audit.maybe_run(model, step)
+            if audited:
+                latest_audit = postfix(audited)
+            bar.set_postfix(loss=f"{loss.item():.3f}", **latest_audit)
             if step % settings.save_every == 0 or step == last_step:
                 save_state(out, settings, model, optimizer, scheduler, step, log_rows)
     if step < settings.steps:
         return None
-    return finish(out, settings, model, tokenizer, log_rows)
+    return finish(out, settings, model, tokenizer, log_rows, audit)
 
 
 def resume(out: Path, settings, model, optimizer, scheduler) -> int:
@@ -202,7 +210,7 @@ def coefficient_summary(model, windows: torch.Tensor, batch_size: int = 16) -> t
     return nll_sum / count, within_std
 
 
-def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
+def finish(out: Path, settings, model, tokenizer, log_rows: list[dict], audit: TrainingAudit | None = None) -> dict:
     """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
     model = model.float().cpu()
     windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
@@ -218,6 +226,8 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
         "train_seconds": float(log_rows[-1]["seconds"]),
         "settings": asdict(settings),
     }
+    if audit:
+        card["audit"] = audit.card(card["train_seconds"])
     staging = out.with_name(f".{out.name}.final")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
@@ -237,8 +247,15 @@ def model_card_markdown(card: dict) -> str:
     command = (
         f"fca train --arch {s['arch']} --seed {s['seed']} --layers {s['layers']} --width {s['width']} "
         f"--heads {s['heads']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} "
-        f"--lr {s['lr']}" + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "") + " --out DIR"
+        f"--lr {s['lr']}" + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "")
+        + (f" --audit-every {s['audit_every']} --audit-windows {s['audit_windows']}" if s.get("audit_every") else "")
+        + " --out DIR"
     )
+    audit = card.get("audit")
+    audit_rows = [] if not audit else [
+        f"| mini-audits (`audit_log.csv`: every {audit['every']} steps and at the end, {audit['windows']} windows) "
+        f"| {audit['audits']}, {audit['audit_seconds']} s = {100 * audit['fraction_of_training']:.1f}% of training time |"
+    ]
     std = card["within_layer_coefficient_std"]
     return "\n".join(
         [
@@ -254,6 +271,7 @@ def model_card_markdown(card: dict) -> str:
             f"| eval NLL (nats, {card['eval_windows']} windows of {s['window']}) | {card['eval_nll']} |",
             f"| within-(layer, slot) coefficient std | {'n/a (no controller)' if std is None else std} |",
             f"| training time (s, this machine) | {card['train_seconds']} |",
+            *audit_rows,
             "",
             f"Reproduce: `{command}`",
             "",
