@@ -171,3 +171,31 @@ def postfix(row: dict) -> dict:
     """What the progress bar shows of the latest audit."""
     return {"retention": f"{float(row['retention_layer_mean']):.3f}",
             "dNLL_cross": f"{float(row['delta_cross_input']):+.3f}"}
+
+
+TRAINING_DYNAMICS_DIR = Path(__file__).resolve().parent.parent / "data" / "training_dynamics"
+
+
+def load_training_run(folder) -> dict:
+    """A training run's logs as DataFrames: ``audit`` (``audit_log.csv``), ``train`` (``train_log.csv``) and its
+    model card (None while the run is unfinished: the logs are then partial)."""
+    import json
+
+    import pandas as pd
+
+    folder = Path(folder)
+    if not (folder / AUDIT_LOG).is_file():
+        raise UserError(f"{folder} has no {AUDIT_LOG}: train it with fca train --audit-every N")
+    card = folder / "model_card.json"
+    return {
+        "name": folder.name,
+        "audit": pd.read_csv(folder / AUDIT_LOG),
+        "train": pd.read_csv(folder / "train_log.csv") if (folder / "train_log.csv").is_file() else None,
+        "card": json.loads(card.read_text()) if card.is_file() else None,
+    }
+
+
+def load_training_runs(folders=None) -> list[dict]:
+    """Several runs (default: the shipped ``data/training_dynamics/*``), in folder-name order."""
+    folders = folders or sorted(p for p in TRAINING_DYNAMICS_DIR.iterdir() if (p / AUDIT_LOG).is_file())
+    return [load_training_run(f) for f in ([folders] if isinstance(folders, (str, Path)) else folders)]
