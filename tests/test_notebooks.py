@@ -1,7 +1,7 @@
 """The notebooks: every one runs under papermill with tiny parameters and writes its table, and every number
 in a table is the number in the audit.json of the same run.
 
-One tiny ``fca reproduce`` run of all six notebooks is shared by the whole module (tiny random checkpoints of
+One tiny ``fca reproduce`` run of all seven notebooks is shared by the whole module (tiny random checkpoints of
 each family plus a second FeatureGate seed, 4 windows of 64 tokens).
 """
 
@@ -26,6 +26,7 @@ TABLES = {
     "03_static_profiles": ["retention_per_model", "retention_over_seeds"],
     "04_execution": ["execution", "execution_over_seeds", "positive_control"],
     "05_muddpythia": ["muddpythia_penalties"],
+    "07_training_dynamics": ["training_dynamics"],
     "explore": ["explore_window"],
 }
 
@@ -105,7 +106,7 @@ def test_figures_are_offline_html(tiny_run):
 def test_index_names_models_data_and_outputs(tiny_run):
     plan, _, _ = tiny_run
     index = (plan.out / "README.md").read_text()
-    assert "6 of 6 notebooks passed" in index
+    assert "7 of 7 notebooks passed" in index
     for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "eval.jsonl.gz", "max windows 4",
                  "tables/retention_over_seeds.csv", "figures/heatmap_featuregate-s0.html", "notebooks/01_variation.ipynb"):
         assert name in index
@@ -209,3 +210,15 @@ def test_committed_notebooks_are_stripped_and_parameterised(path):
     assert sum("parameters" in cell.metadata.get("tags", []) for cell in nb.cells) == 1
     assert nb.metadata.kernelspec.name == reproduce.KERNEL_NAME
     assert path.stem in TABLES
+
+
+def test_training_dynamics_table_equals_the_shipped_audit_logs(tiny_run):
+    from fca_workbench.training_audit import TRAINING_DYNAMICS_DIR
+
+    plan, _, _ = tiny_run
+    table = rows(plan, "training_dynamics")
+    assert {r["run"] for r in table} == {p.parent.name for p in TRAINING_DYNAMICS_DIR.glob("*/audit_log.csv")} and table
+    for row in table:
+        log = pd.read_csv(TRAINING_DYNAMICS_DIR / row["run"] / "audit_log.csv").set_index("step").loc[int(row["step"])]
+        for key in ("nll_correct", "delta_cross_input", "retention_layer_mean", "r2_layer"):
+            assert number(row[key]) == log[key]

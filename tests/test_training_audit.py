@@ -6,12 +6,13 @@ import pytest
 import torch
 from test_train import small_text, tiny_settings  # noqa: F401 (small_text is a fixture)
 
+from fca_workbench import tables
 from fca_workbench.cli import main
 from fca_workbench.interventions import derangement
 from fca_workbench.models import FeatureGateForCausalLM, load_model, next_token_nll
 from fca_workbench.tokenizer import load_tokenizer
 from fca_workbench.train import build_model, train
-from fca_workbench.training_audit import MiniAudit, figure_names
+from fca_workbench.training_audit import MiniAudit, figure_names, load_training_runs
 
 AUDIT = dict(audit_every=3, audit_windows=4, steps=7, save_every=10)
 
@@ -61,6 +62,11 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(small_text,
     assert card["audit"]["audits"] == 3
     assert card["audit"]["audit_seconds"] == pytest.approx(sum(float(r["audit_seconds"]) for r in rows), abs=0.1)
     assert "mini-audits" in (tmp_path / "run" / "README.md").read_text()
+    table = tables.training_dynamics_table(load_training_runs([tmp_path / "run"]))  # what notebook 07 shows
+    assert table.step.tolist() == [3, 6, 7]
+    for column, logged in (("delta_cross_input", "delta_cross_input"), ("delta_cross_input_ci95_lo", "delta_cross_input_lo"),
+                           ("retention_layer_mean_ci95_hi", "retention_layer_mean_hi"), ("r2_layer_slot", "r2_layer_slot")):
+        assert table[column].tolist() == [float(r[logged]) for r in rows]
 
 
 def test_resumed_run_continues_the_audit_log_without_duplicate_rows(small_text, tmp_path):  # noqa: F811
