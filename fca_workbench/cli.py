@@ -49,6 +49,8 @@ def cmd_train(args) -> None:
         lr=args.lr,
         save_every=args.save_every,
         device=args.device,
+        audit_every=args.audit_every,
+        audit_windows=args.audit_windows,
     )
     card = train(settings, args.out, stop_after=args.stop_after)
     if card is None:
@@ -263,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--save-every", type=int, default=100)
     train.add_argument("--stop-after", type=int, default=None, help="stop (checkpointed) after N steps of this run")
     train.add_argument("--device", default="cpu")
+    train.add_argument("--audit-every", type=int, default=None, metavar="N",
+                       help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv")
+    train.add_argument("--audit-windows", type=int, default=16, metavar="M",
+                       help="evenly spread eval and calibration windows per mini-audit (default 16)")
     train.set_defaults(func=cmd_train)
 
     audit = commands.add_parser("audit", help="audit one checkpoint: variation, assignment, execution")

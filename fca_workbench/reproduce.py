@@ -34,8 +34,10 @@ from .resources import checkpoints_dir, results_root, shipped
 KERNEL_NAME = "fca-workbench"
 NOTEBOOK_DIR = shipped("notebooks")
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
-PAPER_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
+AUDIT_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
                    "06_per_layer")
+# 07 reads the shipped training-dynamics logs (data/training_dynamics) and audits nothing
+PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics")
 EXPLORE_NOTEBOOK = "explore"
 # Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
 # (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits

@@ -406,6 +406,37 @@ def per_layer_seed_table(audits: list[dict]):
                  "mean ± sd over seeds", columns, rows)
 
 
+DYNAMICS_COLUMNS = [
+    Column("nll_correct", "eval NLL"),
+    *[Column(f"delta_{c}", f"ΔNLL {c}", "delta") for c in ("cross_input", "token_shuffle", "global_mean", "layer_mean")],
+    Column("delta_cross_input_ci95", "cross_input 95% CI", "delta", "ci"),
+    *[Column(f"retention_{p}", p, "pct") for p in RETENTION_PROFILES],
+    Column("retention_layer_mean_ci95", "layer_mean 95% CI", "pct", "ci"),
+    Column("r2_layer", "R² layer", "pct"),
+    Column("r2_layer_slot", "R² layer×slot", "pct"),
+    Column("within_std", "within-(layer, slot) std"),
+]
+
+
+def training_dynamics_table(runs: list[dict], steps=None):
+    """Mini-audit figures of training runs (``training_audit.load_training_runs``) at the audited ``steps``
+    (default: every audited step), one row per run and step, read from ``audit_log.csv``."""
+    columns = [Column("run", "run", "text"), Column("step", "step", "int"), *DYNAMICS_COLUMNS]
+    rows = []
+    for run in runs:
+        for record in run["audit"].to_dict("records"):
+            if steps is not None and record["step"] not in steps:
+                continue
+            row = {"run": run["name"], **record}
+            for c in DYNAMICS_COLUMNS:
+                if c.form == "ci":
+                    key = c.key.removesuffix("_ci95")
+                    row[c.key] = [record[f"{key}_lo"], record[f"{key}_hi"]]
+            rows.append(row)
+    return make_table("training_dynamics", "FCA during training: mini-audit figures at selected steps "
+                      "(audit_log.csv; 95% bootstrap CIs)", columns, rows)
+
+
 # ------------------------------------------------------------------------------------------------------
 # Coefficient caches and static profiles, read back for heatmaps and exploration
 # ------------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from .limits import check_memory, check_sizes
 from .models import FAMILIES, next_token_nll
 from .outputs import output_folder
 from .tokenizer import load_tokenizer
+from .training_audit import TrainingAudit, postfix
 
 STATE_FILE = "trainer_state.pt"
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
@@ -67,6 +68,8 @@ class TrainSettings:
     save_every: int = 100
     eval_windows: int = 64
     device: str = "cpu"
+    audit_every: int | None = None  # mini-audit every N steps and at the end (training_audit.py)
+    audit_windows: int = 16
 
     def __post_init__(self):
         if (self.arch is None) == (self.hf_config is None):
@@ -213,11 +216,13 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     optimizer, scheduler = make_optimizer(model, settings)
     step = restore(state, model, optimizer, scheduler)
+    audit = TrainingAudit.for_run(settings, model, tokenizer, out, step)
     out.mkdir(parents=True, exist_ok=True)
     log_rows = read_log(out, step)
     started, elapsed_before = time.perf_counter(), (float(log_rows[-1]["seconds"]) if log_rows else 0.0)
     last_step = settings.steps if stop_after is None else min(settings.steps, step + stop_after)
     model.train()
+    latest_audit = postfix(audit.log.rows[-1]) if audit and audit.log.rows else {}
     with tqdm(total=settings.steps, initial=step, desc=f"train {settings.name} seed {settings.seed}") as bar:
         while step < last_step:
             batch = sample_batch(stream, step, settings).to(settings.device)
@@ -240,12 +245,15 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
                 }
             )
             bar.update(1)
-            bar.set_postfix(loss=f"{nll.item():.3f}")
+            audited = audit and audit.maybe_run(model, step)
+            if audited:
+                latest_audit = postfix(audited)
+            bar.set_postfix(loss=f"{nll.item():.3f}", **latest_audit)
             if step % settings.save_every == 0 or step == last_step:
                 save_state(out, settings, model, optimizer, scheduler, step, log_rows)
     if step < settings.steps:
         return None
-    return finish(out, settings, model, tokenizer, log_rows)
+    return finish(out, settings, model, tokenizer, log_rows, audit)
 
 
 def run_folder(out) -> Path:
@@ -340,7 +348,7 @@ def coefficient_summary(
     return nll_sum / count, within_std
 
 
-def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
+def finish(out: Path, settings, model, tokenizer, log_rows: list[dict], audit: TrainingAudit | None = None) -> dict:
     """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
     model = model.float().cpu()
     windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
@@ -358,6 +366,8 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
     }
     if settings.hf_config is not None:
         card["router_aux_loss_coef"] = getattr(model.config, "router_aux_loss_coef", None)
+    if audit:
+        card["audit"] = audit.card(card["train_seconds"])
     staging = out / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
@@ -379,6 +389,12 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict]) -> dict:
 
 def model_card_markdown(card: dict) -> str:
     s = card["settings"]
+    audit_flags = f" --audit-every {s['audit_every']} --audit-windows {s['audit_windows']}" if s.get("audit_every") else ""
+    audit = card.get("audit")
+    audit_rows = [] if not audit else [
+        f"| mini-audits (`audit_log.csv`: every {audit['every']} steps and at the end, {audit['windows']} windows) "
+        f"| {audit['audits']}, {audit['audit_seconds']} s = {100 * audit['fraction_of_training']:.1f}% of training time |"
+    ]
     common = (
         f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
     )
@@ -386,13 +402,14 @@ def model_card_markdown(card: dict) -> str:
         command = (
             f"fca train --arch {s['arch']} --layers {s['layers']} --width {s['width']} --heads {s['heads']} {common}"
             + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "")
+            + audit_flags
             + " --out DIR"
         )
         std = card["within_layer_coefficient_std"]
         std_text = "n/a (no controller)" if std is None else std
         config_lines = []
     else:
-        command = f"fca train --hf-config CONFIG.json {common} --out DIR"
+        command = f"fca train --hf-config CONFIG.json {common}{audit_flags} --out DIR"
         std_text = "not computed (transformers model)"
         config_lines = ["", "where `CONFIG.json` holds", "", "```json", json.dumps(s["hf_config"], indent=2), "```"]
         aux = card.get("router_aux_loss_coef")
@@ -413,6 +430,7 @@ def model_card_markdown(card: dict) -> str:
             f"| eval NLL (nats, {card['eval_windows']} windows of {s['window']}) | {card['eval_nll']} |",
             f"| within-(layer, slot) coefficient std | {std_text} |",
             f"| training time (s, this machine) | {card['train_seconds']} |",
+            *audit_rows,
             "",
             f"Reproduce: `{command}`",
             *config_lines,

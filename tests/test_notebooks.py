@@ -32,6 +32,7 @@ TABLES = {
     "04_execution": ["execution", "execution_over_seeds", "positive_control"],
     "05_muddpythia": ["muddpythia_penalties"],
     "06_per_layer": ["per_layer", "per_layer_over_seeds"],
+    "07_training_dynamics": ["training_dynamics"],
     "explore": ["explore_window"],
 }
 
@@ -266,3 +267,15 @@ def test_committed_notebooks_are_stripped_and_parameterised(path):
     assert sum("parameters" in cell.metadata.get("tags", []) for cell in nb.cells) == 1
     assert nb.metadata.kernelspec.name == reproduce.KERNEL_NAME
     assert path.stem in TABLES
+
+
+def test_training_dynamics_table_equals_the_shipped_audit_logs(tiny_run):
+    from fca_workbench.training_audit import TRAINING_DYNAMICS_DIR
+
+    plan, _, _ = tiny_run
+    table = rows(plan, "training_dynamics")
+    assert {r["run"] for r in table} == {p.parent.name for p in TRAINING_DYNAMICS_DIR.glob("*/audit_log.csv")} and table
+    for row in table:
+        log = pd.read_csv(TRAINING_DYNAMICS_DIR / row["run"] / "audit_log.csv").set_index("step").loc[int(row["step"])]
+        for key in ("nll_correct", "delta_cross_input", "retention_layer_mean", "r2_layer"):
+            assert number(row[key]) == log[key]
