@@ -102,11 +102,11 @@ def test_hf_config_training_lowers_the_loss_and_saves_the_trained_model(model_ty
     probe = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(1))
     trained = {}
 
-    def finish_recording_logits(out, settings, model, tokenizer, log_rows):
+    def finish_recording_logits(out, settings, model, tokenizer, log_rows, audit=None):
         model.eval()
         with torch.no_grad():
             trained["logits"] = model(probe).logits
-        return finish(out, settings, model, tokenizer, log_rows)
+        return finish(out, settings, model, tokenizer, log_rows, audit)
 
     monkeypatch.setattr(train_module, "finish", finish_recording_logits)
     card = train(hf_settings(tmp_path, model_type, small_text), tmp_path / "run")

@@ -56,7 +56,7 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(small_text,
 
     train(settings, tmp_path / "at3", stop_after=3)  # the weights of step 3, from the resumable state
     state = torch.load(tmp_path / "at3" / "trainer_state.pt", weights_only=False)
-    at3 = build_model(settings, len(tokenizer))
+    at3 = build_model(settings, tokenizer)
     at3.load_state_dict(state["model"])
     assert figures_of(rows[0]) == audit(at3)
     assert card["audit"]["audits"] == 3
@@ -90,7 +90,7 @@ def test_trainer_callback_logs_the_mini_audit_through_the_trainer(tmp_path):
 
     tokenizer = load_tokenizer()
     settings = tiny_settings("featuregate", None)
-    model = build_model(settings, len(tokenizer))
+    model = build_model(settings, tokenizer)
     audit = mini_audit(tokenizer)
     data = [{"input_ids": w, "labels": w} for w in audit.calib_windows.repeat(4, 1)]
     args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=4, per_device_train_batch_size=4,
