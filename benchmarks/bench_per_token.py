@@ -12,13 +12,13 @@ import argparse
 import gzip
 import io
 import json
-import time
 from pathlib import Path
 
 import torch
 
 from fca_workbench.interventions import CONDITIONS
-from fca_workbench.results import PER_TOKEN_CSV, per_token_csv, per_token_frame, per_token_parquet
+from fca_workbench.results import per_token_csv, per_token_frame, per_token_parquet
+from timing import best_of
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -37,15 +37,6 @@ def loop_writer(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> by
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
         gz.write(text.getvalue().encode())
     return buffer.getvalue()
-
-
-def best_of(repeats: int, fn):
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), result
 
 
 def main() -> None:

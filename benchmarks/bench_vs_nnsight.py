@@ -27,7 +27,6 @@ import cProfile
 import json
 import pstats
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -49,20 +48,11 @@ from fca_workbench.models import load_model, next_token_nll
 from fca_workbench.replay import replay_nll
 from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
 from fca_workbench.tokenizer import load_tokenizer
+from timing import best_of
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FROZEN = [c for c in CONDITIONS if c != "unperturbed"]  # replayed with the controllers skipped
 SWEPT = [c for c in FROZEN if c != "correct"]
-
-
-def best_of(repeats: int, fn):
-    """(fastest wall time, result of the last call)."""
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), result
 
 
 # ---- the workbench -------------------------------------------------------------------------------------
