@@ -284,8 +284,10 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
                         "remove it or choose another --out") from None
     if not isinstance(state, dict) or not STATE_KEYS <= state.keys() or not isinstance(state["settings"], dict):
         raise UserError(f"{path} is not a training state fca train wrote; remove it or choose another --out")
-    if state["settings"] != asdict(settings):
-        changed = sorted(k for k in state["settings"] if state["settings"][k] != asdict(settings).get(k))
+    wanted = asdict(settings)
+    if state["settings"] != wanted:
+        changed = sorted(k for k in state["settings"].keys() | wanted.keys()
+                         if state["settings"].get(k) != wanted.get(k) or (k in state["settings"]) != (k in wanted))
         raise UserError(f"{out} holds a run with different settings ({', '.join(changed)}); choose another --out")
     return state
 

@@ -169,3 +169,15 @@ def test_arch_and_hf_config_together_are_refused(tmp_path, capsys):
     assert exit_info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert main(["train", "--hf-config", str(path), "--layers", "2", "--out", str(tmp_path / "o")]) == 2
     assert "--layers shape --arch models" in capsys.readouterr().err
+
+
+def test_resuming_with_a_setting_the_saved_run_lacks_names_it(small_text, tmp_path):
+    """A state saved before a setting existed must name that setting, not print an empty list."""
+    settings = tiny_settings("featuregate", small_text, steps=8, save_every=4)
+    assert train(settings, tmp_path / "run", stop_after=4) is None
+    path = tmp_path / "run" / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    del state["settings"]["audit_windows"]
+    torch.save(state, path)
+    with pytest.raises(train_module.UserError, match=r"different settings \(audit_windows\)"):
+        train(settings, tmp_path / "run")
