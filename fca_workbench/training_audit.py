@@ -17,27 +17,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .adapters import controlled_view
 from .audit import RETENTION_PROFILES, coefficient_spread
 from .capture import capture
 from .data import load_windows, split_path, write_atomic
 from .errors import UserError
-from .interventions import CONDITIONS, static_profiles
+from .execution import expert_execution
+from .interventions import ROUTING_CONDITIONS
 from .metrics import bootstrap_counts, condition_figures, gap_retention
-from .replay import replay_nll
+from .replay import calibration_profiles, replay_conditions, replay_nll
 
 AUDIT_LOG = "audit_log.csv"
-REPLAYED = tuple(c for c in CONDITIONS if c not in ("unperturbed", "correct"))
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")
-
-
-def figure_names() -> list[str]:
-    """The mini-audit's figures, in the order of ``audit_log.csv``'s columns."""
-    names = ["nll_correct"]
-    for condition in REPLAYED:
-        names += [f"delta_{condition}", f"delta_{condition}_lo", f"delta_{condition}_hi"]
-    for profile in RETENTION_PROFILES:
-        names += [f"retention_{profile}", f"retention_{profile}_lo", f"retention_{profile}_hi"]
-    return names + list(SPREAD_KEYS)
 
 
 def evenly_spread(windows: torch.Tensor, count: int, what: str) -> torch.Tensor:
@@ -50,10 +41,19 @@ def evenly_spread(windows: torch.Tensor, count: int, what: str) -> torch.Tensor:
     return windows[np.linspace(0, len(windows) - 1, count).round().astype(int)]
 
 
+def has_controller(model) -> bool:
+    """Whether the mini-audit can audit ``model`` (a workbench model or any transformers causal LM)."""
+    with controlled_view(model) as view:
+        return bool(view.controllers)
+
+
 class MiniAudit:
     """The replay figures of one model state on fixed eval and calibration windows.
 
-    Calling it never changes the model: it runs under ``no_grad`` and puts back the train/eval mode it found.
+    ``model`` is a workbench model or a transformers causal LM (seen through ``controlled_view``). Every
+    condition the full audit replays is replayed, so routers add ``layer_mean_topk`` (its ΔNLL and gap
+    retention) and the fraction of expert evaluations run, read from the captured routing. Calling it never
+    changes the model: it runs under ``no_grad`` and puts back the train/eval mode it found.
     """
 
     def __init__(self, eval_windows: torch.Tensor, calib_windows: torch.Tensor, seed: int = 0,
@@ -71,35 +71,38 @@ class MiniAudit:
         return cls(chosen["eval"], chosen["calibration"], **options)
 
     def __call__(self, model) -> dict[str, float]:
-        if not model.controllers:
-            raise UserError("the mini-audit needs a model with a controller; this one has none (Dense?)")
-        was_training, device = model.training, next(model.parameters()).device
-        try:
+        """The figures, in the order of ``audit_log.csv``'s columns."""
+        with controlled_view(model) as view:
+            if not view.controllers:
+                raise UserError(f"the mini-audit needs a model with a controller; {view.arch} has none the workbench can audit")
+            device = next(view.parameters()).device
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
                 options = {"batch_size": self.batch_size, "device": device}
-                eval_cache = capture(model, self.eval_windows, Path(tmp) / "eval", desc="audit eval", **options)
-                calib_cache = capture(model, self.calib_windows, Path(tmp) / "calib", desc="audit calib", **options)
-                profiles = static_profiles(calib_cache.batches())
+                eval_cache = capture(view, self.eval_windows, Path(tmp) / "eval", desc="audit eval", **options)
+                calib_cache = capture(view, self.calib_windows, Path(tmp) / "calib", desc="audit calib", **options)
+                profiles = calibration_profiles(calib_cache)
+                replayed = [c for c in replay_conditions(profiles) if c not in ("unperturbed", "correct")]
                 window_nll = {
-                    condition: replay_nll(model, self.eval_windows, eval_cache, condition, profiles, self.seed,
+                    condition: replay_nll(view, self.eval_windows, eval_cache, condition, profiles, self.seed,
                                           device=device).double().mean(dim=1)
-                    for condition in ("correct", *REPLAYED)
+                    for condition in ("correct", *replayed)
                 }
                 spread = coefficient_spread(eval_cache)
-        finally:
-            model.train(was_training)
+                experts = expert_execution(view, eval_cache)
         counts = bootstrap_counts(len(self.eval_windows), self.resamples, self.seed)
         conditions = condition_figures(window_nll, counts)
         figures = {"nll_correct": conditions["correct"]["nll"]}
-        for condition in REPLAYED:
+        for condition in replayed:
             c = conditions[condition]
             figures.update({f"delta_{condition}": c["delta"], f"delta_{condition}_lo": c["delta_ci95"][0],
                             f"delta_{condition}_hi": c["delta_ci95"][1]})
-        for profile in RETENTION_PROFILES:
+        for profile in (*RETENTION_PROFILES, *(c for c in ROUTING_CONDITIONS if c in profiles)):
             r = gap_retention(window_nll, profile, counts)
             figures.update({f"retention_{profile}": r["value"], f"retention_{profile}_lo": r["ci95"][0],
                             f"retention_{profile}_hi": r["ci95"][1]})
         figures.update({key: spread[key] for key in SPREAD_KEYS})
+        if "expert_fraction_executed" in experts:
+            figures["expert_fraction_executed"] = experts["expert_fraction_executed"]
         return {key: math.nan if value is None else float(value) for key, value in figures.items()}
 
 
@@ -107,9 +110,8 @@ class AuditLog:
     """``audit_log.csv`` of a training run: one row per audited step, rewritten atomically at each audit.
 
     Rows past the step a run resumes from are dropped, so a resumed run recomputes them and never repeats one.
+    Columns: ``step``, ``audit_seconds``, then the mini-audit's figures in its order (routers add theirs).
     """
-
-    COLUMNS = ["step", "audit_seconds", *figure_names()]
 
     def __init__(self, folder, resume_step: int):
         self.path = Path(folder) / AUDIT_LOG
@@ -122,7 +124,7 @@ class AuditLog:
         row = {"step": step, "audit_seconds": round(audit_seconds, 3), **figures}
         self.rows.append(row)
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=self.COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=list(row), lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.rows)
         write_atomic(self.path, buffer.getvalue().encode())
@@ -143,8 +145,8 @@ class TrainingAudit:
         """None without ``audit_every``; every bad setting is a one-line UserError before training starts."""
         if settings.audit_every is None:
             return None
-        if not model.controllers:
-            raise UserError(f"--audit-every needs a model with a controller; {settings.arch} has none")
+        if not has_controller(model):
+            raise UserError(f"--audit-every needs a model with a controller; {settings.name} has none the workbench can audit")
         if not 1 <= settings.audit_every <= settings.steps:
             raise UserError(f"--audit-every {settings.audit_every} must be between 1 and the run's "
                             f"{settings.steps} steps")

@@ -1,18 +1,21 @@
 """FCA while a model trains: ``fca train --audit-every``, its resumable ``audit_log.csv``, and ``FCACallback``."""
 
 import csv
+import math
 
 import pytest
 import torch
-from test_train import small_text, tiny_settings  # noqa: F401 (small_text is a fixture)
+from safetensors.torch import load_file
+from test_train import TINY_HF_CONFIGS, hf_settings, small_text, tiny_settings, write_config  # noqa: F401 (small_text is a fixture)
+from transformers import AutoModelForCausalLM
 
 from fca_workbench import tables
 from fca_workbench.cli import main
 from fca_workbench.interventions import derangement
 from fca_workbench.models import FeatureGateForCausalLM, load_model, next_token_nll
 from fca_workbench.tokenizer import load_tokenizer
-from fca_workbench.train import build_model, train
-from fca_workbench.training_audit import MiniAudit, figure_names, load_training_runs
+from fca_workbench.train import build_hf_model, build_model, train
+from fca_workbench.training_audit import MiniAudit, load_training_runs
 
 AUDIT = dict(audit_every=3, audit_windows=4, steps=7, save_every=10)
 
@@ -23,7 +26,18 @@ def audit_rows(folder) -> list[dict]:
 
 
 def figures_of(row: dict) -> dict[str, float]:
-    return {name: float(row[name]) for name in figure_names()}
+    return {name: float(value) for name, value in row.items() if name not in ("step", "audit_seconds")}
+
+
+def assert_same_figures(logged: dict[str, float], standalone: dict[str, float]) -> None:
+    """Same names in the same order, values within 1e-6 (NaN, an undefined retention, equals NaN)."""
+    assert list(logged) == list(standalone)
+    assert all(math.isclose(logged[k], standalone[k], abs_tol=1e-6) or (math.isnan(logged[k]) and math.isnan(standalone[k]))
+               for k in logged), {k: (logged[k], standalone[k]) for k in logged if logged[k] != standalone[k]}
+
+
+ROUTER_FIGURES = ("delta_layer_mean_topk", "delta_layer_mean_topk_lo", "delta_layer_mean_topk_hi",
+                  "retention_layer_mean_topk", "expert_fraction_executed")
 
 
 def mini_audit(tokenizer, window: int = 32) -> MiniAudit:
@@ -83,51 +97,147 @@ def test_resumed_run_continues_the_audit_log_without_duplicate_rows(small_text, 
     assert [figures_of(r) for r in split] == [figures_of(r) for r in whole]
 
 
-def test_trainer_callback_logs_the_mini_audit_through_the_trainer(tmp_path):
-    from transformers import Trainer, TrainingArguments
+@torch.no_grad()
+def direct_static_topk(model, eval_windows: torch.Tensor, calib_windows: torch.Tensor) -> tuple[float, float]:
+    """A Mixtral's eval NLL and the ΔNLL of its static sparse model, computed here without the workbench: each
+    router's dense gate averaged over the calibration tokens, its k largest entries renormalised to sum to 1
+    (Mixtral renormalises its top-k weights), returned for every token by the router's replaced forward."""
+    model.eval().set_experts_implementation("eager")
+    routers = [layer.mlp.gate for layer in model.model.layers]
+    sums = [0.0] * len(routers)
+
+    def recorder(index):
+        def hook(module, args, output):
+            logits, weights, experts = output
+            sums[index] = sums[index] + torch.zeros_like(logits).scatter(-1, experts, weights).double().sum(dim=0)
+        return hook
+
+    handles = [router.register_forward_hook(recorder(i)) for i, router in enumerate(routers)]
+    model(calib_windows)
+    for handle in handles:
+        handle.remove()
+
+    def eval_nll() -> float:
+        return next_token_nll(model(eval_windows).logits, eval_windows).double().mean(dim=1).mean().item()
+
+    correct = eval_nll()
+    k = model.config.num_experts_per_tok
+    for router, total in zip(routers, sums):
+        top = (total / calib_windows.numel()).float().topk(k)
+        weights, experts = top.values / top.values.sum(), top.indices
+
+        def static(hidden, weights=weights, experts=experts):
+            rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
+            return torch.zeros(rows, router.weight.shape[0]), weights.expand(rows, k), experts.expand(rows, k)
+
+        router.forward = static
+    try:
+        return correct, eval_nll() - correct
+    finally:
+        for router in routers:
+            del router.forward
+
+
+def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_mini_audit(small_text, tmp_path):  # noqa: F811
+    settings = hf_settings(tmp_path, "mixtral", small_text, steps=4, audit_every=2, audit_windows=4, save_every=10)
+    train(settings, tmp_path / "run")
+    rows = audit_rows(tmp_path / "run")
+    assert [int(r["step"]) for r in rows] == [2, 4]
+    assert set(ROUTER_FIGURES) <= rows[-1].keys()
+    audit = mini_audit(load_tokenizer())
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    assert_same_figures(figures_of(rows[-1]), audit(final))
+    assert not final.training and final.get_experts_implementation() == {"": "grouped_mm"}  # put back after the audit
+    nll, static_delta = direct_static_topk(final, audit.eval_windows, audit.calib_windows)
+    assert figures_of(rows[-1])["nll_correct"] == pytest.approx(nll, abs=1e-6)
+    assert figures_of(rows[-1])["delta_layer_mean_topk"] == pytest.approx(static_delta, abs=1e-6)
+    assert figures_of(rows[-1])["delta_layer_mean_topk"] != figures_of(rows[-1])["delta_layer_mean"]
+    assert figures_of(rows[-1])["expert_fraction_executed"] == 2 / 4  # k of E experts per token
+    # The audits leave training as it was (train mode, the default experts implementation): the same weights.
+    train(hf_settings(tmp_path, "mixtral", small_text, steps=4, save_every=10), tmp_path / "plain")
+    audited, plain = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    assert all(torch.equal(audited[k], plain[k]) for k in plain)
+
+
+def train_with_callback(model, audit: MiniAudit, folder):
+    """Four steps of a real ``transformers.Trainer`` with ``FCACallback(every=2)`` and a stand-in reporter (like
+    TensorBoard or MLflow, it receives ``on_log``); returns the trainer and what the reporter received."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from fca_workbench.callbacks import FCACallback
 
-    tokenizer = load_tokenizer()
-    settings = tiny_settings("featuregate", None)
-    model = build_model(settings, tokenizer)
-    audit = mini_audit(tokenizer)
     data = [{"input_ids": w, "labels": w} for w in audit.calib_windows.repeat(4, 1)]
-    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=4, per_device_train_batch_size=4,
+    args = TrainingArguments(output_dir=str(folder), max_steps=4, per_device_train_batch_size=4,
                              learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=100,
                              use_cpu=True, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.add_callback(FCACallback(trainer, audit, every=2))
     reported = []
 
-    class Reporter(FCACallback.__mro__[1]):  # a stand-in for TensorBoard/MLflow: receives on_log like them
+    class Reporter(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             reported.append(dict(logs))
 
     trainer.add_callback(Reporter())
     trainer.train()
-    logged = [e for e in trainer.state.log_history if "fca/nll_correct" in e]
-    assert [e["step"] for e in logged] == [2, 4]
+    trainer.save_model(folder / "final")
+    return trainer, reported
+
+
+def logged_audits(trainer) -> list[dict]:
+    """The Trainer's log entries that hold a mini-audit, as ``{figure: value}`` with the ``fca/`` prefix removed."""
+    return [{k.removeprefix("fca/"): v for k, v in e.items() if k.startswith("fca/")} | {"step": e["step"]}
+            for e in trainer.state.log_history if "fca/nll_correct" in e]
+
+
+def test_trainer_callback_logs_the_mini_audit_through_the_trainer(tmp_path):
+    tokenizer = load_tokenizer()
+    audit = mini_audit(tokenizer)
+    trainer, reported = train_with_callback(build_model(tiny_settings("featuregate", None), tokenizer), audit, tmp_path)
+    logged = logged_audits(trainer)
+    assert [e.pop("step") for e in logged] == [2, 4]
     assert sum("fca/retention_layer_mean" in r for r in reported) == 2
-    trainer.save_model(tmp_path / "final")
-    standalone = audit(FeatureGateForCausalLM.from_pretrained(tmp_path / "final"))
-    assert {k.removeprefix("fca/"): v for k, v in logged[-1].items() if k.startswith("fca/")} == standalone
-    assert logged[0]["fca/nll_correct"] != logged[1]["fca/nll_correct"]
+    assert logged[-1] == audit(FeatureGateForCausalLM.from_pretrained(tmp_path / "final"))
+    assert logged[0]["nll_correct"] != logged[1]["nll_correct"]
+
+
+def test_trainer_callback_on_a_transformers_moe_logs_the_routers_figures(tmp_path):
+    tokenizer = load_tokenizer()
+    audit = mini_audit(tokenizer)
+    torch.manual_seed(0)
+    model = build_hf_model({"model_type": "mixtral", **TINY_HF_CONFIGS["mixtral"]}, tokenizer, 32)
+    trainer, reported = train_with_callback(model, audit, tmp_path)
+    logged = logged_audits(trainer)
+    assert [e.pop("step") for e in logged] == [2, 4]
+    assert sum(f"fca/{name}" in r for r in reported for name in ROUTER_FIGURES) == 2 * len(ROUTER_FIGURES)
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert_same_figures(logged[-1], audit(final))
+    nll, static_delta = direct_static_topk(final, audit.eval_windows, audit.calib_windows)
+    assert logged[-1]["nll_correct"] == pytest.approx(nll, abs=1e-6)
+    assert logged[-1]["delta_layer_mean_topk"] == pytest.approx(static_delta, abs=1e-6)
+    assert logged[0]["delta_layer_mean_topk"] != logged[1]["delta_layer_mean_topk"]
+
+
+SHAPE = ["--layers", "1", "--width", "32"]
+LLAMA = "LLAMA_CONFIG"  # replaced by the path of a tiny llama config: a transformers model without a controller
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--arch", "dense", "--audit-every", "2"], "--audit-every needs a model with a controller; dense has none"),
-        (["--arch", "featuregate", "--audit-every", "9"], "--audit-every 9 must be between 1 and the run's 8 steps"),
-        (["--arch", "featuregate", "--audit-every", "2", "--audit-windows", "100000"], "fewer than --audit-windows 100000"),
-        (["--arch", "featuregate", "--audit-every", "2", "--audit-windows", "1"], "--audit-windows must be at least 2"),
+        (["--arch", "dense", *SHAPE, "--audit-every", "2"], "--audit-every needs a model with a controller; dense has none"),
+        (["--hf-config", LLAMA, "--audit-every", "2"], "--audit-every needs a model with a controller; llama has none"),
+        (["--arch", "featuregate", *SHAPE, "--audit-every", "9"], "--audit-every 9 must be between 1 and the run's 8 steps"),
+        (["--arch", "featuregate", *SHAPE, "--audit-every", "2", "--audit-windows", "100000"], "fewer than --audit-windows 100000"),
+        (["--arch", "featuregate", *SHAPE, "--audit-every", "2", "--audit-windows", "1"], "--audit-windows must be at least 2"),
     ],
 )
 def test_bad_audit_settings_are_refused_in_one_line_before_training(flags, message, small_text, tmp_path, capsys):  # noqa: F811
+    moe_only = ("num_local_experts", "num_experts_per_tok")
+    llama = write_config(tmp_path, model_type="llama", **{k: v for k, v in TINY_HF_CONFIGS["mixtral"].items() if k not in moe_only})
     out = tmp_path / "run"
-    code = main(["train", *flags, "--train", small_text, "--steps", "8", "--window", "32", "--layers", "1",
-                 "--width", "32", "--out", str(out)])
+    flags = [str(llama) if flag == LLAMA else flag for flag in flags]
+    code = main(["train", *flags, "--train", small_text, "--steps", "8", "--window", "32", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("fca: error: ") and message in err

@@ -6,6 +6,7 @@ strictly through ``fca_workbench.official``. Any other ``model_type`` that trans
 user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
 """
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -38,6 +39,26 @@ def load_controlled(path, dtype=None, controllers: str | None = None, trust_remo
             raise UserError(f"--controllers is for foreign models; {folder} is a workbench model with its own controllers")
         return load_model(folder, dtype)
     return TransformersControlled(load_transformers(folder, raw, dtype, trust_remote_code), controllers)
+
+
+@contextlib.contextmanager
+def controlled_view(model):
+    """``model`` seen through the protocol for the duration of the block: a workbench model as it is, a
+    transformers model (one being trained, say) wrapped in ``TransformersControlled``. Wrapping switches the
+    model to eval mode and the eager experts; both are put back on exit, so training goes on as before."""
+    was_training = model.training
+    experts = None
+    try:
+        if hasattr(model, "replay_run"):  # a workbench model, or one already wrapped
+            yield model
+        else:
+            if hasattr(model, "get_experts_implementation"):
+                experts = model.get_experts_implementation()
+            yield TransformersControlled(model)
+    finally:
+        if experts is not None:
+            model.set_experts_implementation(experts)
+        model.train(was_training)
 
 
 def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
