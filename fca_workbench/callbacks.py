@@ -1,5 +1,8 @@
 """``FCACallback``: the training mini-audit inside a ``transformers.Trainer``, logged like its own metrics.
 
+The model may be a workbench model or a transformers causal LM the adapters can audit (a mixture of experts:
+``MiniAudit`` sees it through ``adapters.controlled_view`` and adds the router figures).
+
 The figures go out through ``Trainer.log`` ("log logs on the various objects watching training"), which
 appends them to ``state.log_history`` and hands them to every reporter's ``on_log`` (TensorBoard, MLflow,
 W&B, ...). A callback cannot do this by editing the ``logs`` of its own ``on_log`` or the ``metrics`` of
