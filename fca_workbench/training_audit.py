@@ -2,7 +2,8 @@
 
 A full ``fca audit`` is too slow to repeat during training; this keeps its core (capture, frozen replay under
 every condition, gap retention, variance decomposition) on M evenly spread eval and calibration windows, in a
-temporary cache, and drops what does not change with the weights' values (execution counting, latency).
+temporary cache, and drops what does not change with the weights' values (execution counting, latency); for
+routers it keeps the fraction of expert evaluations run, which the captured routing gives for free.
 ``fca train --audit-every N`` and ``fca_workbench.callbacks.FCACallback`` both call ``MiniAudit``, so a row of
 ``audit_log.csv`` and a Trainer log entry hold the same figures as a standalone ``MiniAudit`` of the weights.
 """
@@ -74,7 +75,8 @@ class MiniAudit:
         """The figures, in the order of ``audit_log.csv``'s columns."""
         with controlled_view(model) as view:
             if not view.controllers:
-                raise UserError(f"the mini-audit needs a model with a controller; {view.arch} has none the workbench can audit")
+                raise UserError(f"the mini-audit needs a model with a controller; {view.arch} has none the workbench "
+                                "can audit")
             device = next(view.parameters()).device
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
                 options = {"batch_size": self.batch_size, "device": device}
@@ -146,7 +148,8 @@ class TrainingAudit:
         if settings.audit_every is None:
             return None
         if not has_controller(model):
-            raise UserError(f"--audit-every needs a model with a controller; {settings.name} has none the workbench can audit")
+            raise UserError(f"--audit-every needs a model with a controller; {settings.name} has none the "
+                            "workbench can audit")
         if not 1 <= settings.audit_every <= settings.steps:
             raise UserError(f"--audit-every {settings.audit_every} must be between 1 and the run's "
                             f"{settings.steps} steps")
