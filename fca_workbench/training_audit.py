@@ -27,6 +27,7 @@ from .execution import expert_execution
 from .interventions import ROUTING_CONDITIONS
 from .metrics import bootstrap_counts, condition_figures, gap_retention
 from .replay import calibration_profiles, replay_conditions, replay_nll
+from .resources import shipped
 
 AUDIT_LOG = "audit_log.csv"
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")
@@ -178,7 +179,7 @@ def postfix(row: dict) -> dict:
             "dNLL_cross": f"{float(row['delta_cross_input']):+.3f}"}
 
 
-TRAINING_DYNAMICS_DIR = Path(__file__).resolve().parent.parent / "data" / "training_dynamics"
+TRAINING_DYNAMICS_DIR = shipped("data") / "training_dynamics"  # the shipped study, in a checkout or a wheel
 
 
 def load_training_run(folder) -> dict:

@@ -114,6 +114,8 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     expected |= {f"fca_workbench/shipped/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.py")}
     expected |= {f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"
                  for folder in ("corpus", "tokenizer", "configs") for p in (REPO / "data" / folder).iterdir()}
+    expected |= {f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"  # notebook 07's logs
+                 for p in (REPO / "data" / "training_dynamics").rglob("*") if p.is_file()}
     # every module of the package, subpackages included (a subpackage missing from pyproject's list is not)
     expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "fca_workbench").rglob("*.py")}
     assert len(expected) >= 6 + 2 + 3 + 2 and expected <= names, sorted(expected - names)
