@@ -12,8 +12,6 @@ import html
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -42,6 +40,8 @@ from fca_workbench.dashboard import (
 from fca_workbench.errors import UserError
 from fca_workbench.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.models import next_token_nll
+
+from servers import free_port, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -362,45 +362,18 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
     assert "visible to every user in `ps`" in capsys.readouterr().err  # typed secrets are warned about
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def dashboard_server(root: Path, registry: dict, *argv, env=None):
     """``fca dashboard`` on a free localhost port in a subprocess; yields (url, server log) once it answers."""
     (root / "registry.json").write_text(json.dumps(registry))
-    port = _free_port()
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
-         str(root / "registry.json"), "--calibration-windows", "16", *argv],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-    )
+    port = free_port()
+    command = [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
+               str(root / "registry.json"), "--calibration-windows", "16", *argv]
     url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:  # a static file: a page would open a session (counted against --max-sessions until reaped)
-                with urllib.request.urlopen(url + "static/js/bokeh.min.js", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dashboard server did not start:\n{(root / 'server.log').read_text()}")
-            time.sleep(0.5)
+    # probed with a static file: a page would open a session (counted against --max-sessions until reaped)
+    with serving(command, url + "static/js/bokeh.min.js", root / "server.log", "dashboard server", cwd=ROOT,
+                 env={**os.environ, **(env or {})}):
         yield url, root / "server.log"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

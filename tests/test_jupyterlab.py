@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
@@ -24,7 +23,8 @@ import pytest
 
 from fca_workbench.reproduce import KERNEL_NAME, ensure_kernel
 
-from test_dashboard import CHROMIUM, CHROMIUM_ARGS, ROOT, SCREENSHOTS, _browser_available, _free_port
+from servers import free_port, serving
+from test_dashboard import CHROMIUM, CHROMIUM_ARGS, ROOT, SCREENSHOTS, _browser_available
 
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
 # server extensions the notebook does not use (Panel's takes ~9 s to import on the loaded reference machine)
@@ -53,43 +53,22 @@ def working_copy(folder: Path, checkpoints: dict) -> Path:
 def jupyter_lab(folder: Path, root_dir: Path):
     """``jupyter lab`` on a free loopback port with a token, its state kept in ``folder``; yields (URL, token) once
     the server answers."""
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "JUPYTER_RUNTIME_DIR": str(folder / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(folder / "workspaces"),
-           "OMP_NUM_THREADS": "1"}
+           "JUPYTER_RUNTIME_DIR": str(folder / "runtime"), "OMP_NUM_THREADS": "1"}
     settings = folder / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news toast, no fetch
-    log = open(folder / "lab.log", "w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", "--LabApp.news_url=None",
-         f"--LabApp.user_settings_dir={folder / 'settings'}",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
-         *(f"--ServerApp.jpserver_extensions={name}=False" for name in UNUSED_SERVER_EXTENSIONS), "--allow-root"],
-        cwd=root_dir, stdout=log, stderr=subprocess.STDOUT, env=env)
+    command = [
+        str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", "--allow-root",
+        f"--LabApp.user_settings_dir={folder / 'settings'}", f"--LabApp.workspaces_dir={folder / 'workspaces'}",
+        "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+        *(f"--ServerApp.jpserver_extensions={name}=False" for name in UNUSED_SERVER_EXTENSIONS)]
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"jupyter lab did not start:\n{(folder / 'lab.log').read_text()}")
-            time.sleep(0.5)
+    with serving(command, f"{base}/api/status?token={token}", folder / "lab.log", "jupyter lab", cwd=root_dir, env=env):
         yield base, token
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 @pytest.fixture
