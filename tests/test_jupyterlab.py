@@ -1,7 +1,7 @@
 """explore.ipynb in JupyterLab, in a real browser: Run All, then the model, layer and condition widgets.
 
 Starts ``jupyter lab`` (no browser, a token, a free loopback port) on a temporary copy of the notebook whose
-parameters point at two tiny checkpoints and temporary ``out`` / ``audits`` / ``cache`` folders (nothing is
+parameters point at three tiny checkpoints (one without a controller) and temporary ``out`` / ``audits`` / ``cache`` folders (nothing is
 written into the repository), opens it in Debian's Chromium (``/usr/bin/chromium``, headless) through
 Playwright and saves screenshots to ``artifacts/screenshots/``. Without Chromium or Playwright the test fails
 under CI and is skipped elsewhere.
@@ -79,7 +79,8 @@ def lab(tiny_checkpoints, tmp_path):
             pytest.fail(f"browser test cannot run under CI: {missing}")
         pytest.skip(missing)
     ensure_kernel()  # explore.ipynb names the kernel fca-workbench
-    models = {"featuregate-tiny": tiny_checkpoints["featuregate"], "muddpythia-tiny": tiny_checkpoints["muddpythia"]}
+    models = {"featuregate-tiny": tiny_checkpoints["featuregate"], "dense-tiny": tiny_checkpoints["dense"],
+              "muddpythia-tiny": tiny_checkpoints["muddpythia"]}
     checkpoints = {name: shutil.copytree(folder, tmp_path / "checkpoints" / name) for name, folder in models.items()}
     path = working_copy(tmp_path, checkpoints)
     with jupyter_lab(tmp_path, path.parent) as (base, token):
@@ -155,6 +156,9 @@ def test_explore_notebook_in_jupyterlab(lab):
             by_layer = changed(page, first, "featuregate-tiny, layer 1")
             dropdown(page, "condition").locator("select").select_option(label="token_shuffle")
             by_condition = changed(page, by_layer, "ΔNLL of token_shuffle (layer 1)")
+            dropdown(page, "model").locator("select").select_option(label="dense-tiny")  # no controller: a message
+            page.get_by_text("dense-tiny has no controller (dense): no coefficients to explore").wait_for(timeout=60_000)
+            assert page.evaluate(FIGURES) == [] and dropdown(page, "layer").locator("select").is_disabled()
             dropdown(page, "model").locator("select").select_option(label="muddpythia-tiny")
             by_model = changed(page, by_condition, "muddpythia-tiny, layer 1")  # the layer and condition are kept
             assert any("ΔNLL of token_shuffle" in t for t in by_model)
