@@ -41,12 +41,10 @@ from fca_workbench.errors import UserError
 from fca_workbench.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.models import next_token_nll
 
-from servers import free_port, serving
+from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
 sys.path.insert(0, str(ROOT / "dashboards"))
 
 
@@ -460,24 +458,10 @@ def test_a_session_over_the_limit_gets_a_polite_page(tiny_checkpoints, tmp_path)
 # ------------------------------------------------------------------------------------------------ browser
 
 
-def _browser_available() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install -e .[test])"
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints, tmp_path_factory):
     """``fca dashboard`` on a free localhost port, with the tiny checkpoints and one broken entry."""
-    missing = _browser_available()
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test cannot run under CI: {missing}")
-        pytest.skip(missing)
+    require_browser()
     root = tmp_path_factory.mktemp("dashboard")
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")

@@ -23,8 +23,8 @@ import pytest
 
 from fca_workbench.reproduce import KERNEL_NAME, ensure_kernel
 
-from servers import free_port, serving
-from test_dashboard import CHROMIUM, CHROMIUM_ARGS, ROOT, SCREENSHOTS, _browser_available
+from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
+from test_dashboard import ROOT, SCREENSHOTS
 
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
 # server extensions the notebook does not use (Panel's takes ~9 s to import on the loaded reference machine)
@@ -73,11 +73,7 @@ def jupyter_lab(folder: Path, root_dir: Path):
 
 @pytest.fixture
 def lab(tiny_checkpoints, tmp_path):
-    missing = _browser_available()
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test cannot run under CI: {missing}")
-        pytest.skip(missing)
+    require_browser()
     ensure_kernel()  # explore.ipynb names the kernel fca-workbench
     models = {"featuregate-tiny": tiny_checkpoints["featuregate"], "dense-tiny": tiny_checkpoints["dense"],
               "muddpythia-tiny": tiny_checkpoints["muddpythia"]}

@@ -1,6 +1,8 @@
-"""Servers the browser tests start (``fca dashboard``, ``jupyter lab``): a subprocess on a free loopback port,
-polled until it answers, and always stopped."""
+"""What the browser tests share: Debian's Chromium (never a downloaded browser), and the servers they start
+(``fca dashboard``, ``jupyter lab``): a subprocess on a free loopback port, polled until it answers, and
+always stopped."""
 
+import os
 import socket
 import subprocess
 import time
@@ -9,6 +11,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+
+
+def require_browser() -> None:
+    """Skip the test when Playwright or Chromium is missing (``scripts/setup.sh`` installs both); under CI, fail."""
+    try:
+        import playwright.sync_api  # noqa: F401
+        missing = None if Path(CHROMIUM).exists() else f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"
+    except ImportError:
+        missing = "the playwright package is not installed (pip install -e .[test])"
+    if missing and os.environ.get("CI"):
+        pytest.fail(f"browser test cannot run under CI: {missing}")
+    if missing:
+        pytest.skip(missing)
 
 
 def free_port() -> int:
