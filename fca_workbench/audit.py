@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from .capture import capture
 from .data import fingerprint_tensor, load_windows, split_path, write_atomic
 from .errors import UserError
+from .schema import import_jsonschema
 from .adapters import load_controlled
 from .execution import execution_audit, expert_execution
 from .metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
@@ -64,6 +65,12 @@ def check_audit_out(out) -> Path:
 
 def load_audit_inputs(settings: AuditSettings):
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
+    model, tokenizer = load_audit_model(settings)
+    return model, audit_windows(settings, "eval", model, tokenizer), audit_windows(settings, "calibration", model, tokenizer)
+
+
+def load_audit_model(settings: AuditSettings):
+    """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
@@ -77,16 +84,21 @@ def load_audit_inputs(settings: AuditSettings):
             f"the tokenizer in {settings.checkpoint} has {len(tokenizer)} tokens, more than the model's "
             f"vocabulary of {model.config.vocab_size}: they do not belong together"
         )
+    return model, tokenizer
+
+
+def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tuple[Path, torch.Tensor]:
+    """The text file of ``split`` (``eval`` or ``calibration``: the settings' own, else the shipped split) and
+    its windows of ``settings.window`` tokens (default: min(256, the model's context))."""
     window = settings.window or min(256, model.context_length)
     if window > model.context_length:
         raise UserError(f"window of {window} tokens is longer than the model's context of {model.context_length}")
-    eval_path = Path(settings.eval) if settings.eval else split_path("eval")
-    calib_path = Path(settings.calibration) if settings.calibration else split_path("calibration")
-    eval_windows = load_windows(eval_path, tokenizer, window, settings.max_windows)
-    calib_windows = load_windows(calib_path, tokenizer, window, settings.max_windows)
-    if len(eval_windows) < 2:
-        raise UserError(f"{eval_path} gives {len(eval_windows)} window of {window} tokens; the audit needs at least 2")
-    return model, (eval_path, eval_windows), (calib_path, calib_windows)
+    given = settings.eval if split == "eval" else settings.calibration
+    path = Path(given) if given else split_path(split)
+    windows = load_windows(path, tokenizer, window, settings.max_windows)
+    if split == "eval" and len(windows) < 2:
+        raise UserError(f"{path} gives {len(windows)} window of {window} tokens; the audit needs at least 2")
+    return path, windows
 
 
 def run_audit(settings: AuditSettings, out) -> dict:
@@ -95,16 +107,12 @@ def run_audit(settings: AuditSettings, out) -> dict:
     With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``)."""
     out = check_audit_out(out)
     model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
-    cache_root = Path(settings.cache) if settings.cache else out / "cache"
-    if settings.batch_size is None:
-        settings = replace(settings, batch_size=audit_batch_size(model, eval_windows.shape[1], settings.device, cache_root / "eval"))
-    capture_args = {"batch_size": settings.batch_size, "device": settings.device}
-    eval_cache = capture(model, eval_windows, cache_root / "eval", desc="capture eval", **capture_args)
+    settings = with_batch_size(settings, model, eval_windows, out)
+    eval_cache = capture_split(model, eval_windows, "eval", settings, out)
     has_controller = bool(model.controllers)
     profiles = None
     if has_controller:
-        calib_cache = capture(model, calib_windows, cache_root / "calibration", desc="capture calibration", **capture_args)
-        profiles = calibration_profiles(calib_cache)
+        profiles = calibration_profiles(capture_split(model, calib_windows, "calibration", settings, out))
         save_profiles(out / "static_profiles.safetensors", profiles)
     per_token = {
         condition: replay_nll(model, eval_windows, eval_cache, condition, profiles, settings.seed, device=settings.device)
@@ -143,6 +151,26 @@ def run_audit(settings: AuditSettings, out) -> dict:
     audit["verdict"] = verdicts(audit)
     write_outputs(out, audit, per_token, eval_windows)
     return audit
+
+
+def cache_root(settings: AuditSettings, out) -> Path:
+    """The coefficient caches' folder: the settings' ``cache``, else ``<out>/cache`` beside audit.json."""
+    return Path(settings.cache) if settings.cache else Path(out) / "cache"
+
+
+def with_batch_size(settings: AuditSettings, model, eval_windows: torch.Tensor, out) -> AuditSettings:
+    """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``)."""
+    if settings.batch_size is not None:
+        return settings
+    root = cache_root(settings, out) / "eval"
+    return replace(settings, batch_size=audit_batch_size(model, eval_windows.shape[1], settings.device, root))
+
+
+def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out):
+    """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured, resumed, or reused when a
+    finished capture of the same model and windows is there."""
+    return capture(model, windows, cache_root(settings, out) / split, batch_size=settings.batch_size,
+                   device=settings.device, desc=f"capture {split}")
 
 
 def coefficient_spread(cache) -> dict | None:
@@ -197,7 +225,7 @@ def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
 
 def validate_audit(audit: dict) -> None:
     """Check an audit against ``audit.schema.json`` (schema ``fca-audit/1``) before anyone relies on it."""
-    import jsonschema  # slow to import; only needed once per audit
+    jsonschema = import_jsonschema()  # slow to import; only needed once per audit
 
     schema = json.loads((Path(__file__).with_name("audit.schema.json")).read_text())
     jsonschema.validate(audit, schema)

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from .data import fingerprint_tensor, write_atomic
 from .adapters.protocol import COEFFICIENT
 from .errors import UserError, first_line
+from .schema import import_jsonschema
 from .models import next_token_nll
 
 CACHE_FORMAT = "fca-coefficient-cache/2"
@@ -186,7 +187,7 @@ def read_manifest(folder: Path) -> dict | None:
                         f"delete {folder} to capture again") from None
     if isinstance(manifest, dict) and manifest.get("format") in LEGACY_FORMATS:
         return None
-    import jsonschema  # slow to import; only needed when a cache is opened
+    jsonschema = import_jsonschema()  # slow to import; only needed when a cache is opened
 
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
         raise UserError(f"coefficient cache {folder}: {MANIFEST} is not a {CACHE_FORMAT} manifest; "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .data import write_atomic
 from .errors import UserError
+from .schema import import_jsonschema
 
 RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder
 
@@ -27,7 +28,7 @@ def refuse_foreign(path: Path, schema: str, validate=None) -> None:
     """Refuse to replace ``path`` unless it is a JSON file of ``schema`` (and passes ``validate``)."""
     if not path.exists():
         return
-    import jsonschema  # slow to import; only needed when there is a file to judge
+    jsonschema = import_jsonschema()  # slow to import; only needed when there is a file to judge
 
     try:
         content = json.loads(path.read_text(encoding="utf-8"))

@@ -172,6 +172,7 @@ class NotebookRun:
     cache: str | None = None
     progress: bool = True
     _audits: list[dict] | None = field(default=None, repr=False)
+    _explorers: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if isinstance(self.checkpoints, (str, os.PathLike)):
@@ -223,6 +224,21 @@ class NotebookRun:
                 for c in tqdm(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
             ]
         return self._audits
+
+    def explorer(self, checkpoint):
+        """``checkpoint`` opened for exploration (``explore.Explorer``: its eval capture, reused from the shared
+        cache when an audit or an earlier explorer made it), when first asked for, then kept."""
+        from .explore import Explorer
+
+        checkpoint = str(Path(checkpoint).resolve())
+        if checkpoint not in self._explorers:
+            check_checkpoint(checkpoint)
+            self._explorers[checkpoint] = Explorer(self.settings(checkpoint))
+        return self._explorers[checkpoint]
+
+    def finished_audits(self) -> list[Path]:
+        """The audit folders of this run's checkpoints whose ``audit.json`` is current for these settings."""
+        return [self.audit_dir(c) for c in self.checkpoints if audit_is_current(self.settings(c), self.audit_dir(c))]
 
     def write_table(self, table):
         """Write a table (a ``tables`` DataFrame) as CSV, Markdown and LaTeX under ``<out>/tables``; returns its

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .schema import import_jsonschema
 
 PER_TOKEN_CSV = "per_token_nll.csv.gz"
 PER_TOKEN_PARQUET = "per_token_nll.parquet"
@@ -95,9 +96,9 @@ def read_audit_json(path) -> tuple[dict, Path]:
     if not isinstance(audit, dict) or audit.get("schema") != "fca-audit/1":
         found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
         raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected 'fca-audit/1')")
-    import jsonschema
-
     from .audit import validate_audit
+
+    jsonschema = import_jsonschema()
 
     try:
         validate_audit(audit)

@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 
 from .aggregate import summarise
-from .capture import CoefficientCache, open_cache
+from .capture import CoefficientCache, open_cache  # noqa: F401 (01_variation opens caches as tables.open_cache)
 from .data import write_atomic
-from .errors import UserError
 from .interventions import CONDITIONS, ROUTING_CONDITIONS, static_profiles
 
 AUDIT_CONDITIONS = CONDITIONS + ROUTING_CONDITIONS  # routing ones only where the audit has them (routers)
@@ -509,77 +508,6 @@ def show(fig) -> None:
     """Display a figure in the notebook as a plotly MIME bundle (rendered by JupyterLab; keeps the executed
     notebooks small, the self-contained copy is the HTML file)."""
     fig.show(renderer="plotly_mimetype")
-
-
-class AuditExplorer:
-    """One audited model opened for interactive exploration: its model, eval windows, coefficient cache and
-    static profiles, loaded once. Coefficients and NLLs come from the core (``ConditionCoefficients`` of
-    ``replay``, the cache, ``next_token_nll``), window by window, with the audit's own seed."""
-
-    def __init__(self, audit: dict, audit_dir):
-        from .audit import AuditSettings, load_audit_inputs
-        from .tokenizer import load_tokenizer
-
-        self.audit, self.audit_dir = audit, Path(audit_dir)
-        fields = AuditSettings.__dataclass_fields__  # settings also records what the run chose (window_sampling, ...)
-        self.settings = AuditSettings(**{k: v for k, v in audit["settings"].items() if k in fields})
-        self.model, (_, self.windows), _ = load_audit_inputs(self.settings)
-        self.tokenizer = load_tokenizer(self.settings.checkpoint)
-        self.cache = open_cache(cache_folder(audit, audit_dir))
-        if self.cache.num_windows != len(self.windows):
-            raise UserError(f"cache {self.cache.folder} holds {self.cache.num_windows} windows, the audit "
-                            f"{len(self.windows)}; rerun the audit")
-        profiles_path = self.audit_dir / "static_profiles.safetensors"
-        self.profiles = load_profiles(profiles_path) if profiles_path.is_file() else None
-        self.slot_shapes = [tuple(s) for s in self.cache.manifest["slot_shapes"]]
-        self.arch = audit["model"]["arch"]
-        self.routers = routers(audit) or [False] * len(self.slot_shapes)
-        self.conditions = [c for c in AUDIT_CONDITIONS if c in audit["conditions"]]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.slot_shapes)
-
-    def tokens(self, window: int) -> list[str]:
-        return self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist())
-
-    def coefficients(self, condition: str, window: int, layer: int | None = None) -> list[torch.Tensor]:
-        """Per layer ``[T, *slot]``: what ``condition`` (at ``layer`` only, or everywhere) assigns to ``window``."""
-        from .replay import ConditionCoefficients
-
-        if condition == "unperturbed":
-            condition = "correct"
-        assign = ConditionCoefficients(condition, self.cache, self.profiles, self.settings.seed, layer)
-        return [c[0] for c in assign(torch.tensor([window]))]
-
-    @torch.no_grad()
-    def token_nll(self, condition: str, window: int, layer: int | None = None) -> torch.Tensor:
-        """``[T-1]`` per-token NLL of ``window`` replayed under ``condition`` (``unperturbed``: the cached live run)."""
-        from .models import next_token_nll
-
-        if condition == "unperturbed":
-            return self.cache.nll(torch.tensor([window]))[0]
-        from .replay import ConditionCoefficients, values_on
-
-        parameter = next(self.model.parameters())
-        batch = self.windows[[window]].to(parameter.device)
-        assign = ConditionCoefficients(condition, self.cache, self.profiles, self.settings.seed, layer)
-        values = values_on(assign.values(torch.tensor([window])), parameter.device, parameter.dtype)
-        return next_token_nll(self.model.replay_run(batch, values), batch)[0].float().cpu()
-
-    def window_table(self, condition: str, window: int, layer: int | None = None):
-        """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""
-        correct = self.token_nll("correct", window)
-        other = self.token_nll(condition, window, layer)
-        tokens = self.tokens(window)
-        where = "all layers" if layer is None else f"layer {layer} only"
-        columns = [Column("position", "position", "int"), Column("token", "token", "text"),
-                   Column("correct", "NLL correct", "float"), Column("nll_condition", f"NLL {condition}", "float"),
-                   Column("delta", "ΔNLL", "delta")]
-        rows = [{"position": t + 1, "token": tokens[t + 1], "correct": float(correct[t]),
-                 "nll_condition": float(other[t]), "delta": float(other[t] - correct[t])} for t in range(len(correct))]
-        return make_table("explore_window", f"{model_name(self.audit)}, window {window}: per-token NLL under "
-                          f"{condition} ({where}) against correct", columns, rows)
 
 
 def mimebundle(fig) -> dict:

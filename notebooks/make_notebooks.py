@@ -268,29 +268,17 @@ EXPLORE = notebook(
     "For JupyterLab: choose a model, a layer (or all), a condition and an eval window. The heatmaps show the "
     "window's cached coefficients and the ones the condition assigns instead; the line shows the per-token "
     "ΔNLL of the frozen replay under that condition against `correct`. A single layer applies the condition "
-    "at that layer only (the others keep their correct coefficients). The audits are reused from `audits` "
-    "when current: point it at a `fca reproduce` run's `audits/` folder (with that run's `max_windows`) to "
-    "explore it without re-auditing.",
+    "at that layer only (the others keep their correct coefficients).\n\n"
+    "Nothing is audited up front: a model is opened when it is first selected, and only its eval windows' "
+    "coefficients are captured (a progress bar shows it); the calibration set is captured the first time a "
+    "static profile is asked for. Captures go to the shared `cache` folder under the same key a full audit uses, "
+    "so a `fca reproduce` run or an earlier session with the same checkpoint, data and settings is read back "
+    "instead (point `audits` at a reproduce run's `audits/` folder and set its `max_windows` to list its audits "
+    "at the end too).",
     [
         ("code", '''\
-import ipywidgets as widgets
-
-import fca_workbench
-
-models = {tables.model_name(a): a for a in tables.with_controller(audited)}
-if not models:
-    raise ValueError("none of the checkpoints has a controller to explore")
-explorers = {}
-
-
-def explorer(name):
-    if name not in explorers:
-        explorers[name] = tables.AuditExplorer(models[name], run.audit_dir(models[name]))
-    return explorers[name]
-
-
 def figures(name, layer, condition, window_):
-    e = explorer(name)
+    e = run.explorer(checkpoints_[name])
     correct, assigned = e.coefficients("correct", window_), e.coefficients(condition, window_, layer)
     if layer is None:
         z = [tables.layer_position_matrix(c).tolist() for c in (correct, assigned)]
@@ -311,55 +299,110 @@ def figures(name, layer, condition, window_):
                    title=f"{name}, window {window_}: ΔNLL of {condition} ({where}) against correct")
     return heat, line, table'''),
         ("code", '''\
-first = model if model in models else next(iter(models))
-model_w = widgets.Dropdown(options=list(models), value=first, description="model")
-layer_w = widgets.Dropdown(description="layer")
-condition_w = widgets.Dropdown(description="condition")
-window_w = widgets.IntSlider(min=0, description="window", continuous_update=False)
+first = model or next(iter(checkpoints_))
+if first not in checkpoints_:
+    raise ValueError(f"model {first!r} is not among the checkpoints: {', '.join(checkpoints_)}")
+display(Markdown(f"Opening `{first}` (its eval capture, or the one already in `{run.cache}`) ..."))
+run.explorer(checkpoints_[first])
+
+ALL = "all"  # the layer dropdown's value for every layer at once (a None value would show an empty label)
+wide = {"description_width": "initial"}
+model_w = widgets.Dropdown(options=list(checkpoints_), value=first, description="model", style=wide)
+layer_w = widgets.Dropdown(description="layer", style=wide)
+condition_w = widgets.Dropdown(description="condition", style=wide)
+window_w = widgets.IntSlider(min=0, description="window", continuous_update=False, style=wide)
 view = widgets.Output()
+selection = {"explorer": None, "updating": False}
 
 
-def on_model(*_):
-    e = explorer(model_w.value)
-    layer_w.options = [("all", None)] + [(str(l), l) for l in range(e.num_layers)]
-    layer_w.value = layer if layer is not None and layer < e.num_layers else None
-    condition_w.options = [c for c in e.conditions if c != "correct"]  # routers add layer_mean_topk
-    condition_w.value = condition if condition in condition_w.options else "cross_input"
-    window_w.max = len(e.windows) - 1
-    window_w.value = min(window_index, window_w.max)
+def configure(e, layer_, condition_, window_):
+    """Point the layer, condition and window widgets at explorer ``e`` (None: a model that cannot be explored),
+    keeping the given selection where ``e`` has it."""
+    selection.update(explorer=e, updating=True)
+    for w in (layer_w, condition_w, window_w):
+        w.disabled = e is None
+    if e is not None:
+        layer_w.options = [(ALL, ALL)] + [(str(l), l) for l in range(e.num_layers)]
+        layer_w.value = layer_ if layer_ in range(e.num_layers) else ALL
+        condition_w.options = [c for c in e.conditions if c != "correct"]  # routers add layer_mean_topk
+        condition_w.value = condition_ if condition_ in condition_w.options else "cross_input"
+        window_w.max = len(e.windows) - 1
+        window_w.value = min(window_, window_w.max)
+    selection["updating"] = False
 
 
 def render(*_):
-    heat, line, _ = figures(model_w.value, layer_w.value, condition_w.value, window_w.value)
+    if selection["updating"] or selection["explorer"] is None:
+        return
+    layer_ = None if layer_w.value == ALL else layer_w.value
+    heat, line, _ = figures(model_w.value, layer_, condition_w.value, window_w.value)
     tables.show_in(view, heat, line)
 
 
-on_model()
-model_w.observe(lambda change: (on_model(), render()), names="value")
+def on_model(*_):
+    with view:  # the capture's progress bars show here while the model opens
+        view.clear_output()
+        display(Markdown(f"Opening `{model_w.value}` ..."))
+        try:
+            e = run.explorer(checkpoints_[model_w.value])
+        except UserError as exc:  # e.g. a Dense model: no controller, no coefficients
+            e = None
+            view.clear_output()
+            display(Markdown(f"**{model_w.value}**: {exc}"))
+    configure(e, layer_w.value, condition_w.value, window_w.value)
+    render()
+
+
+configure(run.explorer(checkpoints_[first]), layer, condition, window_index)
+model_w.observe(on_model, names="value")
 for w in (layer_w, condition_w, window_w):
     w.observe(render, names="value")
 display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), view]))
 render()'''),
-        ("md", "Every audit of this run as pandas DataFrames, in three lines: load a folder of audit folders (here "
-               "the run's `audits/`; any `fca reproduce` run's `audits/` works), sort, plot. `load_audits(...)` also "
-               "gives `.retention`, `.variance`, `.execution`, `.per_token` (one row per token and condition); "
-               "`fca_workbench.load_audit(folder)` opens one audit."),
+        ("md", "The finished audits of these checkpoints and settings as pandas DataFrames, in three lines: load the "
+               "audit folders (any `fca reproduce` run's `audits/` works), sort, plot. `load_audits(...)` also gives "
+               "`.retention`, `.variance`, `.execution`, `.per_token` (one row per token and condition); "
+               "`fca_workbench.load_audit(folder)` opens one audit. The explorer above needs none of them."),
         ("code", '''\
-results = fca_workbench.load_audits(run.audits)
-display(results.conditions.sort_values("delta", ascending=False))
-tables.show(px.bar(results.conditions, x="condition", y="delta", color="model", barmode="group"))'''),
+finished = run.finished_audits()
+if finished:
+    results = fca_workbench.load_audits(finished)
+    display(results.conditions.sort_values("delta", ascending=False))
+    tables.show(px.bar(results.conditions, x="condition", y="delta", color="model", barmode="group"))
+else:
+    display(Markdown(f"No finished audit for these settings in `{run.audits}` yet (`fca reproduce` writes them)."))'''),
         ("md", "The selection the notebook was run with, written as a table and figures (for papermill runs):"),
         ("code", '''\
-heat, line, table = figures(first, layer_w.value, condition, window_w.value)
+heat, line, table = figures(model_w.value, None if layer_w.value == ALL else layer_w.value, condition_w.value,
+                            window_w.value)
 run.write_figure(heat, "explore_coefficients")
 run.write_figure(line, "explore_delta_nll")
 run.write_table(table)'''),
     ],
     parameters=PARAMETERS + '''
-model = None              # model to open first (checkpoint folder name); None: the first with a controller
+model = None              # model to open first (checkpoint folder name); None: the first checkpoint
 layer = None              # layer to intervene at; None: all layers
 condition = "cross_input"  # condition to compare with correct
 window_index = 0          # eval window to show''',
+    setup='''\
+from pathlib import Path
+
+import ipywidgets as widgets
+import plotly.express as px
+import plotly.graph_objects as go
+from IPython.display import Markdown, display
+from plotly.subplots import make_subplots
+
+import fca_workbench
+from fca_workbench import tables
+from fca_workbench.errors import UserError
+from fca_workbench.reproduce import NotebookRun
+
+run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data=calibration_data, window=window,
+                  max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
+                  per_layer=per_layer, out=out, audits=audits, cache=cache)
+run.check()
+checkpoints_ = {Path(c).name: c for c in run.checkpoints}  # opened when first selected, not before''',
 )
 
 DYNAMICS = notebook(

@@ -12,8 +12,6 @@ import html
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -43,10 +41,10 @@ from fca_workbench.errors import UserError
 from fca_workbench.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.models import next_token_nll
 
+from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
+
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
 sys.path.insert(0, str(ROOT / "dashboards"))
 
 
@@ -362,45 +360,18 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
     assert "visible to every user in `ps`" in capsys.readouterr().err  # typed secrets are warned about
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def dashboard_server(root: Path, registry: dict, *argv, env=None):
     """``fca dashboard`` on a free localhost port in a subprocess; yields (url, server log) once it answers."""
     (root / "registry.json").write_text(json.dumps(registry))
-    port = _free_port()
-    log = open(root / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
-         str(root / "registry.json"), "--calibration-windows", "16", *argv],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-    )
+    port = free_port()
+    command = [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
+               str(root / "registry.json"), "--calibration-windows", "16", *argv]
     url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:  # a static file: a page would open a session (counted against --max-sessions until reaped)
-                with urllib.request.urlopen(url + "static/js/bokeh.min.js", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dashboard server did not start:\n{(root / 'server.log').read_text()}")
-            time.sleep(0.5)
+    # probed with a static file: a page would open a session (counted against --max-sessions until reaped)
+    with serving(command, url + "static/js/bokeh.min.js", root / "server.log", "dashboard server", cwd=ROOT,
+                 env={**os.environ, **(env or {})}):
         yield url, root / "server.log"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -487,24 +458,10 @@ def test_a_session_over_the_limit_gets_a_polite_page(tiny_checkpoints, tmp_path)
 # ------------------------------------------------------------------------------------------------ browser
 
 
-def _browser_available() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (pip install -e .[test])"
-    if not Path(CHROMIUM).exists():
-        return f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def served(tiny_checkpoints, tmp_path_factory):
     """``fca dashboard`` on a free localhost port, with the tiny checkpoints and one broken entry."""
-    missing = _browser_available()
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test cannot run under CI: {missing}")
-        pytest.skip(missing)
+    require_browser()
     root = tmp_path_factory.mktemp("dashboard")
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")

@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from fca_workbench import reproduce, tables
+from fca_workbench.audit import AuditSettings
+from fca_workbench.explore import Explorer
 
 # Each test may be the first to need the shared papermill run (~2-5 min on a loaded 2-core machine): a hung
 # kernel fails it after 20 min instead of eating CI's time.
@@ -246,7 +248,8 @@ def test_explore_replays_the_moe_through_the_protocol(tiny_run):
     """The explorer's per-token NLLs of the MoE (router outputs replayed whole, or a static gate) equal the
     audit's."""
     plan, _, audits = tiny_run
-    explorer = tables.AuditExplorer(audits["moe-s0"], plan.out / "audits" / "moe-s0")
+    fields = AuditSettings.__dataclass_fields__
+    explorer = Explorer(AuditSettings(**{k: v for k, v in audits["moe-s0"]["settings"].items() if k in fields}))
     assert explorer.routers == [True, True] and explorer.conditions[-1] == "layer_mean_topk"
     assert tables.slot_labels(explorer.slot_shapes[0], explorer.arch, True) == [f"expert {e}" for e in range(4)]
     with gzip.open(plan.out / "audits" / "moe-s0" / "per_token_nll.csv.gz", "rt") as handle:
