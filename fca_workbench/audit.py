@@ -1,6 +1,7 @@
 """``fca audit``: capture, replay under every condition, figures, execution: one ``audit.json``.
 
-This is orchestration only; every number comes from capture, replay, metrics and execution.
+This is orchestration only; every number comes from capture, replay, metrics and execution. Under torchrun
+the same line runs on every rank, each on its share of the shards (``distributed.py``); rank 0 writes.
 """
 
 import json
@@ -107,14 +108,7 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
         fitted = audit_batch_size(model, eval_windows.shape[1], settings.device, cache_root / "eval")
         settings = replace(settings, batch_size=ranks.smallest(fitted))
     has_controller = bool(model.controllers)
-    ranks.agree(lambda: {
-        "model": model_fingerprint(model),
-        "eval windows": fingerprint_tensor(eval_windows),
-        "calibration windows": fingerprint_tensor(calib_windows),
-        "settings": {k: v for k, v in asdict(settings).items() if k not in PATH_SETTINGS},
-    })
-    sets = {"eval": eval_windows, **({"calibration": calib_windows} if has_controller else {})}
-    ranks.check_shards({name: -(-len(windows) // settings.batch_size) for name, windows in sets.items()})
+    check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
     with cache_lock(cache_root, lock_wait, ranks):
         capture_args = {"batch_size": settings.batch_size, "device": settings.device, "ranks": ranks}
         eval_cache = capture(model, eval_windows, cache_root / "eval", desc="capture eval", **capture_args)
@@ -167,6 +161,20 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
         audit["verdict"] = verdicts(audit)
         write_outputs(out, audit, per_token, eval_windows)
         return audit
+
+
+def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, calib_windows) -> None:
+    """Before anything is written: every rank has the same model, windows and settings (paths aside: nodes
+    may mount them differently), and at least one shard of each set it captures (``calib_windows`` None:
+    no calibration capture)."""
+    ranks.agree(lambda: {
+        "model": model_fingerprint(model),
+        "eval windows": fingerprint_tensor(eval_windows),
+        "calibration windows": None if calib_windows is None else fingerprint_tensor(calib_windows),
+        "settings": {k: v for k, v in asdict(settings).items() if k not in PATH_SETTINGS},
+    })
+    sets = {"eval": eval_windows, "calibration": calib_windows}
+    ranks.check_shards({name: -(-len(w) // settings.batch_size) for name, w in sets.items() if w is not None})
 
 
 def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:

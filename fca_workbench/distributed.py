@@ -158,9 +158,9 @@ def process_group(device: str = "cpu"):
     rank, world_size, local_rank = (int(os.environ[name]) for name in TORCHRUN_VARIABLES)
     if device.startswith("cuda"):
         if device != "cuda":
-            raise UserError(f"under torchrun give --device cuda, not {device}: each rank uses cuda:LOCAL_RANK")
+            raise EveryRankError(f"under torchrun give --device cuda, not {device}: each rank uses cuda:LOCAL_RANK")
         if torch.cuda.device_count() <= local_rank:
-            raise UserError(f"rank {rank}: LOCAL_RANK {local_rank}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+            raise UserError(f"LOCAL_RANK {local_rank}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
         where = torch.device("cuda", local_rank)
         torch.cuda.set_device(where)  # "cuda" now means this rank's GPU everywhere in the audit
         torch.distributed.init_process_group("nccl", device_id=where)

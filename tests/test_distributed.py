@@ -7,6 +7,7 @@ two-rank figure is checked against. Runs are shared between tests through module
 tiny (8 or 4 windows of 64 tokens, one window per shard) so the file stays fast.
 """
 
+import gzip
 import json
 import os
 import re
@@ -20,9 +21,11 @@ import psutil
 import pytest
 from filelock import FileLock
 
+from fca_workbench.audit import AuditSettings, run_audit
 from fca_workbench.cache_lock import lock_path
 from fca_workbench.cli import main as fca_main
-from fca_workbench.distributed import Ranks
+from fca_workbench.data import split_path
+from fca_workbench.distributed import EveryRankError, Ranks
 
 pytestmark = pytest.mark.timeout(300)  # every test but one runs torchrun or fca in a subprocess
 
@@ -33,9 +36,24 @@ FIGURES = ("conditions", "retention", "variance", "variation", "per_layer")
 TOLERANCE = 1e-6
 
 
+@pytest.fixture(scope="module", autouse=True)
+def short_texts(tmp_path_factory):
+    """The opening 20,000 characters of the shipped eval and calibration splits, as text files: the same
+    kind of windows, without tokenizing whole splits in every process."""
+    folder = tmp_path_factory.mktemp("text")
+    for split in TEXT:
+        with gzip.open(split_path(split), "rt", encoding="utf-8") as lines:
+            text = "".join(json.loads(line)["text"] for line in lines)
+        TEXT[split] = folder / f"{split}.txt"
+        TEXT[split].write_text(text[:20_000], encoding="utf-8")
+
+
+TEXT = {"eval": None, "calibration": None}  # filled by short_texts
+
+
 def audit_args(checkpoint, out, cache, windows=8, *extra):
-    return ["audit", CHECKPOINTS / checkpoint, "--out", out, "--cache", cache, "--window", 64,
-            "--max-windows", windows, "--batch-size", 1, *extra]
+    return ["audit", CHECKPOINTS / checkpoint, "--out", out, "--cache", cache, "--eval", TEXT["eval"],
+            "--calib", TEXT["calibration"], "--window", 64, "--max-windows", windows, "--batch-size", 1, *extra]
 
 
 def command(args, ranks: int) -> list[str]:
@@ -245,10 +263,19 @@ def test_a_second_audit_on_a_locked_cache_folder_waits_then_fails_with_one_line(
     assert sorted(p.name for p in cache.iterdir()) == [lock_path(cache).name] and not (tmp_path / "out").exists()
 
 
+class FirstOfTwo(Ranks):
+    """Rank 0 of two for the shard split, with no other process to compare fingerprints with."""
+
+    def agree(self, facts):
+        pass
+
+
 def test_more_ranks_than_shards_is_one_line_and_writes_nothing(tmp_path):
-    result = fca(["audit", CHECKPOINTS / "featuregate-s0", "--out", tmp_path / "out", "--window", 64,
-                  "--max-windows", 2, "--batch-size", 2], ranks=2)
-    one_line_error(result, "2 ranks", "only 1 shard", "--batch-size")
+    """2 windows in one shard cannot feed 2 ranks: stopped after loading, before the lock or any capture."""
+    settings = AuditSettings(str(CHECKPOINTS / "featuregate-s0"), eval=str(TEXT["eval"]), calibration=str(TEXT["calibration"]),
+                             window=64, max_windows=2, batch_size=2)
+    with pytest.raises(EveryRankError, match=r"^2 ranks, but the eval set makes only 1 shard\(s\).*--batch-size$"):
+        run_audit(settings, tmp_path / "out", FirstOfTwo(0, 2))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -257,7 +284,7 @@ def test_ranks_that_disagree_about_the_data_stop_with_one_line_and_write_nothing
     for rank in (0, 1):
         (tmp_path / f"eval{rank}.txt").write_text(f"To be, or not to be{'!' * rank}: that is the question.\n" * 40)
     script = (f"exec {sys.executable} -m fca_workbench audit {CHECKPOINTS / 'featuregate-s0'} --out {tmp_path / 'out'} "
-              f"--window 64 --batch-size 2 --eval {tmp_path}/eval$LOCAL_RANK.txt")
+              f"--window 64 --batch-size 2 --eval {tmp_path}/eval$LOCAL_RANK.txt --calib {TEXT['calibration']}")
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              "--no-python", "sh", "-c", script], capture_output=True, text=True, env=ENV, cwd=ROOT,
                             timeout=280)
