@@ -51,9 +51,13 @@ def short_texts(tmp_path_factory):
 TEXT = {"eval": None, "calibration": None}  # filled by short_texts
 
 
+def options(windows=8, *extra):
+    return ["--eval", TEXT["eval"], "--calib", TEXT["calibration"], "--window", 64, "--max-windows", windows,
+            "--batch-size", 1, *extra]
+
+
 def audit_args(checkpoint, out, cache, windows=8, *extra):
-    return ["audit", CHECKPOINTS / checkpoint, "--out", out, "--cache", cache, "--eval", TEXT["eval"],
-            "--calib", TEXT["calibration"], "--window", 64, "--max-windows", windows, "--batch-size", 1, *extra]
+    return ["audit", CHECKPOINTS / checkpoint, "--out", out, "--cache", cache, *options(windows, *extra)]
 
 
 def command(args, ranks: int) -> list[str]:
@@ -68,10 +72,11 @@ def fca(args, ranks: int = 1) -> subprocess.CompletedProcess:
     return subprocess.run(command(args, ranks), capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=280)
 
 
-def audited(args, ranks: int = 1) -> dict:
+def audited(args, ranks: int = 1, folder=None) -> dict:
+    """The audit ``fca ARGS`` wrote in ``folder`` (default: its --out)."""
     result = fca(args, ranks)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((Path(args[args.index("--out") + 1]) / "audit.json").read_text())
+    return json.loads((Path(folder or args[args.index("--out") + 1]) / "audit.json").read_text())
 
 
 def numbers(tree, path=""):
@@ -160,15 +165,19 @@ def killed_mid_capture(args, cache: Path) -> int:
 
 @pytest.fixture(scope="module")
 def featuregate(tmp_path_factory):
-    """featuregate-s0 with --per-layer: one process; then two ranks, one killed mid-capture, and the rerun."""
+    """featuregate-s0 with --per-layer: ``fca audit`` in one process; then ``fca audit-many`` of it on two ranks,
+    one killed mid-capture, and the rerun."""
     root = tmp_path_factory.mktemp("featuregate")
     one = audited(audit_args("featuregate-s0", root / "one", root / "cache-one", 8, "--per-layer"))
-    args = audit_args("featuregate-s0", root / "two", root / "cache-two", 8, "--per-layer")
-    status = killed_mid_capture(args, root / "cache-two")
-    killed = {"status": status, "manifests": claims(root / "cache-two"), "shards": shard_files(root / "cache-two"),
-              "audit_written": (root / "two" / "audit.json").exists()}
-    two = audited(args, ranks=2)
-    return root, one, two, killed
+    many = ["audit-many", CHECKPOINTS / "featuregate-s0", "--out", root / "many", *options(8, "--per-layer")]
+    folder = root / "many" / "featuregate-s0"  # audit-many's folder for the checkpoint, its cache inside
+    status = killed_mid_capture(many, folder / "cache")
+    killed = {"status": status, "manifests": claims(folder / "cache"), "shards": shard_files(folder / "cache"),
+              "audit_written": (folder / "audit.json").exists()}
+    two = audited(many, ranks=2, folder=folder)
+    summary = json.loads((root / "many" / "audit_many.json").read_text())
+    return {"one": one, "two": two, "killed": killed, "summary": summary,
+            "caches": {"one": root / "cache-one", "two": folder / "cache"}, "folders": {"one": root / "one", "two": folder}}
 
 
 @pytest.fixture(scope="module")
@@ -196,17 +205,20 @@ def moe(tmp_path_factory):
 # ------------------------------------------------------------------------------------------------------
 
 def test_two_ranks_give_the_figures_of_one_process_featuregate_per_layer(featuregate):
-    root, one, two, _ = featuregate
+    one, two, caches = featuregate["one"], featuregate["two"], featuregate["caches"]
     assert_same_figures(one, two)
     assert len(two["per_layer"]) == 4 * 6  # 4 layers x the 6 reassignment conditions, gathered from both ranks
     assert (one["settings"]["world_size"], two["settings"]["world_size"]) == (1, 2)
     # the ranks wrote the shards one process writes, byte for byte, under the same global numbering
-    assert {s: m["shards"] for s, m in claims(root / "cache-two").items()} == \
-           {s: m["shards"] for s, m in claims(root / "cache-one").items()}
-    assert len(claims(root / "cache-two")["eval"]["shards"]) == 8
+    assert {s: m["shards"] for s, m in claims(caches["two"]).items()} == \
+           {s: m["shards"] for s, m in claims(caches["one"]).items()}
+    assert len(claims(caches["two"])["eval"]["shards"]) == 8
+    # audit-many on two ranks: rank 0 wrote the summary of its one checkpoint
+    assert featuregate["summary"]["figures"]["conditions.cross_input.delta"]["values"] == \
+           [two["conditions"]["cross_input"]["delta"]]
     import pandas as pd
 
-    tokens = [pd.read_parquet(root / name / "per_token_nll.parquet") for name in ("one", "two")]
+    tokens = [pd.read_parquet(folder / "per_token_nll.parquet") for folder in featuregate["folders"].values()]
     assert tokens[0].shape == tokens[1].shape == (8 * 63, 3 + len(one["conditions"]))
     assert (tokens[0] - tokens[1]).abs().max().max() <= TOLERANCE
 
@@ -231,16 +243,16 @@ def test_a_cache_made_by_one_process_is_reused_by_two_ranks_moe(moe):
 def test_a_rank_killed_mid_capture_stops_the_run_and_the_rerun_resumes(featuregate):
     """Killed while rank 1 waited for rank 0 to finish its share, the eval capture never completed; the rerun
     (the two-rank audit checked against one process above) kept every shard the manifest claimed."""
-    root, one, two, killed = featuregate
+    killed, cache = featuregate["killed"], featuregate["caches"]["two"]
     assert killed["status"] != 0 and not killed["audit_written"]
     eval_manifest = killed["manifests"]["eval"]
     assert not eval_manifest["complete"] and "calibration" not in killed["manifests"]
     claimed = {f"eval/{name}" for name in eval_manifest["shards"]}
     assert claimed and len(claimed) < 8
-    after = shard_files(root / "cache-two")
+    after = shard_files(cache)
     assert {name: after[name] for name in claimed} == {name: killed["shards"][name] for name in claimed}
-    assert len(after) == 2 * 8 and claims(root / "cache-two")["eval"]["complete"]
-    assert_same_figures(one, two)
+    assert len(after) == 2 * 8 and claims(cache)["eval"]["complete"]
+    assert_same_figures(featuregate["one"], featuregate["two"])
 
 
 # ------------------------------------------------------------------------------------------------------
