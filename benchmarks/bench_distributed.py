@@ -131,13 +131,14 @@ def gpu_single_rank(args) -> int:
     fields = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}
     if args.tiny:
         fields.update(TINY_OVERRIDES)
-    config = MUDDPythiaConfig(**fields)
+    tokenizer = load_tokenizer()  # the shipped one: 4096 tokens, within the 1.4B vocabulary of 50432
+    config = MUDDPythiaConfig(**{**fields, "vocab_size": max(fields["vocab_size"], len(tokenizer))})
     window = min(args.window, config.block_size) if args.tiny else config.block_size
     workdir = Path(tempfile.mkdtemp(prefix="bench_distributed_gpu_"))
     try:
         folder = workdir / "checkpoint"
         save_official(build_model(config, torch.bfloat16, device), folder, weights="safetensors", shards=2)
-        load_tokenizer().save_pretrained(folder)  # 4096 tokens: fits the 50432-token vocabulary
+        tokenizer.save_pretrained(folder)
         audit_args = [folder, "--device", device, "--dtype", "bfloat16", "--window", window, "--max-windows", args.windows]
         runs = {"1 process": None, "torchrun, 1 rank": 1}
         gpus = torch.cuda.device_count() if not args.tiny else 1
