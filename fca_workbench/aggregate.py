@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .audit import check_audit_out, run_audit
 from .data import write_atomic
+from .distributed import SINGLE
 from .errors import UserError
 from .outputs import output_folder, refuse_foreign
 
@@ -80,15 +81,18 @@ def audit_names(checkpoints) -> list[str]:
     return names
 
 
-def aggregate_audits(settings_list, out) -> dict:
+def aggregate_audits(settings_list, out, ranks=SINGLE, lock_wait: float = 0.0) -> dict | None:
     """Audit every checkpoint into ``out/<name>`` (``audit_names``), then ``out/audit_many.json``; every
-    output folder is checked before the first audit starts."""
+    output folder is checked before the first audit starts. Under torchrun (``ranks``) every audit is
+    distributed and rank 0 alone writes the summary and returns it (the other ranks return None)."""
     out = output_folder(out)
     refuse_foreign(out / "audit_many.json", SCHEMA)
     names = audit_names([settings.checkpoint for settings in settings_list])
     for name in names:
         check_audit_out(out / name)
-    audits = [run_audit(settings, out / name) for settings, name in zip(settings_list, names)]
+    audits = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
+    if not ranks.lead:
+        return None
     summary = {
         "schema": SCHEMA,
         "checkpoints": [a["model"]["path"] for a in audits],

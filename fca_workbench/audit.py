@@ -1,6 +1,7 @@
 """``fca audit``: capture, replay under every condition, figures, execution: one ``audit.json``.
 
-This is orchestration only; every number comes from capture, replay, metrics and execution.
+This is orchestration only; every number comes from capture, replay, metrics and execution. Under torchrun
+the same line runs on every rank, each on its share of the shards (``distributed.py``); rank 0 writes.
 """
 
 import json
@@ -11,8 +12,10 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from .capture import capture
+from .cache_lock import cache_lock
+from .capture import capture, model_fingerprint
 from .data import fingerprint_tensor, load_windows, split_path, write_atomic
+from .distributed import SINGLE, Ranks
 from .errors import UserError
 from .schema import import_jsonschema
 from .adapters import load_controlled
@@ -23,12 +26,13 @@ from .outputs import output_folder, refuse_foreign
 from .replay import calibration_profiles, replay_conditions, replay_nll
 from .report import verdicts
 from .results import per_token_files
-from .sweep import per_layer_sweep, sweep_mode
+from .sweep import per_layer_rows, per_layer_window_nll, sweep_mode
 from .tokenizer import load_tokenizer
 
 SCHEMA = "fca-audit/1"
 RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
+PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache")  # may differ between nodes; contents are compared
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -101,56 +105,70 @@ def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tupl
     return path, windows
 
 
-def run_audit(settings: AuditSettings, out) -> dict:
+def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
 
-    With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``)."""
+    With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``).
+    ``ranks`` (``distributed.process_group``, under torchrun): each rank captures and replays its share of the
+    shards; rank 0 gathers per-window results, computes the figures, writes the outputs and returns the audit
+    (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
+    """
     out = check_audit_out(out)
     model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
-    settings = with_batch_size(settings, model, eval_windows, out)
-    eval_cache = capture_split(model, eval_windows, "eval", settings, out)
+    settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
-    profiles = None
-    if has_controller:
-        profiles = calibration_profiles(capture_split(model, calib_windows, "calibration", settings, out))
-        save_profiles(out / "static_profiles.safetensors", profiles)
-    per_token = {
-        condition: replay_nll(model, eval_windows, eval_cache, condition, profiles, settings.seed, device=settings.device)
-        for condition in tqdm(replay_conditions(profiles) if has_controller else ("unperturbed",), desc="replay", unit="condition")
-    }
-    counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
-    window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
-    spread = coefficient_spread(eval_cache)
-    audit = {
-        "schema": SCHEMA,
-        "model": {
-            "path": str(Path(settings.checkpoint).resolve()),
-            "arch": model.arch,
-            "params": sum(p.numel() for p in model.parameters()),
-            "fingerprint": eval_cache.manifest["model_fingerprint"],
-            "controllers": list(model.controller_names),
-        },
-        "data": {
-            "eval": data_summary(eval_path, eval_windows),
-            "calibration": data_summary(calib_path, calib_windows),
-        },
-        "settings": asdict(settings),
-        "conditions": condition_figures(window_nll, counts, reference="correct" if has_controller else "unperturbed"),
-        "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {},
-        "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
-        "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
-        "execution": {**execution_figures(model, eval_windows, calib_windows, settings), **expert_execution(model, eval_cache)},
-    }
-    audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
-    if settings.per_layer:
-        conditions = [c for c in per_token if c not in ("unperturbed", "correct")]
-        audit["per_layer"] = per_layer_sweep(
-            model, eval_windows, eval_cache, conditions, profiles, settings.seed, counts, settings.device
-        )
-        audit["settings"]["per_layer_mode"] = sweep_mode(model)
-    audit["verdict"] = verdicts(audit)
-    write_outputs(out, audit, per_token, eval_windows)
-    return audit
+    check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
+    with cache_lock(cache_root(settings, out), lock_wait, ranks):
+        eval_cache = capture_split(model, eval_windows, "eval", settings, out, ranks)
+        share = ranks.share(eval_cache.num_shards())
+        profiles = None
+        if has_controller:
+            calib_cache = capture_split(model, calib_windows, "calibration", settings, out, ranks)
+            profiles = calibration_profiles(calib_cache, ranks.share(calib_cache.num_shards()), ranks.sum)
+        conditions = replay_conditions(profiles) if has_controller else ("unperturbed",)
+        per_token = ranks.gather({
+            condition: replay_nll(model, eval_windows, eval_cache, condition, profiles, settings.seed,
+                                  device=settings.device, shards=share)
+            for condition in tqdm(conditions, desc="replay", unit="condition")
+        })
+        spread = coefficient_spread(eval_cache, ranks)
+        counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
+        if settings.per_layer:
+            swept = [c for c in conditions if c not in ("unperturbed", "correct")]
+            sweep = ranks.gather(per_layer_window_nll(
+                model, eval_windows, eval_cache, swept, profiles, settings.seed, settings.device, shards=share)) if swept else ({}, None)
+        if not ranks.lead:
+            return None
+        if has_controller:
+            save_profiles(out / "static_profiles.safetensors", profiles)
+        window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
+        audit = {
+            "schema": SCHEMA,
+            "model": {
+                "path": str(Path(settings.checkpoint).resolve()),
+                "arch": model.arch,
+                "params": sum(p.numel() for p in model.parameters()),
+                "fingerprint": eval_cache.manifest["model_fingerprint"],
+                "controllers": list(model.controller_names),
+            },
+            "data": {
+                "eval": data_summary(eval_path, eval_windows),
+                "calibration": data_summary(calib_path, calib_windows),
+            },
+            "settings": {**asdict(settings), "world_size": ranks.world_size},
+            "conditions": condition_figures(window_nll, counts, reference="correct" if has_controller else "unperturbed"),
+            "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {},
+            "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
+            "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
+            "execution": {**execution_figures(model, eval_windows, calib_windows, settings), **expert_execution(model, eval_cache)},
+        }
+        audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
+        if settings.per_layer:
+            audit["per_layer"] = per_layer_rows(*sweep, counts)
+            audit["settings"]["per_layer_mode"] = sweep_mode(model)
+        audit["verdict"] = verdicts(audit)
+        write_outputs(out, audit, per_token, eval_windows)
+        return audit
 
 
 def cache_root(settings: AuditSettings, out) -> Path:
@@ -158,27 +176,44 @@ def cache_root(settings: AuditSettings, out) -> Path:
     return Path(settings.cache) if settings.cache else Path(out) / "cache"
 
 
-def with_batch_size(settings: AuditSettings, model, eval_windows: torch.Tensor, out) -> AuditSettings:
-    """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``)."""
+def with_batch_size(settings: AuditSettings, model, eval_windows: torch.Tensor, out, ranks: Ranks = SINGLE) -> AuditSettings:
+    """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``; under
+    torchrun the smallest any rank can fit, so every rank cuts the same shards)."""
     if settings.batch_size is not None:
         return settings
-    root = cache_root(settings, out) / "eval"
-    return replace(settings, batch_size=audit_batch_size(model, eval_windows.shape[1], settings.device, root))
+    fitted = audit_batch_size(model, eval_windows.shape[1], settings.device, cache_root(settings, out) / "eval")
+    return replace(settings, batch_size=ranks.smallest(fitted))
 
 
-def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out):
-    """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured, resumed, or reused when a
-    finished capture of the same model and windows is there."""
+def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out, ranks: Ranks = SINGLE):
+    """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured (each rank its share),
+    resumed, or reused when a finished capture of the same model and windows is there."""
     return capture(model, windows, cache_root(settings, out) / split, batch_size=settings.batch_size,
-                   device=settings.device, desc=f"capture {split}")
+                   device=settings.device, desc=f"capture {split}", ranks=ranks)
 
 
-def coefficient_spread(cache) -> dict | None:
-    """Variance decomposition and variation of the cached eval coefficients, one shard at a time."""
-    accumulator = VarianceAccumulator()
-    for indices, coefficients in zip(cache.shard_indices(), cache.batches()):
-        accumulator.update(coefficients, int(indices[0]))
-    return accumulator.result()
+def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, calib_windows) -> None:
+    """Before anything is written: every rank has the same model, windows and settings (paths aside: nodes
+    may mount them differently), and at least one shard of each set it captures (``calib_windows`` None:
+    no calibration capture)."""
+    ranks.agree(lambda: {
+        "model": model_fingerprint(model),
+        "eval windows": fingerprint_tensor(eval_windows),
+        "calibration windows": None if calib_windows is None else fingerprint_tensor(calib_windows),
+        "settings": {k: v for k, v in asdict(settings).items() if k not in PATH_SETTINGS},
+    })
+    sets = {"eval": eval_windows, "calibration": calib_windows}
+    ranks.check_shards({name: -(-len(w) // settings.batch_size) for name, w in sets.items() if w is not None})
+
+
+def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:
+    """Variance decomposition and variation of the cached eval coefficients, one shard at a time (each rank
+    its share, the sums added up over the ranks); None on ranks other than 0."""
+    accumulator = VarianceAccumulator(origin=[c[0, 0] for c in cache.coefficients([0])])
+    for indices in cache.shard_indices(ranks.share(cache.num_shards())):
+        accumulator.update(cache.coefficients(indices), int(indices[0]))
+    accumulator.combine(ranks.sum, cache.num_windows)
+    return accumulator.result() if ranks.lead else None
 
 
 def execution_figures(model, eval_windows, calib_windows, settings: AuditSettings) -> dict:

@@ -20,12 +20,14 @@ import re
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
 from .data import fingerprint_tensor, write_atomic
 from .adapters.protocol import COEFFICIENT
+from .distributed import SINGLE
 from .errors import UserError, first_line
 from .schema import import_jsonschema
 from .models import next_token_nll
@@ -156,14 +158,16 @@ class CoefficientCache:
     def nll(self, indices) -> torch.Tensor:
         return self._read("nll", torch.as_tensor(indices, dtype=torch.long))
 
-    def shard_indices(self):
-        """The window indices of each shard in turn: the batching capture used."""
-        for start in range(0, self.num_windows, self.shard_size):
+    def shard_indices(self, shards=None):
+        """The window indices of each shard in turn (of ``shards`` only, e.g. one rank's share): the batching
+        capture used."""
+        for shard in range(self.num_shards()) if shards is None else shards:
+            start = shard * self.shard_size
             yield torch.arange(start, min(start + self.shard_size, self.num_windows))
 
-    def batches(self):
+    def batches(self, shards=None):
         """Per-layer coefficients shard by shard: memory bounded by one shard."""
-        for indices in self.shard_indices():
+        for indices in self.shard_indices(shards):
             yield self.coefficients(indices)
 
 
@@ -228,6 +232,15 @@ def write_shard(tensors: dict[str, torch.Tensor], path: Path) -> dict:
     return {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
 
 
+def record_claim(manifest_path: Path, name: str, claim: dict) -> None:
+    """Add one written shard to the manifest on disk. Under torchrun several ranks write shards of one
+    cache at once, so each claim is read-modify-written under a lock beside the manifest."""
+    with FileLock(manifest_path.with_name(f".{MANIFEST}.lock")):
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest["shards"] = dict(sorted({**manifest["shards"], name: claim}.items()))  # the same file for any ranks
+        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+
+
 def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
     """Refuse a cache made for another model or other windows, naming which fingerprint differs."""
     for key, what in (("model_fingerprint", "model"), ("data_fingerprint", "data")):
@@ -244,8 +257,12 @@ def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
 
 
 @torch.no_grad()
-def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture") -> CoefficientCache:
-    """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``."""
+def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture",
+            ranks=SINGLE) -> CoefficientCache:
+    """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``.
+
+    ``ranks`` (``distributed.Ranks``): under torchrun each rank captures its share of the shards, numbered as
+    one process numbers them; rank 0 alone prepares and completes the manifest."""
     folder = Path(folder)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     manifest = {
@@ -268,12 +285,14 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         if existing["complete"]:
             return open_cache(folder)
         manifest["shards"] = existing["shards"]  # the interrupted capture's; each is verified before reuse
-    remove_unclaimed_shards(folder, manifest["shards"])
     manifest_path = folder / MANIFEST
-    write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+    if ranks.lead:
+        remove_unclaimed_shards(folder, manifest["shards"])
+        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+    ranks.barrier()
     model.eval()
     cache = CoefficientCache(folder, manifest)
-    for shard in tqdm(range(cache.num_shards()), desc=desc, unit="shard", leave=False):
+    for shard in tqdm(ranks.share(cache.num_shards()), desc=desc, unit="shard", leave=False):
         path = cache.shard_path(shard)
         claim = manifest["shards"].get(path.name)
         if claim is not None and path.is_file() and file_sha256(path) == claim["sha256"]:
@@ -285,8 +304,11 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         tensors.update({f"layer_{layer}.{name}": t.cpu().contiguous() for layer, value in enumerate(values)
                         for name, t in value.items() if name != COEFFICIENT})
         tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
-        manifest["shards"][path.name] = write_shard(tensors, path)
+        record_claim(manifest_path, path.name, write_shard(tensors, path))
+    ranks.barrier()
+    if ranks.lead:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))  # with every rank's claims
+        manifest["complete"] = True
         write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
-    manifest["complete"] = True
-    write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+    ranks.barrier()
     return open_cache(folder)

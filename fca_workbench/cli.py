@@ -81,21 +81,27 @@ def audit_settings(args, checkpoint: str):
 
 def cmd_audit(args) -> None:
     from .audit import default_out, run_audit
+    from .distributed import process_group
     from .report import format_report
 
     out = Path(args.out) if args.out else default_out(args.checkpoint)
-    audit = run_audit(audit_settings(args, args.checkpoint), out)
-    print(format_report(audit))
-    print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
+    with process_group(args.device) as ranks:  # under torchrun: this rank among the others
+        audit = run_audit(audit_settings(args, args.checkpoint), out, ranks, args.lock_wait)
+    if audit is not None:  # rank 0 alone reports
+        print(format_report(audit))
+        print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
 
 
 def cmd_audit_many(args) -> None:
     from .aggregate import aggregate_audits, format_aggregate
+    from .distributed import process_group
 
     out = Path(args.out) if args.out else Path("results") / "audit-many"
-    summary = aggregate_audits([audit_settings(args, c) for c in args.checkpoints], out)
-    print(format_aggregate(summary))
-    print(f"\nwrote {out / 'audit_many.json'}")
+    with process_group(args.device) as ranks:
+        summary = aggregate_audits([audit_settings(args, c) for c in args.checkpoints], out, ranks, args.lock_wait)
+    if summary is not None:
+        print(format_aggregate(summary))
+        print(f"\nwrote {out / 'audit_many.json'}")
 
 
 def cmd_reproduce(args) -> int:
@@ -226,6 +232,8 @@ def add_audit_options(parser) -> None:
                              "tensor (default: MoE routers and shared-expert gates are found by themselves)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="let a foreign checkpoint folder whose config needs its own code RUN THAT CODE")
+    parser.add_argument("--lock-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long for another audit using the same cache folder (default 0: stop at once)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,16 +330,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DISTRIBUTED_COMMANDS = ("audit", "audit-many")  # the commands that run under torchrun
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
+    from .distributed import error_prefix, under_torchrun
+
     hf_logging.disable_progress_bar()  # our own tqdm bars say what is happening; theirs would interleave
     hf_logging.set_verbosity_error()
     try:
+        if under_torchrun() and args.command not in DISTRIBUTED_COMMANDS:
+            raise UserError(f"fca {args.command} runs in one process; under torchrun only "
+                            f"{' and '.join(DISTRIBUTED_COMMANDS)} do")
         status = args.func(args)
     except UserError as exc:
-        print(f"fca: error: {exc}", file=sys.stderr)
+        prefix = error_prefix(exc)
+        if prefix is not None:  # None: rank 0 reports it for every rank
+            print(f"fca: error: {prefix}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fca: interrupted", file=sys.stderr)

@@ -63,11 +63,22 @@ def static_profiles(batches) -> dict[str, list[torch.Tensor]]:
     ``global_mean`` and ``layer_scalar``, ``[*slot]`` for ``layer_mean``, ``[T, *slot]`` for
     ``layer_position_mean``. Feed it calibration windows only.
     """
+    return profiles_from_sums(*profile_sums(batches))
+
+
+def profile_sums(batches) -> tuple[list[torch.Tensor] | None, int]:
+    """Per layer, the float64 sum over windows ``[T, *slot]``, and the number of windows: what the static
+    profiles are made of, and what processes that each saw some of the windows add up."""
     sums, windows = None, 0
     for coefficients in batches:
         batch_sums = [c.double().sum(dim=0) for c in coefficients]
         sums = batch_sums if sums is None else [a + b for a, b in zip(sums, batch_sums)]
         windows += coefficients[0].shape[0]
+    return sums, windows
+
+
+def profiles_from_sums(sums: list[torch.Tensor] | None, windows: int) -> dict[str, list[torch.Tensor]]:
+    """The static profiles (``static_profiles``) from ``profile_sums``."""
     if sums is None or windows == 0:
         raise ValueError("static profiles need at least one calibration window")
     position_mean = [s / windows for s in sums]

@@ -147,8 +147,18 @@ class VarianceAccumulator:
     R² = 1 − SS_within / SS_total over all entries of all layers pooled, for the groupings layer;
     layer×slot; layer×slot×position; layer×slot×window. What is left is token content."""
 
-    def __init__(self):
-        self.layers: list[_LayerStats] = []
+    def __init__(self, origin: list[torch.Tensor] | None = None):
+        """``origin``: per layer, a value of every slot (``[*slot_shape]``) to shift by; by default the first
+        token's. Accumulators that share it (one per process, each on part of the windows) can be combined."""
+        self.layers: list[_LayerStats] = [_LayerStats(o.detach()) for o in origin] if origin is not None else []
+
+    def combine(self, total, windows: int) -> None:
+        """Sums over every process's windows: ``total`` adds a tensor up over the processes (e.g.
+        ``distributed.Ranks.sum``); ``windows`` is the number of all of them."""
+        for stats in self.layers:
+            stats.win_n, stats.win = _grow(stats.win_n, windows), _grow(stats.win, windows)
+            for name in ("pos_n", "pos", "win_n", "win"):
+                setattr(stats, name, total(getattr(stats, name)))
 
     def update(self, coefficients: list[torch.Tensor], window_offset: int) -> None:
         """``coefficients[l]``: layer l's ``[B, T, *slot_shape_l]`` for windows

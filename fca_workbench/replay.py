@@ -16,19 +16,25 @@ from .interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
+    profile_sums,
+    profiles_from_sums,
     restrict_to_layer,
     routing_top_k,
     shuffle_positions,
-    static_profiles,
     with_routing_profiles,
 )
 from .models import next_token_nll
 
 
-def calibration_profiles(cache: CoefficientCache) -> dict[str, list[torch.Tensor]]:
+def calibration_profiles(cache: CoefficientCache, shards=None, total=lambda t: t) -> dict[str, list[torch.Tensor]]:
     """The static profiles of a calibration capture, plus ``layer_mean_topk`` when it holds routers (their
-    cached ``top_k_index`` gives k)."""
-    return with_routing_profiles(static_profiles(cache.batches()), routing_top_k(cache.values(torch.arange(1))))
+    cached ``top_k_index`` gives k).
+
+    ``shards``: only these shards are read; ``total``: adds a sum up over the processes that read the others
+    (``distributed.Ranks.sum``), so every process gets the profiles of the whole calibration set."""
+    sums, windows = profile_sums(cache.batches(shards))
+    profiles = profiles_from_sums([total(s) for s in sums], int(total(torch.tensor(windows))))
+    return with_routing_profiles(profiles, routing_top_k(cache.values(torch.arange(1))))
 
 
 def replay_conditions(profiles) -> tuple[str, ...]:
@@ -92,20 +98,21 @@ def replay_nll(
     seed: int = 0,
     layer: int | None = None,
     device="cpu",
+    shards=None,
 ) -> torch.Tensor:
-    """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (``unperturbed``: the live run).
+    """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (``unperturbed``: the live run); with
+    ``shards`` (one rank's share), of those shards' windows only.
 
     Batches follow the cache's shards, the same grouping capture used, so ``correct`` repeats capture's
     arithmetic exactly.
     """
     if condition == "unperturbed":
-        return cache.nll(torch.arange(cache.num_windows))
+        return cache.nll(torch.cat(list(cache.shard_indices(shards))))
     assign = ConditionCoefficients(condition, cache, profiles, seed, layer)
     dtype = next(model.parameters()).dtype
     model.eval()
     rows = []
-    shards = list(cache.shard_indices())
-    for indices in tqdm(shards, desc=condition, leave=False):
+    for indices in tqdm(list(cache.shard_indices(shards)), desc=condition, leave=False):
         batch = windows[indices].to(device)
         values = values_on(assign.values(indices), device, dtype)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())

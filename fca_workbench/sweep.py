@@ -36,10 +36,19 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
     """
     if not conditions:
         return []
+    return per_layer_rows(*per_layer_window_nll(model, windows, cache, conditions, profiles, seed, device, group), counts)
+
+
+def per_layer_window_nll(model, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None):
+    """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, in the model's sweep mode;
+    with ``shards`` (one rank's share), of those shards' windows only."""
     if sweep_mode(model) == PREFIX:
-        window_nll, correct = prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group)
-    else:
-        window_nll, correct = full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device)
+        return prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group, shards)
+    return full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device, shards)
+
+
+def per_layer_rows(window_nll: dict, correct: torch.Tensor, counts) -> list[dict]:
+    """The sweep's rows from the per-window NLLs of every window, ΔNLL CIs paired by ``counts``."""
     rows = []
     for (layer, condition), values in window_nll.items():
         figures = condition_figures({"correct": correct, condition: values}, counts)[condition]
@@ -48,7 +57,7 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
 
 
 @torch.no_grad()
-def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group=None):
+def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group=None, shards=None):
     """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, by prefix reuse.
 
     Batches follow the cache's shards, as in ``replay_nll``, so the arithmetic is the full forward's.
@@ -58,7 +67,7 @@ def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device,
     model.eval()
     parts = {(layer, c): [] for layer in range(cache.num_layers) for c in conditions}
     correct = []
-    for indices in tqdm(list(cache.shard_indices()), desc="per-layer", unit="batch", leave=False):
+    for indices in tqdm(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
         batch = windows[indices].to(device)
         own = [c.to(device=device, dtype=dtype) for c in cache.coefficients(indices)]
         prefix = PrefixCache(model, batch, coefficients=own)
@@ -76,10 +85,11 @@ def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device,
     return {key: torch.cat(values) for key, values in parts.items()}, torch.cat(correct)
 
 
-def full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device):
+def full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device, shards=None):
     """The same figures from full frozen forwards, for models without layer stepping."""
     def window_mean(condition, layer=None):
-        return replay_nll(model, windows, cache, condition, profiles, seed, layer=layer, device=device).double().mean(dim=1)
+        nll = replay_nll(model, windows, cache, condition, profiles, seed, layer=layer, device=device, shards=shards)
+        return nll.double().mean(dim=1)
 
     window_nll = {(layer, c): window_mean(c, layer) for layer in range(cache.num_layers) for c in conditions}
     return window_nll, window_mean("correct")

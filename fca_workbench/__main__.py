@@ -1,0 +1,7 @@
+"""``python -m fca_workbench``: the ``fca`` command line, also what ``torchrun ... -m fca_workbench`` starts."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
