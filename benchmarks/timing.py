@@ -12,3 +12,15 @@ def best_of(repeats: int, fn):
         result = fn()
         times.append(time.perf_counter() - start)
     return min(times), result
+
+
+def best_of_each(repeats: int, fns: dict):
+    """({name: fastest wall time}, {name: result of its last call}) of the callables ``fns``, which take turns
+    in every round, so load that drifts on a shared machine falls on each of them alike."""
+    times, results = {name: [] for name in fns}, {}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(seconds) for name, seconds in times.items()}, results

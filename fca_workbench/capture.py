@@ -311,4 +311,7 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
         manifest["complete"] = True
         write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
     ranks.barrier()
-    return open_cache(folder)
+    # not ``open_cache``: every shard's hash was just taken from the bytes written (or checked before reuse),
+    # and re-reading them and validating this manifest (importing jsonschema: seconds) cost up to 17% of a capture;
+    # the manifest is read back from disk, where every rank's claims are
+    return CoefficientCache(folder, json.loads(manifest_path.read_text(encoding="utf-8")))

@@ -24,7 +24,7 @@ from contextlib import nullcontext
 import torch
 
 from .adapters.protocol import COEFFICIENT
-from .models import next_token_nll
+from .models import head_nll, next_token_nll
 
 
 def _tensors(obj):
@@ -114,6 +114,21 @@ class PrefixCache:
         concatenated along the batch dimension (``[copies * B, T, *slot]``); they resume from the one kept
         state as one batch.
         """
+        return self._replay(values, layer, copies, lambda output: self.model.head(output))
+
+    @torch.no_grad()
+    def replay_nll(self, values, layer: int | None = None, copies: int = 1) -> torch.Tensor:
+        """Per-token NLL ``[copies * B, T-1]`` of the frozen replay (see ``logits``). With layer stepping the
+        head and the NLL run a chunk of rows at a time (``head_nll``), within float rounding of
+        ``next_token_nll(self.logits(...))`` and faster, since the whole logits are never held."""
+        input_ids = repeat_batch(self.input_ids, copies)
+        if not self.stepping:
+            return next_token_nll(self._replay(values, layer, copies), input_ids)
+        return self._replay(values, layer, copies, lambda output: head_nll(self.model, output, input_ids))
+
+    def _replay(self, values, layer, copies, finish=None):
+        """The frozen replay's logits (no layer stepping), or ``finish`` of its last state (layer stepping),
+        under ``lock``."""
         values = as_values(values)
         start = self.start_for(layer)
         if not self.stepping:
@@ -126,18 +141,13 @@ class PrefixCache:
         self.model.check_inputs(repeat_batch(self.input_ids, copies), coefficients)
         with self.lock:
             output, _, _ = self.model.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
-            return self.model.head(output)
-
-    def replay_nll(self, values, layer: int | None = None) -> torch.Tensor:
-        """Per-token NLL ``[B, T-1]`` of the frozen replay (see ``logits``)."""
-        return next_token_nll(self.logits(values, layer), self.input_ids)
+            return finish(output)
 
     def replay_nll_many(self, variants: list[list[torch.Tensor]], layer: int) -> torch.Tensor:
         """Per-token NLL ``[K, B, T-1]`` of K coefficient lists that differ from the window's own at ``layer``
         only, run from the state before it as one batch of K x B windows."""
         coefficients = [torch.cat(tensors) for tensors in zip(*variants)]
-        logits = self.logits(coefficients, layer, copies=len(variants))
-        nll = next_token_nll(logits, repeat_batch(self.input_ids, len(variants)))
+        nll = self.replay_nll(coefficients, layer, copies=len(variants))
         return nll.view(len(variants), *self.nll.shape)
 
 

@@ -86,6 +86,23 @@ def test_a_finished_cache_is_reused_and_a_different_layout_refused(model, window
         capture(model, windows, tmp_path / "cache", batch_size=3)
 
 
+def test_a_fresh_capture_is_not_read_back_but_a_reused_one_is_verified(model, windows, tmp_path, monkeypatch):
+    """Capture hashes each shard from the bytes it writes; reading them back (and importing jsonschema for
+    its own manifest) cost 17% of a capture. A finished cache found on disk is still verified before use."""
+    from fca_workbench.capture import CoefficientCache
+
+    def fail(self):
+        raise AssertionError("verified")
+
+    monkeypatch.setattr(CoefficientCache, "verify", fail)
+    cache = capture(model, windows, tmp_path / "cache", batch_size=SHARD)
+    with torch.no_grad():
+        expected = reference_nll(model(windows).logits, windows)
+    torch.testing.assert_close(cache.nll(torch.arange(6)), expected, rtol=0, atol=1e-5)
+    with pytest.raises(AssertionError, match="verified"):
+        capture(model, windows, tmp_path / "cache", batch_size=SHARD)
+
+
 @pytest.mark.parametrize("what", ["model", "data"])
 def test_a_cache_of_another_model_or_data_is_refused_naming_the_fingerprints(model, windows, tmp_path, what):
     capture(model, windows, tmp_path / "cache", batch_size=SHARD)

@@ -5,7 +5,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import fca_workbench  # noqa: F401  (registers the Auto classes)
-from fca_workbench.models import FAMILIES
+from fca_workbench.models import FAMILIES, head_nll, next_token_nll
+from fca_workbench.models import common
 
 from conftest import tiny_model
 
@@ -82,3 +83,34 @@ def test_featuregate_gates_start_at_one_so_untrained_model_equals_dense(windows)
     shared = {k: v for k, v in gated.state_dict().items() if "controller" not in k}
     dense.load_state_dict(shared)
     assert torch.allclose(dense(windows).logits, gated(windows).logits, atol=1e-6)
+
+
+def reference_nll(logits, ids):
+    """Per-token next-token NLL by log-softmax and gather, computed here rather than by the workbench."""
+    return -logits[:, :-1].double().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_next_token_nll_is_the_cross_entropy_of_the_shifted_rows(windows, dtype):
+    logits = torch.randn(*windows.shape, 64, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+    nll = next_token_nll(logits, windows)
+    assert nll.shape == (windows.shape[0], windows.shape[1] - 1) and nll.dtype == torch.float32
+    shifted = logits[:, :-1].float()  # the copy next_token_nll avoids: the same arithmetic, bit for bit
+    sliced = torch.nn.functional.cross_entropy(shifted.reshape(-1, 64), windows[:, 1:].reshape(-1), reduction="none")
+    assert torch.equal(nll, sliced.view_as(nll))
+    torch.testing.assert_close(nll.double(), reference_nll(logits.detach().float(), windows), rtol=0, atol=1e-5)
+    nll.sum().backward()  # training differentiates it: the last position of each window gets no gradient
+    assert logits.grad[:, -1].abs().max() == 0 and logits.grad[:, :-1].abs().max() > 0
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 10**6])  # one row, chunks across window borders, all at once
+def test_head_nll_equals_the_nll_of_the_full_logits(arch, windows, monkeypatch, chunk_rows):
+    model = tiny_model(arch)
+    monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", chunk_rows * 4 * model.config.vocab_size)
+    with torch.no_grad():
+        output, _, _ = model.run_blocks(model.embed(windows), 0, None)
+        got = head_nll(model, output, windows)
+        full = model(windows).logits
+    assert got.shape == (windows.shape[0], windows.shape[1] - 1)
+    torch.testing.assert_close(got.double(), reference_nll(full, windows), rtol=0, atol=1e-5)
+    torch.testing.assert_close(got, next_token_nll(full, windows), rtol=0, atol=1e-6)

@@ -6,7 +6,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import UserError
 from ..official import load_weights, read_config
-from .common import CoefficientLMOutput, CoefficientModel, next_token_nll
+from .common import CoefficientLMOutput, CoefficientModel, head_nll, next_token_nll
 from .dense import DenseConfig, DenseForCausalLM
 from .featuregate import FeatureGateConfig, FeatureGateForCausalLM
 from .muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM

@@ -13,6 +13,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
+IGNORE = -100  # cross-entropy's ignore_index: the targets of rows that predict nothing
+# logits computed at once by ``head_nll``: on a CPU about what stays in cache between the head and the
+# softmax; on an accelerator large enough to keep its matrix units busy, small enough to bound memory
+CPU_LOGITS_CHUNK_BYTES, ACCELERATOR_LOGITS_CHUNK_BYTES = 16 * 2**20, 2**30
+
 
 @dataclass
 class CoefficientLMOutput(ModelOutput):
@@ -26,12 +31,32 @@ class CoefficientLMOutput(ModelOutput):
 def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Per-token next-token cross-entropy in nats, ``[B, T-1]`` (position t predicts token t+1).
 
-    Computed on rows ``[B * (T-1), vocab]``: the class dimension last and contiguous is about twice as fast
-    as ``[B, vocab, T-1]`` on CPU, where the log-softmax would stride over the vocabulary."""
-    shifted = logits[:, :-1].float()
-    return F.cross_entropy(
-        shifted.reshape(-1, shifted.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="none"
-    ).view(shifted.shape[:2])
+    Computed on all ``B * T`` rows of the logits as they lie (class dimension last and contiguous: about
+    twice as fast as ``[B, vocab, T-1]`` on CPU), each window's last row ignored, so the ``[:, :-1]`` slice is
+    never copied: the copy of ``B * (T-1) * vocab`` floats cost as much as the softmax itself. Row for row
+    the same arithmetic as the cross-entropy of the slice (bit-exact)."""
+    targets = input_ids.roll(-1, dims=1)
+    targets[:, -1] = IGNORE
+    rows = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none",
+                           ignore_index=IGNORE)
+    return rows.view(input_ids.shape)[:, :-1]
+
+
+def head_nll(model, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``next_token_nll(model.head(hidden), input_ids)`` (within float rounding), the head and the softmax
+    run a few thousand rows at a time: each chunk's logits (``CPU_LOGITS_CHUNK_BYTES``) are still in cache when
+    the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For replays that need
+    the NLL only (the per-layer sweep), where the head and the NLL cost as much as the blocks."""
+    batch, length = input_ids.shape
+    states = hidden[:, :-1].reshape(batch * (length - 1), *hidden.shape[2:])
+    targets = input_ids[:, 1:].reshape(-1)
+    budget = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else ACCELERATOR_LOGITS_CHUNK_BYTES
+    rows = max(1, budget // (4 * model.config.vocab_size))
+    out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
+    for start in range(0, len(targets), rows):
+        logits = model.head(states[start : start + rows])
+        out[start : start + rows] = F.cross_entropy(logits.float(), targets[start : start + rows], reduction="none")
+    return out.view(batch, length - 1)
 
 
 class CoefficientModel(PreTrainedModel):

@@ -1,0 +1,150 @@
+"""Where the per-layer sweep's time goes, and how close prefix reuse comes to its limit (ratios only:
+absolute times are noise on a shared machine).
+
+    .venv/bin/python benchmarks/bench_sweep.py [--checkpoints data/checkpoints/featuregate-s0 ...]
+        [--windows 16] [--batch-size 16] [--repeats 2]
+
+One thread. Per checkpoint, on the same evenly sampled eval windows (profiles from as many calibration ones):
+
+- **sweep**: prefix reuse (``sweep.per_layer_sweep``) against the L x K full frozen forwards
+  (``sweep.full_forward_window_nll``, what a sweep costs without prefix reuse), timed in turns;
+- **limit**: the same kernels without any bookkeeping, on one batch: one prefix pass plus, for each layer l,
+  the blocks from ``resume_layer(l)`` and the head + NLL (``head_nll``), K times, over L x K frozen forwards
+  + NLL. The issue's limit counts the blocks only: mean over l of (L - resume_layer(l)) / L, plus one prefix
+  pass per batch (1 / LK); for Dense and FeatureGate that is (L+1)/2L + 1/(LK);
+- **head share**: the head + NLL over a frozen forward + NLL, as a full forward computes it (whole logits,
+  ``next_token_nll``) and as the sweep does (``head_nll``): the part of every replay that prefix reuse
+  cannot skip;
+- **profile**: torch.profiler's self CPU time of one prefix-reuse sweep by operator, largest first.
+
+Writes benchmarks/results/bench_sweep.json and .md.
+"""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from fca_workbench.capture import capture
+from fca_workbench.data import load_windows, split_path
+from fca_workbench.interventions import CONDITIONS, static_profiles
+from fca_workbench.metrics import bootstrap_counts
+from fca_workbench.models import head_nll, load_model, next_token_nll
+from fca_workbench.prefix import PrefixCache
+from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
+from fca_workbench.tokenizer import load_tokenizer
+from timing import best_of_each
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SWEPT = [c for c in CONDITIONS if c not in ("unperturbed", "correct")]
+
+
+@torch.no_grad()
+def sweep_limit(model, batch: torch.Tensor, coefficients: list[torch.Tensor], conditions: int, repeats: int = 3) -> dict:
+    """The prefix-reuse limit of a sweep of ``conditions`` per layer, from the kernels' own times on ``batch``."""
+    layers = len(coefficients)
+    prefix = PrefixCache(model, batch, coefficients=coefficients)
+    output, _, _ = model.run_blocks(model.embed(batch), 0, coefficients)
+    starts = [model.resume_layer(layer) for layer in range(layers)]
+
+    def resumed():
+        for start in starts:
+            head_nll(model, model.run_blocks(prefix.states[start], start, coefficients)[0], batch)
+
+    seconds, _ = best_of_each(repeats, {
+        "forward": lambda: next_token_nll(model(batch, coefficients=coefficients).logits, batch),
+        "prefix_pass": lambda: PrefixCache(model, batch, coefficients=coefficients),
+        "resumed": resumed,
+        "head_logits": lambda: next_token_nll(model.head(output), batch),
+        "head_nll": lambda: head_nll(model, output, batch),
+    })
+    naive = layers * conditions * seconds["forward"]
+    return {
+        "limit": (seconds["prefix_pass"] + conditions * seconds["resumed"]) / naive,
+        "blocks_only_limit": sum(layers - s for s in starts) / layers**2 + 1 / (layers * conditions),
+        "head_share_logits": seconds["head_logits"] / seconds["forward"],
+        "head_share_fused": seconds["head_nll"] / seconds["forward"],
+        "seconds": seconds,
+    }
+
+
+def operator_profile(fn, top: int = 8) -> list[tuple[str, float]]:
+    """(operator, share of the self CPU time) of ``fn``'s largest operators."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [(e.key, e.self_cpu_time_total / total) for e in events[:top]]
+
+
+def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> dict:
+    model = load_model(checkpoint).eval()
+    tokenizer = load_tokenizer(checkpoint)
+    windows = load_windows(split_path("eval"), tokenizer, 256, n)
+    calib = load_windows(split_path("calibration"), tokenizer, 256, n)
+    cache = capture(model, windows, tmp / "eval", batch_size=batch_size)
+    profiles = static_profiles(capture(model, calib, tmp / "calib", batch_size=batch_size).batches())
+    counts = bootstrap_counts(len(windows), 100, 0)
+    layers = cache.num_layers
+    seconds, _ = best_of_each(repeats, {
+        "prefix": lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts),
+        "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
+    })
+    indices = next(cache.shard_indices())
+    limit = sweep_limit(model, windows[indices], cache.coefficients(indices), len(SWEPT))
+    ratio = seconds["prefix"] / seconds["full_forward"]
+    return {
+        "checkpoint": checkpoint, "arch": model.arch, "windows": len(windows), "window": windows.shape[1],
+        "layers": layers, "conditions": len(SWEPT), "resume_layers": [model.resume_layer(l) for l in range(layers)],
+        "sweep_seconds": seconds, "prefix_over_full_forward": ratio, **limit,
+        "prefix_over_limit": ratio / limit["limit"],
+        "profile_prefix_sweep": operator_profile(lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoints", nargs="+",
+                        default=["data/checkpoints/featuregate-s0", "data/checkpoints/muddpythia-s0"])
+    parser.add_argument("--windows", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2, help="rounds of the sides taking turns; the fastest counts")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [bench(c, args.windows, args.batch_size, args.repeats, Path(tmp) / str(i))
+                   for i, c in enumerate(args.checkpoints)]
+    r = {"batch_size": args.batch_size, "repeats": args.repeats, "threads": torch.get_num_threads(), "checkpoints": results}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_sweep.json").write_text(json.dumps(r, indent=2) + "\n")
+    (RESULTS / "bench_sweep.md").write_text(markdown(r))
+    print(markdown(r))
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Per-layer sweep: prefix reuse against full forwards and its limit (batch {r['batch_size']}, "
+             f"{r['threads']} thread, fastest of {r['repeats']} rounds taken in turns)", "",
+             "| checkpoint | L x K | prefix / full forwards | limit (kernels only, head + NLL counted) | prefix / limit "
+             "| blocks-only limit | head + NLL share of a forward: logits / head_nll |",
+             "|---|---|---|---|---|---|---|"]
+    for c in r["checkpoints"]:
+        lines.append(f"| {Path(c['checkpoint']).name} ({c['windows']} windows x {c['window']}) | {c['layers']} x "
+                     f"{c['conditions']} | {c['prefix_over_full_forward']:.3f} | {c['limit']:.3f} | "
+                     f"{c['prefix_over_limit']:.3f} | {c['blocks_only_limit']:.3f} | "
+                     f"{c['head_share_logits']:.1%} / {c['head_share_fused']:.1%} |")
+    for c in r["checkpoints"]:
+        s = c["sweep_seconds"]
+        lines += ["", f"## {Path(c['checkpoint']).name}", "",
+                  f"Seconds: sweep prefix {s['prefix']:.1f}, full forwards {s['full_forward']:.1f}. Resume layers "
+                  f"{c['resume_layers']}. Limit kernels (one batch, s): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in c["seconds"].items()) + ".", "",
+                  "Prefix-reuse sweep, self CPU time by operator (torch.profiler):", ""]
+        lines += [f"- {name}: {share:.1%}" for name, share in c["profile_prefix_sweep"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
