@@ -304,6 +304,120 @@ def test_token_html_escapes_everything():
     assert html.count('class="fca-token"') == 4
 
 
+# ------------------------------------------------------------------------------------------------ results folder
+
+
+@pytest.fixture(scope="module")
+def results_root(tiny_checkpoints, tmp_path_factory):
+    """A results folder as a lab's looks: a fresh tiny per-layer audit of the tiny FeatureGate (``fca audit``'s
+    layout), a copy in ``fca reproduce``'s layout, a truncated audit.json, a foreign one, and a link out."""
+    import shutil
+
+    from fca_workbench.audit import AuditSettings, run_audit
+
+    root = tmp_path_factory.mktemp("results")
+    settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=16,
+                             resamples=200, latency_repeats=1, per_layer=True)
+    run_audit(settings, root / "audit-featuregate-tiny")
+    shutil.copytree(root / "audit-featuregate-tiny", root / "run" / "audits" / "featuregate-tiny",
+                    ignore=shutil.ignore_patterns("cache"))
+    text = (root / "audit-featuregate-tiny" / "audit.json").read_text()
+    (root / "truncated").mkdir()
+    (root / "truncated" / "audit.json").write_text(text[: len(text) // 2])
+    (root / "foreign").mkdir()
+    (root / "foreign" / "audit.json").write_text(json.dumps({"schema": "someone-else/2", "nll": 1.0}))
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "audit.json").write_text(text)
+    (root / "linked").mkdir()
+    (root / "linked" / "audit.json").symlink_to(outside / "audit.json")
+    return root
+
+
+def test_results_folder_lists_every_layout_and_names_what_it_cannot_show(results_root):
+    from fca_workbench.dashboard.results_folder import ResultsFolder
+
+    results = ResultsFolder(results_root)
+    entries = {entry.name: entry for entry in results.scan()}
+    assert sorted(entries) == ["audit-featuregate-tiny", "foreign", "linked", "run/audits/featuregate-tiny", "truncated"]
+    shown = [name for name, entry in entries.items() if entry.audit is not None]
+    assert shown == ["audit-featuregate-tiny", "run/audits/featuregate-tiny"]
+    assert "not a complete audit.json" in entries["truncated"].problem
+    assert "not an FCA audit" in entries["foreign"].problem and "someone-else/2" in entries["foreign"].problem
+    assert "is a link" in entries["linked"].problem
+    assert all(str(results_root) not in entry.problem for entry in entries.values() if entry.problem)  # no server path
+    on_disk = (results_root / "audit-featuregate-tiny" / "audit.json").read_bytes()
+    assert results.read_bytes(results.entry("audit-featuregate-tiny"), "audit.json") == on_disk
+    for name in ("../outside", "/etc", str(results_root / "foreign"), None, ["foreign"]):
+        with pytest.raises(UserError, match="no audit called"):
+            results.entry(name)
+    with pytest.raises(UserError, match="is a link"):
+        results.read_bytes(entries["linked"], "audit.json")
+
+
+def test_audit_tables_are_the_audit_numbers(results_root):
+    from fca_workbench import tables
+    from fca_workbench.dashboard.results_folder import audit_tables
+
+    audit = json.loads((results_root / "audit-featuregate-tiny" / "audit.json").read_text())
+    made = {table.attrs["name"]: table for table in audit_tables(audit)}
+    assert list(made) == ["assignment_per_model", "retention_per_model", "variation_per_model", "execution",
+                          "positive_control", "per_layer"]
+    conditions = made["assignment_per_model"].set_index("condition")
+    for name, figures in audit["conditions"].items():  # read back at full precision from the CSV the view offers
+        assert conditions.loc[name, "delta_ci95_hi"] == figures["delta_ci95"][1]
+    per_layer = made["per_layer"]
+    assert len(per_layer) == len(audit["per_layer"]) == 2 * 6  # 2 layers x the 6 reassigning conditions
+    assert per_layer["delta"].tolist() == [row["delta"] for row in audit["per_layer"]]
+    import pandas as pd
+    import io
+
+    back = pd.read_csv(io.StringIO(tables.to_csv(made["retention_per_model"])))
+    assert back.loc[0, "layer_mean"] == audit["retention"]["layer_mean"]["value"]
+
+
+def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_checkpoints, results_root):
+    from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit
+    from fca_workbench.tables import load_profiles
+
+    folder = tiny_checkpoints["featuregate"]
+    results = ResultsFolder(results_root)
+    matched = SharedModel(folder, calibration_windows=16, eval_windows=4, results=results)
+    profiles = matched.profiles()
+    assert "audit '" in matched.profiles_source and "fingerprints match" in matched.profiles_source
+    saved = load_profiles(results_root / "audit-featuregate-tiny" / "static_profiles.safetensors")
+    assert all(torch.equal(a, b) for name in saved for a, b in zip(profiles[name], saved[name]))
+    computed = SharedModel(folder, calibration_windows=16, eval_windows=4)  # no results folder: computed here
+    for name, layers in computed.profiles().items():  # the audit's profiles are this data's profiles
+        for a, b in zip(layers, profiles[name]):
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+    assert computed.profiles_source == "computed here from 16 calibration windows"
+    other_data = SharedModel(folder, calibration_windows=8, eval_windows=4, results=results)
+    other_data.profiles()
+    assert other_data.profiles_source.startswith("computed here from 8 calibration windows (no audit")
+    analysis = DashboardSession().analyse("fg", matched, window_input(matched, 0), "layer_mean")
+    assert analysis.profiles_source == matched.profiles_source
+    assert per_layer_audit(results, matched).name in ("audit-featuregate-tiny", "run/audits/featuregate-tiny")
+    other_model = SharedModel(tiny_checkpoints["muddpythia"], calibration_windows=16, eval_windows=4, results=results)
+    assert per_layer_audit(results, other_model) is None
+
+
+def test_link_values_are_checked_before_they_reach_a_widget():
+    from fca_workbench.dashboard.query import choose, choose_index
+
+    requested = {"checkpoint": "fg", "layer": 1, "window": "abc", "seed": True, "condition": ["x"], "donor": -1}
+    assert choose(requested, "checkpoint", ["fg", "mudd"], "mudd", "is not a checkpoint") == ("fg", None)
+    assert choose({"checkpoint": "../etc"}, "checkpoint", ["fg"], "fg", "is not a checkpoint") == (
+        "fg", "the link's checkpoint='../etc' is not a checkpoint; showing 'fg' instead")
+    assert choose(requested, "condition", ["x"], "correct", "is not an intervention")[0] == "correct"  # unhashable
+    assert choose(requested, "view", ["live"], "live", "-") == ("live", None)  # absent: the default, no message
+    assert choose_index(requested, "layer", 0, 1, -1) == (1, None)
+    assert choose_index(requested, "layer", 0, 0, -1, "all layers") == (
+        -1, "the link's layer=1 is not an integer in 0; showing all layers instead")
+    assert choose_index(requested, "window", 0, 5, 0)[1].startswith("the link's window='abc' is not an integer in 0–5")
+    assert choose_index(requested, "seed", 0, 10, 0)[0] == 0  # True is not a seed
+    assert choose_index(requested, "donor", -1, 5, -1) == (-1, None)
+
+
 # ------------------------------------------------------------------------------------------------ serving
 
 
