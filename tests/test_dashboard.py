@@ -375,7 +375,7 @@ def test_audit_tables_are_the_audit_numbers(results_root):
     assert back.loc[0, "layer_mean"] == audit["retention"]["layer_mean"]["value"]
 
 
-def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_checkpoints, results_root):
+def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_checkpoints, results_root, shared_models):
     from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit
     from fca_workbench.tables import load_profiles
 
@@ -397,8 +397,7 @@ def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_ch
     analysis = DashboardSession().analyse("fg", matched, window_input(matched, 0), "layer_mean")
     assert analysis.profiles_source == matched.profiles_source
     assert per_layer_audit(results, matched).name in ("audit-featuregate-tiny", "run/audits/featuregate-tiny")
-    other_model = SharedModel(tiny_checkpoints["muddpythia"], calibration_windows=16, eval_windows=4, results=results)
-    assert per_layer_audit(results, other_model) is None
+    assert per_layer_audit(results, shared_models["muddpythia"]) is None  # audits of other models are not its own
 
 
 def test_link_values_are_checked_before_they_reach_a_widget():
@@ -612,8 +611,9 @@ def _browser_available() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoints, tmp_path_factory):
-    """``fca dashboard`` on a free localhost port, with the tiny checkpoints and one broken entry."""
+def served(tiny_checkpoints, tmp_path_factory, results_root):
+    """``fca dashboard`` on a free localhost port, with the tiny checkpoints, one broken entry and the results
+    folder of ``results_root``."""
     missing = _browser_available()
     if missing:
         if os.environ.get("CI"):
@@ -624,7 +624,7 @@ def served(tiny_checkpoints, tmp_path_factory):
     (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")
     registry = {"featuregate-tiny": str(tiny_checkpoints["featuregate"]), "muddpythia-tiny": str(tiny_checkpoints["muddpythia"]),
                 "dense-tiny": str(tiny_checkpoints["dense"]), "broken": str(root / "broken")}
-    with dashboard_server(root, registry) as served:
+    with dashboard_server(root, registry, "--results", str(results_root)) as served:
         yield served
 
 
@@ -736,4 +736,117 @@ def test_dashboard_in_a_real_browser(served):
             snap(page, "05-muddpythia-cross-input")
         finally:
             browser.close()
+    assert "Traceback" not in server_log.read_text()
+
+
+@pytest.fixture(scope="module")
+def browser(served):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def _opened(browser, url: str):
+    """A page at ``url`` once the live view finished its first update (ok or error)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1500}, accept_downloads=True)
+    page.goto(url, timeout=120_000)
+    page.wait_for_selector(".fca-update[data-state]", timeout=120_000)
+    return page
+
+
+def _selected(page, widget: str) -> str:
+    return page.locator(f".{widget} select").evaluate("el => el.options[el.selectedIndex].text")
+
+
+def _state(page) -> str:
+    return page.locator(".fca-update").get_attribute("data-state")
+
+
+def _query(page) -> dict:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(page.url).query))
+
+
+@pytest.mark.timeout(600)
+def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, browser):
+    url, server_log = served
+    link = "?checkpoint=muddpythia-tiny&window=3&layer=1&intervention=cross_input&seed=5&donor=2&heat_layer=1"
+    page = _opened(browser, url + link)
+    assert _state(page) == "ok", page.locator(".fca-update").inner_text()
+    assert _selected(page, "fca-checkpoint") == "muddpythia-tiny" and _selected(page, "fca-layer") == "layer 1"
+    assert _selected(page, "fca-condition") == "cross_input" and _selected(page, "fca-heat-layer") == "layer 1"
+    assert page.locator(".fca-window input").input_value() == "3" and page.locator(".fca-seed input").input_value() == "5"
+    summary = page.locator(".fca-summary").inner_text()
+    assert "layer 1 (prefix cache)" in summary and re.search(r"donor window\s+2", summary) and re.search(r"seed\s+5", summary)
+    assert not page.locator(".fca-link-message").is_visible()
+    assert not page.locator(".fca-live-per-layer .js-plotly-plot").count()  # no audit of this checkpoint
+    query = _query(page)  # the app wrote its whole selection into the URL
+    assert {k: query.get(k) for k in ("checkpoint", "window", "layer", "intervention", "seed", "donor")} == {
+        "checkpoint": "muddpythia-tiny", "window": "3", "layer": "1", "intervention": "cross_input", "seed": "5", "donor": "2"}
+
+    n = int(page.locator(".fca-update").get_attribute("data-update"))
+    page.locator(".fca-condition select").select_option("token_shuffle")
+    page.wait_for_function(f"() => Number(document.querySelector('.fca-update')?.dataset.update) > {n}", timeout=90_000)
+    page.wait_for_function("() => location.search.includes('intervention=token_shuffle')", timeout=30_000)
+    shared = page.url
+    delta = page.locator(".fca-delta .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.y))")
+    heat = page.locator(".fca-slot-heat .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z))")
+    again = _opened(browser, shared)  # the shared link, opened elsewhere: the same view, the same numbers
+    assert _state(again) == "ok" and _selected(again, "fca-condition") == "token_shuffle"
+    assert again.locator(".fca-delta .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.y))") == delta
+    assert again.locator(".fca-slot-heat .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z))") == heat
+    page.screenshot(path=str(SCREENSHOTS / "06-shared-link.png"), full_page=True)
+
+    bad = _opened(browser, url + "?checkpoint=nope&layer=99&intervention=bogus&window=abc&seed=-4&view=elsewhere&slot=%3Cb%3E")
+    assert _state(bad) == "ok", bad.locator(".fca-update").inner_text()
+    message = bad.locator(".fca-link-message").inner_text()
+    for part in ("checkpoint='nope'", "layer=99", "intervention='bogus'", "window='abc'", "seed=-4", "view='elsewhere'",
+                 "slot='<b>'"):
+        assert part in message, (part, message)
+    assert _selected(bad, "fca-checkpoint") == "featuregate-tiny" and _selected(bad, "fca-layer") == "all layers"
+    assert _selected(bad, "fca-condition") == "token_shuffle"
+    assert bad.locator(".fca-live-per-layer .js-plotly-plot").count() == 1  # this checkpoint has a per-layer audit
+    assert _query(bad)["checkpoint"] == "featuregate-tiny"  # the URL now names the view shown
+    n = int(bad.locator(".fca-update").get_attribute("data-update"))
+    bad.locator(".fca-condition select").select_option("layer_mean")
+    bad.wait_for_function(f"() => Number(document.querySelector('.fca-update')?.dataset.update) > {n}", timeout=90_000)
+    assert "audit 'audit-featuregate-tiny'" in bad.locator(".fca-summary").inner_text() or \
+        "audit 'run/audits/featuregate-tiny'" in bad.locator(".fca-summary").inner_text()
+    bad.screenshot(path=str(SCREENSHOTS / "07-bad-link-message.png"), full_page=True)
+    assert "Traceback" not in server_log.read_text()
+
+
+@pytest.mark.timeout(600)
+def test_results_view_lists_audits_and_downloads_their_files(served, browser, results_root):
+    from fca_workbench import tables
+
+    url, server_log = served
+    page = _opened(browser, url + "?view=results&audit=run/audits/featuregate-tiny")
+    page.wait_for_selector(".fca-results-title", timeout=60_000)
+    assert page.locator(".fca-results-title").inner_text() == "run/audits/featuregate-tiny"
+    options = page.locator(".fca-audit select option").all_inner_texts()
+    assert len(options) == 2 and all("featuregate" in o for o in options)
+    problems = {p.get_attribute("data-entry"): p.inner_text() for p in page.locator(".fca-results-problem").all()}
+    assert sorted(problems) == ["foreign", "linked", "truncated"]
+    assert "not a complete audit.json" in problems["truncated"] and "is a link" in problems["linked"]
+    assert page.locator(".fca-results-per-layer .js-plotly-plot").count() == 1
+    audit_file = results_root / "run" / "audits" / "featuregate-tiny" / "audit.json"
+    audit = json.loads(audit_file.read_text())
+    expected = {"audit": audit_file.read_bytes(),
+                "assignment_per_model": tables.to_csv(tables.assignment_table([audit])).encode(),
+                "per_layer": tables.to_csv(tables.per_layer_table([audit])).encode()}
+    for name, content in expected.items():
+        with page.expect_download(timeout=60_000) as download:
+            page.locator(f".fca-download-{name} button, .fca-download-{name} a").first.click()
+        assert Path(download.value.path()).read_bytes() == content, name
+    shown = page.locator(".fca-table-assignment_per_model").inner_text()
+    assert f"{audit['conditions']['cross_input']['delta']:+.4f}" in shown
+    page.screenshot(path=str(SCREENSHOTS / "08-results-view.png"), full_page=True)
+    page.locator(".fca-audit select").select_option(label=next(o for o in options if o.startswith("audit-featuregate-tiny")))
+    page.wait_for_function("() => location.search.includes('audit=audit-featuregate-tiny')", timeout=30_000)
+    assert page.locator(".fca-results-title").inner_text() == "audit-featuregate-tiny"
     assert "Traceback" not in server_log.read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..resources import checkpoints_dir
-from .live import SharedModel
+from .live import DashboardSession, SharedModel
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
 DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
@@ -119,7 +119,7 @@ class ModelPool:
                     self._users[key] -= 1
                     self._last_used[key] = self.clock()
 
-    def attach(self, session: "DashboardSession") -> None:
+    def attach(self, session: DashboardSession) -> None:
         self._sessions.add(session)
 
     def unload_idle(self) -> list[Path]:
