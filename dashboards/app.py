@@ -304,7 +304,7 @@ class DashboardApp:
         else:
             self.render(analysis, started)
         self.pending_link = None  # the link is applied (or was left for a checkpoint that failed to load)
-        self.link_alert.object = "<br>".join(html.escape(note) for note in self.link_notes)
+        self.link_alert.object = "".join(f"<div class='fca-link-note'>{html.escape(note)}</div>" for note in self.link_notes)
         self.link_alert.visible = bool(self.link_notes)
         self.publish()
 

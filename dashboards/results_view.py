@@ -109,8 +109,8 @@ class ResultsView:
                 callback=functools.partial(csv_bytes, table), filename=f"{name}.csv", label=f"{name}.csv",
                 css_classes=[f"fca-download-{name}"]))
             readable = tables.readable(table).to_html(index=False, escape=True, border=0)
-            panes.append(pn.pane.HTML(f"<h4>{html.escape(table.attrs['caption'])}</h4>{readable}",
-                                      css_classes=["fca-results-table", f"fca-table-{name}"]))
+            panes.append(pn.pane.HTML(f"<div class='fca-table-{name}'><h4>{html.escape(table.attrs['caption'])}</h4>"
+                                      f"{readable}</div>", css_classes=["fca-results-table"]))
         self.downloads.objects = downloads
         self.tables.objects = panes
         per_layer = next((t for t in made if t.attrs["name"] == "per_layer"), None)

@@ -638,26 +638,31 @@ SENT_TOKEN_HTML = """() => {
 }"""
 
 
+def _update_number(page) -> int:
+    return int(page.locator(".fca-update").get_attribute("data-update"))
+
+
+def _wait_for_update(page, after: int) -> str:
+    """Wait until the app finished the update after number ``after``; returns its state (ok/error)."""
+    deadline = time.monotonic() + 90
+    while _update_number(page) <= after:
+        assert time.monotonic() < deadline, "the dashboard did not update within 90 s"
+        page.wait_for_timeout(150)
+    return page.locator(".fca-update").get_attribute("data-state")
+
+
+def _plot(page, pane: str) -> str:
+    """The plotted values of a pane's figure, as JSON."""
+    return page.locator(f".{pane} .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z || d.y))")
+
+
 @pytest.mark.timeout(900)  # a hang fails here instead of eating CI's time; the test takes ~1-2 min
 def test_dashboard_in_a_real_browser(served):
     from playwright.sync_api import sync_playwright
 
     url, server_log = served
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-
-    def update_number(page) -> int:
-        return int(page.locator(".fca-update").get_attribute("data-update"))
-
-    def wait_for_update(page, after: int) -> str:
-        """Wait until the app finished the update after number ``after``; returns its state (ok/error)."""
-        deadline = time.monotonic() + 90
-        while update_number(page) <= after:
-            assert time.monotonic() < deadline, "the dashboard did not update within 90 s"
-            page.wait_for_timeout(150)
-        return page.locator(".fca-update").get_attribute("data-state")
-
-    def plot(page, pane: str):
-        return page.locator(f".{pane} .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z || d.y))")
+    update_number, wait_for_update, plot = _update_number, _wait_for_update, _plot
 
     def snap(page, name):
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
@@ -767,6 +772,12 @@ def _state(page) -> str:
     return page.locator(".fca-update").get_attribute("data-state")
 
 
+def _shows_figure(page, pane: str) -> bool:
+    """Whether the pane is visible and holds a plotted figure."""
+    plot = page.locator(f".{pane} .js-plotly-plot")
+    return page.locator(f".{pane}").first.is_visible() and plot.count() == 1 and plot.evaluate("el => (el.data || []).length") > 0
+
+
 def _query(page) -> dict:
     return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(page.url).query))
 
@@ -781,39 +792,35 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
     assert _selected(page, "fca-condition") == "cross_input" and _selected(page, "fca-heat-layer") == "layer 1"
     assert page.locator(".fca-window input").input_value() == "3" and page.locator(".fca-seed input").input_value() == "5"
     summary = page.locator(".fca-summary").inner_text()
-    assert "layer 1 (prefix cache)" in summary and re.search(r"donor window\s+2", summary) and re.search(r"seed\s+5", summary)
-    assert not page.locator(".fca-link-message").is_visible()
-    assert not page.locator(".fca-live-per-layer .js-plotly-plot").count()  # no audit of this checkpoint
+    assert re.search(r"layer\s+layer 1", summary) and "(prefix cache)" in summary and re.search(r"donor window\s+2", summary) and re.search(r"seed\s+5", summary)
+    assert not page.locator(".fca-link-message").is_visible() and not page.locator(".fca-link-note").count()
+    assert not _shows_figure(page, "fca-live-per-layer")  # no audit of this checkpoint
     query = _query(page)  # the app wrote its whole selection into the URL
     assert {k: query.get(k) for k in ("checkpoint", "window", "layer", "intervention", "seed", "donor")} == {
         "checkpoint": "muddpythia-tiny", "window": "3", "layer": "1", "intervention": "cross_input", "seed": "5", "donor": "2"}
 
-    n = int(page.locator(".fca-update").get_attribute("data-update"))
     page.locator(".fca-condition select").select_option("token_shuffle")
-    page.wait_for_function(f"() => Number(document.querySelector('.fca-update')?.dataset.update) > {n}", timeout=90_000)
+    assert _wait_for_update(page, _update_number(page)) == "ok"
     page.wait_for_function("() => location.search.includes('intervention=token_shuffle')", timeout=30_000)
     shared = page.url
-    delta = page.locator(".fca-delta .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.y))")
-    heat = page.locator(".fca-slot-heat .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z))")
+    delta, heat = _plot(page, "fca-delta"), _plot(page, "fca-slot-heat")
     again = _opened(browser, shared)  # the shared link, opened elsewhere: the same view, the same numbers
     assert _state(again) == "ok" and _selected(again, "fca-condition") == "token_shuffle"
-    assert again.locator(".fca-delta .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.y))") == delta
-    assert again.locator(".fca-slot-heat .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z))") == heat
+    assert _plot(again, "fca-delta") == delta and _plot(again, "fca-slot-heat") == heat
     page.screenshot(path=str(SCREENSHOTS / "06-shared-link.png"), full_page=True)
 
     bad = _opened(browser, url + "?checkpoint=nope&layer=99&intervention=bogus&window=abc&seed=-4&view=elsewhere&slot=%3Cb%3E")
     assert _state(bad) == "ok", bad.locator(".fca-update").inner_text()
-    message = bad.locator(".fca-link-message").inner_text()
+    message = " ".join(bad.locator(".fca-link-note").all_inner_texts())
     for part in ("checkpoint='nope'", "layer=99", "intervention='bogus'", "window='abc'", "seed=-4", "view='elsewhere'",
                  "slot='<b>'"):
         assert part in message, (part, message)
     assert _selected(bad, "fca-checkpoint") == "featuregate-tiny" and _selected(bad, "fca-layer") == "all layers"
     assert _selected(bad, "fca-condition") == "token_shuffle"
-    assert bad.locator(".fca-live-per-layer .js-plotly-plot").count() == 1  # this checkpoint has a per-layer audit
+    assert _shows_figure(bad, "fca-live-per-layer")  # this checkpoint has an audit with a per-layer sweep
     assert _query(bad)["checkpoint"] == "featuregate-tiny"  # the URL now names the view shown
-    n = int(bad.locator(".fca-update").get_attribute("data-update"))
     bad.locator(".fca-condition select").select_option("layer_mean")
-    bad.wait_for_function(f"() => Number(document.querySelector('.fca-update')?.dataset.update) > {n}", timeout=90_000)
+    assert _wait_for_update(bad, _update_number(bad)) == "ok"
     assert "audit 'audit-featuregate-tiny'" in bad.locator(".fca-summary").inner_text() or \
         "audit 'run/audits/featuregate-tiny'" in bad.locator(".fca-summary").inner_text()
     bad.screenshot(path=str(SCREENSHOTS / "07-bad-link-message.png"), full_page=True)
@@ -833,7 +840,7 @@ def test_results_view_lists_audits_and_downloads_their_files(served, browser, re
     problems = {p.get_attribute("data-entry"): p.inner_text() for p in page.locator(".fca-results-problem").all()}
     assert sorted(problems) == ["foreign", "linked", "truncated"]
     assert "not a complete audit.json" in problems["truncated"] and "is a link" in problems["linked"]
-    assert page.locator(".fca-results-per-layer .js-plotly-plot").count() == 1
+    assert _shows_figure(page, "fca-results-per-layer")
     audit_file = results_root / "run" / "audits" / "featuregate-tiny" / "audit.json"
     audit = json.loads(audit_file.read_text())
     expected = {"audit": audit_file.read_bytes(),
