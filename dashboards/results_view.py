@@ -101,13 +101,14 @@ class ResultsView:
         self.header.object = f"<h3 class='fca-results-title'>{html.escape(entry.name)}</h3><table>{body}</table>"
         made = audit_tables(audit)
         downloads = [pn.widgets.FileDownload(callback=functools.partial(self.audit_bytes, entry), filename=AUDIT_FILE,
-                                             label=AUDIT_FILE, button_type="primary", css_classes=["fca-download-audit"])]
+                                             label=AUDIT_FILE, button_type="primary", css_classes=["fca-download-audit"],
+                                             sizing_mode="fixed", width=230)]
         panes = []
         for table in made:
             name = table.attrs["name"]
             downloads.append(pn.widgets.FileDownload(
                 callback=functools.partial(csv_bytes, table), filename=f"{name}.csv", label=f"{name}.csv",
-                css_classes=[f"fca-download-{name}"]))
+                css_classes=[f"fca-download-{name}"], sizing_mode="fixed", width=230))
             readable = tables.readable(table).to_html(index=False, escape=True, border=0)
             panes.append(pn.pane.HTML(f"<div class='fca-table-{name}'><h4>{html.escape(table.attrs['caption'])}</h4>"
                                       f"{readable}</div>", css_classes=["fca-results-table"]))
