@@ -406,7 +406,7 @@ class DashboardApp:
         entry = self.live_audit[1]
         self.live_per_layer.object = None if entry is None else views.per_layer_heatmap(
             per_layer_table([entry.audit]), f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
-            "ΔNLL vs correct, each condition at one layer alone (all windows of that audit)")
+            "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)")
         self.live_per_layer.visible = entry is not None
         elapsed = (time.perf_counter() - started) * 1000
         self.status.object = (f"<span class='fca-update' data-update='{self.updates}' data-state='ok'>"

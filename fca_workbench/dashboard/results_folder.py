@@ -41,8 +41,7 @@ class AuditEntry:
 
     @property
     def label(self) -> str:
-        if self.audit is None:
-            return f"{self.name}: cannot be shown"
+        """How a valid entry is listed: its name, model and architecture."""
         return f"{self.name} ({tables.model_name(self.audit)}, {self.audit['model']['arch']})"
 
     @property
