@@ -134,6 +134,7 @@ class DashboardApp:
         self.slot_heat = views.FigurePane(None, css_classes=["fca-slot-heat"])
         self.heat_note = pn.pane.HTML("", css_classes=["fca-heat-note"])
         self.live_per_layer = views.FigurePane(None, css_classes=["fca-live-per-layer"], visible=False)
+        self.live_per_layer_entry = None
         self.link_alert = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["fca-link-message"])
         self.results_view = ResultsView(results, on_change=self.publish, later=self.later)
 
@@ -403,14 +404,20 @@ class DashboardApp:
         else:
             self.heat_note.object = "<i>This model has no controller, so there are no coefficient heatmaps.</i>"
             self.layer_heat.visible = self.slot_heat.visible = False
-        entry = self.live_audit[1]
+        self.show_live_audit(self.live_audit[1])
+        elapsed = (time.perf_counter() - started) * 1000
+        self.status.object = (f"<span class='fca-update' data-update='{self.updates}' data-state='ok'>"
+                              f"update #{self.updates}: {elapsed:.0f} ms (compute {analysis.compute_ms:.0f} ms)</span>")
+
+    def show_live_audit(self, entry):
+        """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes)."""
+        if entry is self.live_per_layer_entry:
+            return
+        self.live_per_layer_entry = entry
         self.live_per_layer.object = None if entry is None else views.per_layer_heatmap(
             per_layer_table([entry.audit]), f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
             "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)")
         self.live_per_layer.visible = entry is not None
-        elapsed = (time.perf_counter() - started) * 1000
-        self.status.object = (f"<span class='fca-update' data-update='{self.updates}' data-state='ok'>"
-                              f"update #{self.updates}: {elapsed:.0f} ms (compute {analysis.compute_ms:.0f} ms)</span>")
 
     def close(self):
         self.session.close()

@@ -166,15 +166,15 @@ def summary_html(analysis) -> str:
 
 def per_layer_heatmap(table, title: str) -> dict:
     """The per-layer sweep (``tables.per_layer_table`` of one audit) as a layer × condition heatmap of ΔNLL."""
-    grid = table.pivot(index="layer", columns="condition", values="delta")
-    conditions = [c for c in dict.fromkeys(table["condition"]) if c in grid.columns]  # the audit's order
-    grid = grid[conditions]
-    low = table.set_index(["layer", "condition"])
-    text = [[f"ΔNLL {low.loc[(layer, c), 'delta']:+.4f} [{low.loc[(layer, c), 'delta_ci95_lo']:+.4f}, "
-             f"{low.loc[(layer, c), 'delta_ci95_hi']:+.4f}]" for c in conditions] for layer in grid.index]
-    data = [dict(type="heatmap", z=grid.to_numpy(dtype=np.float64), x=conditions,
-                 y=[f"layer {layer}" for layer in grid.index], text=text, colorscale=VALUE_SCALE,
-                 colorbar=dict(title=dict(text="ΔNLL")), hovertemplate="%{y}, %{x}<br>%{text}<extra></extra>")]
-    layout = dict(height=max(260, 80 + 36 * len(grid.index)), margin=dict(l=70, r=30, t=50, b=80),
+    conditions = list(dict.fromkeys(table["condition"]))  # the audit's order
+    grids = {key: table.pivot(index="layer", columns="condition", values=key)[conditions]
+             for key in ("delta", "delta_ci95_lo", "delta_ci95_hi")}
+    delta, low, high = (grids[key].to_numpy(dtype=np.float64) for key in ("delta", "delta_ci95_lo", "delta_ci95_hi"))
+    text = [[f"ΔNLL {d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, lo, hi in zip(*row)] for row in zip(delta, low, high)]
+    layers = grids["delta"].index
+    data = [dict(type="heatmap", z=delta, x=conditions, y=[f"layer {layer}" for layer in layers], text=text,
+                 colorscale=VALUE_SCALE, colorbar=dict(title=dict(text="ΔNLL")),
+                 hovertemplate="%{y}, %{x}<br>%{text}<extra></extra>")]
+    layout = dict(height=max(260, 80 + 36 * len(layers)), margin=dict(l=70, r=30, t=50, b=80),
                   title=dict(text=html.escape(title), font=dict(size=14)), yaxis=dict(autorange="reversed"))
     return dict(data=data, layout=layout)
