@@ -161,7 +161,9 @@ class DashboardApp:
         self.link_notes += [note] if note else []
         self.tabs = pn.Tabs(("Live replay", pn.Row(sidebar, self.main)), ("Finished audits", self.results_view.layout),
                             active=VIEWS.index(view), dynamic=False, css_classes=["fca-tabs"])
-        self.tabs.param.watch(lambda event: self.later(self.publish), "active")
+        if view == "results":
+            self.results_view.activate()
+        self.tabs.param.watch(lambda event: self.later(self.on_tab), "active")
         self.layout = pn.Column(self.link_alert, self.tabs)
         pn.state.onload(self.first_update)
 
@@ -185,6 +187,11 @@ class DashboardApp:
         if event.obj is self.layer and event.new != ALL_LAYERS:
             self.pending["heat_layer"] = event.new
         pn.state.execute(self.update)
+
+    def on_tab(self):
+        if VIEWS[self.tabs.active] == "results":
+            self.results_view.activate()
+        self.publish()
 
     def later(self, fn):
         """Run ``fn`` as a next-tick callback of the document (see ``in_document``), or now when not served."""

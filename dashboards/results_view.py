@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import html
 import io
+from collections import OrderedDict
 
 import panel as pn
 
@@ -17,6 +18,27 @@ import views
 from fca_workbench import tables
 from fca_workbench.dashboard.results_folder import AUDIT_FILE, audit_tables
 from fca_workbench.errors import UserError
+
+RENDERED_KEPT = 32  # audits whose tables and figure are kept rendered, per process
+_RENDERED: OrderedDict = OrderedDict()
+
+
+def rendered(entry) -> tuple[list, dict | None]:
+    """An audit's tables as (name, caption, HTML, CSV) and its per-layer figure, made once per version of its
+    audit.json and shared by the sessions of the process."""
+    if entry.version in _RENDERED:
+        _RENDERED.move_to_end(entry.version)
+        return _RENDERED[entry.version]
+    made = audit_tables(entry.audit)
+    parts = [(t.attrs["name"], t.attrs["caption"], tables.readable(t).to_html(index=False, escape=True, border=0),
+              tables.to_csv(t)) for t in made]
+    per_layer = next((t for t in made if t.attrs["name"] == "per_layer"), None)
+    figure = None if per_layer is None else views.per_layer_heatmap(
+        per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one layer alone")
+    _RENDERED[entry.version] = (parts, figure)
+    while len(_RENDERED) > RENDERED_KEPT:
+        _RENDERED.popitem(last=False)
+    return parts, figure
 
 
 class ResultsView:
@@ -26,6 +48,7 @@ class ResultsView:
         self.results = results  # a ResultsFolder, or None when the server has no results folder
         self.on_change = on_change  # called after the shown audit changed (the app puts it in the URL)
         self.later = later  # runs a change of the page inside the session's document (the app's ``later``)
+        self.active = False  # the audit is drawn once the view is shown (most sessions never open it)
         self.select = pn.widgets.Select(name="Audit", options={}, css_classes=["fca-audit"])
         self.refresh = pn.widgets.Button(name="Look for new audits", css_classes=["fca-refresh"])
         self.problems = pn.pane.HTML("", css_classes=["fca-results-problems"])
@@ -69,20 +92,30 @@ class ResultsView:
             return None
         return f"the link's audit={str(name)[:60]!r} is not an audit of the results folder; showing the first one"
 
+    def activate(self):
+        """The view is shown: draw the selected audit from now on."""
+        if not self.active:
+            self.active = True
+            self.show()
+
     def show(self):
-        name = self.select.value
+        """Draw the selected audit (once the view is shown) and tell the app, which keeps the URL in step."""
+        if self.active:
+            self.draw(self.select.value)
+        if self.on_change is not None:
+            self.on_change()
+
+    def draw(self, name):
         self.message.visible = False
         if name is None:
             self.header.object = ""
             self.downloads.objects, self.tables.objects = [], []
             self.heatmap.object, self.heatmap.visible = None, False
-        else:
-            try:
-                self.render(self.results.entry(name))
-            except UserError as exc:
-                self.show_error(str(exc))
-        if self.on_change is not None:
-            self.on_change()
+            return
+        try:
+            self.render(self.results.entry(name))
+        except UserError as exc:
+            self.show_error(str(exc))
 
     def show_error(self, message: str):
         self.message.object = html.escape(message)
@@ -99,25 +132,21 @@ class ResultsView:
         body = "".join(f"<tr><th style='text-align:left;padding-right:12px;vertical-align:top'>{html.escape(k)}</th>"
                        f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows)
         self.header.object = f"<h3 class='fca-results-title'>{html.escape(entry.name)}</h3><table>{body}</table>"
-        made = audit_tables(audit)
+        parts, figure = rendered(entry)
         downloads = [pn.widgets.FileDownload(callback=functools.partial(self.audit_bytes, entry), filename=AUDIT_FILE,
                                              label=AUDIT_FILE, button_type="primary", css_classes=["fca-download-audit"],
-                                             sizing_mode="fixed", width=230)]
+                                             sizing_mode="fixed", width=230, height=38)]
         panes = []
-        for table in made:
-            name = table.attrs["name"]
+        for name, caption, table_html, csv in parts:
             downloads.append(pn.widgets.FileDownload(
-                callback=functools.partial(csv_bytes, table), filename=f"{name}.csv", label=f"{name}.csv",
-                css_classes=[f"fca-download-{name}"], sizing_mode="fixed", width=230))
-            readable = tables.readable(table).to_html(index=False, escape=True, border=0)
-            panes.append(pn.pane.HTML(f"<div class='fca-table-{name}'><h4>{html.escape(table.attrs['caption'])}</h4>"
-                                      f"{readable}</div>", css_classes=["fca-results-table"]))
+                callback=functools.partial(text_bytes, csv), filename=f"{name}.csv", label=f"{name}.csv",
+                css_classes=[f"fca-download-{name}"], sizing_mode="fixed", width=230, height=38))
+            panes.append(pn.pane.HTML(f"<div class='fca-table-{name}'><h4>{html.escape(caption)}</h4>{table_html}</div>",
+                                      css_classes=["fca-results-table"]))
         self.downloads.objects = downloads
         self.tables.objects = panes
-        per_layer = next((t for t in made if t.attrs["name"] == "per_layer"), None)
-        self.heatmap.object = None if per_layer is None else views.per_layer_heatmap(
-            per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one layer alone")
-        self.heatmap.visible = per_layer is not None
+        self.heatmap.object = figure
+        self.heatmap.visible = figure is not None
 
     def audit_bytes(self, entry):
         """audit.json as it is on disk now (read again, links refused again)."""
@@ -129,5 +158,5 @@ class ResultsView:
             return None
 
 
-def csv_bytes(table):
-    return io.BytesIO(tables.to_csv(table).encode())
+def text_bytes(text: str):
+    return io.BytesIO(text.encode())

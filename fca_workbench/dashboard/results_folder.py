@@ -38,6 +38,7 @@ class AuditEntry:
     folder: Path
     audit: dict | None
     problem: str | None = None
+    version: tuple = ()  # (path, mtime, size) of its audit.json: what was read, to cache what is made of it
 
     @property
     def label(self) -> str:
@@ -109,8 +110,8 @@ class ResultsFolder:
                         self._parsed.popitem(last=False)
             audit, problem = cached
         except UserError as exc:
-            audit, problem = None, str(exc)
-        return AuditEntry(name, folder, audit, problem)
+            audit, problem, key = None, str(exc), ()
+        return AuditEntry(name, folder, audit, problem, key)
 
     def inside(self, path: Path) -> Path:
         """``path`` if it is a regular file inside the results folder and no link; else a ``UserError``."""
