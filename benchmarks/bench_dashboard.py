@@ -301,8 +301,9 @@ def load_run(names: list[str], registry: Registry, sessions: int, duration: floa
 
 
 def drive(server, url, names, sessions, duration, log_path) -> dict:
-    # warm-up: one session loads every checkpoint and its static profiles, then leaves
-    warm = {}
+    # warm-up: one session loads every checkpoint and its static profiles, and draws every audit of the
+    # results view once (what the process keeps for all sessions: models, profiles, rendered audit tables),
+    # then leaves
 
     def warm_up():
         client = Client(url)
@@ -311,6 +312,10 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
                 if client.widgets[widget].value != value:  # setting the same value sends nothing
                     client.set(widget, value)
                     client.wait(300)
+        client.set("fca-tabs", 1, "active")
+        for audit, _ in client.widgets["fca-audit"].options:
+            client.set("fca-audit", audit)
+            client.wait_for_audit(audit, 120)
         client.close()
 
     single, single_server = [], []
