@@ -13,7 +13,10 @@ Writes benchmarks/results/bench_dashboard.json and .md (a section skipped keeps 
    cleared each time). Goal: update p95 <= 300 ms.
 2. Load on loopback: ``fca dashboard`` in a subprocess, then N concurrent browser-less sessions (Bokeh's
    websocket client, one thread each) changing widgets (layer, intervention, window, seed, checkpoint) for
-   the given duration, each waiting for the app's "update #k" before its next change. Errors (goal 0),
+   the given duration, each waiting for the app's "update #k" before its next change; a share of the actions
+   are on the results view instead (switch to the "Finished audits" tab, pick another audit, wait until it is
+   shown with its tables and per-layer heatmap; the server's ``--results`` folder holds two fresh audits of the
+   first checkpoint, in ``fca audit``'s and ``fca reproduce``'s layouts, and a truncated audit.json). Errors (goal 0),
    p50 / p95 of the client-observed update latency, server RSS before (models loaded, no session open), at
    peak and after every session closed (goal: back within 10% of before). The loop is bounded in time and
    talks only to 127.0.0.1.
@@ -28,8 +31,10 @@ import argparse
 import asyncio
 import json
 import os
+import html
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -219,8 +224,18 @@ class Client:
             time.sleep(0.01)
         return (time.perf_counter() - start) * 1000, None
 
-    def set(self, widget: str, value):
-        self.connection._loop.add_callback(setattr, self.widgets[widget], "value", value)  # thread-safe hand-over
+    def set(self, widget: str, value, attribute: str = "value"):
+        self.connection._loop.add_callback(setattr, self.widgets[widget], attribute, value)  # thread-safe hand-over
+
+    def wait_for_audit(self, name: str, timeout: float) -> tuple[float, bool]:
+        """Wait until the results view shows audit ``name``; (ms, shown)."""
+        start = time.perf_counter()
+        title = f"<h3 class='fca-results-title'>{html.escape(name)}</h3>"
+        while time.perf_counter() - start < timeout:
+            if title in html.unescape(self.widgets["fca-results-header"].text or ""):
+                return (time.perf_counter() - start) * 1000, True
+            time.sleep(0.01)
+        return (time.perf_counter() - start) * 1000, False
 
     def close(self):
         self.closing = True
@@ -263,14 +278,32 @@ def dashboard_server(names: list[str], registry: Registry, calibration_windows, 
                 server.wait()
 
 
+def results_folder(folder: Path, checkpoint: Path) -> Path:
+    """A results folder for the results view: a small per-layer audit of ``checkpoint`` (``fca audit``'s
+    layout), a copy in ``fca reproduce``'s layout and a truncated audit.json (listed with a message)."""
+    from fca_workbench.audit import AuditSettings, run_audit
+
+    first = folder / f"audit-{checkpoint.name}"
+    run_audit(AuditSettings(checkpoint=str(checkpoint), max_windows=8, resamples=200, latency_repeats=2,
+                            per_layer=True), first)
+    shutil.copytree(first, folder / "run" / "audits" / checkpoint.name, ignore=shutil.ignore_patterns("cache"))
+    text = (first / "audit.json").read_text()
+    (folder / "truncated").mkdir()
+    (folder / "truncated" / "audit.json").write_text(text[: len(text) // 2])
+    return folder
+
+
 def load_run(names: list[str], registry: Registry, sessions: int, duration: float, calibration_windows) -> dict:
-    with dashboard_server(names, registry, calibration_windows) as (server, url, log_path):
-        return drive(server, url, names, sessions, duration, log_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = results_folder(Path(tmp) / "results", registry.folder(names[0]))
+        with dashboard_server(names, registry, calibration_windows, "--results", str(results)) as (server, url, log_path):
+            return drive(server, url, names, sessions, duration, log_path)
 
 
 def drive(server, url, names, sessions, duration, log_path) -> dict:
-    # warm-up: one session loads every checkpoint and its static profiles, then leaves
-    warm = {}
+    # warm-up: one session loads every checkpoint and its static profiles, and draws every audit of the
+    # results view once (what the process keeps for all sessions: models, profiles, rendered audit tables),
+    # then leaves
 
     def warm_up():
         client = Client(url)
@@ -279,6 +312,10 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
                 if client.widgets[widget].value != value:  # setting the same value sends nothing
                     client.set(widget, value)
                     client.wait(300)
+        client.set("fca-tabs", 1, "active")
+        for audit, _ in client.widgets["fca-audit"].options:
+            client.set("fca-audit", audit)
+            client.wait_for_audit(audit, 120)
         client.close()
 
     single, single_server = [], []
@@ -314,6 +351,7 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     latencies, server_side, errors, lock = [], [], [], threading.Lock()
+    results_latencies = []
     clients_open = []
     end = time.monotonic() + duration
 
@@ -332,7 +370,20 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
                 return
         layers = [value for value, _ in client.widgets["fca-layer"].options]
         conditions = list(client.widgets["fca-condition"].options)
+        audits = [value for value, _ in client.widgets["fca-audit"].options]
         while time.monotonic() < end:
+            if rng.random() < 0.25:  # the results view: its tab, then another audit with its tables and figure
+                client.set("fca-tabs", 1, "active")
+                audit = rng.choice([a for a in audits if a != client.widgets["fca-audit"].value] or audits)
+                client.set("fca-audit", audit)
+                ms, shown = client.wait_for_audit(audit, 60)
+                client.set("fca-tabs", 0, "active")
+                with lock:
+                    if shown:
+                        results_latencies.append(ms)
+                    else:
+                        errors.append(f"session {index}, results view: audit {audit} not shown within 60 s")
+                continue
             choices = {
                 "fca-layer": layers, "fca-condition": conditions, "fca-window": list(range(200)),
                 "fca-seed": list(range(50)), "fca-checkpoint": names,
@@ -381,6 +432,7 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
         "errors": len(errors),
         "error_examples": errors[:5],
         "update_latency": percentiles(latencies),
+        "results_view_latency": percentiles(results_latencies),
         "server_side_update_latency": percentiles(server_side),
         "single_session_update_latency": percentiles(single),
         "single_session_server_side": percentiles([x for x in single_server if x is not None]),
@@ -580,6 +632,8 @@ def markdown(r: dict) -> str:
             f"{fmt(x['update_latency']['p95_ms'])} | |",
             f"| same, server side (change received to views set) p50 / p95 (ms) | "
             f"{fmt(x['server_side_update_latency']['p50_ms'])} / {fmt(x['server_side_update_latency']['p95_ms'])} | |",
+            f"| results view: another audit shown, p50 / p95 (ms, client-observed; {x['results_view_latency']['n']} "
+            f"picks) | {fmt(x['results_view_latency']['p50_ms'])} / {fmt(x['results_view_latency']['p95_ms'])} | |",
             f"| one session alone, layer changes: p50 / p95 (ms, client-observed) | "
             f"{fmt(x['single_session_update_latency']['p50_ms'])} / {fmt(x['single_session_update_latency']['p95_ms'])} | |",
             f"| same, server side p50 / p95 (ms) | {fmt(x['single_session_server_side']['p50_ms'])} / "

@@ -1,7 +1,8 @@
 """The FCA dashboard: pick a checkpoint, a text window, a layer and an intervention; watch per-token ΔNLL
-and the coefficient heatmaps.
+and the coefficient heatmaps (the live replay view); browse and download the finished audits of the results
+folder (the results view). The selection lives in the URL, so a view is a link to share.
 
-Serve it with ``fca dashboard [--port P] [--address A] [--registry FILE]`` or
+Serve it with ``fca dashboard [--port P] [--address A] [--registry FILE] [--results DIR]`` or
 
     panel serve dashboards/app.py --args --registry FILE
 
@@ -26,7 +27,6 @@ import os
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 
 import panel as pn
@@ -35,11 +35,11 @@ import torch
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:  # ``panel serve`` runs this file once per session
     sys.path.insert(0, HERE)
-import views  # noqa: E402  (the sibling presentation module)
+import views  # noqa: E402  (the sibling presentation modules)
+from results_view import ResultsView  # noqa: E402
 
 from fca_workbench.dashboard import (  # noqa: E402
     CONDITION_HELP,
-    CONDITIONS,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MODEL_IDLE_SECONDS,
     MAX_PASTE_CHARS,
@@ -54,14 +54,20 @@ from fca_workbench.dashboard import (  # noqa: E402
     release_memory,
     window_input,
 )
+from fca_workbench.dashboard.query import AUDIT_DONOR, QUERY_NAMES, VIEWS, ViewQuery, choose, choose_index  # noqa: E402
+from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit  # noqa: E402
 from fca_workbench.errors import UserError  # noqa: E402
+from fca_workbench.interventions import CONDITIONS  # noqa: E402
+from fca_workbench.tables import per_layer_table  # noqa: E402
 
 log = logging.getLogger("fca.dashboard")
 pn.extension("plotly", sizing_mode="stretch_width", notifications=False)
 
-SETTINGS = {"registry": None, "calibration_windows": None}
+SETTINGS = {"registry": None, "calibration_windows": None, "results": None}
 SOURCES = ("eval window", "pasted text")
+LINK_SOURCES = dict(zip(SOURCES, ("window", "text")))  # how the URL names them
 ALL_LAYERS = -1
+MAX_SEED = 2**31 - 1
 
 
 def acquire_model(registry: Registry, name: str) -> SharedModel:
@@ -69,24 +75,15 @@ def acquire_model(registry: Registry, name: str) -> SharedModel:
     until ``MODELS.release``."""
     folder = registry.folder(name)
     try:
-        return MODELS.acquire(folder, calibration_windows=SETTINGS["calibration_windows"])
+        return MODELS.acquire(folder, calibration_windows=SETTINGS["calibration_windows"], results=SETTINGS["results"])
     except UserError as exc:  # name the checkpoint, never the server's folder
         raise UserError(f"checkpoint '{name}' cannot be used: " + str(exc).replace(str(folder), f"'{name}'")) from None
 
 
-class FigurePane(pn.pane.Plotly):
-    """A Plotly pane for the plain-dict figures of ``views``: it hands them to plotly.js as they are instead of
-    building a validated ``go.Figure`` on every update (about 40 ms a figure on this machine)."""
-
-    def _to_figure(self, obj):
-        if isinstance(obj, dict):
-            return types.SimpleNamespace(_data=list(obj["data"]), _layout=dict(obj["layout"]))
-        return super()._to_figure(obj)
-
-
 class DashboardApp:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, results: ResultsFolder | None = None):
         self.registry = registry
+        self.results = results
         self.session = DashboardSession()
         MODELS.attach(self.session)  # told to drop its prefix caches of a model that is unloaded
         self.generation = 0
@@ -94,9 +91,19 @@ class DashboardApp:
         self.syncing = False
         self.pending = {}  # widget changes asked for by watchers, applied by ``sync_and_query``
         self.analysis = None
+        self.doc = pn.state.curdoc  # this session's document (None outside a server)
+        # the URL's selection: read once here, checked against what the server has, then kept in step with the view
+        self.link = ViewQuery()
+        if self.served:
+            pn.state.location.sync(self.link, QUERY_NAMES)
+        self.pending_link = self.link.requested()  # applied to the live widgets once the model is known
+        self.link_notes = []
+        self.live_audit = (None, None)  # (model serial, its newest audit with a per-layer sweep)
         names = registry.names
-        initial = "featuregate-s0" if "featuregate-s0" in names else next(
+        default = "featuregate-s0" if "featuregate-s0" in names else next(
             (n for n in names if "featuregate" in n), names[0])
+        initial, note = choose(self.pending_link, "checkpoint", names, default, "is not a checkpoint of this server")
+        self.link_notes += [note] if note else []
 
         self.checkpoint = pn.widgets.Select(name="Checkpoint", options=names, value=initial, css_classes=["fca-checkpoint"])
         self.source = pn.widgets.RadioButtonGroup(name="Text", options=list(SOURCES), value=SOURCES[0], css_classes=["fca-source"])
@@ -122,10 +129,14 @@ class DashboardApp:
         self.status = pn.pane.HTML("starting…", css_classes=["fca-status"])
         self.summary = pn.pane.HTML("", css_classes=["fca-summary-pane"])
         self.tokens = pn.pane.HTML("", css_classes=["fca-token-pane"])
-        self.delta_plot = FigurePane(None, css_classes=["fca-delta"], height=440)
-        self.layer_heat = FigurePane(None, css_classes=["fca-layer-heat"])
-        self.slot_heat = FigurePane(None, css_classes=["fca-slot-heat"])
+        self.delta_plot = views.FigurePane(None, css_classes=["fca-delta"], height=440)
+        self.layer_heat = views.FigurePane(None, css_classes=["fca-layer-heat"])
+        self.slot_heat = views.FigurePane(None, css_classes=["fca-slot-heat"])
         self.heat_note = pn.pane.HTML("", css_classes=["fca-heat-note"])
+        self.live_per_layer = views.FigurePane(None, css_classes=["fca-live-per-layer"], visible=False)
+        self.live_per_layer_entry = None
+        self.link_alert = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["fca-link-message"])
+        self.results_view = ResultsView(results, on_change=self.publish, later=self.later)
 
         for widget in (self.checkpoint, self.source, self.window, self.layer, self.condition, self.seed,
                        self.donor, self.heat_slot, self.heat_layer):
@@ -142,11 +153,23 @@ class DashboardApp:
         )
         self.main = pn.Column(
             self.alert, self.status, self.summary, self.tokens, self.delta_plot,
-            self.heat_note, self.layer_heat, self.slot_heat,
+            self.heat_note, self.layer_heat, self.slot_heat, self.live_per_layer,
         )
-        self.layout = pn.Row(sidebar, self.main)
-        self.doc = pn.state.curdoc  # this session's document (None outside a server)
+        view, note = choose(self.pending_link, "view", VIEWS, VIEWS[0], "is not a view (live, results)")
+        if "audit" in self.pending_link:
+            note = note or self.results_view.choose(self.pending_link["audit"])
+        self.link_notes += [note] if note else []
+        self.tabs = pn.Tabs(("Live replay", pn.Row(sidebar, self.main)), ("Finished audits", self.results_view.layout),
+                            active=VIEWS.index(view), dynamic=False, css_classes=["fca-tabs"])
+        if view == "results":
+            self.results_view.activate()
+        self.tabs.param.watch(lambda event: self.later(self.on_tab), "active")
+        self.layout = pn.Column(self.link_alert, self.tabs)
         pn.state.onload(self.first_update)
+
+    @property
+    def served(self) -> bool:
+        return self.doc is not None and self.doc.session_context is not None
 
     # ------------------------------------------------------------------ events
 
@@ -164,6 +187,18 @@ class DashboardApp:
         if event.obj is self.layer and event.new != ALL_LAYERS:
             self.pending["heat_layer"] = event.new
         pn.state.execute(self.update)
+
+    def on_tab(self):
+        if VIEWS[self.tabs.active] == "results":
+            self.results_view.activate()
+        self.publish()
+
+    def later(self, fn):
+        """Run ``fn`` as a next-tick callback of the document (see ``in_document``), or now when not served."""
+        if self.served:
+            self.doc.add_next_tick_callback(fn)
+        else:
+            fn()
 
     def on_analyse_text(self, event):
         self.pending["source"] = SOURCES[1]
@@ -200,6 +235,8 @@ class DashboardApp:
         seed = query["seed"]
         if seed is None:
             raise UserError("seed is empty: enter a non-negative integer")
+        if self.results is not None and self.live_audit[0] != model.serial:
+            self.live_audit = (model.serial, per_layer_audit(self.results, model))
         return self.session.analyse(query["name"], model, text, query["condition"], query["layer"], int(seed), query["donor"])
 
     async def in_document(self, fn, *args):
@@ -256,6 +293,9 @@ class DashboardApp:
         if "source" in self.pending:
             self.set_quietly(self.source, "value", self.pending.pop("source"))
         self.sync_widgets(model)
+        if self.pending_link is not None:
+            self.apply_link(model)
+            self.sync_widgets(model)
         if "heat_layer" in self.pending:
             layer = self.pending.pop("heat_layer")
             if layer in self.heat_layer.options.values():
@@ -271,6 +311,49 @@ class DashboardApp:
             self.show_error(message, started)
         else:
             self.render(analysis, started)
+        self.pending_link = None  # the link is applied (or was left for a checkpoint that failed to load)
+        self.link_alert.object = "".join(f"<div class='fca-link-note'>{html.escape(note)}</div>" for note in self.link_notes)
+        self.link_alert.visible = bool(self.link_notes)
+        self.publish()
+
+    def apply_link(self, model: SharedModel):
+        """Put the link's selection into the live widgets, each value checked against this checkpoint; a value
+        that does not fit leaves the default and a note."""
+        requested, self.pending_link = self.pending_link, None
+        last_window, last_layer = len(model.eval_windows) - 1, model.num_layers - 1
+        slots = list(self.heat_slot.options)
+        source, note = choose(requested, "source", LINK_SOURCES.values(), "window", "is not a text source (window, text)")
+        if source == "text":
+            note = "the link was to pasted text, which a link does not carry; showing an eval window instead"
+        if requested.get("layer") == "all":
+            requested = {k: v for k, v in requested.items() if k != "layer"}
+        chosen = [
+            (self.window, choose_index(requested, "window", 0, last_window, 0)),
+            (self.layer, choose_index(requested, "layer", 0, last_layer, ALL_LAYERS, "all layers")),
+            (self.condition, choose(requested, "condition", model.conditions, self.condition.value,
+                                    "is not an intervention of this checkpoint")),
+            (self.seed, choose_index(requested, "seed", 0, MAX_SEED, 0)),
+            (self.donor, choose_index(requested, "donor", AUDIT_DONOR, last_window, AUDIT_DONOR, "the audit's donor")),
+            (self.heat_layer, choose_index(requested, "heat_layer", 0, last_layer, 0)),
+        ]
+        if slots:
+            chosen.append((self.heat_slot, choose(requested, "heat_slot", slots, slots[0], "is not a slot of this checkpoint")))
+        self.link_notes += [note] if note else []
+        for widget, (value, note) in chosen:
+            self.set_quietly(widget, "value", value)
+            self.link_notes += [note] if note else []
+
+    def publish(self):
+        """Write the view's selection into the URL (not before the link it was opened with is applied)."""
+        if self.pending_link is not None:
+            return
+        layer = self.layer.value
+        self.link.param.update(
+            view=VIEWS[self.tabs.active], checkpoint=self.checkpoint.value, source=LINK_SOURCES[self.source.value],
+            window=self.window.value, layer="all" if layer in (None, ALL_LAYERS) else int(layer),
+            condition=self.condition.value, seed=self.seed.value, donor=self.donor.value,
+            heat_slot=self.heat_slot.value, heat_layer=self.heat_layer.value, audit=self.results_view.select.value,
+        )
 
     def sync_widgets(self, model: SharedModel):
         """Fit the layer, window and heatmap choices to the checkpoint, without triggering updates."""
@@ -328,9 +411,20 @@ class DashboardApp:
         else:
             self.heat_note.object = "<i>This model has no controller, so there are no coefficient heatmaps.</i>"
             self.layer_heat.visible = self.slot_heat.visible = False
+        self.show_live_audit(self.live_audit[1])
         elapsed = (time.perf_counter() - started) * 1000
         self.status.object = (f"<span class='fca-update' data-update='{self.updates}' data-state='ok'>"
                               f"update #{self.updates}: {elapsed:.0f} ms (compute {analysis.compute_ms:.0f} ms)</span>")
+
+    def show_live_audit(self, entry):
+        """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes)."""
+        if entry is self.live_per_layer_entry:
+            return
+        self.live_per_layer_entry = entry
+        self.live_per_layer.object = None if entry is None else views.per_layer_heatmap(
+            per_layer_table([entry.audit]), f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
+            "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)")
+        self.live_per_layer.visible = entry is not None
 
     def close(self):
         self.session.close()
@@ -364,17 +458,19 @@ def create_app(registry: Registry | None = None):
     if MODELS.idle_seconds:  # idempotent: scheduled once per process
         period = datetime.timedelta(seconds=max(1.0, min(60.0, MODELS.idle_seconds / 4)))
         pn.state.schedule_task("fca-unload-idle-models", MODELS.unload_idle, period=period)
-    app = DashboardApp(registry or SETTINGS["registry"] or load_registry())
+    app = DashboardApp(registry or SETTINGS["registry"] or load_registry(), SETTINGS["results"])
     return app.layout
 
 
 def configure(registry=None, calibration_windows=None, torch_threads=1, max_sessions=DEFAULT_MAX_SESSIONS,
-              model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS) -> Registry:
+              model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS, results="results") -> Registry:
     """Process settings: the registry (None: the shipped checkpoints), calibration windows for the static
     profiles (None: all), torch threads (1 keeps small models fast when several sessions share the CPU), the
-    most sessions open at once and the idle time after which a model is unloaded (0: no limit, never)."""
+    most sessions open at once, the idle time after which a model is unloaded (0: no limit, never) and the
+    results folder whose audits the results view lists (None: none)."""
     SETTINGS["registry"] = load_registry(registry)
     SETTINGS["calibration_windows"] = calibration_windows
+    SETTINGS["results"] = ResultsFolder(results) if results else None
     SESSIONS.maximum = max_sessions
     MODELS.idle_seconds = model_idle_seconds
     if torch_threads:
@@ -383,10 +479,11 @@ def configure(registry=None, calibration_windows=None, torch_threads=1, max_sess
 
 
 def serve(port=5006, address="127.0.0.1", registry=None, calibration_windows=None, torch_threads=1,
-          max_sessions=DEFAULT_MAX_SESSIONS, model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS, show=False, **kwargs):
+          max_sessions=DEFAULT_MAX_SESSIONS, model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS, results="results",
+          show=False, **kwargs):
     """Serve the app (blocking). ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret,
     num_threads, ...). Closed sessions are cleaned up within ~10 s."""
-    configure(registry, calibration_windows, torch_threads, max_sessions, model_idle_seconds)
+    configure(registry, calibration_windows, torch_threads, max_sessions, model_idle_seconds, results)
     if kwargs.get("num_threads") is not None:
         pn.config.nthreads = kwargs.pop("num_threads")
     kwargs.pop("num_threads", None)
@@ -405,6 +502,7 @@ def _served_settings(argv):
                         default=int(os.environ.get("FCA_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)))
     parser.add_argument("--model-idle-seconds", type=float,
                         default=float(os.environ.get("FCA_MODEL_IDLE_SECONDS", DEFAULT_MODEL_IDLE_SECONDS)))
+    parser.add_argument("--results", default=os.environ.get("FCA_RESULTS", "results"))
     args, _ = parser.parse_known_args(argv)
     return args
 
@@ -414,7 +512,8 @@ if __name__.startswith("bokeh"):  # ``panel serve dashboards/app.py [--args ...]
         if SETTINGS["registry"] is None:
             _args = _served_settings(sys.argv[1:])
             _calibration = int(_args.calibration_windows) if _args.calibration_windows else None
-            configure(_args.registry, _calibration, _args.torch_threads, _args.max_sessions, _args.model_idle_seconds)
+            configure(_args.registry, _calibration, _args.torch_threads, _args.max_sessions, _args.model_idle_seconds,
+                      _args.results)
         create_app().servable(title="FCA dashboard")
     except UserError as exc:
         pn.pane.Alert(html.escape(str(exc)), alert_type="danger").servable(title="FCA dashboard")

@@ -204,7 +204,8 @@ def cmd_dashboard(args) -> None:
         print(f"fca dashboard: warning: serving {args.address} WITHOUT authentication (--no-auth)", file=sys.stderr)
     print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
     app.serve(port=args.port, address=args.address, registry=args.registry,
-              calibration_windows=args.calibration_windows, torch_threads=args.torch_threads, **options)
+              calibration_windows=args.calibration_windows, torch_threads=args.torch_threads, results=args.results,
+              **options)
 
 
 def add_audit_options(parser) -> None:
@@ -316,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--calibration-windows", type=int, default=None,
                       help="calibration windows for the static profiles (default: all)")
     dash.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    dash.add_argument("--results", default="results", metavar="DIR",
+                      help="folder whose finished audits the results view lists; nothing outside it is read "
+                           "(default: results)")
     dash.set_defaults(func=cmd_dashboard)
 
     reproduce = commands.add_parser(

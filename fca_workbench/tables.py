@@ -113,11 +113,16 @@ def _escape_tex(text: str) -> str:
     return "".join(special.get(char, char) for char in text)
 
 
+def to_csv(table) -> str:
+    """The table's exact values as CSV (full precision; a CI as ``<key>_lo`` / ``<key>_hi``)."""
+    return table.to_csv(index=False, lineterminator="\n")
+
+
 def write_table(table, out) -> dict[str, Path]:
     """Write ``out/tables/<name>.{csv,md,tex}`` (each to a temporary name, then renamed); returns the paths."""
     folder = Path(out) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
-    texts = {"csv": table.to_csv(index=False, lineterminator="\n"), "md": to_markdown(table), "tex": to_latex(table)}
+    texts = {"csv": to_csv(table), "md": to_markdown(table), "tex": to_latex(table)}
     paths = {ext: folder / f"{table.attrs['name']}.{ext}" for ext in texts}
     for ext, text in texts.items():
         write_atomic(paths[ext], text.encode())
@@ -450,7 +455,11 @@ def load_profiles(path) -> dict[str, list[torch.Tensor]]:
     """Static profiles saved by the audit (``static_profiles.safetensors``), as ``static_profiles`` returns them."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(path))
+    return profiles_from_tensors(load_file(str(path)))
+
+
+def profiles_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """``<profile>.layer_<i>`` tensors (``audit.save_profiles``) back into per-profile lists of layers."""
     profiles: dict[str, dict[int, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         name, layer = key.rsplit(".layer_", 1)

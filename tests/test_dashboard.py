@@ -302,6 +302,119 @@ def test_token_html_escapes_everything():
     assert html.count('class="fca-token"') == 4
 
 
+# ------------------------------------------------------------------------------------------------ results folder
+
+
+@pytest.fixture(scope="module")
+def results_root(tiny_checkpoints, tmp_path_factory):
+    """A results folder as a lab's looks: a fresh tiny per-layer audit of the tiny FeatureGate (``fca audit``'s
+    layout), a copy in ``fca reproduce``'s layout, a truncated audit.json, a foreign one, and a link out."""
+    import shutil
+
+    from fca_workbench.audit import AuditSettings, run_audit
+
+    root = tmp_path_factory.mktemp("results")
+    settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=16,
+                             resamples=200, latency_repeats=1, per_layer=True)
+    run_audit(settings, root / "audit-featuregate-tiny")
+    shutil.copytree(root / "audit-featuregate-tiny", root / "run" / "audits" / "featuregate-tiny",
+                    ignore=shutil.ignore_patterns("cache"))
+    text = (root / "audit-featuregate-tiny" / "audit.json").read_text()
+    (root / "truncated").mkdir()
+    (root / "truncated" / "audit.json").write_text(text[: len(text) // 2])
+    (root / "foreign").mkdir()
+    (root / "foreign" / "audit.json").write_text(json.dumps({"schema": "someone-else/2", "nll": 1.0}))
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "audit.json").write_text(text)
+    (root / "linked").mkdir()
+    (root / "linked" / "audit.json").symlink_to(outside / "audit.json")
+    return root
+
+
+def test_results_folder_lists_every_layout_and_names_what_it_cannot_show(results_root):
+    from fca_workbench.dashboard.results_folder import ResultsFolder
+
+    results = ResultsFolder(results_root)
+    entries = {entry.name: entry for entry in results.scan()}
+    assert sorted(entries) == ["audit-featuregate-tiny", "foreign", "linked", "run/audits/featuregate-tiny", "truncated"]
+    shown = [name for name, entry in entries.items() if entry.audit is not None]
+    assert shown == ["audit-featuregate-tiny", "run/audits/featuregate-tiny"]
+    assert "not a complete audit.json" in entries["truncated"].problem
+    assert "not an FCA audit" in entries["foreign"].problem and "someone-else/2" in entries["foreign"].problem
+    assert "is a link" in entries["linked"].problem
+    assert all(str(results_root) not in entry.problem for entry in entries.values() if entry.problem)  # no server path
+    on_disk = (results_root / "audit-featuregate-tiny" / "audit.json").read_bytes()
+    assert results.read_bytes(results.entry("audit-featuregate-tiny"), "audit.json") == on_disk
+    for name in ("../outside", "/etc", str(results_root / "foreign"), None, ["foreign"]):
+        with pytest.raises(UserError, match="no audit called"):
+            results.entry(name)
+    with pytest.raises(UserError, match="is a link"):
+        results.read_bytes(entries["linked"], "audit.json")
+
+
+def test_audit_tables_are_the_audit_numbers(results_root):
+    from fca_workbench import tables
+    from fca_workbench.dashboard.results_folder import audit_tables
+
+    audit = json.loads((results_root / "audit-featuregate-tiny" / "audit.json").read_text())
+    made = {table.attrs["name"]: table for table in audit_tables(audit)}
+    assert list(made) == ["assignment_per_model", "retention_per_model", "variation_per_model", "execution",
+                          "positive_control", "per_layer"]
+    conditions = made["assignment_per_model"].set_index("condition")
+    for name, figures in audit["conditions"].items():  # read back at full precision from the CSV the view offers
+        assert conditions.loc[name, "delta_ci95_hi"] == figures["delta_ci95"][1]
+    per_layer = made["per_layer"]
+    assert len(per_layer) == len(audit["per_layer"]) == 2 * 6  # 2 layers x the 6 reassigning conditions
+    assert per_layer["delta"].tolist() == [row["delta"] for row in audit["per_layer"]]
+    import pandas as pd
+    import io
+
+    back = pd.read_csv(io.StringIO(tables.to_csv(made["retention_per_model"])))
+    assert back.loc[0, "layer_mean"] == audit["retention"]["layer_mean"]["value"]
+
+
+def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_checkpoints, results_root, shared_models):
+    from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit
+    from fca_workbench.tables import load_profiles
+
+    folder = tiny_checkpoints["featuregate"]
+    results = ResultsFolder(results_root)
+    matched = SharedModel(folder, calibration_windows=16, eval_windows=4, results=results)
+    profiles = matched.profiles()
+    assert "audit '" in matched.profiles_source and "fingerprints match" in matched.profiles_source
+    saved = load_profiles(results_root / "audit-featuregate-tiny" / "static_profiles.safetensors")
+    assert all(torch.equal(a, b) for name in saved for a, b in zip(profiles[name], saved[name]))
+    computed = SharedModel(folder, calibration_windows=16, eval_windows=4)  # no results folder: computed here
+    for name, layers in computed.profiles().items():  # the audit's profiles are this data's profiles
+        for a, b in zip(layers, profiles[name]):
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+    assert computed.profiles_source == "computed here from 16 calibration windows"
+    other_data = SharedModel(folder, calibration_windows=8, eval_windows=4, results=results)
+    other_data.profiles()
+    assert other_data.profiles_source.startswith("computed here from 8 calibration windows (no audit")
+    analysis = DashboardSession().analyse("fg", matched, window_input(matched, 0), "layer_mean")
+    assert analysis.profiles_source == matched.profiles_source
+    assert per_layer_audit(results, matched).name in ("audit-featuregate-tiny", "run/audits/featuregate-tiny")
+    assert per_layer_audit(results, shared_models["muddpythia"]) is None  # audits of other models are not its own
+
+
+def test_link_values_are_checked_before_they_reach_a_widget():
+    from fca_workbench.dashboard.query import choose, choose_index
+
+    requested = {"checkpoint": "fg", "layer": 1, "window": "abc", "seed": True, "condition": ["x"], "donor": -1}
+    assert choose(requested, "checkpoint", ["fg", "mudd"], "mudd", "is not a checkpoint") == ("fg", None)
+    assert choose({"checkpoint": "../etc"}, "checkpoint", ["fg"], "fg", "is not a checkpoint") == (
+        "fg", "the link's checkpoint='../etc' is not a checkpoint; showing 'fg' instead")
+    assert choose(requested, "condition", ["x"], "correct", "is not an intervention")[0] == "correct"  # unhashable
+    assert choose(requested, "view", ["live"], "live", "-") == ("live", None)  # absent: the default, no message
+    assert choose_index(requested, "layer", 0, 1, -1) == (1, None)
+    assert choose_index(requested, "layer", 0, 0, -1, "all layers") == (
+        -1, "the link's layer=1 is not an integer in 0; showing all layers instead")
+    assert choose_index(requested, "window", 0, 5, 0)[1].startswith("the link's window='abc' is not an integer in 0–5")
+    assert choose_index(requested, "seed", 0, 10, 0)[0] == 0  # True is not a seed
+    assert choose_index(requested, "donor", -1, 5, -1) == (-1, None)
+
+
 # ------------------------------------------------------------------------------------------------ serving
 
 
@@ -459,15 +572,16 @@ def test_a_session_over_the_limit_gets_a_polite_page(tiny_checkpoints, tmp_path)
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoints, tmp_path_factory):
-    """``fca dashboard`` on a free localhost port, with the tiny checkpoints and one broken entry."""
+def served(tiny_checkpoints, tmp_path_factory, results_root):
+    """``fca dashboard`` on a free localhost port, with the tiny checkpoints, one broken entry and the results
+    folder of ``results_root``."""
     require_browser()
     root = tmp_path_factory.mktemp("dashboard")
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")
     registry = {"featuregate-tiny": str(tiny_checkpoints["featuregate"]), "muddpythia-tiny": str(tiny_checkpoints["muddpythia"]),
                 "dense-tiny": str(tiny_checkpoints["dense"]), "broken": str(root / "broken")}
-    with dashboard_server(root, registry) as served:
+    with dashboard_server(root, registry, "--results", str(results_root)) as served:
         yield served
 
 
@@ -481,26 +595,31 @@ SENT_TOKEN_HTML = """() => {
 }"""
 
 
+def _update_number(page) -> int:
+    return int(page.locator(".fca-update").get_attribute("data-update"))
+
+
+def _wait_for_update(page, after: int) -> str:
+    """Wait until the app finished the update after number ``after``; returns its state (ok/error)."""
+    deadline = time.monotonic() + 90
+    while _update_number(page) <= after:
+        assert time.monotonic() < deadline, "the dashboard did not update within 90 s"
+        page.wait_for_timeout(150)
+    return page.locator(".fca-update").get_attribute("data-state")
+
+
+def _plot(page, pane: str) -> str:
+    """The plotted values of a pane's figure, as JSON."""
+    return page.locator(f".{pane} .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z || d.y))")
+
+
 @pytest.mark.timeout(900)  # a hang fails here instead of eating CI's time; the test takes ~1-2 min
 def test_dashboard_in_a_real_browser(served):
     from playwright.sync_api import sync_playwright
 
     url, server_log = served
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-
-    def update_number(page) -> int:
-        return int(page.locator(".fca-update").get_attribute("data-update"))
-
-    def wait_for_update(page, after: int) -> str:
-        """Wait until the app finished the update after number ``after``; returns its state (ok/error)."""
-        deadline = time.monotonic() + 90
-        while update_number(page) <= after:
-            assert time.monotonic() < deadline, "the dashboard did not update within 90 s"
-            page.wait_for_timeout(150)
-        return page.locator(".fca-update").get_attribute("data-state")
-
-    def plot(page, pane: str):
-        return page.locator(f".{pane} .js-plotly-plot").evaluate("el => JSON.stringify(el.data.map(d => d.z || d.y))")
+    update_number, wait_for_update, plot = _update_number, _wait_for_update, _plot
 
     def snap(page, name):
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
@@ -579,4 +698,119 @@ def test_dashboard_in_a_real_browser(served):
             snap(page, "05-muddpythia-cross-input")
         finally:
             browser.close()
+    assert "Traceback" not in server_log.read_text()
+
+
+@pytest.fixture(scope="module")
+def browser(served):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def _opened(browser, url: str):
+    """A page at ``url`` once the live view finished its first update (ok or error)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1500}, accept_downloads=True)
+    page.goto(url, timeout=120_000)
+    page.wait_for_selector(".fca-update[data-state]", timeout=120_000)
+    return page
+
+
+def _selected(page, widget: str) -> str:
+    return page.locator(f".{widget} select").evaluate("el => el.options[el.selectedIndex].text")
+
+
+def _state(page) -> str:
+    return page.locator(".fca-update").get_attribute("data-state")
+
+
+def _shows_figure(page, pane: str) -> bool:
+    """Whether the pane is visible and holds a plotted figure."""
+    plot = page.locator(f".{pane} .js-plotly-plot")
+    return page.locator(f".{pane}").first.is_visible() and plot.count() == 1 and plot.evaluate("el => (el.data || []).length") > 0
+
+
+def _query(page) -> dict:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(page.url).query))
+
+
+@pytest.mark.timeout(600)
+def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, browser):
+    url, server_log = served
+    link = "?checkpoint=muddpythia-tiny&window=3&layer=1&intervention=cross_input&seed=5&donor=2&heat_layer=1"
+    page = _opened(browser, url + link)
+    assert _state(page) == "ok", page.locator(".fca-update").inner_text()
+    assert _selected(page, "fca-checkpoint") == "muddpythia-tiny" and _selected(page, "fca-layer") == "layer 1"
+    assert _selected(page, "fca-condition") == "cross_input" and _selected(page, "fca-heat-layer") == "layer 1"
+    assert page.locator(".fca-window input").input_value() == "3" and page.locator(".fca-seed input").input_value() == "5"
+    summary = page.locator(".fca-summary").inner_text()
+    assert re.search(r"layer\s+layer 1", summary) and "(prefix cache)" in summary and re.search(r"donor window\s+2", summary) and re.search(r"seed\s+5", summary)
+    assert not page.locator(".fca-link-message").is_visible() and not page.locator(".fca-link-note").count()
+    assert not _shows_figure(page, "fca-live-per-layer")  # no audit of this checkpoint
+    query = _query(page)  # the app wrote its whole selection into the URL
+    assert {k: query.get(k) for k in ("checkpoint", "window", "layer", "intervention", "seed", "donor")} == {
+        "checkpoint": "muddpythia-tiny", "window": "3", "layer": "1", "intervention": "cross_input", "seed": "5", "donor": "2"}
+
+    page.locator(".fca-condition select").select_option("token_shuffle")
+    assert _wait_for_update(page, _update_number(page)) == "ok"
+    page.wait_for_function("() => location.search.includes('intervention=token_shuffle')", timeout=30_000)
+    shared = page.url
+    delta, heat = _plot(page, "fca-delta"), _plot(page, "fca-slot-heat")
+    again = _opened(browser, shared)  # the shared link, opened elsewhere: the same view, the same numbers
+    assert _state(again) == "ok" and _selected(again, "fca-condition") == "token_shuffle"
+    assert _plot(again, "fca-delta") == delta and _plot(again, "fca-slot-heat") == heat
+    page.screenshot(path=str(SCREENSHOTS / "06-shared-link.png"), full_page=True)
+
+    bad = _opened(browser, url + "?checkpoint=nope&layer=99&intervention=bogus&window=abc&seed=-4&view=elsewhere&slot=%3Cb%3E")
+    assert _state(bad) == "ok", bad.locator(".fca-update").inner_text()
+    message = " ".join(bad.locator(".fca-link-note").all_inner_texts())
+    for part in ("checkpoint='nope'", "layer=99", "intervention='bogus'", "window='abc'", "seed=-4", "view='elsewhere'",
+                 "slot='<b>'"):
+        assert part in message, (part, message)
+    assert _selected(bad, "fca-checkpoint") == "featuregate-tiny" and _selected(bad, "fca-layer") == "all layers"
+    assert _selected(bad, "fca-condition") == "token_shuffle"
+    assert _shows_figure(bad, "fca-live-per-layer")  # this checkpoint has an audit with a per-layer sweep
+    assert _query(bad)["checkpoint"] == "featuregate-tiny"  # the URL now names the view shown
+    bad.locator(".fca-condition select").select_option("layer_mean")
+    assert _wait_for_update(bad, _update_number(bad)) == "ok"
+    assert "audit 'audit-featuregate-tiny'" in bad.locator(".fca-summary").inner_text() or \
+        "audit 'run/audits/featuregate-tiny'" in bad.locator(".fca-summary").inner_text()
+    bad.screenshot(path=str(SCREENSHOTS / "07-bad-link-message.png"), full_page=True)
+    assert "Traceback" not in server_log.read_text()
+
+
+@pytest.mark.timeout(600)
+def test_results_view_lists_audits_and_downloads_their_files(served, browser, results_root):
+    from fca_workbench import tables
+
+    url, server_log = served
+    page = _opened(browser, url + "?view=results&audit=run/audits/featuregate-tiny")
+    page.wait_for_selector(".fca-results-title", timeout=60_000)
+    assert page.locator(".fca-results-title").inner_text() == "run/audits/featuregate-tiny"
+    options = page.locator(".fca-audit select option").all_inner_texts()
+    assert len(options) == 2 and all("featuregate" in o for o in options)
+    problems = {p.get_attribute("data-entry"): p.inner_text() for p in page.locator(".fca-results-problem").all()}
+    assert sorted(problems) == ["foreign", "linked", "truncated"]
+    assert "not a complete audit.json" in problems["truncated"] and "is a link" in problems["linked"]
+    assert _shows_figure(page, "fca-results-per-layer")
+    audit_file = results_root / "run" / "audits" / "featuregate-tiny" / "audit.json"
+    audit = json.loads(audit_file.read_text())
+    expected = {"audit": audit_file.read_bytes(),
+                "assignment_per_model": tables.to_csv(tables.assignment_table([audit])).encode(),
+                "per_layer": tables.to_csv(tables.per_layer_table([audit])).encode()}
+    for name, content in expected.items():
+        with page.expect_download(timeout=60_000) as download:
+            page.locator(f".fca-download-{name} button, .fca-download-{name} a").first.click()
+        assert Path(download.value.path()).read_bytes() == content, name
+    shown = page.locator(".fca-table-assignment_per_model").inner_text()
+    assert f"{audit['conditions']['cross_input']['delta']:+.4f}" in shown
+    page.screenshot(path=str(SCREENSHOTS / "08-results-view.png"), full_page=True)
+    page.locator(".fca-audit select").select_option(label=next(o for o in options if o.startswith("audit-featuregate-tiny")))
+    page.wait_for_function("() => location.search.includes('audit=audit-featuregate-tiny')", timeout=30_000)
+    assert page.locator(".fca-results-title").inner_text() == "audit-featuregate-tiny"
     assert "Traceback" not in server_log.read_text()

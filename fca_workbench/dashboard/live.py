@@ -1,29 +1,19 @@
-"""The dashboard's view model: every number the Panel app (``dashboards/app.py``) shows comes from here.
-
-The app only presents. This module resolves checkpoint names through a registry (never a path from the
-browser), loads each checkpoint once per process (``SharedModel``: model, tokenizer, eval windows, a lock
-around every forward, static profiles computed lazily from the calibration split), validates pasted text,
-and answers one query (window, layer, condition, seed, donor) with per-token NLL, ΔNLL and the original and
-intervened coefficients, using the core's interventions, the prefix cache (an intervention at layer l is
-replayed from layer l only) and ``metrics.gap_retention``. ``DashboardSession`` is one browser session's
-state: a bounded prefix store and a bounded result cache, freed by ``close``.
-
-Memory is bounded for a server left running: every per-seed or per-text result is kept in a cache of fixed
-size, ``SessionLimit`` caps the open sessions and ``ModelPool`` unloads a checkpoint no session has used for
-a while (never one in use).
+"""The live replay view's model: one checkpoint loaded once per process (``SharedModel``: model, tokenizer,
+eval windows, a lock around every forward, static profiles read from a matching audit or computed lazily from
+the calibration split), pasted text validated, and one query (window, layer, condition, seed, donor) answered
+with per-token NLL, ΔNLL and the original and intervened coefficients, using the core's interventions, the
+prefix cache (an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
+``DashboardSession`` is one browser session's state: a bounded prefix store and a bounded result cache, freed
+by ``close``; every per-seed or per-text result is kept in a cache of fixed size.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import gc
 import itertools
-import json
 import threading
 import time
 import unicodedata
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import load_windows, split_path
-from .errors import UserError
-from .interventions import (
+from ..capture import model_fingerprint
+from ..data import fingerprint_tensor, load_windows, split_path
+from ..errors import UserError
+from ..interventions import (
     CONDITIONS,
     ROUTING_CONDITIONS,
     STATIC_PROFILES,
@@ -46,16 +37,13 @@ from .interventions import (
     static_profiles,
     with_routing_profiles,
 )
-from .metrics import gap_retention
-from .adapters import COEFFICIENT, load_controlled
-from .prefix import PrefixCache, PrefixStore
-from .resources import checkpoints_dir
+from ..metrics import gap_retention
+from ..adapters import COEFFICIENT, load_controlled
+from ..prefix import PrefixCache, PrefixStore
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
 DERANGEMENTS_KEPT = 64  # per model: the cross_input derangements of the most recently used seeds
-DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
-DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
 CONDITION_HELP = {
     "unperturbed": "the live model, controller running",
     "correct": "the window's own coefficients, replayed with the controller off",
@@ -73,56 +61,6 @@ MUDD_STREAMS = ("q", "k", "v", "r")
 
 
 # ------------------------------------------------------------------------------------------------------
-# registry
-
-
-@dataclass(frozen=True)
-class Registry:
-    """Names the browser may pick, each mapped to a checkpoint folder on the server."""
-
-    entries: dict[str, Path]
-
-    @classmethod
-    def shipped(cls, root: Path | None = None) -> "Registry":
-        """The shipped checkpoints that exist now (a folder with a config.json and weights)."""
-        root = Path(root) if root else checkpoints_dir()
-        folders = sorted(p for p in root.glob("*") if (p / "config.json").is_file() and any(p.glob("*.safetensors")))
-        return cls({p.name: p for p in folders})
-
-    @classmethod
-    def from_file(cls, path) -> "Registry":
-        """A JSON file ``{"name": "folder", ...}``; relative folders are relative to the file's own folder."""
-        path = Path(path)
-        if not path.is_file():
-            raise UserError(f"registry file not found: {path}")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"registry {path} is not JSON: {exc}") from None
-        if isinstance(raw, dict) and isinstance(raw.get("checkpoints"), dict):
-            raw = raw["checkpoints"]
-        if not isinstance(raw, dict) or not raw or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-            raise UserError(f'registry {path} must be a non-empty JSON object {{"name": "folder", ...}}')
-        return cls({name: (path.parent / folder).resolve() for name, folder in raw.items()})
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.entries)
-
-    def folder(self, name: str) -> Path:
-        if name not in self.entries:
-            raise UserError(f"unknown checkpoint '{name}'")
-        return self.entries[name]
-
-
-def load_registry(path=None) -> Registry:
-    registry = Registry.from_file(path) if path else Registry.shipped()
-    if not registry.entries:
-        raise UserError(f"no checkpoints to serve: none finished in {checkpoints_dir()}; pass --registry FILE")
-    return registry
-
-
-# ------------------------------------------------------------------------------------------------------
 # one checkpoint, shared read-only by every session of the process
 
 
@@ -133,10 +71,12 @@ class SharedModel:
     """A checkpoint loaded once per process. ``lock`` is held around every computation on the model.
 
     ``serial`` numbers the loads of the process, so state derived from one load (a session's prefix caches)
-    is never mistaken for state of a later load of the same folder."""
+    is never mistaken for state of a later load of the same folder. ``results`` (a ``ResultsFolder``, or None)
+    is where finished audits of this checkpoint may be found: their static profiles and per-layer sweeps."""
 
-    def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None):
-        from .tokenizer import load_tokenizer
+    def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None,
+                 results=None):
+        from ..tokenizer import load_tokenizer
 
         self.folder = Path(folder)
         self.model = load_controlled(self.folder)  # never with remote code
@@ -147,6 +87,10 @@ class SharedModel:
         self.window = min(DEFAULT_WINDOW, self.model.context_length)
         self.eval_windows = load_windows(split_path("eval"), self.tokenizer, self.window, eval_windows)
         self.calibration_windows = calibration_windows
+        self.results = results
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.profiles_source = None  # set with the profiles: which audit they came from, or how they were computed
+        self._fingerprints: dict[str, str] = {}
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         # per controller, a router's k (from a two-token capture), which adds the routing conditions
         with torch.no_grad():
@@ -170,10 +114,23 @@ class SharedModel:
 
     @torch.no_grad()
     def profiles(self) -> dict[str, list[torch.Tensor]]:
-        """Static profiles from the calibration split (computed once, batch by batch under the lock)."""
+        """Static profiles of the calibration split, once: an audit's ``static_profiles.safetensors`` when one in
+        the results folder has this model's and these calibration windows' fingerprints, else computed here
+        batch by batch under the lock. ``profiles_source`` says which."""
         with self._profiles_lock:
             if self._profiles is None:
                 windows = load_windows(split_path("calibration"), self.tokenizer, self.window, self.calibration_windows)
+                found = None
+                if self.results is not None and self.has_coefficients:
+                    from .results_folder import matching_profiles
+
+                    found = matching_profiles(self.results, self, fingerprint_tensor(windows))
+                needed = {c for c in self.conditions if c in STATIC_PROFILES + ROUTING_CONDITIONS}
+                if found is not None and needed <= set(found[1]):
+                    entry, self._profiles = found
+                    self.profiles_source = (f"audit '{entry.name}' (its static_profiles.safetensors: model and "
+                                            f"calibration fingerprints match)")
+                    return self._profiles
 
                 def batches():
                     for start in range(0, len(windows), 16):
@@ -182,7 +139,25 @@ class SharedModel:
                         yield [value["coefficient"].float() for value in values]
 
                 self._profiles = with_routing_profiles(static_profiles(batches()), self.top_k)
+                unmatched = " (no audit in the results folder matches this checkpoint and calibration data)"
+                self.profiles_source = (f"computed here from {len(windows)} calibration windows"
+                                        + (unmatched if self.results is not None else ""))
             return self._profiles
+
+    def fingerprint_as(self, spelled: str | None) -> str:
+        """``capture.model_fingerprint`` of the model as an audit given the checkpoint path spelled ``spelled``
+        computed it: the fingerprint hashes the config, whose ``_name_or_path`` is that spelling, with the
+        weights (so the same weights reached by another spelling of the path hash differently)."""
+        spelled = spelled or self.model.config._name_or_path
+        if spelled not in self._fingerprints:
+            with self.lock:
+                saved = self.model.config._name_or_path
+                self.model.config._name_or_path = spelled
+                try:
+                    self._fingerprints[spelled] = model_fingerprint(self.model)
+                finally:
+                    self.model.config._name_or_path = saved
+        return self._fingerprints[spelled]
 
     def donor_for(self, window_index: int | None, seed: int) -> int:
         """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""
@@ -207,108 +182,6 @@ class SharedModel:
             for label in self.slot_labels(layer):
                 seen[label] = None
         return list(seen)
-
-
-def release_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS, so freed memory shows as freed."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class ModelPool:
-    """The process's ``SharedModel``s: each checkpoint loaded once and shared by every session, and unloaded
-    once no session has used it for ``idle_seconds`` (0: never).
-
-    A model is in use from ``acquire`` to ``release`` (one update of one session) and is never unloaded then.
-    Sessions keep prefix caches that hold the model; ``attach`` them and ``unload_idle`` makes them drop those,
-    so the memory of an unloaded model is really freed even while a forgotten tab stays open.
-    """
-
-    def __init__(self, idle_seconds: float = DEFAULT_MODEL_IDLE_SECONDS, clock=time.monotonic):
-        self.idle_seconds, self.clock = idle_seconds, clock
-        self._models: dict[tuple, SharedModel] = {}
-        self._users: dict[tuple, int] = {}
-        self._last_used: dict[tuple, float] = {}
-        self._loading: dict[tuple, threading.Lock] = {}
-        self._sessions = weakref.WeakSet()
-        self._mutex = threading.Lock()
-
-    def acquire(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None) -> SharedModel:
-        """The shared model of ``folder``, loaded on first use (a failed load is not kept); in use until
-        ``release``."""
-        key = (str(Path(folder).resolve()), calibration_windows, eval_windows)
-        with self._mutex:
-            loading = self._loading.setdefault(key, threading.Lock())
-        with loading:  # one load per checkpoint at a time; other checkpoints load alongside
-            with self._mutex:
-                shared = self._models.get(key)
-            if shared is None:
-                shared = SharedModel(folder, calibration_windows, eval_windows)
-            with self._mutex:
-                self._models[key] = shared
-                self._users[key] = self._users.get(key, 0) + 1
-                self._last_used[key] = self.clock()
-        return shared
-
-    def release(self, shared: SharedModel) -> None:
-        with self._mutex:
-            for key, model in self._models.items():
-                if model is shared:
-                    self._users[key] -= 1
-                    self._last_used[key] = self.clock()
-
-    def attach(self, session: "DashboardSession") -> None:
-        self._sessions.add(session)
-
-    def unload_idle(self) -> list[Path]:
-        """Unload every model unused for ``idle_seconds``; returns their folders."""
-        if not self.idle_seconds:
-            return []
-        now = self.clock()
-        with self._mutex:
-            idle = [key for key in self._models
-                    if self._users[key] == 0 and now - self._last_used[key] >= self.idle_seconds]
-            unloaded = [self._models.pop(key) for key in idle]
-            for key in idle:
-                del self._users[key], self._last_used[key]
-        for shared in unloaded:
-            for session in list(self._sessions):
-                session.forget(shared)
-        if unloaded:
-            release_memory()
-        return [shared.folder for shared in unloaded]
-
-    @property
-    def loaded(self) -> list[Path]:
-        with self._mutex:
-            return [shared.folder for shared in self._models.values()]
-
-
-class SessionLimit:
-    """At most ``maximum`` sessions open at once in the process (0: no limit)."""
-
-    def __init__(self, maximum: int = DEFAULT_MAX_SESSIONS):
-        self.maximum, self.open = maximum, 0
-        self._mutex = threading.Lock()
-
-    def admit(self) -> bool:
-        """Count one more session if it fits; False (nothing counted) when the server is full."""
-        with self._mutex:
-            if self.maximum and self.open >= self.maximum:
-                return False
-            self.open += 1
-            return True
-
-    def leave(self) -> None:
-        with self._mutex:
-            self.open -= 1
-
-
-MODELS = ModelPool()  # process-wide: ``panel serve`` runs the app's script once per session, this module once
-SESSIONS = SessionLimit()
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -380,6 +253,7 @@ class Analysis:
     start_layer: int  # where the replay started (0 = from the embeddings)
     retention: float | None = None
     nll_global_mean: float | None = None
+    profiles_source: str | None = None  # static profiles: the audit they came from, or how they were computed
     compute_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -566,6 +440,7 @@ class DashboardSession:
             start_layer=start,
             retention=retention,
             nll_global_mean=nll_gm,
+            profiles_source=shared.profiles_source if nll_gm is not None else None,
             compute_ms=(time.perf_counter() - started) * 1000,
             notes=notes,
         )

@@ -1,0 +1,70 @@
+"""The dashboard's selection as URL query values, so that a view is a link a colleague can open.
+
+``ViewQuery`` is what the app syncs with the URL both ways (``pn.state.location.sync``). Its parameters take
+any value a link carries; nothing in a link reaches a widget unchecked: ``choose`` and ``choose_index`` accept
+a value the server can show and otherwise answer the default with a one-line message, so a bad or stale link
+gives a note and the default view, never a broken page.
+"""
+
+from __future__ import annotations
+
+import param
+
+# parameter of ViewQuery -> name in the URL query
+QUERY_NAMES = {
+    "view": "view", "checkpoint": "checkpoint", "source": "source", "window": "window", "layer": "layer",
+    "condition": "intervention", "seed": "seed", "donor": "donor", "heat_slot": "slot", "heat_layer": "heat_layer",
+    "audit": "audit",
+}
+VIEWS = ("live", "results")
+SOURCES = ("window", "text")  # an eval window, or pasted text (which a link does not carry)
+ALL_LAYERS = "all"
+AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement
+
+
+class ViewQuery(param.Parameterized):
+    """The selection in the URL. Untyped on purpose: whatever a link holds arrives here, then gets checked."""
+
+    view = param.Parameter(default=None)
+    checkpoint = param.Parameter(default=None)
+    source = param.Parameter(default=None)
+    window = param.Parameter(default=None)
+    layer = param.Parameter(default=None)
+    condition = param.Parameter(default=None)
+    seed = param.Parameter(default=None)
+    donor = param.Parameter(default=None)
+    heat_slot = param.Parameter(default=None)
+    heat_layer = param.Parameter(default=None)
+    audit = param.Parameter(default=None)
+
+    def requested(self) -> dict:
+        """The values the link carried (parameters it left out are absent)."""
+        return {name: getattr(self, name) for name in QUERY_NAMES if getattr(self, name) is not None}
+
+
+def _shown(key: str, value) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return f"{QUERY_NAMES[key]}={text[:60]}"
+
+
+def choose(requested: dict, key: str, allowed, default, why: str):
+    """``(value, message)``: the link's value for ``key`` when it is one of ``allowed``, else ``default`` and a
+    message naming the value, ``why`` (e.g. "is not a checkpoint of this server") and what is shown instead."""
+    if key not in requested:
+        return default, None
+    value = requested[key]
+    if isinstance(value, (str, int)) and not isinstance(value, bool) and value in allowed:
+        return value, None
+    return default, f"the link's {_shown(key, value)} {why}; showing {default!r} instead"
+
+
+def choose_index(requested: dict, key: str, low: int, high: int, default, shown: str | None = None):
+    """``(value, message)``: the link's integer for ``key`` when ``low <= value <= high``, else ``default``
+    (called ``shown`` in the message, when its value alone would not say what it means)."""
+    if key not in requested:
+        return default, None
+    value = requested[key]
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value, None
+    limits = f"{low}–{high}" if high != low else str(low)
+    return default, f"the link's {_shown(key, value)} is not an integer in {limits}; showing {shown or repr(default)} instead"

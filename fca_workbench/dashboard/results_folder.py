@@ -1,0 +1,166 @@
+"""The finished audits of one results folder, as the dashboard shows them.
+
+``fca dashboard --results DIR`` lists every ``audit.json`` under DIR (``fca audit``'s ``results/audit-NAME``,
+``audit-many``'s ``OUT/NAME``, ``fca reproduce``'s ``OUT/audits/NAME``); the browser picks an entry by its name
+(the folder relative to DIR), never by a path. Only regular files inside DIR are read: a link, or a file that
+resolves outside DIR, is refused with a message. An entry that cannot be shown (truncated, foreign, invalid)
+keeps its one-line message and the others still work.
+
+Every table is one of ``tables.py``'s, so a download equals the table ``fca reproduce`` writes; the audit's
+static profiles serve the live view when their fingerprints match the checkpoint and calibration data.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import tables
+from ..errors import UserError
+from ..results import read_audit_json
+
+AUDIT_FILE = "audit.json"
+PROFILES_FILE = "static_profiles.safetensors"
+MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
+PRUNED = {"cache", "tables", "figures", "notebooks", "__pycache__"}  # hold no audit.json, may hold many files
+PARSED_KEPT = 256  # parsed audit.json files kept per process, keyed by (path, mtime, size)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One ``audit.json`` found: ``name`` is its folder relative to the results folder (what the browser
+    picks); ``audit`` the validated dict, or None with ``problem`` saying why in one line."""
+
+    name: str
+    folder: Path
+    audit: dict | None
+    problem: str | None = None
+    version: tuple = ()  # (path, mtime, size) of its audit.json: what was read, to cache what is made of it
+
+    @property
+    def label(self) -> str:
+        """How a valid entry is listed: its name, model and architecture."""
+        return f"{self.name} ({tables.model_name(self.audit)}, {self.audit['model']['arch']})"
+
+    @property
+    def model_name(self) -> str:
+        return tables.model_name(self.audit)
+
+
+def audit_tables(audit: dict) -> list:
+    """The audit's tables (``tables.py``, one audit): those with rows, in reading order."""
+    made = (tables.assignment_table([audit]), tables.retention_table([audit]), tables.variation_table([audit]),
+            tables.execution_table([audit]), tables.positive_control_table([audit]), tables.per_layer_table([audit]))
+    return [table for table in made if len(table)]
+
+
+class ResultsFolder:
+    """The audits under ``root``, rescanned on ``scan``; parsed files are kept while unchanged."""
+
+    def __init__(self, root):
+        self.root = Path(root).resolve()
+        self._parsed: OrderedDict = OrderedDict()
+        self._entries: dict[str, AuditEntry] = {}
+        self._mutex = threading.Lock()
+
+    def scan(self) -> list[AuditEntry]:
+        """Every ``audit.json`` under the folder (links not followed), sorted by name."""
+        found = []
+        if self.root.is_dir():
+            for folder, subfolders, files in os.walk(self.root, followlinks=False):
+                depth = len(Path(folder).relative_to(self.root).parts)
+                subfolders[:] = sorted(d for d in subfolders if d not in PRUNED and not d.startswith(".")
+                                       and depth < MAX_DEPTH)
+                if AUDIT_FILE in files:
+                    found.append(self._entry(Path(folder)))
+        with self._mutex:
+            self._entries = {entry.name: entry for entry in found}
+        return found
+
+    def entry(self, name) -> AuditEntry:
+        """The entry of the last scan called ``name``; anything else is a ``UserError``."""
+        with self._mutex:
+            entry = self._entries.get(name) if isinstance(name, str) else None
+        if entry is None:
+            raise UserError(f"no audit called {name!r} in the results folder")
+        return entry
+
+    def _name(self, folder: Path) -> str:
+        return folder.relative_to(self.root).as_posix()
+
+    def _entry(self, folder: Path) -> AuditEntry:
+        name = self._name(folder)
+        try:
+            path = self.inside(folder / AUDIT_FILE)
+            stat = path.stat()
+            key = (str(path), stat.st_mtime_ns, stat.st_size)
+            with self._mutex:
+                cached = self._parsed.get(key)
+            if cached is None:
+                try:
+                    cached = (read_audit_json(path)[0], None)
+                except UserError as exc:  # the message names the server's path: name the entry instead
+                    cached = (None, str(exc).replace(str(path), f"{name}/{AUDIT_FILE}"))
+                with self._mutex:
+                    self._parsed[key] = cached
+                    while len(self._parsed) > PARSED_KEPT:
+                        self._parsed.popitem(last=False)
+            audit, problem = cached
+        except UserError as exc:
+            audit, problem, key = None, str(exc), ()
+        return AuditEntry(name, folder, audit, problem, key)
+
+    def inside(self, path: Path) -> Path:
+        """``path`` if it is a regular file inside the results folder and no link; else a ``UserError``."""
+        shown = self._name(path)
+        if path.is_symlink():
+            raise UserError(f"{shown} is a link: only files inside the results folder are read")
+        resolved = path.resolve()
+        if not resolved.is_relative_to(self.root):
+            raise UserError(f"{shown} lies outside the results folder: refused")
+        if not resolved.is_file():
+            raise UserError(f"{shown} is not a file")
+        return resolved
+
+    def read_bytes(self, entry: AuditEntry, filename: str) -> bytes:
+        """A file of an entry's folder, read without following a link (checked again at reading time)."""
+        path = self.inside(entry.folder / filename)
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as handle:
+            return handle.read()
+
+    def audits_of(self, shared) -> list[AuditEntry]:
+        """Valid audits of a loaded checkpoint (a ``SharedModel``) by its fingerprint as each audit computed it,
+        newest first. Cheap checks (arch, parameter count) come before any hashing."""
+        matching = []
+        for entry in self.scan():
+            audit = entry.audit
+            if audit is None or audit["model"]["arch"] != shared.arch or audit["model"]["params"] != shared.params:
+                continue
+            if shared.fingerprint_as(audit["settings"].get("checkpoint")) == audit["model"]["fingerprint"]:
+                matching.append(entry)
+        return sorted(matching, key=lambda e: (e.folder / AUDIT_FILE).stat().st_mtime_ns, reverse=True)
+
+
+def matching_profiles(results: ResultsFolder, shared, calibration_fingerprint: str):
+    """(entry, profiles) of the newest audit of this model whose calibration windows have this fingerprint
+    and that saved its static profiles; None when there is none."""
+    from safetensors.torch import load
+
+    for entry in results.audits_of(shared):
+        if entry.audit["data"]["calibration"].get("fingerprint") != calibration_fingerprint:
+            continue
+        try:
+            data = results.read_bytes(entry, PROFILES_FILE)
+        except UserError:
+            continue
+        return entry, tables.profiles_from_tensors(load(data))
+    return None
+
+
+def per_layer_audit(results: ResultsFolder, shared) -> AuditEntry | None:
+    """The newest audit of this checkpoint with a per-layer sweep, if any."""
+    return next((entry for entry in results.audits_of(shared) if entry.audit.get("per_layer")), None)
