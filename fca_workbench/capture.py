@@ -63,8 +63,12 @@ MANIFEST_SCHEMA = {
 
 
 def model_fingerprint(model) -> str:
-    """sha256 over the config and every weight, so any change to the model changes it."""
-    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    """sha256 over the config and every weight, so any change to the model changes it; not over where it was
+    loaded from (the config's ``_name_or_path``), so one checkpoint reached by two spellings of its path, or
+    from two nodes that mount it differently, shares its caches."""
+    fields = json.loads(model.config.to_json_string(use_diff=False))
+    fields.pop("_name_or_path", None)
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(fingerprint_tensor(tensor).encode())

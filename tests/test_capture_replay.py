@@ -247,3 +247,17 @@ def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, w
         replay_nll(model, windows, cache, "layer_mean")
     with pytest.raises(ValueError, match="unknown replay condition 'bogus'"):
         replay_nll(model, windows, cache, "bogus")
+
+
+def test_one_checkpoint_reached_by_two_spellings_of_its_path_has_one_fingerprint(tmp_path, monkeypatch):
+    """The fingerprint is of the model, not of where it was loaded from: a relative and an absolute path (or
+    two nodes mounting the checkpoint differently) share caches; a changed config field still changes it."""
+    from fca_workbench.adapters import load_controlled
+
+    tiny_model("featuregate", seed=0).save_pretrained(tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = load_controlled("ckpt"), load_controlled(str((tmp_path / "ckpt").resolve()))
+    assert relative.config._name_or_path != absolute.config._name_or_path
+    assert model_fingerprint(relative) == model_fingerprint(absolute)
+    absolute.config.layer_norm_epsilon = 1e-3
+    assert model_fingerprint(relative) != model_fingerprint(absolute)

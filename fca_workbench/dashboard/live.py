@@ -90,7 +90,7 @@ class SharedModel:
         self.results = results
         self.params = sum(p.numel() for p in self.model.parameters())
         self.profiles_source = None  # set with the profiles: which audit they came from, or how they were computed
-        self._fingerprints: dict[str, str] = {}
+        self._fingerprint: str | None = None
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         # per controller, a router's k (from a two-token capture), which adds the routing conditions
         with torch.no_grad():
@@ -144,20 +144,13 @@ class SharedModel:
                                         + (unmatched if self.results is not None else ""))
             return self._profiles
 
-    def fingerprint_as(self, spelled: str | None) -> str:
-        """``capture.model_fingerprint`` of the model as an audit given the checkpoint path spelled ``spelled``
-        computed it: the fingerprint hashes the config, whose ``_name_or_path`` is that spelling, with the
-        weights (so the same weights reached by another spelling of the path hash differently)."""
-        spelled = spelled or self.model.config._name_or_path
-        if spelled not in self._fingerprints:
-            with self.lock:
-                saved = self.model.config._name_or_path
-                self.model.config._name_or_path = spelled
-                try:
-                    self._fingerprints[spelled] = model_fingerprint(self.model)
-                finally:
-                    self.model.config._name_or_path = saved
-        return self._fingerprints[spelled]
+    @property
+    def fingerprint(self) -> str:
+        """``capture.model_fingerprint`` of the model, hashed once (it reads every weight)."""
+        with self.lock:
+            if self._fingerprint is None:
+                self._fingerprint = model_fingerprint(self.model)
+        return self._fingerprint
 
     def donor_for(self, window_index: int | None, seed: int) -> int:
         """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""

@@ -133,14 +133,14 @@ class ResultsFolder:
             return handle.read()
 
     def audits_of(self, shared) -> list[AuditEntry]:
-        """Valid audits of a loaded checkpoint (a ``SharedModel``) by its fingerprint as each audit computed it,
-        newest first. Cheap checks (arch, parameter count) come before any hashing."""
+        """Valid audits of a loaded checkpoint (a ``SharedModel``) by its fingerprint, newest first. Cheap checks
+        (arch, parameter count) come before any hashing."""
         matching = []
         for entry in self.scan():
             audit = entry.audit
             if audit is None or audit["model"]["arch"] != shared.arch or audit["model"]["params"] != shared.params:
                 continue
-            if shared.fingerprint_as(audit["settings"].get("checkpoint")) == audit["model"]["fingerprint"]:
+            if shared.fingerprint == audit["model"]["fingerprint"]:
                 matching.append(entry)
         return sorted(matching, key=lambda e: (e.folder / AUDIT_FILE).stat().st_mtime_ns, reverse=True)
 
