@@ -34,8 +34,9 @@ from .resources import checkpoints_dir, results_root, shipped
 KERNEL_NAME = "fca-workbench"
 NOTEBOOK_DIR = shipped("notebooks")
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
+PER_LAYER_NOTEBOOK = "06_per_layer"
 AUDIT_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
-                   "06_per_layer")
+                   PER_LAYER_NOTEBOOK)
 # 07 reads the shipped training-dynamics logs (data/training_dynamics) and audits nothing
 PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics")
 EXPLORE_NOTEBOOK = "explore"
@@ -330,6 +331,12 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
     names = config.get("notebooks", list(PAPER_NOTEBOOKS))
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
+    parameters = config.get("parameters")
+    if isinstance(parameters, dict) and parameters.get("per_layer") is False:  # no sweep: nothing for 06 to show
+        if "notebooks" in config and PER_LAYER_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
+            raise UserError(f"notebook {PER_LAYER_NOTEBOOK} shows the per-layer sweep, which per_layer = false "
+                            "leaves out: drop one of the two")
+        names = [n for n in names if n != PER_LAYER_NOTEBOOK]
     available = sorted(p.stem for p in Path(notebook_dir).glob("*.ipynb"))
     sources = {}
     for name in names:

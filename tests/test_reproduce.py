@@ -133,3 +133,17 @@ def test_failing_notebook_is_named_with_its_cell_and_the_others_still_run(tiny_c
     assert (out / ".fca-results").is_file()  # the marker that lets a later --overwrite write here
     index = (out / "README.md").read_text()
     assert "1 of 2 notebooks passed" in index and "**FAILED**: cell" in index
+
+
+def test_per_layer_false_leaves_the_per_layer_notebook_out(tiny_checkpoints, tmp_path):
+    """Without the sweep, notebook 06 has nothing to show: the default list drops it (it used to fail the run),
+    and asking for both is refused before anything runs."""
+    parameters = {"checkpoints": [str(tiny_checkpoints["featuregate"])], "per_layer": False}
+    jobs = [job.name for job in reproduce.plan({"parameters": parameters}, tmp_path / "a").jobs]
+    assert jobs == [n for n in reproduce.PAPER_NOTEBOOKS if n != reproduce.PER_LAYER_NOTEBOOK]
+    assert all(not audit.per_layer for audit in reproduce.plan({"parameters": parameters}, tmp_path / "a").audits.values())
+    with_sweep = [job.name for job in reproduce.plan({"parameters": {**parameters, "per_layer": True}}, tmp_path / "b").jobs]
+    assert with_sweep == list(reproduce.PAPER_NOTEBOOKS)
+    with pytest.raises(UserError, match="06_per_layer shows the per-layer sweep"):
+        reproduce.plan({"notebooks": ["06_per_layer"], "parameters": parameters}, tmp_path / "c")
+    assert not any((tmp_path / name).exists() for name in "abc")
