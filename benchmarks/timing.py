@@ -12,3 +12,10 @@ def best_of(repeats: int, fn):
         result = fn()
         times.append(time.perf_counter() - start)
     return min(times), result
+
+
+def timed(fn) -> float:
+    """Wall time of one call."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
