@@ -1,4 +1,8 @@
-"""Shared fixtures: tiny random models of every family, with controllers that really vary."""
+"""Shared fixtures: tiny random models of every family, with controllers that really vary; and ``fca`` run as a
+user runs it."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,6 +10,22 @@ import torch
 from fca_workbench.models import FAMILIES
 
 TINY = dict(vocab_size=64, layers=2, width=64, heads=4, window=16)
+
+
+def fca(*args, cwd=None):
+    """``fca ARGS`` in a subprocess of this Python (exit code, stdout and stderr as text)."""
+    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def assert_one_line_error(result, *fragments):
+    """A user error: non-zero exit, no traceback, one ``fca: error:`` line holding every fragment."""
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
 
 
 def tiny_model(arch: str, seed: int = 0, **sizes):

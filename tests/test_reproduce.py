@@ -2,22 +2,17 @@
 with its cell while the others still run, and audits / coefficient caches reused across notebooks and runs."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import assert_one_line_error, fca
 from fca_workbench import reproduce
 from fca_workbench.errors import UserError
 from fca_workbench.outputs import mark_results
 
 pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
-
-
-def fca(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
 
 
 def write_config(path, **config):
@@ -29,9 +24,7 @@ def test_unknown_parameter_is_refused_before_anything_runs(tmp_path):
     config = write_config(tmp_path / "c.json", parameters={"max_windos": 4})
     result = fca("reproduce", "--config", config, "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
-    assert "unknown parameter 'max_windos'" in lines[0] and "max_windows" in lines[0]  # says what is known
+    assert_one_line_error(result, "unknown parameter 'max_windos'", "max_windows")  # says what is known
     assert not (tmp_path / "out").exists()
 
 
