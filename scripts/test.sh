@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv if needed, then run the whole test suite on two pytest-xdist workers (one per core of the
-# reference machine), one thread each; each module stays on one worker (tests/conftest.py groups them).
+# Set up .venv if needed, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"
+.venv/bin/python -m pytest -q "$@"

@@ -160,13 +160,3 @@ def perturbed_muddpythia(config: dict, seed: int = 0):
             param.add_(0.1 * torch.randn_like(param))
     return model.eval()
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh), run each module on one worker, so that its
-    module-scoped fixtures are built once, and every test that reads the shared ``tiny_reproduce`` run on one
-    worker, so that the run is made once. Without xdist the marks do nothing."""
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            group = "tiny_reproduce" if "tiny_reproduce" in item.fixturenames else item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(group))
