@@ -15,7 +15,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -27,14 +26,8 @@ from fca_workbench.interventions import CONDITIONS, static_profiles
 from fca_workbench.models import load_model
 from fca_workbench.replay import replay_nll
 from fca_workbench.tokenizer import load_tokenizer
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+from results_file import write_results
+from timing import timed
 
 
 @torch.no_grad()
@@ -104,10 +97,7 @@ def main() -> None:
         "capture_peak_rss_mib": {str(m["windows"]): m["rss_peak_mib"] for m in memory},
         "capture_peak_rss_ratio_1000_vs_100": memory[1]["rss_peak_mib"] / memory[0]["rss_peak_mib"],
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_audit.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "bench_audit.md").write_text(markdown(results))
-    print(markdown(results))
+    write_results("bench_audit", results, markdown(results))
 
 
 def markdown(r: dict) -> str:

@@ -17,10 +17,8 @@ Writes benchmarks/results/bench_moe.json and .md.
 """
 
 import argparse
-import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,15 +28,10 @@ from fca_workbench.capture import capture
 from fca_workbench.data import load_windows, split_path
 from fca_workbench.interventions import broadcast_profile, routing_top_k, static_profiles, with_routing_profiles
 from fca_workbench.tokenizer import load_tokenizer
+from results_file import write_results
+from timing import timed
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WINDOW = 256
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 @torch.no_grad()
@@ -106,10 +99,7 @@ def main() -> None:
         "disk_capture_over_plain_forward": statistics.median(d / p for d, p in zip(disk, plain)),
         "model_latency_over_static_mixture": 1 / ratios[baseline_key],
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_moe.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "bench_moe.md").write_text(markdown(results))
-    print(markdown(results))
+    write_results("bench_moe", results, markdown(results))
 
 
 def markdown(r: dict) -> str:

@@ -11,16 +11,13 @@ benchmarks/results/bench_per_token.json and .md.
 import argparse
 import gzip
 import io
-import json
-from pathlib import Path
 
 import torch
 
 from fca_workbench.interventions import CONDITIONS
 from fca_workbench.results import per_token_csv, per_token_frame, per_token_parquet
+from results_file import write_results
 from timing import best_of
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def loop_writer(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> bytes:
@@ -68,8 +65,6 @@ def main() -> None:
         "speedup_csv_loop_over_pandas": loop_s / csv_s,
         "speedup_loop_csv_over_parquet": loop_s / parquet_s,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_per_token.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# per_token_nll writer ({args.windows} windows x {args.window - 1} positions x {len(CONDITIONS)} conditions, "
         f"{rows:,} rows, best of {args.repeats})",
@@ -83,8 +78,7 @@ def main() -> None:
         "",
         "Each time includes building the DataFrame from the tensors; an audit with pyarrow writes both files.",
     ]
-    (RESULTS / "bench_per_token.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("bench_per_token", result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Writes benchmarks/results/bench_sweep.json and .md.
 """
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -36,9 +35,9 @@ from fca_workbench.models import head_nll, load_model, next_token_nll
 from fca_workbench.prefix import PrefixCache
 from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
 from fca_workbench.tokenizer import load_tokenizer
+from results_file import write_results
 from timing import best_of_each
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SWEPT = [c for c in CONDITIONS if c not in ("unperturbed", "correct")]
 
 
@@ -118,10 +117,7 @@ def main() -> None:
         results = [bench(c, args.windows, args.batch_size, args.repeats, Path(tmp) / str(i))
                    for i, c in enumerate(args.checkpoints)]
     r = {"batch_size": args.batch_size, "repeats": args.repeats, "threads": torch.get_num_threads(), "checkpoints": results}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_sweep.json").write_text(json.dumps(r, indent=2) + "\n")
-    (RESULTS / "bench_sweep.md").write_text(markdown(r))
-    print(markdown(r))
+    write_results("bench_sweep", r, markdown(r))
 
 
 def markdown(r: dict) -> str:

@@ -25,7 +25,6 @@ Writes benchmarks/results/bench_vs_nnsight.json and .md.
 
 import argparse
 import cProfile
-import json
 import pstats
 import tempfile
 from pathlib import Path
@@ -50,9 +49,9 @@ from fca_workbench.replay import replay_nll
 from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
 from fca_workbench.tokenizer import load_tokenizer
 from bench_sweep import sweep_limit
+from results_file import write_results
 from timing import best_of_each
 
-RESULTS = Path(__file__).resolve().parent / "results"
 FROZEN = [c for c in CONDITIONS if c != "unperturbed"]  # replayed with the controllers skipped
 SWEPT = [c for c in FROZEN if c != "correct"]
 
@@ -235,10 +234,7 @@ def main() -> None:
         "max_nll_difference_conditions": max(abs(nll_wb[c] - nll_nn[c]) for c in FROZEN),
         "max_nll_difference_per_layer": max(abs(row["nll"] - nll_sweep_nn[(row["layer"], row["condition"])]) for row in rows),
     })
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_vs_nnsight.json").write_text(json.dumps(r, indent=2) + "\n")
-    (RESULTS / "bench_vs_nnsight.md").write_text(markdown(r))
-    print(markdown(r))
+    write_results("bench_vs_nnsight", r, markdown(r))
 
 
 def markdown(r: dict) -> str:

@@ -24,3 +24,10 @@ def best_of_each(repeats: int, fns: dict):
             results[name] = fn()
             times[name].append(time.perf_counter() - start)
     return {name: min(seconds) for name, seconds in times.items()}, results
+
+
+def timed(fn) -> float:
+    """Wall time of one call."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start

@@ -58,8 +58,6 @@ DEFAULT_PARAMETERS = {
     "batch_size": None,
     "per_layer": True,
 }
-AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size",
-                    "per_layer")
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
 PATH_PARAMETERS = ("eval_data", "calibration_data")
 CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")

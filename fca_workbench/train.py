@@ -128,7 +128,16 @@ def build_hf_model(fields: dict, tokenizer, window: int):
         raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
     if getattr(config, "max_position_embeddings", window) < window:
         raise UserError(f"max_position_embeddings {config.max_position_embeddings} is shorter than the window {window}")
+    check_training_memory(lambda: AutoModelForCausalLM.from_config(config))
     return AutoModelForCausalLM.from_config(config)
+
+
+def check_training_memory(build) -> None:
+    """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
+    runs on the meta device, which only counts the parameters."""
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in build().parameters())
+    check_memory(parameters, TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
 
 
 def build_model(settings: TrainSettings, tokenizer):
@@ -151,9 +160,7 @@ def build_model(settings: TrainSettings, tokenizer):
     except (ValueError, ZeroDivisionError) as exc:  # the config classes refuse shapes they cannot build
         raise UserError(f"fca train's model config: {first_line(exc)}") from None
     check_sizes(config, "fca train's model config")
-    with torch.device("meta"):  # counts the parameters without allocating them
-        parameters = sum(p.numel() for p in model_class(config).parameters())
-    check_memory(parameters, TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
+    check_training_memory(lambda: model_class(config))
     torch.manual_seed(settings.seed)
     return model_class(config)
 

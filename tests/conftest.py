@@ -1,4 +1,11 @@
-"""Shared fixtures: tiny random models of every family, with controllers that really vary."""
+"""Shared fixtures: tiny random models of every family, with controllers that really vary; one tiny ``fca
+reproduce`` run; and ``fca`` run as a user runs it."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -6,6 +13,22 @@ import torch
 from fca_workbench.models import FAMILIES
 
 TINY = dict(vocab_size=64, layers=2, width=64, heads=4, window=16)
+
+
+def fca(*args, cwd=None):
+    """``fca ARGS`` in a subprocess of this Python (exit code, stdout and stderr as text)."""
+    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def assert_one_line_error(result, *fragments):
+    """A user error: non-zero exit, no traceback, one ``fca: error:`` line holding every fragment."""
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
 
 
 def tiny_model(arch: str, seed: int = 0, **sizes):
@@ -68,6 +91,52 @@ def tiny_mixtral(tmp_path_factory):
     return folder
 
 
+def second_seed(folder: Path, out: Path) -> Path:
+    """Another FeatureGate 'seed': the same tiny model with differently drawn controller weights."""
+    from transformers import AutoModelForCausalLM
+
+    from fca_workbench.tokenizer import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for controller in model.controllers:
+            for param in controller.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    model.save_pretrained(out)
+    load_tokenizer(folder).save_pretrained(out)
+    return out
+
+
+TINY_REPRODUCE_SETTINGS = {"max_windows": 4, "batch_size": 4}  # every audit of the shared run
+
+
+@pytest.fixture(scope="session")
+def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
+    """One tiny ``fca reproduce`` run of every notebook, shared by every test that reads one (it is the slowest
+    fixture: ~2-5 min on a loaded 2-core machine): tiny random checkpoints of each family, a second FeatureGate
+    seed and a tiny Mixtral, 4 windows of 64 tokens. Returns the plan, the results by notebook name, each
+    checkpoint's audit.json by checkpoint name, and the checkpoint folders by name. Tests must not write into it."""
+    from fca_workbench import reproduce
+
+    root = tmp_path_factory.mktemp("reproduce")
+    names = {"featuregate": "featuregate-s0", "dense": "dense-s0", "muddpythia": "muddpythia-s0"}
+    folders = {name: Path(shutil.copytree(tiny_checkpoints[arch], root / name)) for arch, name in names.items()}
+    folders["featuregate-s1"] = second_seed(tiny_checkpoints["featuregate"], root / "featuregate-s1")
+    folders["moe-s0"] = Path(shutil.copytree(tiny_mixtral, root / "moe-s0"))
+    order = ["featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "moe-s0"]
+    config = root / "tiny.json"
+    config.write_text(json.dumps({
+        "notebooks": sorted(p.stem for p in reproduce.NOTEBOOK_DIR.glob("*.ipynb")),
+        "cache": str(root / "cache"),
+        "parameters": {"checkpoints": [str(folders[name]) for name in order], **TINY_REPRODUCE_SETTINGS},
+        "notebook": {"explore": {"window_index": 1}},
+    }))
+    plan, results = reproduce.reproduce(config, root / "run", progress=False)
+    audits = {name: json.loads((plan.out / "audits" / name / "audit.json").read_text()) for name in order}
+    return plan, {r.name: r for r in results}, audits, folders
+
+
 def assert_identical_models(model, loaded, ids):
     """Bit-exact equality of two models: every weight, and the logits and coefficients on ``ids``."""
     before, after = model.state_dict(), loaded.state_dict()
@@ -90,3 +159,4 @@ def perturbed_muddpythia(config: dict, seed: int = 0):
         for param in model.parameters():
             param.add_(0.1 * torch.randn_like(param))
     return model.eval()
+

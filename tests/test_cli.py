@@ -3,33 +3,16 @@
 import argparse
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import tiny_model
+from conftest import assert_one_line_error, fca, tiny_model
 from fca_workbench.cli import build_parser
 from fca_workbench.tokenizer import load_tokenizer
 
 
 pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min
-
-
-def fca(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd
-    )
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def test_help_lists_the_commands():

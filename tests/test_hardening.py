@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import assert_one_line_error, fca, tiny_model
 from fca_workbench.data import read_documents, split_path
 from fca_workbench.errors import UserError
 from fca_workbench.train import CHECKPOINT_FILES, STATE_FILE, TrainSettings, train
-from test_cli import assert_one_line_error, fca
 
 
 @pytest.fixture(scope="module")

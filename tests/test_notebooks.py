@@ -1,15 +1,13 @@
 """The notebooks: every one runs under papermill with tiny parameters and writes its table, and every number
 in a table is the number in the audit.json of the same run.
 
-One tiny ``fca reproduce`` run of all seven notebooks is shared by the whole module (tiny random checkpoints of
-each family a second FeatureGate seed and a tiny Mixtral, 4 windows of 64 tokens).
+All of them read the one tiny ``fca reproduce`` run of every notebook (``tiny_reproduce`` in conftest.py: tiny
+random checkpoints of each family, a second FeatureGate seed and a tiny Mixtral, 4 windows of 64 tokens).
 """
 
 import functools
 import gzip
-import json
 import math
-import shutil
 import statistics
 from pathlib import Path
 
@@ -39,42 +37,10 @@ TABLES = {
 }
 
 
-def second_seed(folder: Path, out: Path) -> Path:
-    """Another FeatureGate 'seed': the same tiny model with differently drawn controller weights."""
-    from transformers import AutoModelForCausalLM
-
-    from fca_workbench.tokenizer import load_tokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for controller in model.controllers:
-            for param in controller.parameters():
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
-    model.save_pretrained(out)
-    load_tokenizer(folder).save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
-def tiny_run(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
-    root = tmp_path_factory.mktemp("notebooks")
-    names = {"featuregate": "featuregate-s0", "dense": "dense-s0", "muddpythia": "muddpythia-s0"}
-    copies = {arch: Path(shutil.copytree(tiny_checkpoints[arch], root / name)) for arch, name in names.items()}
-    fg1 = second_seed(tiny_checkpoints["featuregate"], root / "featuregate-s1")
-    moe = Path(shutil.copytree(tiny_mixtral, root / "moe-s0"))
-    checkpoints = [copies["featuregate"], fg1, copies["dense"], copies["muddpythia"], moe]
-    config = root / "tiny.json"
-    config.write_text(json.dumps({
-        "notebooks": list(TABLES),
-        "cache": str(root / "cache"),
-        "parameters": {"checkpoints": [str(c) for c in checkpoints], "max_windows": 4, "batch_size": 4},
-        "notebook": {"explore": {"window_index": 1}},
-    }))
-    plan, results = reproduce.reproduce(config, root / "run", progress=False)
-    audits = {name: json.loads((plan.out / "audits" / name / "audit.json").read_text())
-              for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "moe-s0")}
-    return plan, {r.name: r for r in results}, audits
+def tiny_run(tiny_reproduce):
+    plan, results, audits, _ = tiny_reproduce
+    return plan, results, audits
 
 
 def rows(plan, name):

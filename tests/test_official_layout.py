@@ -11,7 +11,6 @@ import csv
 import gzip
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -32,7 +31,7 @@ from fca_workbench.official import (
 )
 from fca_workbench.replay import replay_nll
 from fca_workbench.tokenizer import load_tokenizer
-from conftest import assert_identical_models, perturbed_muddpythia
+from conftest import assert_identical_models, fca, perturbed_muddpythia
 
 TINY = dict(vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64, use_qk_norm=True, expand_last=True, round64=True)
 FORMATS = [("safetensors", 1), ("safetensors", 3), ("bin", 1), ("bin", 2)]
@@ -417,10 +416,6 @@ def audit_folder(tmp_path_factory):
     model = tiny_official_model(vocab_size=4096)
     marker = write_official(model, folder, tokenizer=load_tokenizer())
     return folder, model, marker
-
-
-def fca(*args):
-    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True)
 
 
 @pytest.mark.timeout(600)  # `fca audit` in a subprocess: a hang fails here

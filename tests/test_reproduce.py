@@ -2,22 +2,18 @@
 with its cell while the others still run, and audits / coefficient caches reused across notebooks and runs."""
 
 import json
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import TINY_REPRODUCE_SETTINGS, assert_one_line_error, fca
 from fca_workbench import reproduce
 from fca_workbench.errors import UserError
 from fca_workbench.outputs import mark_results
 
 pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
-
-
-def fca(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
 
 
 def write_config(path, **config):
@@ -29,9 +25,7 @@ def test_unknown_parameter_is_refused_before_anything_runs(tmp_path):
     config = write_config(tmp_path / "c.json", parameters={"max_windos": 4})
     result = fca("reproduce", "--config", config, "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fca: error:"), result.stderr
-    assert "unknown parameter 'max_windos'" in lines[0] and "max_windows" in lines[0]  # says what is known
+    assert_one_line_error(result, "unknown parameter 'max_windos'", "max_windows")  # says what is known
     assert not (tmp_path / "out").exists()
 
 
@@ -92,35 +86,43 @@ def test_kernel_is_the_projects_own_python():
     assert Path(kernel["python"]).parent.resolve() == Path(sys.executable).parent.resolve()  # this venv's bin/
 
 
-def test_audits_and_caches_are_reused_across_notebooks_and_runs(tiny_checkpoints, tmp_path):
-    settings = dict(checkpoints=[str(tiny_checkpoints["featuregate"])], max_windows=3, batch_size=4,
-                    cache=str(tmp_path / "cache"), progress=False)
-    first = reproduce.NotebookRun(audits=str(tmp_path / "run1"), **settings)
-    audit = first.load_audits()[0]
-    audit_json = first.audit_dir(audit) / "audit.json"
-    shards = sorted((tmp_path / "cache").rglob("*.safetensors"))
+@pytest.mark.timeout(1200)  # may be the first to need the shared run (conftest.py)
+def test_audits_and_caches_are_reused_across_notebooks_and_runs(tiny_reproduce, tmp_path):
+    """The shared run's audit (copied: tests never write into that run) is read back, not rerun, by a notebook's
+    ``NotebookRun`` with the same settings; a later run into another folder reuses the coefficient cache; other
+    settings run the audit again."""
+    plan, _, audits, folders = tiny_reproduce
+    run1 = Path(shutil.copytree(plan.out / "audits", tmp_path / "run1"))
+    settings = dict(checkpoints=[str(folders["featuregate-s0"])], cache=str(plan.cache), progress=False,
+                    **TINY_REPRODUCE_SETTINGS)
+    audit_json = run1 / "featuregate-s0" / "audit.json"
+    shards = sorted(plan.cache.rglob("*.safetensors"))
     assert shards
     stamps = {p: p.stat().st_mtime_ns for p in [audit_json, *shards]}
 
-    again = reproduce.NotebookRun(audits=str(tmp_path / "run1"), **settings).load_audits()[0]  # another notebook
-    assert again == audit and audit_json.stat().st_mtime_ns == stamps[audit_json]
+    notebook = reproduce.NotebookRun(audits=str(run1), **settings)  # another notebook, after the run's own
+    audit = notebook.load_audits()[0]
+    assert notebook.audit_dir(audit) / "audit.json" == audit_json
+    assert audit == audits["featuregate-s0"] and audit_json.stat().st_mtime_ns == stamps[audit_json]
 
     other = reproduce.NotebookRun(audits=str(tmp_path / "run2"), **settings).load_audits()[0]  # a later run
     assert other["conditions"] == audit["conditions"]
     assert all(p.stat().st_mtime_ns == stamps[p] for p in shards)  # the coefficient cache was reused
 
-    changed = reproduce.NotebookRun(audits=str(tmp_path / "run1"), **{**settings, "seed": 1}).load_audits()[0]
+    changed = reproduce.NotebookRun(audits=str(run1), **{**settings, "seed": 1}).load_audits()[0]
     assert changed["settings"]["seed"] == 1 and audit_json.stat().st_mtime_ns != stamps[audit_json]
 
 
-@pytest.mark.timeout(900)  # papermill in a subprocess: a hung kernel fails here
-def test_failing_notebook_is_named_with_its_cell_and_the_others_still_run(tiny_checkpoints, tmp_path):
-    """No MUDDPythia among the checkpoints: its notebook fails, the one after it still runs, exit code 1."""
+@pytest.mark.timeout(1200)  # papermill in a subprocess, and maybe the shared run: a hung kernel fails here
+def test_failing_notebook_is_named_with_its_cell_and_the_others_still_run(tiny_reproduce, tmp_path):
+    """No MUDDPythia among the checkpoints: its notebook fails, the one after it still runs, exit code 1. (The
+    shared run's checkpoint and coefficient cache, so no capture runs again.)"""
+    plan, _, _, folders = tiny_reproduce
     config = write_config(
         tmp_path / "c.json",
         notebooks=["05_muddpythia", "03_static_profiles"],
-        cache=str(tmp_path / "cache"),
-        parameters={"checkpoints": [str(tiny_checkpoints["featuregate"])], "max_windows": 3, "batch_size": 4},
+        cache=str(plan.cache),
+        parameters={"checkpoints": [str(folders["featuregate-s0"])], **TINY_REPRODUCE_SETTINGS},
     )
     out = tmp_path / "out"
     result = fca("reproduce", "--config", config, "--out", out)

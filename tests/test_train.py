@@ -181,3 +181,31 @@ def test_resuming_with_a_setting_the_saved_run_lacks_names_it(small_text, tmp_pa
     torch.save(state, path)
     with pytest.raises(train_module.UserError, match=r"different settings \(audit_windows\)"):
         train(settings, tmp_path / "run")
+
+
+def test_hf_config_beyond_available_memory_is_refused_before_it_is_built(small_text, tmp_path, monkeypatch, capsys):
+    """``--hf-config`` is held to the same memory check as ``--arch``: 16 bytes per parameter (fp32 weights,
+    gradients and AdamW's two moments) against the memory available, counted without allocating the model."""
+    import fca_workbench.limits as limits
+
+    fields = read_hf_config(write_config(tmp_path, model_type="mixtral", **TINY_HF_CONFIGS["mixtral"]))
+    parameters = sum(p.numel() for p in build_hf_model(fields, load_tokenizer(), window=32).parameters())
+
+    def available(nbytes):
+        monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": nbytes})())
+
+    available(16 * parameters)  # exactly enough: built
+    build_hf_model(fields, load_tokenizer(), window=32)
+    available(16 * parameters - 1)
+    with pytest.raises(train_module.UserError, match=f"imply {parameters:,} parameters, .* GiB for fp32 weights, "
+                                                     "gradients and AdamW, more than the"):
+        build_hf_model(fields, load_tokenizer(), window=32)
+    monkeypatch.undo()
+
+    huge = write_config(tmp_path, model_type="mixtral", **{**TINY_HF_CONFIGS["mixtral"], "hidden_size": 65536,
+                                                           "intermediate_size": 262144, "num_attention_heads": 512})
+    args = ["train", "--hf-config", huge, "--train", small_text, "--window", "32", "--out", tmp_path / "o"]
+    assert main([str(a) for a in args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "GiB for fp32 weights, gradients and AdamW, more than the" in lines[0], lines
+    assert not (tmp_path / "o").exists()

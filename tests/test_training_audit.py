@@ -54,14 +54,22 @@ def direct_figures(model, windows: torch.Tensor) -> tuple[float, float]:
     return nll.mean().item(), (crossed_nll.mean() - nll.mean()).item()
 
 
-def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(small_text, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def whole_run(small_text, tmp_path_factory):  # noqa: F811
+    """One uninterrupted tiny run with mini-audits, shared by the tests that read it (none writes into it):
+    its settings, folder and model card."""
     settings = tiny_settings("featuregate", small_text, **AUDIT)
-    card = train(settings, tmp_path / "run")
-    rows = audit_rows(tmp_path / "run")
+    folder = tmp_path_factory.mktemp("training_audit") / "run"
+    return settings, folder, train(settings, folder)
+
+
+def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, tmp_path):
+    settings, run, card = whole_run
+    rows = audit_rows(run)
     assert [int(r["step"]) for r in rows] == [3, 6, 7]  # every 3 steps, and the last one
     tokenizer = load_tokenizer()
     audit = mini_audit(tokenizer)
-    final = load_model(tmp_path / "run")
+    final = load_model(run)
     assert figures_of(rows[-1]) == audit(final)
     nll, cross = direct_figures(final, audit.eval_windows)
     assert figures_of(rows[-1])["nll_correct"] == pytest.approx(nll, abs=1e-5)
@@ -75,24 +83,23 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(small_text,
     assert figures_of(rows[0]) == audit(at3)
     assert card["audit"]["audits"] == 3
     assert card["audit"]["audit_seconds"] == pytest.approx(sum(float(r["audit_seconds"]) for r in rows), abs=0.1)
-    assert "mini-audits" in (tmp_path / "run" / "README.md").read_text()
-    table = tables.training_dynamics_table(load_training_runs([tmp_path / "run"]))  # what notebook 07 shows
+    assert "mini-audits" in (run / "README.md").read_text()
+    table = tables.training_dynamics_table(load_training_runs([run]))  # what notebook 07 shows
     assert table.step.tolist() == [3, 6, 7]
     for column, logged in (("delta_cross_input", "delta_cross_input"), ("delta_cross_input_ci95_lo", "delta_cross_input_lo"),
                            ("retention_layer_mean_ci95_hi", "retention_layer_mean_hi"), ("r2_layer_slot", "r2_layer_slot")):
         assert table[column].tolist() == [float(r[logged]) for r in rows]
 
 
-def test_resumed_run_continues_the_audit_log_without_duplicate_rows(small_text, tmp_path):  # noqa: F811
-    settings = tiny_settings("featuregate", small_text, **AUDIT)
-    train(settings, tmp_path / "whole")
+def test_resumed_run_continues_the_audit_log_without_duplicate_rows(whole_run, tmp_path):
+    settings, whole_folder, _ = whole_run
     assert train(settings, tmp_path / "split", stop_after=4) is None
     assert [r["step"] for r in audit_rows(tmp_path / "split")] == ["3"]
     # An audit whose training state was never saved (the run died after it): the resumed run must redo it.
     log = tmp_path / "split" / "audit_log.csv"
     log.write_text(log.read_text() + log.read_text().splitlines()[-1].replace("3,", "6,", 1) + "\n")
     train(settings, tmp_path / "split")
-    whole, split = audit_rows(tmp_path / "whole"), audit_rows(tmp_path / "split")
+    whole, split = audit_rows(whole_folder), audit_rows(tmp_path / "split")
     assert [r["step"] for r in split] == ["3", "6", "7"]
     assert [figures_of(r) for r in split] == [figures_of(r) for r in whole]
 
