@@ -160,3 +160,22 @@ def perturbed_muddpythia(config: dict, seed: int = 0):
             param.add_(0.1 * torch.randn_like(param))
     return model.eval()
 
+
+
+
+# Modules that read the one shared ``tiny_reproduce`` run go to the same pytest-xdist worker, so it is made once.
+SHARED_RUN_MODULES = {"test_notebooks", "test_reproduce"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (scripts/test.sh: ``-n 2``) every module runs whole on one worker, so its
+    module-scoped fixtures (servers, audits, training runs) are built once, and the modules that share the
+    tiny reproduce run run on one worker. (xdist's own ``--dist loadgroup`` marks have no effect under pytest 9.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0]
+            return "shared-reproduce" if Path(module).stem in SHARED_RUN_MODULES else module
+
+    return ModuleScheduling(config, log)
