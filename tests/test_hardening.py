@@ -112,7 +112,7 @@ def live_nll(model, windows):
     from fca_workbench.models import next_token_nll
 
     with torch.no_grad():
-        return next_token_nll(model(windows).logits, windows)
+        return next_token_nll(model(windows).logits, windows).contiguous()  # a view of [B, T] rows: packed to save
 
 
 def read_everything(cache):
