@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from .cache_lock import cache_lock
-from .capture import capture, model_fingerprint
+from .capture import capture, model_fingerprint, shard_count
 from .data import fingerprint_tensor, load_windows, split_path, write_atomic
 from .distributed import SINGLE, Ranks
 from .errors import UserError
@@ -203,7 +203,7 @@ def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, cali
         "settings": {k: v for k, v in asdict(settings).items() if k not in PATH_SETTINGS},
     })
     sets = {"eval": eval_windows, "calibration": calib_windows}
-    ranks.check_shards({name: -(-len(w) // settings.batch_size) for name, w in sets.items() if w is not None})
+    ranks.check_shards({name: shard_count(len(w), settings.batch_size) for name, w in sets.items() if w is not None})
 
 
 def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:

@@ -100,7 +100,7 @@ class CoefficientCache:
         return self.folder / f"shard_{shard:05d}.safetensors"
 
     def num_shards(self) -> int:
-        return -(-self.num_windows // self.shard_size)
+        return shard_count(self.num_windows, self.shard_size)
 
     def damaged(self, shard: int, why: str) -> UserError:
         return UserError(f"coefficient cache shard {self.shard_path(shard)} {why}; delete {self.folder} to capture again")
@@ -173,6 +173,11 @@ class CoefficientCache:
         """Per-layer coefficients shard by shard: memory bounded by one shard."""
         for indices in self.shard_indices(shards):
             yield self.coefficients(indices)
+
+
+def shard_count(windows: int, shard_size: int) -> int:
+    """Shards of ``shard_size`` windows (the last one may be short) that ``windows`` windows fill."""
+    return -(-windows // shard_size)
 
 
 def file_sha256(path: Path) -> str:

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .audit import AuditSettings, run_audit
+from .audit import AuditSettings, cache_root, run_audit
 from .capture import read_manifest
 from .data import split_path, write_atomic
 from .errors import UserError
@@ -128,9 +128,8 @@ def audit_is_current(settings: AuditSettings, folder) -> bool:
     folder = Path(folder)
     if read_json(folder / "provenance.json") != provenance(settings) or read_json(folder / "audit.json") is None:
         return False
-    cache = Path(settings.cache) if settings.cache else folder / "cache"
     try:
-        manifest = read_manifest(cache / "eval")  # None for a cache of an older format: captured again
+        manifest = read_manifest(cache_root(settings, folder) / "eval")  # None for a cache of an older format: captured again
     except UserError:
         return False  # a broken manifest: the audit runs again and reports it
     return bool(manifest and manifest["complete"])
