@@ -29,10 +29,12 @@ from .pool import (
     SessionLimit,
     load_registry,
     release_memory,
+    unload_idle_models,
 )
 
 __all__ = [
     "CONDITION_HELP", "DERANGEMENTS_KEPT", "MAX_PASTE_CHARS", "SEEDED", "Analysis", "DashboardSession", "SharedModel",
     "TextInput", "pasted_input", "window_input", "DEFAULT_MAX_SESSIONS", "DEFAULT_MODEL_IDLE_SECONDS", "MODELS",
     "SESSIONS", "ModelPool", "Registry", "SessionLimit", "load_registry", "release_memory",
+    "unload_idle_models",
 ]

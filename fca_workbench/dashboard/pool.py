@@ -168,3 +168,9 @@ class SessionLimit:
 
 MODELS = ModelPool()  # process-wide: ``panel serve`` runs the app's script once per session, this module once
 SESSIONS = SessionLimit()
+
+
+def unload_idle_models() -> list[Path]:
+    """``MODELS.unload_idle`` as one callable for the whole process: Panel's ``schedule_task`` keeps the first
+    task of a name and warns at every session that brings another callable (a bound method is new each time)."""
+    return MODELS.unload_idle()
