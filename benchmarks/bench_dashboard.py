@@ -147,6 +147,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Client:
     """One browser-less session: Bokeh's websocket client, driving the app's widgets by their CSS classes.
 
@@ -406,12 +412,14 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
                 layers = [value for value, _ in client.widgets["fca-layer"].options]
 
     threads = [threading.Thread(target=user, args=(i,)) for i in range(sessions)]
-    started = time.monotonic()
+    started, server_cpu, clients_cpu = time.monotonic(), cpu_seconds(server.pid), cpu_seconds(os.getpid())
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - started
+    server_cpu, clients_cpu = cpu_seconds(server.pid) - server_cpu, cpu_seconds(os.getpid()) - clients_cpu
+    actions = len(latencies) + len(results_latencies)
     for client in clients_open:
         client.close()
     closed_at = time.monotonic()
@@ -436,6 +444,7 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
         "server_side_update_latency": percentiles(server_side),
         "single_session_update_latency": percentiles(single),
         "single_session_server_side": percentiles([x for x in single_server if x is not None]),
+        "cpu_ms_per_action": {"server": 1000 * server_cpu / max(actions, 1), "clients": 1000 * clients_cpu / max(actions, 1)},
         "server_rss_mib": {"before": before, "peak": max(samples) if samples else None, "after": after},
         "rss_after_over_before": after / before if after else None,
         "seconds_after_close": time.monotonic() - closed_at,
@@ -512,7 +521,8 @@ def sessions_memory(names: list[str], registry: Registry, sessions: int, max_ses
     return {"sessions": sessions, "max_sessions": max_sessions, "admitted": admitted,
             "server_full_pages": len(clients) - admitted, "failed": failed,
             "seconds_after_close": time.monotonic() - closed_at,
-            "server_rss_mib": {"before": before, "open": with_open, "after_close": after}}
+            "cpu_ms_per_action": {"server": 1000 * server_cpu / max(actions, 1), "clients": 1000 * clients_cpu / max(actions, 1)},
+        "server_rss_mib": {"before": before, "open": with_open, "after_close": after}}
 
 
 def model_memory(names: list[str], registry: Registry, calibration_windows) -> dict:
@@ -638,6 +648,9 @@ def markdown(r: dict) -> str:
             f"{fmt(x['single_session_update_latency']['p50_ms'])} / {fmt(x['single_session_update_latency']['p95_ms'])} | |",
             f"| same, server side p50 / p95 (ms) | {fmt(x['single_session_server_side']['p50_ms'])} / "
             f"{fmt(x['single_session_server_side']['p95_ms'])} | |",
+            *([f"| CPU per update or pick: server / the {x['sessions']} clients (ms; clients are Python websocket "
+               f"clients in one process) | {fmt(x['cpu_ms_per_action']['server'])} / {fmt(x['cpu_ms_per_action']['clients'])} | |"]
+              if "cpu_ms_per_action" in x else []),
             f"| server RSS before / peak / after (MiB) | {fmt(rss['before'])} / {fmt(rss['peak'])} / {fmt(rss['after'])} | |",
             f"| RSS after / before | {fmt(x['rss_after_over_before'], 3)} | <= 1.10 |",
             f"| server tracebacks | {x['server_tracebacks']} | 0 |",

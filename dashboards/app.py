@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import functools
 import html
 import logging
 import os
@@ -56,6 +55,7 @@ from fca_workbench.dashboard import (  # noqa: E402
     unload_idle_models,
     window_input,
 )
+from fca_workbench.dashboard.panel_writes import fix_stranded_writes  # noqa: E402
 from fca_workbench.dashboard.query import AUDIT_DONOR, QUERY_NAMES, VIEWS, ViewQuery, choose, choose_index  # noqa: E402
 from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit  # noqa: E402
 from fca_workbench.errors import UserError  # noqa: E402
@@ -198,26 +198,9 @@ class DashboardApp:
     def later(self, fn):
         """Run ``fn`` as a next-tick callback of the document (see ``in_document``), or now when not served."""
         if self.served:
-            self.doc.add_next_tick_callback(functools.partial(self.held, fn))
+            self.doc.add_next_tick_callback(fn)
         else:
             fn()
-
-    def held(self, fn, *args):
-        """Run ``fn(*args)`` with the document held, so that its changes go to the browser through Bokeh's own
-        patch queue, in order, when ``fn`` returns.
-
-        Unheld, Panel (1.9.4) writes them to the websocket itself, and a write queued while an earlier one of
-        the session is still in flight can stay unsent until the session's next change
-        (``panel.io.document._dispatch_msgs`` finds its write block already lifted): under load the browser
-        then kept showing the previous audit (9 of 2,219 quick results-view picks by 10-12 sessions)."""
-        doc = self.doc
-        if doc.callbacks.hold_value:  # held by a caller: its unhold sends these changes too
-            return fn(*args)
-        doc.hold("combine")
-        try:
-            return fn(*args)
-        finally:
-            doc.unhold()
 
     def on_analyse_text(self, event):
         self.pending["source"] = SOURCES[1]
@@ -273,7 +256,7 @@ class DashboardApp:
             if future.done():
                 return
             try:
-                future.set_result(self.held(fn, *args))
+                future.set_result(fn(*args))
             except Exception as exc:  # handed to the awaiting coroutine
                 future.set_exception(exc)
 
@@ -486,7 +469,9 @@ def configure(registry=None, calibration_windows=None, torch_threads=1, max_sess
     """Process settings: the registry (None: the shipped checkpoints), calibration windows for the static
     profiles (None: all), torch threads (1 keeps small models fast when several sessions share the CPU), the
     most sessions open at once, the idle time after which a model is unloaded (0: no limit, never) and the
-    results folder whose audits the results view lists (None: none)."""
+    results folder whose audits the results view lists (None: none). Installs the fix of Panel's write queue
+    (``fca_workbench.dashboard.panel_writes``)."""
+    fix_stranded_writes()
     SETTINGS["registry"] = load_registry(registry)
     SETTINGS["calibration_windows"] = calibration_windows
     SETTINGS["results"] = ResultsFolder(results) if results else None

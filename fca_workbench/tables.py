@@ -420,12 +420,20 @@ DYNAMICS_COLUMNS = [
     Column("r2_layer_slot", "R² layer×slot", "pct"),
     Column("within_std", "within-(layer, slot) std"),
 ]
+ROUTER_DYNAMICS_COLUMNS = [  # what a run of a model with top-k routers logs besides
+    Column("delta_layer_mean_topk", "ΔNLL layer_mean_topk", "delta"),
+    Column("retention_layer_mean_topk", "layer_mean_topk", "pct"),
+    Column("expert_fraction_executed", "expert fraction executed", "float"),
+]
 
 
 def training_dynamics_table(runs: list[dict], steps=None):
     """Mini-audit figures of training runs (``training_audit.load_training_runs``) at the audited ``steps``
-    (default: every audited step), one row per run and step, read from ``audit_log.csv``."""
-    columns = [Column("run", "run", "text"), Column("step", "step", "int"), *DYNAMICS_COLUMNS]
+    (default: every audited step), one row per run and step, read from ``audit_log.csv``; the routers' figures
+    when a run has routers (missing for the runs that have none)."""
+    routers = any(c.key in run["audit"].columns for run in runs for c in ROUTER_DYNAMICS_COLUMNS)
+    columns = [Column("run", "run", "text"), Column("step", "step", "int"), *DYNAMICS_COLUMNS,
+               *(ROUTER_DYNAMICS_COLUMNS if routers else [])]
     rows = []
     for run in runs:
         for record in run["audit"].to_dict("records"):

@@ -294,6 +294,44 @@ def test_session_limit_admits_up_to_the_maximum():
     assert all(unlimited.admit() for _ in range(100))
 
 
+def test_changes_queued_after_the_write_block_was_lifted_are_sent():
+    """The race that left results-view picks unshown under load (``panel_writes``), made deterministic: a session's
+    changes are queued for sending, then the task before lifts the session's write block before the task that
+    was to send them starts."""
+    import asyncio
+
+    import panel.io.document as panel_document
+    from bokeh.document import Document
+
+    from fca_workbench.dashboard.panel_writes import fix_stranded_writes, sends_stranded_changes
+
+    class Socket:  # what Panel writes to, through its hook for other kinds of socket
+        pass
+
+    class Connection:
+        _socket = Socket()
+
+    sent = []
+    panel_document.extra_socket_handlers[Socket] = lambda conn, msg: sent.append(msg) or []
+    doc, connection = Document(), Connection()
+    upstream = getattr(panel_document._dispatch_msgs, "__wrapped__", panel_document._dispatch_msgs)
+    try:
+        for dispatch in (upstream, sends_stranded_changes(upstream)):
+            sent.clear()
+            panel_document._WRITE_MSGS[doc] = {connection: ["PATCH-DOC 1", "PATCH-DOC 2"]}
+            panel_document._WRITE_BLOCK.pop(doc, None)
+            asyncio.run(dispatch(doc))
+        assert sent == ["PATCH-DOC 1", "PATCH-DOC 2"]  # both sent, in order, by the fixed task
+        assert doc not in panel_document._WRITE_BLOCK and doc not in panel_document._WRITE_MSGS  # nothing left
+    finally:
+        del panel_document.extra_socket_handlers[Socket]
+        panel_document._WRITE_MSGS.pop(doc, None)
+        panel_document._WRITE_BLOCK.pop(doc, None)
+    assert fix_stranded_writes() and fix_stranded_writes()  # installed once, then left as it is
+    assert panel_document._dispatch_msgs.sends_stranded_changes
+    assert panel_document._dispatch_msgs.__wrapped__ is upstream
+
+
 def test_token_html_escapes_everything():
     import views
 

@@ -17,6 +17,8 @@ from fca_workbench.tokenizer import load_tokenizer
 from fca_workbench.train import build_hf_model, build_model, train
 from fca_workbench.training_audit import MiniAudit, load_training_runs
 
+ROUTER_KEYS = [c.key for c in tables.ROUTER_DYNAMICS_COLUMNS]
+
 AUDIT = dict(audit_every=3, audit_windows=4, steps=7, save_every=10)
 
 
@@ -86,6 +88,7 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, 
     assert "mini-audits" in (run / "README.md").read_text()
     table = tables.training_dynamics_table(load_training_runs([run]))  # what notebook 07 shows
     assert table.step.tolist() == [3, 6, 7]
+    assert not set(ROUTER_KEYS) & set(table.columns)  # no routers, no router columns
     for column, logged in (("delta_cross_input", "delta_cross_input"), ("delta_cross_input_ci95_lo", "delta_cross_input_lo"),
                            ("retention_layer_mean_ci95_hi", "retention_layer_mean_hi"), ("r2_layer_slot", "r2_layer_slot")):
         assert table[column].tolist() == [float(r[logged]) for r in rows]
@@ -160,6 +163,9 @@ def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_m
     assert figures_of(rows[-1])["delta_layer_mean_topk"] == pytest.approx(static_delta, abs=1e-6)
     assert figures_of(rows[-1])["delta_layer_mean_topk"] != figures_of(rows[-1])["delta_layer_mean"]
     assert figures_of(rows[-1])["expert_fraction_executed"] == 2 / 4  # k of E experts per token
+    table = tables.training_dynamics_table(load_training_runs([tmp_path / "run"]))  # what notebook 07 shows
+    for key in ROUTER_KEYS:
+        assert table[key].tolist() == [float(r[key]) for r in rows]
     # The audits leave training as it was (train mode, the default experts implementation): the same weights.
     train(hf_settings(tmp_path, "mixtral", small_text, steps=4, save_every=10), tmp_path / "plain")
     audited, plain = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")

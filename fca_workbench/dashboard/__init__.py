@@ -4,7 +4,8 @@ app only presents.
 - ``pool``: what the server process holds for every session (checkpoint registry, model pool, session cap);
 - ``live``: the live replay view (one checkpoint, one window, one intervention, per token);
 - ``results_folder``: the finished audits of the results folder (listing, tables, downloads, static profiles);
-- ``query``: the view's selection as URL query values, checked against what the server can show.
+- ``query``: the view's selection as URL query values, checked against what the server can show;
+- ``panel_writes``: a fix for Panel's queue of websocket writes, which could leave a session's last change unsent.
 """
 
 from .live import (
