@@ -22,14 +22,29 @@ SIZE_LIMITS = {
     "block_size": 1 << 20,  # the context: position tables are sized by it
     "vocab_size": 1 << 22,
 }
+# the same limits under transformers' names, for any causal-LM config.json (a family lacks some)
+HF_SIZE_LIMITS = {
+    "num_hidden_layers": SIZE_LIMITS["n_layer"],
+    "num_attention_heads": SIZE_LIMITS["n_head"],
+    "num_key_value_heads": SIZE_LIMITS["n_head"],
+    "hidden_size": SIZE_LIMITS["n_embd"],
+    "intermediate_size": SIZE_LIMITS["intermediate_size"],
+    "moe_intermediate_size": SIZE_LIMITS["intermediate_size"],
+    "num_local_experts": 65_536,
+    "num_experts": 65_536,
+    "num_experts_per_tok": 65_536,
+    "max_position_embeddings": SIZE_LIMITS["block_size"],
+    "vocab_size": SIZE_LIMITS["vocab_size"],
+}
 
 
-def check_sizes(config, source: str) -> None:
-    """Refuse a size field that is not a whole number in 1..its limit, naming the field."""
-    for field, limit in SIZE_LIMITS.items():
-        if field not in vars(config):
+def check_sizes(config, source: str, limits: dict = SIZE_LIMITS, none_allowed: bool = False) -> None:
+    """Refuse a size field that is not a whole number in 1..its limit, naming the field. ``none_allowed``: a
+    field may be None (transformers configs leave some so, for a default derived from others)."""
+    for field, limit in limits.items():
+        value = vars(config).get(field)
+        if field not in vars(config) or (value is None and none_allowed):
             continue
-        value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise UserError(f"{source}: {field}={value!r} is out of range (a whole number from 1 to {limit:,})")
 

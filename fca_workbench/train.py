@@ -31,7 +31,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
 from .errors import UserError, first_line
-from .limits import check_memory, check_sizes
+from .limits import HF_SIZE_LIMITS, check_memory, check_sizes
 from .models import FAMILIES, next_token_nll
 from .outputs import output_folder
 from .tokenizer import load_tokenizer
@@ -124,6 +124,7 @@ def build_hf_model(fields: dict, tokenizer, window: int):
         config = AutoConfig.for_model(model_type, **{**defaults, **given})
     except (StrictDataclassError, ValueError, TypeError) as exc:
         raise UserError(f"invalid {model_type} config: {one_line(exc)}") from None
+    check_sizes(config, "fca train's --hf-config", HF_SIZE_LIMITS, none_allowed=True)
     if config.vocab_size < len(tokenizer):
         raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
     if getattr(config, "max_position_embeddings", window) < window:

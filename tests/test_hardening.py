@@ -345,6 +345,45 @@ def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_pa
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("num_hidden_layers", 10**9), ("hidden_size", 10**7), ("num_local_experts", 10**8),
+    ("max_position_embeddings", 10**12), ("num_attention_heads", 0),
+])
+def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_mixtral, tmp_path, field, value):
+    """A planted transformers config.json (here a Mixtral's) is checked before transformers builds anything."""
+    from fca_workbench.adapters import load_controlled
+
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    for item in tiny_mixtral.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=f"config.json: {field}={value} is out of range") as error:
+        load_controlled(folder)
+    assert time.perf_counter() - started < 10
+    assert "\n" not in str(error.value)
+
+
+def test_foreign_model_beyond_available_memory_is_refused(tiny_mixtral, monkeypatch):
+    import fca_workbench.limits as limits
+    from fca_workbench.adapters import load_controlled
+
+    model = load_controlled(tiny_mixtral).model  # fits: loads
+    needed = sum(p.numel() for p in model.parameters()) * 4
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
+    with pytest.raises(UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters, 0.0 GiB in float32"):
+        load_controlled(tiny_mixtral)
+
+
+def test_train_refuses_absurd_sizes_of_an_hf_config_before_building(tmp_path):
+    (tmp_path / "moe.json").write_text(json.dumps({"model_type": "mixtral", "num_hidden_layers": 10**9}))
+    result = fca("train", "--hf-config", tmp_path / "moe.json", "--train", tmp_path / "missing.txt", "--out", tmp_path / "run")
+    assert_one_line_error(result, "fca train's --hf-config: num_hidden_layers=1000000000 is out of range")
+    assert not (tmp_path / "run").exists()
+
+
 def test_parameters_beyond_available_memory_are_refused(tiny_checkpoints, monkeypatch):
     import fca_workbench.limits as limits
     from fca_workbench.models import load_model

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..limits import HF_SIZE_LIMITS, check_memory, check_sizes
 from .hf import TransformersControlled, find_controllers  # noqa: F401
 from .kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind  # noqa: F401
 from .protocol import COEFFICIENT, frozen  # noqa: F401
@@ -63,7 +64,7 @@ def controlled_view(model):
 
 def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
     """``AutoModelForCausalLM.from_pretrained`` from local safetensors; remote code only when asked."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = raw.get("model_type")
@@ -75,9 +76,17 @@ def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
         raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
     if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
         raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
+    dtype = dtype or torch.float32
     try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+        check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
+        with torch.device("meta"):  # counts the parameters, allocating nothing
+            parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(
+                config, trust_remote_code=trust_remote_code).parameters())
+        check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
         return AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype or torch.float32, local_files_only=True, use_safetensors=True, trust_remote_code=trust_remote_code
+            folder, config=config, dtype=dtype, local_files_only=True, use_safetensors=True,
+            trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         text = str(exc).strip().splitlines()
