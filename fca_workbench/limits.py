@@ -41,12 +41,21 @@ HF_SIZE_LIMITS = {
 def check_sizes(config, source: str, limits: dict = SIZE_LIMITS, none_allowed: bool = False) -> None:
     """Refuse a size field that is not a whole number in 1..its limit, naming the field. ``none_allowed``: a
     field may be None (transformers configs leave some so, for a default derived from others)."""
+    fields = vars(config)
     for field, limit in limits.items():
-        value = vars(config).get(field)
-        if field not in vars(config) or (value is None and none_allowed):
+        value = fields.get(field)
+        if field not in fields or (value is None and none_allowed):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise UserError(f"{source}: {field}={value!r} is out of range (a whole number from 1 to {limit:,})")
+
+
+def parameters_on_meta(build) -> int:
+    """The parameter count of the module ``build()`` makes, built on the meta device (allocating nothing)."""
+    import torch
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in build().parameters())
 
 
 def check_memory(parameters: int, bytes_per_parameter: float, source: str, purpose: str) -> None:

@@ -31,7 +31,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
 from .errors import UserError, first_line
-from .limits import HF_SIZE_LIMITS, check_memory, check_sizes
+from .limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
 from .models import FAMILIES, next_token_nll
 from .outputs import output_folder
 from .tokenizer import load_tokenizer
@@ -136,9 +136,7 @@ def build_hf_model(fields: dict, tokenizer, window: int):
 def check_training_memory(build) -> None:
     """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
     runs on the meta device, which only counts the parameters."""
-    with torch.device("meta"):
-        parameters = sum(p.numel() for p in build().parameters())
-    check_memory(parameters, TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
+    check_memory(parameters_on_meta(build), TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
 
 
 def build_model(settings: TrainSettings, tokenizer):

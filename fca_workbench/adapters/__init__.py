@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..limits import HF_SIZE_LIMITS, check_memory, check_sizes
+from ..limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
 from .hf import TransformersControlled, find_controllers  # noqa: F401
 from .kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind  # noqa: F401
 from .protocol import COEFFICIENT, frozen  # noqa: F401
@@ -80,9 +80,7 @@ def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
-        with torch.device("meta"):  # counts the parameters, allocating nothing
-            parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(
-                config, trust_remote_code=trust_remote_code).parameters())
+        parameters = parameters_on_meta(lambda: AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code))
         check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
         return AutoModelForCausalLM.from_pretrained(
             folder, config=config, dtype=dtype, local_files_only=True, use_safetensors=True,
