@@ -18,16 +18,18 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from fca_workbench.audit import AuditSettings, run_audit
-from fca_workbench.capture import capture
-from fca_workbench.data import load_windows, split_path
-from fca_workbench.interventions import CONDITIONS, static_profiles
-from fca_workbench.models import load_model
-from fca_workbench.replay import replay_nll
-from fca_workbench.tokenizer import load_tokenizer
 from results_file import write_results
 from timing import timed
+
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.interventions import static_profiles
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
+from fca_workbench.models import load_model
+from fca_workbench.results.conditions import CONDITIONS
 
 
 @torch.no_grad()

@@ -29,9 +29,9 @@ Writes benchmarks/results/bench_dashboard.json and .md (a section skipped keeps 
 
 import argparse
 import asyncio
+import html
 import json
 import os
-import html
 import random
 import re
 import shutil
@@ -49,6 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fca_workbench.audit.interventions import restrict_to_layer
+from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.dashboard import (
     DEFAULT_MAX_SESSIONS,
     DashboardSession,
@@ -58,8 +60,6 @@ from fca_workbench.dashboard import (
     release_memory,
     window_input,
 )
-from fca_workbench.interventions import restrict_to_layer
-from fca_workbench.prefix import PrefixCache
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -287,7 +287,7 @@ def dashboard_server(names: list[str], registry: Registry, calibration_windows, 
 def results_folder(folder: Path, checkpoint: Path) -> Path:
     """A results folder for the results view: a small per-layer audit of ``checkpoint`` (``fca audit``'s
     layout), a copy in ``fca reproduce``'s layout and a truncated audit.json (listed with a message)."""
-    from fca_workbench.audit import AuditSettings, run_audit
+    from fca_workbench.audit.run import AuditSettings, run_audit
 
     first = folder / f"audit-{checkpoint.name}"
     run_audit(AuditSettings(checkpoint=str(checkpoint), max_windows=8, resamples=200, latency_repeats=2,
@@ -521,7 +521,6 @@ def sessions_memory(names: list[str], registry: Registry, sessions: int, max_ses
     return {"sessions": sessions, "max_sessions": max_sessions, "admitted": admitted,
             "server_full_pages": len(clients) - admitted, "failed": failed,
             "seconds_after_close": time.monotonic() - closed_at,
-            "cpu_ms_per_action": {"server": 1000 * server_cpu / max(actions, 1), "clients": 1000 * clients_cpu / max(actions, 1)},
         "server_rss_mib": {"before": before, "open": with_open, "after_close": after}}
 
 

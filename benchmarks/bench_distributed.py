@@ -120,9 +120,10 @@ def gpu_single_rank(args) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_check import TINY_OVERRIDES, build_model  # the 1.4B-shaped random model of the GPU check
 
+    from fca_workbench.data.tokenizer import load_tokenizer
+    from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG
     from fca_workbench.models.muddpythia import MUDDPythiaConfig
-    from fca_workbench.official import OFFICIAL_1P4B_CONFIG, save_official
-    from fca_workbench.tokenizer import load_tokenizer
+    from fca_workbench.models.official_layout import save_official
 
     if not args.tiny and not torch.cuda.is_available():
         print("bench_distributed: no CUDA device visible to torch (use --tiny to run on the CPU)", file=sys.stderr)

@@ -22,14 +22,16 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from fca_workbench.adapters import COEFFICIENT, load_controlled
-from fca_workbench.capture import capture
-from fca_workbench.data import load_windows, split_path
-from fca_workbench.interventions import broadcast_profile, routing_top_k, static_profiles, with_routing_profiles
-from fca_workbench.tokenizer import load_tokenizer
 from results_file import write_results
 from timing import timed
+
+from fca_workbench.adapters import COEFFICIENT
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.interventions import broadcast_profile, routing_top_k, static_profiles, with_routing_profiles
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
 
 WINDOW = 256
 

@@ -13,11 +13,11 @@ import gzip
 import io
 
 import torch
-
-from fca_workbench.interventions import CONDITIONS
-from fca_workbench.results import per_token_csv, per_token_frame, per_token_parquet
 from results_file import write_results
 from timing import best_of
+
+from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.results.per_token import per_token_csv, per_token_frame, per_token_parquet
 
 
 def loop_writer(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> bytes:

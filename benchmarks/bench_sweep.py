@@ -25,18 +25,20 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
-
-from fca_workbench.capture import capture
-from fca_workbench.data import load_windows, split_path
-from fca_workbench.interventions import CONDITIONS, static_profiles
-from fca_workbench.metrics import bootstrap_counts
-from fca_workbench.models import head_nll, load_model, next_token_nll
-from fca_workbench.prefix import PrefixCache
-from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
-from fca_workbench.tokenizer import load_tokenizer
 from results_file import write_results
 from timing import best_of_each
+from torch.profiler import ProfilerActivity, profile
+
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.interventions import static_profiles
+from fca_workbench.audit.metrics import bootstrap_counts
+from fca_workbench.audit.prefix import PrefixCache
+from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
+from fca_workbench.models import head_nll, load_model, next_token_nll
+from fca_workbench.results.conditions import CONDITIONS
 
 SWEPT = [c for c in CONDITIONS if c not in ("unperturbed", "correct")]
 

@@ -30,12 +30,12 @@ import tempfile
 from pathlib import Path
 
 import torch
+from bench_sweep import sweep_limit
+from results_file import write_results
+from timing import best_of_each
 
-from fca_workbench.capture import capture
-from fca_workbench.data import load_windows, split_path
-from fca_workbench.interventions import (
-    CONDITIONS,
-    STATIC_PROFILES,
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
@@ -43,14 +43,14 @@ from fca_workbench.interventions import (
     shuffle_positions,
     static_profiles,
 )
-from fca_workbench.metrics import bootstrap_counts
+from fca_workbench.audit.metrics import bootstrap_counts
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
 from fca_workbench.models import load_model, next_token_nll
-from fca_workbench.replay import replay_nll
-from fca_workbench.sweep import full_forward_window_nll, per_layer_sweep
-from fca_workbench.tokenizer import load_tokenizer
-from bench_sweep import sweep_limit
-from results_file import write_results
-from timing import best_of_each
+from fca_workbench.results.conditions import CONDITIONS, STATIC_PROFILES
 
 FROZEN = [c for c in CONDITIONS if c != "unperturbed"]  # replayed with the controllers skipped
 SWEPT = [c for c in FROZEN if c != "correct"]

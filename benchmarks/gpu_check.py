@@ -36,17 +36,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fca_workbench.capture import capture, model_fingerprint  # noqa: E402
+from fca_workbench.audit.budget import audit_batch_size, window_bytes
+from fca_workbench.audit.capture import capture, model_fingerprint  # noqa: E402
+from fca_workbench.audit.replay import replay_nll  # noqa: E402
 from fca_workbench.models import load_model  # noqa: E402
+from fca_workbench.models.loading import CODE_FILES_NAMED_BY_AUTO_MAP, OFFICIAL_1P4B_CONFIG
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM  # noqa: E402
-from fca_workbench.official import (  # noqa: E402
-    CODE_FILES_NAMED_BY_AUTO_MAP,
-    OFFICIAL_1P4B_CONFIG,
-    audit_batch_size,
-    save_official,
-    window_bytes,
-)
-from fca_workbench.replay import replay_nll  # noqa: E402
+from fca_workbench.models.official_layout import save_official
 
 TINY_OVERRIDES = dict(n_layer=4, dim=128, n_head=4, n_local_heads=4, intermediate_size=512, vocab_size=1024, block_size=256)
 REPLAYS = ("correct", "cross_input", "token_shuffle")

@@ -59,8 +59,8 @@ from fca_workbench.dashboard.panel_writes import fix_stranded_writes  # noqa: E4
 from fca_workbench.dashboard.query import AUDIT_DONOR, QUERY_NAMES, VIEWS, ViewQuery, choose, choose_index  # noqa: E402
 from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit  # noqa: E402
 from fca_workbench.errors import UserError  # noqa: E402
-from fca_workbench.interventions import CONDITIONS  # noqa: E402
-from fca_workbench.tables import per_layer_table  # noqa: E402
+from fca_workbench.results.audit_tables import per_layer_table  # noqa: E402
+from fca_workbench.results.conditions import CONDITIONS
 
 log = logging.getLogger("fca.dashboard")
 pn.extension("plotly", sizing_mode="stretch_width", notifications=False)

@@ -13,8 +13,8 @@ import io
 from collections import OrderedDict
 
 import panel as pn
-
 import views
+
 from fca_workbench import tables
 from fca_workbench.dashboard.results_folder import AUDIT_FILE, audit_tables
 from fca_workbench.errors import UserError

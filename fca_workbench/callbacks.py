@@ -15,7 +15,7 @@ W&B, ...). A callback cannot do this by editing the ``logs`` of its own ``on_log
 
 from transformers import TrainerCallback
 
-from .training_audit import MiniAudit
+from fca_workbench.audit.mini import MiniAudit
 
 
 class FCACallback(TrainerCallback):

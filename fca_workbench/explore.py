@@ -15,10 +15,13 @@ from pathlib import Path
 
 import torch
 
-from .audit import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
-from .errors import UserError
-from .interventions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES, routing_top_k
-from .tables import Column, make_table
+from fca_workbench.audit.conditions import ConditionCoefficients, calibration_profiles, values_on
+from fca_workbench.audit.interventions import routing_top_k
+from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
+from fca_workbench.errors import UserError
+from fca_workbench.models import next_token_nll
+from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
+from fca_workbench.results.tables import Column, make_table
 
 
 class Explorer:
@@ -48,15 +51,11 @@ class Explorer:
     @functools.cached_property
     def profiles(self) -> dict[str, list[torch.Tensor]]:
         """The calibration set's static profiles, tokenized and captured when a static condition is first asked for."""
-        from .replay import calibration_profiles
-
         _, windows = audit_windows(self.settings, "calibration", self.model, self.tokenizer)
         calibration = capture_split(self.model, windows, "calibration", self.settings, None)
         return calibration_profiles(calibration)
 
     def _assign(self, condition: str, layer: int | None):
-        from .replay import ConditionCoefficients
-
         static = condition in STATIC_PROFILES + ROUTING_CONDITIONS
         return ConditionCoefficients(condition, self.cache, self.profiles if static else None, self.settings.seed, layer)
 
@@ -72,9 +71,6 @@ class Explorer:
     @torch.no_grad()
     def token_nll(self, condition: str, window: int, layer: int | None = None) -> torch.Tensor:
         """``[T-1]`` per-token NLL of ``window`` replayed under ``condition`` (``unperturbed``: the cached live run)."""
-        from .models import next_token_nll
-        from .replay import values_on
-
         if condition == "unperturbed":
             return self.cache.nll(torch.tensor([window]))[0]
         parameter = next(self.model.parameters())

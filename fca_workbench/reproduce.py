@@ -24,12 +24,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .audit import AuditSettings, cache_root, run_audit
-from .capture import read_manifest
-from .data import split_path, write_atomic
-from .errors import UserError
-from .outputs import RESULTS_MARKER, is_results, mark_results, output_folder
-from .resources import checkpoints_dir, results_root, shipped
+from fca_workbench.audit.capture import read_manifest
+from fca_workbench.audit.run import AuditSettings, cache_root, run_audit
+from fca_workbench.data.corpus import split_path
+from fca_workbench.errors import UserError
+from fca_workbench.explore import Explorer
+from fca_workbench.files import write_atomic
+from fca_workbench.resources import checkpoints_dir, results_root, shipped
+from fca_workbench.results.figures import write_figure
+from fca_workbench.results.outputs import RESULTS_MARKER, is_results, mark_results, output_folder
+from fca_workbench.results.tables import styled, write_table
 
 KERNEL_NAME = "fca-workbench"
 NOTEBOOK_DIR = shipped("notebooks")
@@ -226,8 +230,6 @@ class NotebookRun:
     def explorer(self, checkpoint):
         """``checkpoint`` opened for exploration (``explore.Explorer``: its eval capture, reused from the shared
         cache when an audit or an earlier explorer made it), when first asked for, then kept."""
-        from .explore import Explorer
-
         checkpoint = str(Path(checkpoint).resolve())
         if checkpoint not in self._explorers:
             check_checkpoint(checkpoint)
@@ -241,14 +243,10 @@ class NotebookRun:
     def write_table(self, table):
         """Write a table (a ``tables`` DataFrame) as CSV, Markdown and LaTeX under ``<out>/tables``; returns its
         ``Styler``, which the notebook displays."""
-        from .tables import styled, write_table
-
         write_table(table, self.out)
         return styled(table)
 
     def write_figure(self, fig, name: str) -> Path:
-        from .tables import write_figure
-
         return write_figure(fig, self.out, name)
 
 

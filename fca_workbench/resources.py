@@ -13,7 +13,7 @@ import tarfile
 from importlib.resources import files
 from pathlib import Path, PurePosixPath
 
-from .errors import UserError
+from fca_workbench.errors import UserError
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 CHECKPOINTS_ENV = "FCA_CHECKPOINTS"

@@ -1,542 +1,61 @@
-"""Presentation helpers for the notebooks: audit dicts → pandas DataFrames, DataFrames → a Styler to read and
-CSV / Markdown / LaTeX files, figures → interactive HTML.
+"""What the notebooks call as ``tables.<name>``: the results layer's tables and figures in one namespace.
 
-Nothing here computes a figure of the audit: every value in a table is read from an ``audit.json`` (or
-``aggregate.summarise`` of several), so a table always equals the audit it came from. A table is a DataFrame
-of exact numbers (a 95% CI as ``<key>_lo`` / ``<key>_hi``, a mean ± sd over seeds as ``<key>_mean`` /
-``<key>_sd`` / ``<key>_n``); its ``attrs`` carry its name, caption and column formats, which ``readable``
-uses to show CIs as ``[lo, hi]``, shares as percentages and ΔNLL with its sign. The CSV keeps full
-precision; Markdown and LaTeX are rounded for reading.
+The tables themselves live in ``fca_workbench.results`` (``tables``: the DataFrame and its renderings;
+``audit_tables``: audits → tables; ``figures``; ``slots``); a notebook reads coefficient caches for its
+heatmaps through ``open_cache`` and ``position_means`` here.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
 
-from .aggregate import summarise
-from .capture import CoefficientCache, open_cache  # noqa: F401 (01_variation opens caches as tables.open_cache)
-from .data import write_atomic
-from .interventions import CONDITIONS, ROUTING_CONDITIONS, static_profiles
+from fca_workbench.audit.capture import CoefficientCache, open_cache
+from fca_workbench.audit.interventions import static_profiles
+from fca_workbench.results.audit_tables import (
+    RETENTION_PROFILES,
+    VARIANCE_COLUMNS,
+    assignment_seed_table,
+    assignment_table,
+    execution_seed_table,
+    execution_table,
+    model_name,
+    mudd_table,
+    per_layer_seed_table,
+    per_layer_table,
+    positive_control_table,
+    retention_seed_table,
+    retention_table,
+    training_dynamics_table,
+    variation_seed_table,
+    variation_table,
+    with_controller,
+)
+from fca_workbench.results.figures import layer_position_matrix, mimebundle, show, show_in, write_figure
+from fca_workbench.results.layout import cache_folder
+from fca_workbench.results.profiles import load_profiles
+from fca_workbench.results.slots import routers, slot_labels
+from fca_workbench.results.tables import (
+    Column,
+    make_table,
+    readable,
+    styled,
+    to_csv,
+    to_latex,
+    to_markdown,
+    write_table,
+)
 
-AUDIT_CONDITIONS = CONDITIONS + ROUTING_CONDITIONS  # routing ones only where the audit has them (routers)
-
-
-@dataclass(frozen=True)
-class Column:
-    """How a table column is read: kind text | int | float | delta (signed) | pct (a share as %) | sci, as one
-    value, a 95% interval (``ci``: ``[lo, hi]``) or a mean ± sd over seeds (``msd``: ``{"mean", "sd", "n"}``)."""
-
-    key: str
-    header: str
-    kind: str = "float"
-    form: str = "value"  # value | ci | msd
-    digits: int = 4
-    integer: bool = False  # exact values are integers (always for kind int), e.g. FLOPs shown as sci
-
-    @property
-    def parts(self) -> list[str]:
-        """The DataFrame (and CSV) columns that hold this column's exact values."""
-        suffixes = {"value": [""], "ci": ["_lo", "_hi"], "msd": ["_mean", "_sd", "_n"]}[self.form]
-        return [self.key + s for s in suffixes]
-
-    def dtype(self, part: str) -> str:
-        if self.kind == "text":
-            return "str"
-        if self.form == "msd":
-            return "Int64" if part.endswith("_n") else "float64"
-        return "Int64" if self.form == "value" and (self.integer or self.kind == "int") else "float64"
-
-
-def make_table(name: str, caption: str, columns: list[Column], rows: list[dict]):
-    """The exact DataFrame of a table: one column per part of each ``Column``, ``None`` as missing."""
-    import pandas as pd
-
-    def parts(column: Column, value) -> list:
-        if column.form == "ci":
-            return list(value) if value is not None else [None, None]
-        if column.form == "msd":
-            return [(value or {}).get(k) for k in ("mean", "sd", "n")]
-        return [value]
-
-    records = [[v for c in columns for v in parts(c, row.get(c.key))] for row in rows]
-    frame = pd.DataFrame(records, columns=[p for c in columns for p in c.parts], dtype=object)
-    frame = frame.astype({p: c.dtype(p) for c in columns for p in c.parts})
-    frame.attrs.update(name=name, caption=caption, columns=columns)
-    return frame
-
-
-def readable(table):
-    """The table as text for reading: CIs as ``[lo, hi]``, mean ± sd, percentages and signs, the columns'
-    headers; ``n/a`` where a figure is missing."""
-    import pandas as pd
-
-    cells = {c.header: [_format(c, row) for row in table.to_dict("records")] for c in table.attrs["columns"]}
-    return pd.DataFrame(cells, dtype="str")
-
-
-def styled(table):
-    """What a notebook shows: the readable table as a pandas ``Styler`` with its caption, without the index."""
-    return readable(table).style.hide(axis="index").set_caption(table.attrs["caption"])
-
-
-def to_markdown(table) -> str:
-    """The caption in bold, then a pipe table (``DataFrame.to_markdown``; numbers right-aligned)."""
-    align = ["left" if c.kind == "text" else "right" for c in table.attrs["columns"]]
-    cells = readable(table).map(lambda text: text.replace("|", "\\|"))  # a token may hold a pipe
-    body = cells.to_markdown(index=False, tablefmt="pipe", colalign=align, disable_numparse=True)
-    return f"**{table.attrs['caption']}**\n\n{body}\n"
-
-
-# Unicode in headers and cells, as pdflatex reads it (replaced after Styler's escaping)
-_TEX = {"±": r"$\pm$", "Δ": r"$\Delta$", "×": r"$\times$", "²": r"$^2$", "←": r"$\leftarrow$"}
-
-
-def to_latex(table) -> str:
-    """A booktabs ``table`` float (``Styler.to_latex``), caption and ``tab:<name>`` label."""
-    spec = "".join("l" if c.kind == "text" else "r" for c in table.attrs["columns"])
-    styler = readable(table).style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
-    latex = styler.to_latex(hrules=True, column_format=spec, position="t", position_float="centering",
-                            caption=_escape_tex(table.attrs["caption"]), label=f"tab:{table.attrs['name']}")
-    for char, tex in _TEX.items():
-        latex = latex.replace(char, tex)
-    return "% generated by fca_workbench.tables; needs \\usepackage{booktabs}\n" + latex
-
-
-def _escape_tex(text: str) -> str:
-    """The caption, which ``Styler.to_latex`` writes as given (the cells it escapes itself)."""
-    special = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-    return "".join(special.get(char, char) for char in text)
-
-
-def to_csv(table) -> str:
-    """The table's exact values as CSV (full precision; a CI as ``<key>_lo`` / ``<key>_hi``)."""
-    return table.to_csv(index=False, lineterminator="\n")
-
-
-def write_table(table, out) -> dict[str, Path]:
-    """Write ``out/tables/<name>.{csv,md,tex}`` (each to a temporary name, then renamed); returns the paths."""
-    folder = Path(out) / "tables"
-    folder.mkdir(parents=True, exist_ok=True)
-    texts = {"csv": to_csv(table), "md": to_markdown(table), "tex": to_latex(table)}
-    paths = {ext: folder / f"{table.attrs['name']}.{ext}" for ext in texts}
-    for ext, text in texts.items():
-        write_atomic(paths[ext], text.encode())
-    return paths
-
-
-def _format(column: Column, row: dict) -> str:
-    import pandas as pd
-
-    values = [row[p] for p in column.parts]
-    if pd.isna(values[0]):
-        return "n/a"
-    if column.form == "ci":
-        return "[" + ", ".join(_number(v, column) for v in values) + "]"
-    if column.form == "msd":
-        mean, sd, n = values
-        if n < 2:
-            return _number(mean, column)
-        sd_kind = column.kind if column.kind in ("pct", "sci") else "float"
-        return f"{_number(mean, column)} ± {_number(sd, Column(column.key, column.header, sd_kind, digits=column.digits))}"
-    return _number(values[0], column)
-
-
-def _number(value, column: Column) -> str:
-    if column.kind == "text":
-        return str(value)
-    if column.kind == "int":
-        return f"{int(value):,}"
-    if column.kind == "pct":
-        return f"{value:.{column.digits - 2}%}"
-    if column.kind == "delta":
-        return f"{value:+.{column.digits}f}"
-    if column.kind == "sci":
-        return f"{value:.{column.digits - 1}e}"
-    return f"{value:.{column.digits}f}"
-
-
-# ------------------------------------------------------------------------------------------------------
-# Audits → tables
-# ------------------------------------------------------------------------------------------------------
-
-def model_name(audit: dict) -> str:
-    return Path(audit["model"]["path"]).name
-
-
-def with_controller(audits: list[dict]) -> list[dict]:
-    """The audits of models that have coefficients (Dense has none to vary or reassign)."""
-    return [a for a in audits if a["variation"] is not None]
-
-
-def by_arch(audits: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = {}
-    for audit in audits:
-        groups.setdefault(audit["model"]["arch"], []).append(audit)
-    return groups
-
-
-def _dig(tree, path: str):
-    for part in path.split("."):
-        if tree is None:
-            return None
-        tree = tree.get(part)
-    return tree
-
-
-def seed_summary(audits: list[dict], paths) -> dict[str, dict]:
-    """Mean ± sd (and n) over several audits of each dotted path, straight from ``aggregate.summarise``."""
-    figures = summarise(audits)
-    return {path: {**figures[path], "n": len(audits)} if path in figures else None for path in paths}
-
-
-VARIANCE_COLUMNS = [
-    Column("r2_layer", "R² layer", "pct", digits=4),
-    Column("r2_layer_slot", "R² layer×slot", "pct", digits=4),
-    Column("r2_layer_slot_position", "R² +position", "pct", digits=4),
-    Column("r2_layer_slot_window", "R² +window", "pct", digits=4),
-    Column("within_std", "within-(layer, slot) std", "float"),
-    Column("cv", "CV", "float"),
+__all__ = [
+    "RETENTION_PROFILES", "VARIANCE_COLUMNS", "Column", "assignment_seed_table", "assignment_table", "cache_folder",
+    "execution_seed_table", "execution_table", "layer_position_matrix", "load_profiles", "make_table", "mimebundle",
+    "model_name", "mudd_table", "open_cache", "per_layer_seed_table", "per_layer_table", "position_means",
+    "positive_control_table", "readable", "retention_seed_table", "retention_table", "routers", "show", "show_in",
+    "slot_labels", "styled", "to_csv", "to_latex", "to_markdown", "training_dynamics_table", "variation_seed_table",
+    "variation_table", "with_controller", "write_figure", "write_table",
 ]
-VARIANCE_PATHS = {
-    "r2_layer": "variance.r2_layer",
-    "r2_layer_slot": "variance.r2_layer_slot",
-    "r2_layer_slot_position": "variance.r2_layer_slot_position",
-    "r2_layer_slot_window": "variance.r2_layer_slot_window",
-    "within_std": "variation.within_std",
-    "cv": "variation.cv",
-}
-
-
-def seed_rows(audits: list[dict], paths: dict[str, str]) -> list[dict]:
-    """One row per architecture: the seed count and mean ± sd of each figure at ``paths`` (column -> audit path)."""
-    rows = []
-    for arch, group in by_arch(audits).items():
-        summary = seed_summary(group, paths.values())
-        rows.append({"arch": arch, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
-    return rows
-
-
-def variation_table(audits: list[dict]):
-    """Coefficient variation and variance decomposition, one row per model with a controller."""
-    columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *VARIANCE_COLUMNS]
-    rows = [
-        {"model": model_name(a), "arch": a["model"]["arch"], **{k: _dig(a, p) for k, p in VARIANCE_PATHS.items()}}
-        for a in with_controller(audits)
-    ]
-    return make_table("variation_per_model", "Coefficient variation and variance decomposition (eval set), per model",
-                 columns, rows)
-
-
-def variation_seed_table(audits: list[dict]):
-    """The same figures as mean ± sd over the models of each architecture (independently trained seeds)."""
-    columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
-               *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in VARIANCE_COLUMNS]]
-    rows = seed_rows(with_controller(audits), VARIANCE_PATHS)
-    return make_table("variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds",
-                 columns, rows)
-
-
-CONDITION_COLUMNS = [
-    Column("nll", "NLL", "float"),
-    Column("ci95", "95% CI", "float", "ci"),
-    Column("delta", "ΔNLL", "delta"),
-    Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci"),
-]
-
-
-def condition_rows(audit: dict, conditions=None) -> list[dict]:
-    names = [c for c in (conditions or AUDIT_CONDITIONS) if c in audit["conditions"]]
-    return [{"model": model_name(audit), "arch": audit["model"]["arch"], "condition": name,
-             **{c.key: audit["conditions"][name][c.key] for c in CONDITION_COLUMNS}} for name in names]
-
-
-def assignment_table(audits: list[dict]):
-    """NLL and ΔNLL (against ``correct``) with 95% bootstrap CIs for every condition, per model."""
-    columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
-    rows = [row for audit in with_controller(audits) for row in condition_rows(audit)]
-    return make_table("assignment_per_model", "Assignment dependence: NLL and ΔNLL vs correct (95% bootstrap CIs over "
-                 "windows), per model", columns, rows)
-
-
-def assignment_seed_table(audits: list[dict]):
-    """ΔNLL of each condition, mean ± sd over the seeds of each architecture."""
-    columns = [Column("arch", "arch", "text"), Column("condition", "condition", "text"), Column("n", "seeds", "int"),
-               Column("nll", "NLL", "float", "msd"), Column("delta", "ΔNLL", "delta", "msd")]
-    rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
-        for name in AUDIT_CONDITIONS:
-            paths = {"nll": f"conditions.{name}.nll", "delta": f"conditions.{name}.delta"}
-            summary = seed_summary(group, paths.values())
-            if summary[paths["nll"]] is None:
-                continue
-            rows.append({"arch": arch, "condition": name, "n": len(group),
-                         **{k: summary[p] for k, p in paths.items()}})
-    return make_table("assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds",
-                 columns, rows)
-
-
-RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
-
-
-def retention_table(audits: list[dict]):
-    """Gap retention of each static profile with its 95% CI, one row per model."""
-    columns = [Column("model", "model", "text"), Column("arch", "arch", "text")]
-    for p in RETENTION_PROFILES:
-        columns += [Column(p, p, "pct", digits=4), Column(f"{p}_ci95", f"{p} 95% CI", "pct", "ci", digits=4)]
-    rows = []
-    for a in with_controller(audits):
-        row = {"model": model_name(a), "arch": a["model"]["arch"]}
-        for p in RETENTION_PROFILES:
-            row[p] = a["retention"][p]["value"]
-            row[f"{p}_ci95"] = a["retention"][p]["ci95"]
-        rows.append(row)
-    return make_table("retention_per_model", "Static profiles: share of the Correct-to-GlobalMean gap retained, per model",
-                 columns, rows)
-
-
-def retention_seed_table(audits: list[dict]):
-    """The paper's table: gap retention of each static profile, mean ± sd over seeds, per architecture."""
-    columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
-               *[Column(p, p, "pct", "msd", digits=4) for p in RETENTION_PROFILES]]
-    rows = seed_rows(with_controller(audits), {p: f"retention.{p}.value" for p in RETENTION_PROFILES})
-    return make_table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
-
-
-EXECUTION_COLUMNS = [
-    Column("blocks_executed", "blocks executed", "int"),
-    Column("blocks_total", "blocks present", "int"),
-    Column("fraction_executed", "fraction executed", "float"),
-    Column("controller_calls", "controller calls", "int"),
-    Column("flops", "FLOPs (one batch)", "sci", integer=True),
-    Column("latency_ms", "latency ms", "float", digits=2),
-    Column("expert_fraction_executed", "expert fraction executed", "float"),  # routers only
-    Column("dense_latency_ms", "baseline latency ms", "float", digits=2),
-    Column("latency_ratio_vs_dense", "latency / baseline", "float", digits=3),
-]
-
-
-def execution_table(audits: list[dict]):
-    """What ran: blocks, controller calls, FLOPs, the share of expert evaluations run (routers), latency
-    against the baseline: the shape-matched Dense, or for routers the static mixture (every expert for every
-    token), per model."""
-    columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), Column("baseline", "baseline", "text"),
-               *EXECUTION_COLUMNS]
-    rows = [{"model": model_name(a), "arch": a["model"]["arch"], "baseline": a["execution"].get("baseline", "dense"),
-             **{c.key: a["execution"].get(c.key) for c in EXECUTION_COLUMNS}} for a in audits]
-    return make_table("execution", "Conditional execution: what ran, FLOPs and latency against the baseline (the "
-                      "shape-matched Dense; for routers the static mixture, every expert run for every token)",
-                      columns, rows)
-
-
-CONTROL_COLUMNS = [
-    Column("skip_threshold", "skip threshold", "float"),
-    Column("own_fraction_executed", "fraction executed (model)", "float"),
-    Column("fraction_executed", "fraction executed (control)", "float"),
-    Column("own_flops", "FLOPs (model)", "sci", integer=True),
-    Column("flops", "FLOPs (control)", "sci", integer=True),
-    Column("own_latency_ratio_vs_dense", "latency / Dense (model)", "float", digits=3),
-    Column("latency_ratio_vs_dense", "latency / Dense (control)", "float", digits=3),
-]
-
-
-def positive_control_table(audits: list[dict]):
-    """The positive control of every FeatureGate audit (``execution.positive_control``: a copy that skips the
-    MLP rows whose gates all fall below the calibration median) beside the model's own figures: the audit
-    must find the saving that really exists."""
-    columns = [Column("model", "model", "text"), *CONTROL_COLUMNS]
-    rows = []
-    for a in audits:
-        control = a["execution"].get("positive_control")
-        if control is None:
-            continue
-        rows.append({"model": model_name(a), "skip_threshold": control.get("skip_threshold"),
-                     "own_fraction_executed": a["execution"]["fraction_executed"],
-                     "fraction_executed": control["fraction_executed"], "own_flops": a["execution"]["flops"],
-                     "flops": control["flops"], "own_latency_ratio_vs_dense": a["execution"]["latency_ratio_vs_dense"],
-                     "latency_ratio_vs_dense": control["latency_ratio_vs_dense"]})
-    return make_table("positive_control", "Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "
-                 "the calibration median, beside the model itself", columns, rows)
-
-
-def execution_seed_table(audits: list[dict]):
-    paths = {c.key: f"execution.{c.key}" for c in EXECUTION_COLUMNS}
-    columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
-               *[Column(c.key, c.header, "float" if c.kind == "int" else c.kind, "msd", c.digits)
-                 for c in EXECUTION_COLUMNS]]
-    rows = seed_rows(audits, paths)
-    return make_table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
-
-
-MUDD_CONDITIONS = ("unperturbed", "correct", "cross_input", "token_shuffle", "global_mean", "layer_scalar",
-                   "layer_mean", "layer_position_mean")
-
-
-def mudd_table(audits: list[dict]):
-    """The MUDDPythia table: NLL and penalties (ΔNLL vs correct) of cross-input reassignment and token
-    shuffling, with the static profiles for comparison."""
-    columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
-    rows = [row for audit in audits for row in condition_rows(audit, MUDD_CONDITIONS)]
-    return make_table("muddpythia_penalties", "MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, "
-                 "95% bootstrap CIs)", columns, rows)
-
-
-def per_layer_table(audits: list[dict]):
-    """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one layer alone, ΔNLL vs correct
-    with its 95% bootstrap CI, one row per model, layer and condition."""
-    columns = [Column("model", "model", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
-               Column("nll", "NLL", "float"), Column("delta", "ΔNLL", "delta"),
-               Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci")]
-    rows = [{"model": model_name(a), **row} for a in audits for row in a.get("per_layer") or []]
-    return make_table("per_layer", "Per layer: each condition at one layer alone (others correct), ΔNLL vs correct "
-                 "(95% bootstrap CIs over windows), per model", columns, rows)
-
-
-def per_layer_seed_table(audits: list[dict]):
-    """The per-layer ΔNLL as mean ± sd over the seeds of each architecture (``aggregate.summarise``)."""
-    columns = [Column("arch", "arch", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
-               Column("n", "seeds", "int"), Column("delta", "ΔNLL", "delta", "msd")]
-    rows = []
-    for arch, group in by_arch([a for a in audits if a.get("per_layer")]).items():
-        cells = [(r["layer"], r["condition"]) for r in group[0]["per_layer"]]
-        summary = seed_summary(group, [f"per_layer.{l}.{c}.delta" for l, c in cells])
-        rows += [{"arch": arch, "layer": l, "condition": c, "n": len(group), "delta": summary[f"per_layer.{l}.{c}.delta"]}
-                 for l, c in cells]
-    return make_table("per_layer_over_seeds", "Per layer: ΔNLL vs correct of each condition at one layer alone, "
-                 "mean ± sd over seeds", columns, rows)
-
-
-DYNAMICS_COLUMNS = [
-    Column("nll_correct", "eval NLL"),
-    *[Column(f"delta_{c}", f"ΔNLL {c}", "delta") for c in ("cross_input", "token_shuffle", "global_mean", "layer_mean")],
-    Column("delta_cross_input_ci95", "cross_input 95% CI", "delta", "ci"),
-    *[Column(f"retention_{p}", p, "pct") for p in RETENTION_PROFILES],
-    Column("retention_layer_mean_ci95", "layer_mean 95% CI", "pct", "ci"),
-    Column("r2_layer", "R² layer", "pct"),
-    Column("r2_layer_slot", "R² layer×slot", "pct"),
-    Column("within_std", "within-(layer, slot) std"),
-]
-ROUTER_DYNAMICS_COLUMNS = [  # what a run of a model with top-k routers logs besides
-    Column("delta_layer_mean_topk", "ΔNLL layer_mean_topk", "delta"),
-    Column("retention_layer_mean_topk", "layer_mean_topk", "pct"),
-    Column("expert_fraction_executed", "expert fraction executed", "float"),
-]
-
-
-def training_dynamics_table(runs: list[dict], steps=None):
-    """Mini-audit figures of training runs (``training_audit.load_training_runs``) at the audited ``steps``
-    (default: every audited step), one row per run and step, read from ``audit_log.csv``; the routers' figures
-    when a run has routers (missing for the runs that have none)."""
-    routers = any(c.key in run["audit"].columns for run in runs for c in ROUTER_DYNAMICS_COLUMNS)
-    columns = [Column("run", "run", "text"), Column("step", "step", "int"), *DYNAMICS_COLUMNS,
-               *(ROUTER_DYNAMICS_COLUMNS if routers else [])]
-    rows = []
-    for run in runs:
-        for record in run["audit"].to_dict("records"):
-            if steps is not None and record["step"] not in steps:
-                continue
-            row = {"run": run["name"], **record}
-            for c in DYNAMICS_COLUMNS:
-                if c.form == "ci":
-                    key = c.key.removesuffix("_ci95")
-                    row[c.key] = [record[f"{key}_lo"], record[f"{key}_hi"]]
-            rows.append(row)
-    return make_table("training_dynamics", "FCA during training: mini-audit figures at selected steps "
-                      "(audit_log.csv; 95% bootstrap CIs)", columns, rows)
-
-
-# ------------------------------------------------------------------------------------------------------
-# Coefficient caches and static profiles, read back for heatmaps and exploration
-# ------------------------------------------------------------------------------------------------------
-
-def cache_folder(audit: dict, audit_dir, split: str = "eval") -> Path:
-    """Where the audit's coefficient cache of ``split`` lies (its ``--cache``, else beside audit.json)."""
-    root = audit["settings"].get("cache")
-    return (Path(root) if root else Path(audit_dir) / "cache") / split
-
-
-def load_profiles(path) -> dict[str, list[torch.Tensor]]:
-    """Static profiles saved by the audit (``static_profiles.safetensors``), as ``static_profiles`` returns them."""
-    from safetensors.torch import load_file
-
-    return profiles_from_tensors(load_file(str(path)))
-
-
-def profiles_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
-    """``<profile>.layer_<i>`` tensors (``audit.save_profiles``) back into per-profile lists of layers."""
-    profiles: dict[str, dict[int, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        name, layer = key.rsplit(".layer_", 1)
-        profiles.setdefault(name, {})[int(layer)] = tensor
-    return {name: [layers[i] for i in sorted(layers)] for name, layers in profiles.items()}
 
 
 def position_means(cache: CoefficientCache) -> list[torch.Tensor]:
     """Per layer ``[T, *slot]``: each coefficient's mean over the cached windows (the core's
     ``layer_position_mean`` profile, here of the eval set)."""
     return static_profiles(cache.batches())["layer_position_mean"]
-
-
-def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
-    """``[L, T]`` from per-layer ``[T, *slot]`` coefficients: each layer's mean over its slots per position."""
-    return torch.stack([m.flatten(1).mean(1) for m in means])
-
-
-def slot_labels(slot_shape, arch: str, router: bool = False) -> list[str]:
-    """Readable names of a layer's slots: FeatureGate ``attn g0``/``mlp g0``, MUDDPythia ``q←0`` (stream ← source),
-    a router's dense gate ``expert 0``, ..."""
-    import itertools
-
-    if router:
-        return [f"expert {e}" for e in range(slot_shape[0])]
-    if arch == "featuregate" and len(slot_shape) == 2 and slot_shape[0] == 2:
-        return [f"{branch} g{g}" for branch in ("attn", "mlp") for g in range(slot_shape[1])]
-    if arch == "muddpythia" and len(slot_shape) == 2:
-        streams = "qkvr" if slot_shape[0] == 4 else "r" if slot_shape[0] == 1 else None
-        if streams:
-            return [f"{s}←{j}" for s in streams for j in range(slot_shape[1])]
-    return [",".join(map(str, idx)) for idx in itertools.product(*(range(n) for n in slot_shape))]
-
-
-def routers(audit: dict) -> list[bool]:
-    """Per controller of the audited model: is it a router (its coefficient a dense gate over the experts)."""
-    names = set((audit["execution"].get("experts") or {}).get("controllers", []))
-    return [name in names for name in audit["model"].get("controllers", [])]
-
-
-# ------------------------------------------------------------------------------------------------------
-# Figures
-# ------------------------------------------------------------------------------------------------------
-
-def write_figure(fig, out, name: str) -> Path:
-    """Write ``out/figures/<name>.html``: interactive and offline (plotly.js is written once beside it)."""
-    folder = Path(out) / "figures"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.html"
-    fig.write_html(path, include_plotlyjs="directory", full_html=True)
-    return path
-
-
-def show(fig) -> None:
-    """Display a figure in the notebook as a plotly MIME bundle (rendered by JupyterLab; keeps the executed
-    notebooks small, the self-contained copy is the HTML file)."""
-    fig.show(renderer="plotly_mimetype")
-
-
-def mimebundle(fig) -> dict:
-    """A figure as the plotly MIME bundle JupyterLab renders (plain JSON)."""
-    import plotly.io as pio
-
-    return {"application/vnd.plotly.v1+json": {**json.loads(pio.to_json(fig, validate=False)), "config": {}},
-            "text/plain": f"<{fig.layout.title.text or 'plotly figure'}>"}
-
-
-def show_in(output, *figs) -> None:
-    """Replace an ``ipywidgets.Output``'s content with the figures in one step. Setting its ``outputs`` from
-    the kernel (rather than printing inside ``with output:``) also keeps papermill/nbclient from blocking
-    on the widget's capture messages (jupyter/nbclient#312)."""
-    output.outputs = tuple({"output_type": "display_data", "data": mimebundle(fig), "metadata": {}} for fig in figs)

@@ -29,13 +29,15 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from .data import CORPUS_DIR, TOKENIZER_DIR, load_windows, read_documents, split_path, token_stream, write_atomic
-from .errors import UserError, first_line
-from .limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from .models import FAMILIES, next_token_nll
-from .outputs import output_folder
-from .tokenizer import load_tokenizer
-from .training_audit import TrainingAudit, postfix
+from fca_workbench.data.corpus import CORPUS_DIR, split_path
+from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
+from fca_workbench.data.windows import load_windows, read_documents, token_stream
+from fca_workbench.errors import UserError, first_line
+from fca_workbench.files import write_atomic
+from fca_workbench.models import FAMILIES, next_token_nll
+from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
+from fca_workbench.results.outputs import output_folder
+from fca_workbench.training_audit import TrainingAudit, postfix
 
 STATE_FILE = "trainer_state.pt"
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments

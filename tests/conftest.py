@@ -55,7 +55,7 @@ def windows():
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Tiny random checkpoint folders of every family, with the shipped tokenizer, context 64."""
-    from fca_workbench.tokenizer import load_tokenizer
+    from fca_workbench.data.tokenizer import load_tokenizer
 
     root = tmp_path_factory.mktemp("checkpoints")
     tokenizer = load_tokenizer()
@@ -77,7 +77,7 @@ def tiny_mixtral(tmp_path_factory):
     routers are scaled up so that routing depends on the input."""
     import transformers
 
-    from fca_workbench.tokenizer import load_tokenizer
+    from fca_workbench.data.tokenizer import load_tokenizer
 
     folder = tmp_path_factory.mktemp("mixtral") / "mixtral"
     tokenizer = load_tokenizer()
@@ -95,7 +95,7 @@ def second_seed(folder: Path, out: Path) -> Path:
     """Another FeatureGate 'seed': the same tiny model with differently drawn controller weights."""
     from transformers import AutoModelForCausalLM
 
-    from fca_workbench.tokenizer import load_tokenizer
+    from fca_workbench.data.tokenizer import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     generator = torch.Generator().manual_seed(1)

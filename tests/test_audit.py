@@ -6,17 +6,19 @@ import json
 import jsonschema
 import pytest
 import torch
+from conftest import tiny_model
 from safetensors.torch import load_file
 
-import fca_workbench.capture as capture_module
-from fca_workbench.audit import AuditSettings, load_audit_inputs, run_audit, validate_audit
-from fca_workbench.capture import capture
+import fca_workbench.audit.capture as capture_module
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.conditions import ConditionCoefficients
+from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions, static_profiles
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
 from fca_workbench.errors import UserError
-from fca_workbench.interventions import CONDITIONS, derangement, position_permutations, shuffle_positions, static_profiles
 from fca_workbench.models import load_model
-from fca_workbench.replay import ConditionCoefficients, replay_nll
-
-from conftest import tiny_model
+from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.results.schema import validate_audit
 
 NOISY = {"latency_ms", "dense_latency_ms", "latency_ratio_vs_dense"}
 
@@ -49,8 +51,8 @@ def audits(tiny_checkpoints, tmp_path_factory):
 def test_correct_replay_reproduces_the_unperturbed_run(audits, arch):
     audit, out = audits[arch]
     assert abs(audit["conditions"]["correct"]["nll"] - audit["conditions"]["unperturbed"]["nll"]) <= 1e-6
-    import gzip
     import csv
+    import gzip
 
     with gzip.open(out / "per_token_nll.csv.gz", "rt") as handle:
         rows = list(csv.DictReader(handle))

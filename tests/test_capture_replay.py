@@ -10,15 +10,16 @@ import safetensors.torch
 import torch
 import torch.nn.functional as F
 import transformers
+from conftest import tiny_model
 from safetensors import safe_open
 
-from fca_workbench.capture import capture, model_fingerprint
-from fca_workbench.data import fingerprint_tensor
+from fca_workbench.audit.capture import capture, model_fingerprint
+from fca_workbench.audit.conditions import ConditionCoefficients
+from fca_workbench.audit.interventions import derangement, position_permutations
+from fca_workbench.audit.replay import replay_nll
 from fca_workbench.errors import UserError
-from fca_workbench.interventions import STATIC_PROFILES, derangement, position_permutations
-from fca_workbench.replay import ConditionCoefficients, replay_nll
-
-from conftest import tiny_model
+from fca_workbench.files import fingerprint_tensor
+from fca_workbench.results.conditions import STATIC_PROFILES
 
 SHARD = 2  # 6 windows -> 3 shards
 
@@ -89,7 +90,7 @@ def test_a_finished_cache_is_reused_and_a_different_layout_refused(model, window
 def test_a_fresh_capture_is_not_read_back_but_a_reused_one_is_verified(model, windows, tmp_path, monkeypatch):
     """Capture hashes each shard from the bytes it writes; reading them back (and importing jsonschema for
     its own manifest) cost 17% of a capture. A finished cache found on disk is still verified before use."""
-    from fca_workbench.capture import CoefficientCache
+    from fca_workbench.audit.capture import CoefficientCache
 
     def fail(self):
         raise AssertionError("verified")
@@ -252,7 +253,7 @@ def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, w
 def test_one_checkpoint_reached_by_two_spellings_of_its_path_has_one_fingerprint(tmp_path, monkeypatch):
     """The fingerprint is of the model, not of where it was loaded from: a relative and an absolute path (or
     two nodes mounting the checkpoint differently) share caches; a changed config field still changes it."""
-    from fca_workbench.adapters import load_controlled
+    from fca_workbench.adapters.loading import load_controlled
 
     tiny_model("featuregate", seed=0).save_pretrained(tmp_path / "ckpt")
     monkeypatch.chdir(tmp_path)

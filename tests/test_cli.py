@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_line_error, fca, tiny_model
-from fca_workbench.cli import build_parser
-from fca_workbench.tokenizer import load_tokenizer
 
+from fca_workbench.cli import build_parser
+from fca_workbench.data.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min
 

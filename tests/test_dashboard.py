@@ -7,8 +7,8 @@ is skipped elsewhere.
 """
 
 import gc
-import http.cookiejar
 import html
+import http.cookiejar
 import json
 import os
 import re
@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 
+from fca_workbench.audit.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.dashboard import (
     DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
@@ -38,10 +40,7 @@ from fca_workbench.dashboard import (
     window_input,
 )
 from fca_workbench.errors import UserError
-from fca_workbench.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.models import next_token_nll
-
-from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -184,7 +183,8 @@ def test_moe_every_condition_replays_through_the_protocol(moe_model):
     """A foreign model has no layer stepping: every replay, one layer or all, is the protocol's full frozen
     forward with the window's own cached router outputs elsewhere, computed here independently."""
     from fca_workbench.adapters import COEFFICIENT
-    from fca_workbench.data import load_windows, split_path
+    from fca_workbench.data.corpus import split_path
+    from fca_workbench.data.windows import load_windows
 
     model, session, controlled = moe_model, DashboardSession(), moe_model.model
     assert model.conditions[-1] == "layer_mean_topk" and model.num_layers == 2
@@ -349,7 +349,7 @@ def results_root(tiny_checkpoints, tmp_path_factory):
     layout), a copy in ``fca reproduce``'s layout, a truncated audit.json, a foreign one, and a link out."""
     import shutil
 
-    from fca_workbench.audit import AuditSettings, run_audit
+    from fca_workbench.audit.run import AuditSettings, run_audit
 
     root = tmp_path_factory.mktemp("results")
     settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=16,
@@ -404,8 +404,9 @@ def test_audit_tables_are_the_audit_numbers(results_root):
     per_layer = made["per_layer"]
     assert len(per_layer) == len(audit["per_layer"]) == 2 * 6  # 2 layers x the 6 reassigning conditions
     assert per_layer["delta"].tolist() == [row["delta"] for row in audit["per_layer"]]
-    import pandas as pd
     import io
+
+    import pandas as pd
 
     back = pd.read_csv(io.StringIO(tables.to_csv(made["retention_per_model"])))
     assert back.loc[0, "layer_mean"] == audit["retention"]["layer_mean"]["value"]
@@ -413,7 +414,7 @@ def test_audit_tables_are_the_audit_numbers(results_root):
 
 def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_checkpoints, results_root, shared_models):
     from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit
-    from fca_workbench.tables import load_profiles
+    from fca_workbench.results.profiles import load_profiles
 
     folder = tiny_checkpoints["featuregate"]
     results = ResultsFolder(results_root)

@@ -21,11 +21,11 @@ import psutil
 import pytest
 from filelock import FileLock
 
-from fca_workbench.audit import AuditSettings, run_audit
-from fca_workbench.cache_lock import lock_path
+from fca_workbench.audit.cache_lock import lock_path
+from fca_workbench.audit.distributed import EveryRankError, Ranks
+from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.cli import main as fca_main
-from fca_workbench.data import split_path
-from fca_workbench.distributed import EveryRankError, Ranks
+from fca_workbench.data.corpus import split_path
 
 pytestmark = pytest.mark.timeout(300)  # every test but one runs torchrun or fca in a subprocess
 

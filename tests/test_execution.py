@@ -3,16 +3,10 @@
 import pytest
 import torch
 
-from fca_workbench.execution import (
-    branch_modules,
-    count_execution,
-    count_flops,
-    execution_audit,
-    measure_latency,
-    positive_control,
-    shape_matched_dense,
-)
+from fca_workbench.audit.execution import branch_modules, count_execution, count_flops, execution_audit, measure_latency
 from fca_workbench.models import DenseConfig, DenseForCausalLM, FeatureGateConfig, FeatureGateForCausalLM
+from fca_workbench.models.dense import shape_matched_dense
+from fca_workbench.models.featuregate import positive_control
 
 SIZES = dict(vocab_size=64, layers=2, width=32, heads=4, window=16)
 N_WINDOWS, BATCH = 6, 4  # two forwards: 4 + 2 windows

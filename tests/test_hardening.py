@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import assert_one_line_error, fca, tiny_model
-from fca_workbench.data import read_documents, split_path
+
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.windows import read_documents
 from fca_workbench.errors import UserError
 from fca_workbench.train import CHECKPOINT_FILES, STATE_FILE, TrainSettings, train
 
@@ -143,7 +144,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_damaged_shard_of_a_finished_cache_stops_with_one_line_naming_it(damage, tmp_path):
-    from fca_workbench.capture import capture
+    from fca_workbench.audit.capture import capture
 
     model, windows = tiny_model("featuregate"), cache_windows()
     capture(model, windows, tmp_path / "cache", batch_size=4)
@@ -155,7 +156,7 @@ def test_damaged_shard_of_a_finished_cache_stops_with_one_line_naming_it(damage,
 
 
 def test_shard_damaged_after_the_cache_was_opened_is_one_line_on_read(tmp_path):
-    from fca_workbench.capture import capture
+    from fca_workbench.audit.capture import capture
 
     model, windows = tiny_model("featuregate"), cache_windows()
     cache = capture(model, windows, tmp_path / "cache", batch_size=4)
@@ -165,8 +166,8 @@ def test_shard_damaged_after_the_cache_was_opened_is_one_line_on_read(tmp_path):
 
 
 def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
-    from fca_workbench.audit import AuditSettings, load_audit_inputs
-    from fca_workbench.capture import capture
+    from fca_workbench.audit.capture import capture
+    from fca_workbench.audit.run import AuditSettings, load_audit_inputs
 
     settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=4)
     model, (_, windows), _ = load_audit_inputs(settings)
@@ -179,7 +180,7 @@ def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
 
 
 def test_corrupt_manifest_is_one_line(tmp_path):
-    from fca_workbench.capture import capture
+    from fca_workbench.audit.capture import capture
 
     model, windows = tiny_model("featuregate"), cache_windows()
     capture(model, windows, tmp_path / "cache", batch_size=4)
@@ -193,8 +194,8 @@ def test_corrupt_manifest_is_one_line(tmp_path):
 
 def test_stale_shards_of_another_model_are_never_adopted(tmp_path):
     """The issue's case: shards left without a manifest, then a capture of another model in that folder."""
-    from fca_workbench.capture import capture
-    from fca_workbench.replay import replay_nll
+    from fca_workbench.audit.capture import capture
+    from fca_workbench.audit.replay import replay_nll
 
     first, second, windows = tiny_model("featuregate", seed=0), tiny_model("featuregate", seed=5), cache_windows()
     capture(first, windows, tmp_path / "cache", batch_size=4)
@@ -209,7 +210,7 @@ def test_stale_shards_of_another_model_are_never_adopted(tmp_path):
 
 
 def test_interrupted_capture_recaptures_a_damaged_or_unclaimed_shard(tmp_path, monkeypatch):
-    import fca_workbench.capture as capture_module
+    import fca_workbench.audit.capture as capture_module
 
     model, windows = tiny_model("featuregate"), cache_windows()
     real_write = capture_module.write_shard
@@ -283,8 +284,9 @@ def test_index_naming_weights_outside_the_folder_is_refused(weights, place, tmp_
 
 
 def test_single_weight_file_symlinked_from_elsewhere_is_refused(tmp_path):
-    from fca_workbench.models import load_model
     from test_official_layout import tiny_official_model, write_official
+
+    from fca_workbench.models import load_model
 
     folder = tmp_path / "ckpt"
     write_official(tiny_official_model(), folder)
@@ -298,8 +300,9 @@ def test_single_weight_file_symlinked_from_elsewhere_is_refused(tmp_path):
 def test_hub_cache_snapshot_with_blob_symlinks_still_loads(tmp_path):
     """``huggingface_hub`` stores ``snapshots/<rev>/<file>`` as symlinks to ``../../blobs/<hash>``."""
     from conftest import assert_identical_models
-    from fca_workbench.models import load_model
     from test_official_layout import tiny_official_model, tokens, write_official
+
+    from fca_workbench.models import load_model
 
     model, plain = tiny_official_model(), tmp_path / "plain"
     write_official(model, plain, shards=2)
@@ -351,7 +354,7 @@ def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_pa
 ])
 def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_mixtral, tmp_path, field, value):
     """A planted transformers config.json (here a Mixtral's) is checked before transformers builds anything."""
-    from fca_workbench.adapters import load_controlled
+    from fca_workbench.adapters.loading import load_controlled
 
     folder = tmp_path / "planted"
     folder.mkdir()
@@ -367,8 +370,8 @@ def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_
 
 
 def test_foreign_model_beyond_available_memory_is_refused(tiny_mixtral, monkeypatch):
-    import fca_workbench.limits as limits
-    from fca_workbench.adapters import load_controlled
+    import fca_workbench.models.limits as limits
+    from fca_workbench.adapters.loading import load_controlled
 
     model = load_controlled(tiny_mixtral).model  # fits: loads
     needed = sum(p.numel() for p in model.parameters()) * 4
@@ -385,7 +388,7 @@ def test_train_refuses_absurd_sizes_of_an_hf_config_before_building(tmp_path):
 
 
 def test_parameters_beyond_available_memory_are_refused(tiny_checkpoints, monkeypatch):
-    import fca_workbench.limits as limits
+    import fca_workbench.models.limits as limits
     from fca_workbench.models import load_model
 
     model = load_model(tiny_checkpoints["featuregate"])  # fits: loads
@@ -407,7 +410,7 @@ def test_train_refuses_absurd_sizes_before_reading_any_text(tmp_path):
     (dict(layers=200, width=65536, heads=512), "GiB for fp32 weights, gradients and AdamW, more than the"),
 ])
 def test_train_refuses_sizes_it_cannot_build(sizes, message):
-    from fca_workbench.tokenizer import load_tokenizer
+    from fca_workbench.data.tokenizer import load_tokenizer
     from fca_workbench.train import build_model
 
     with pytest.raises(UserError, match=message):
@@ -416,7 +419,7 @@ def test_train_refuses_sizes_it_cannot_build(sizes, message):
 
 @pytest.mark.parametrize("name", ["featuregate-s0", "dense-s0", "muddpythia-s0"])
 def test_shipped_checkpoints_still_load(name):
-    from fca_workbench.data import DATA_DIR
+    from fca_workbench.data.corpus import DATA_DIR
     from fca_workbench.models import load_model
 
     model = load_model(DATA_DIR / "checkpoints" / name)
@@ -439,8 +442,8 @@ def test_audit_refuses_to_replace_an_audit_json_it_did_not_write(tiny_checkpoint
 
 def test_out_naming_a_file_is_one_line(tiny_checkpoints, tmp_path):
     from fca_workbench import reproduce
-    from fca_workbench.aggregate import aggregate_audits
-    from fca_workbench.audit import AuditSettings
+    from fca_workbench.audit.many import aggregate_audits
+    from fca_workbench.audit.run import AuditSettings
 
     path = tmp_path / "file"
     path.write_text("x")
@@ -453,8 +456,8 @@ def test_out_naming_a_file_is_one_line(tiny_checkpoints, tmp_path):
 
 
 def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkpoints, tmp_path):
-    from fca_workbench.aggregate import aggregate_audits, audit_names
-    from fca_workbench.audit import AuditSettings
+    from fca_workbench.audit.many import aggregate_audits, audit_names
+    from fca_workbench.audit.run import AuditSettings
 
     assert audit_names(["x/a/fg", "x/b/fg", "x/c/other"]) == ["a-fg", "b-fg", "other"]
     assert audit_names(["p/a/fg", "q/a/fg"]) == ["1-a-fg", "2-a-fg"]
@@ -475,8 +478,8 @@ def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkp
 
 
 def test_audit_many_checks_every_output_folder_before_the_first_audit(tiny_checkpoints, tmp_path):
-    from fca_workbench.aggregate import aggregate_audits
-    from fca_workbench.audit import AuditSettings
+    from fca_workbench.audit.many import aggregate_audits
+    from fca_workbench.audit.run import AuditSettings
 
     (tmp_path / "many" / "featuregate").mkdir(parents=True)
     (tmp_path / "many" / "featuregate" / "audit.json").write_text("my own audit notes")
@@ -487,7 +490,7 @@ def test_audit_many_checks_every_output_folder_before_the_first_audit(tiny_check
 
 
 def test_cache_errors_suggest_no_option_a_command_lacks():
-    from fca_workbench.capture import capture
+    from fca_workbench.audit.capture import capture
 
     windows = cache_windows()
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"fca-hardening-{os.getpid()}"
@@ -504,7 +507,7 @@ def test_cache_errors_suggest_no_option_a_command_lacks():
 
 def test_reproduce_overwrites_only_a_folder_it_wrote(tiny_checkpoints, tmp_path):
     from fca_workbench import reproduce
-    from fca_workbench.outputs import RESULTS_MARKER, mark_results
+    from fca_workbench.results.outputs import RESULTS_MARKER, mark_results
 
     out = tmp_path / "mine"
     (out / "notebooks").mkdir(parents=True)

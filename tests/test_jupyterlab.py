@@ -20,11 +20,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from fca_workbench.reproduce import KERNEL_NAME, ensure_kernel
-
 from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 from test_dashboard import ROOT, SCREENSHOTS
+
+from fca_workbench.reproduce import KERNEL_NAME, ensure_kernel
 
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
 # server extensions the notebook does not use (Panel's takes ~9 s to import on the loaded reference machine)

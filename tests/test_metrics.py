@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fca_workbench.metrics import (
+from fca_workbench.audit.metrics import (
     VarianceAccumulator,
     bootstrap_counts,
     bootstrap_means,

@@ -2,13 +2,11 @@
 
 import pytest
 import torch
+from conftest import tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import fca_workbench  # noqa: F401  (registers the Auto classes)
-from fca_workbench.models import FAMILIES, head_nll, next_token_nll
-from fca_workbench.models import common
-
-from conftest import tiny_model
+from fca_workbench.models import FAMILIES, common, head_nll, next_token_nll
 
 
 def count_controller_calls(model):

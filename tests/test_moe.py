@@ -11,11 +11,12 @@ import torch
 import transformers as T
 
 from fca_workbench import load_audit
-from fca_workbench.adapters import COEFFICIENT, TransformersControlled, load_controlled
-from fca_workbench.audit import AuditSettings, run_audit
+from fca_workbench.adapters import COEFFICIENT, TransformersControlled
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit.conditions import ConditionCoefficients
+from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
-from fca_workbench.replay import ConditionCoefficients
 
 VOCAB = 4096  # the shipped tokenizer's
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -58,7 +59,7 @@ def build(family: str, seed: int = 0, router_scale: float = 20.0, **overrides):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from fca_workbench.tokenizer import load_tokenizer
+    from fca_workbench.data.tokenizer import load_tokenizer
 
     return load_tokenizer()
 
@@ -157,7 +158,7 @@ def test_routed_audit_is_input_dependent_and_k_over_e(tmp_path, tokenizer):
 
 def test_correct_replay_through_the_cache_equals_the_live_nll(tmp_path, tokenizer):
     """capture → shards → ConditionCoefficients → replay_run: the whole router output round-trips bit-exactly."""
-    from fca_workbench.capture import capture
+    from fca_workbench.audit.capture import capture
 
     controlled = load_controlled(save(build("qwen2_moe"), tmp_path / "q", tokenizer))
     windows = torch.randint(1, VOCAB, (4, 10), generator=torch.Generator().manual_seed(2))
@@ -240,25 +241,25 @@ def test_a_registered_kind_finds_the_controllers_of_a_model_class_of_ones_own(id
 def test_cuda_batch_size_of_a_transformers_model_follows_its_config(monkeypatch):
     """``audit_batch_size`` on CUDA sizes a foreign model from its config (no ``sizes()``), ``mem_get_info``
     stubbed: the per-window estimate written out from the Mixtral's own numbers."""
-    import fca_workbench.official as official
+    import fca_workbench.audit.budget as budget
 
     controlled = TransformersControlled(build("mixtral"))  # width 64, 2 layers, 4 heads, FFN 64 (< 4·64), fp32
     window, element = 64, 4
     per_window = ((2 + 1 + 8) * window * 64 + 2 * window * (3 * 256 // 2) + 4 * 4 * window * window) * element \
         + window * VOCAB * (element + 12)
     weights = sum(p.numel() * 4 for p in controlled.parameters())  # on the CPU: still to be moved
-    assert official.window_bytes(controlled, window) == per_window
-    for free, expected in [(official.RESERVE_BYTES + weights + 7.5 * 1.5 * per_window, 7), (2**40, 64), (2**20, 1)]:
+    assert budget.window_bytes(controlled, window) == per_window
+    for free, expected in [(budget.RESERVE_BYTES + weights + 7.5 * 1.5 * per_window, 7), (2**40, 64), (2**20, 1)]:
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, free))
-        assert official.audit_batch_size(controlled, window, "cuda") == expected
-    assert official.audit_batch_size(controlled, window, "cpu") == 16
+        assert budget.audit_batch_size(controlled, window, "cuda") == expected
+    assert budget.audit_batch_size(controlled, window, "cpu") == 16
 
 
 def test_fca_audit_on_the_shipped_moe(tmp_path):
     """``fca audit data/checkpoints/moe-s0`` on its first 4 windows: the frozen replay of the cached router
     outputs reproduces the live NLL, and top-2 of 8 experts ran."""
     from fca_workbench.cli import main
-    from fca_workbench.data import DATA_DIR
+    from fca_workbench.data.corpus import DATA_DIR
 
     assert main(["audit", str(DATA_DIR / "checkpoints" / "moe-s0"), "--max-windows", "4", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "audit.json").read_text())

@@ -11,7 +11,6 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import assert_identical_models, perturbed_muddpythia
 
 from fca_workbench.models.common import next_token_nll

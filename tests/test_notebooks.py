@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fca_workbench import reproduce, tables
-from fca_workbench.audit import AuditSettings
+from fca_workbench.audit.run import AuditSettings
 from fca_workbench.explore import Explorer
 
 # Each test may be the first to need the shared papermill run (~2-5 min on a loaded 2-core machine): a hung

@@ -15,23 +15,18 @@ import sys
 
 import pytest
 import torch
+from conftest import assert_identical_models, fca, perturbed_muddpythia
 from safetensors.torch import load_file, save_file
 
-from fca_workbench.capture import capture
+from fca_workbench.audit.budget import audit_batch_size, window_bytes
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
+from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
-from fca_workbench.official import (
-    OFFICIAL_1P4B_CONFIG,
-    OFFICIAL_AUTO_MAP,
-    audit_batch_size,
-    read_config,
-    save_official,
-    window_bytes,
-)
-from fca_workbench.replay import replay_nll
-from fca_workbench.tokenizer import load_tokenizer
-from conftest import assert_identical_models, fca, perturbed_muddpythia
+from fca_workbench.models.official_layout import save_official
 
 TINY = dict(vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64, use_qk_norm=True, expand_last=True, round64=True)
 FORMATS = [("safetensors", 1), ("safetensors", 3), ("bin", 1), ("bin", 2)]

@@ -25,11 +25,12 @@ from types import SimpleNamespace
 import pytest
 
 import fca_workbench
-
-from fca_workbench.data import fingerprint_tensor, load_windows, split_path
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
+from fca_workbench.files import fingerprint_tensor
 from fca_workbench.resources import copy_checkpoints
-from fca_workbench.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "checkpoints"

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-
 from conftest import tiny_model
-from fca_workbench.interventions import restrict_to_layer
-from fca_workbench.prefix import PrefixCache, PrefixStore
+
+from fca_workbench.audit.interventions import restrict_to_layer
+from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 
 LAYERS = 3
 
@@ -104,7 +104,7 @@ def test_store_is_bounded_and_clears(window):
 def test_a_model_without_layer_stepping_replays_in_full_without_running_a_router(tiny_mixtral):
     """A transformers MoE keeps no states: a one-layer replay is the protocol's full frozen forward with the
     window's own router outputs elsewhere, equal to ``replay_run``; no router executes."""
-    from fca_workbench.adapters import load_controlled
+    from fca_workbench.adapters.loading import load_controlled
 
     model = load_controlled(tiny_mixtral)
     window = torch.randint(1, 4096, (1, 16), generator=torch.Generator().manual_seed(3))

@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fca_workbench.interventions import (
+from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
@@ -15,7 +15,7 @@ from fca_workbench.interventions import (
     shuffle_positions,
     static_profiles,
 )
-from fca_workbench.metrics import (
+from fca_workbench.audit.metrics import (
     VarianceAccumulator,
     bootstrap_counts,
     bootstrap_means,

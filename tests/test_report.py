@@ -6,8 +6,9 @@ import statistics
 
 import pytest
 
-from fca_workbench.aggregate import summarise
-from fca_workbench.report import STATIC_RETENTION, format_report, verdicts
+from fca_workbench.results.report import format_report
+from fca_workbench.results.seeds import summarise
+from fca_workbench.results.verdicts import STATIC_RETENTION, verdicts
 
 
 def audit(retention=0.5, cross=(0.2, -0.1, 0.5), shuffle=(0.1, -0.2, 0.4), fraction=1.0, r2_layer=0.875):

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_REPRODUCE_SETTINGS, assert_one_line_error, fca
+
 from fca_workbench import reproduce
 from fca_workbench.errors import UserError
-from fca_workbench.outputs import mark_results
+from fca_workbench.results.outputs import mark_results
 
 pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import fca_workbench
-from fca_workbench import results as results_module
+from fca_workbench.results import per_token as results_module
 from fca_workbench import tables
-from fca_workbench.audit import AuditSettings, load_audit_inputs, run_audit
+from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
 from fca_workbench.errors import UserError
-from fca_workbench.interventions import CONDITIONS
-from fca_workbench.results import PER_TOKEN_CSV, PER_TOKEN_PARQUET, per_token_files
+from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.results.per_token import PER_TOKEN_CSV, PER_TOKEN_PARQUET, per_token_files
 
 ARCHS = ("dense", "featuregate", "muddpythia")
 

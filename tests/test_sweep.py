@@ -4,16 +4,18 @@ the intervened one, the full-forward fallback agrees, and ``--per-layer`` audits
 import jsonschema
 import pytest
 import torch
+from conftest import tiny_model
 from torch import nn
 
-from conftest import tiny_model
-from fca_workbench.audit import AuditSettings, run_audit, validate_audit
-from fca_workbench.capture import capture
-from fca_workbench.interventions import CONDITIONS, static_profiles
-from fca_workbench.metrics import bootstrap_counts
-from fca_workbench.replay import replay_nll
-from fca_workbench.report import format_report
-from fca_workbench.sweep import FULL_FORWARD, PREFIX, per_layer_sweep, sweep_mode
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.interventions import static_profiles
+from fca_workbench.audit.metrics import bootstrap_counts
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.audit.sweep import FULL_FORWARD, PREFIX, per_layer_sweep, sweep_mode
+from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.results.report import format_report
+from fca_workbench.results.schema import validate_audit
 
 LAYERS = 3
 SWEPT = [c for c in CONDITIONS if c not in ("unperturbed", "correct")]

@@ -14,9 +14,10 @@ from transformers import AutoModelForCausalLM
 import fca_workbench  # noqa: F401
 from fca_workbench import train as train_module
 from fca_workbench.cli import main
-from fca_workbench.data import load_windows, read_documents, split_path
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.models import next_token_nll
-from fca_workbench.tokenizer import load_tokenizer
 from fca_workbench.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
 
 
@@ -186,7 +187,7 @@ def test_resuming_with_a_setting_the_saved_run_lacks_names_it(small_text, tmp_pa
 def test_hf_config_beyond_available_memory_is_refused_before_it_is_built(small_text, tmp_path, monkeypatch, capsys):
     """``--hf-config`` is held to the same memory check as ``--arch``: 16 bytes per parameter (fp32 weights,
     gradients and AdamW's two moments) against the memory available, counted without allocating the model."""
-    import fca_workbench.limits as limits
+    import fca_workbench.models.limits as limits
 
     fields = read_hf_config(write_config(tmp_path, model_type="mixtral", **TINY_HF_CONFIGS["mixtral"]))
     parameters = sum(p.numel() for p in build_hf_model(fields, load_tokenizer(), window=32).parameters())

@@ -10,12 +10,13 @@ from test_train import TINY_HF_CONFIGS, hf_settings, small_text, tiny_settings, 
 from transformers import AutoModelForCausalLM
 
 from fca_workbench import tables
+from fca_workbench.audit.interventions import derangement
+from fca_workbench.audit.mini import MiniAudit
 from fca_workbench.cli import main
-from fca_workbench.interventions import derangement
+from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.models import FeatureGateForCausalLM, load_model, next_token_nll
-from fca_workbench.tokenizer import load_tokenizer
 from fca_workbench.train import build_hf_model, build_model, train
-from fca_workbench.training_audit import MiniAudit, load_training_runs
+from fca_workbench.training_audit import load_training_runs
 
 ROUTER_KEYS = [c.key for c in tables.ROUTER_DYNAMICS_COLUMNS]
 

@@ -1,91 +1,25 @@
-"""Loading any checkpoint folder as a controlled model (``fca_workbench.adapters.protocol``).
+"""Any checkpoint as a controlled model: the protocol the core speaks, controller kinds, the transformers adapter.
 
-Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUDDPythia layout) load
-strictly through ``fca_workbench.official``. Any other ``model_type`` that transformers knows is loaded with
-``AutoModelForCausalLM.from_pretrained`` from safetensors, locally, with no code from the folder unless the
-user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
+Native folders load strictly through ``fca_workbench.models``; any other ``model_type`` that transformers knows
+is loaded from local safetensors and wrapped in ``TransformersControlled`` (``loading.load_controlled``).
 """
 
-import contextlib
-import json
-from pathlib import Path
+from fca_workbench.adapters.hf import TransformersControlled, find_controllers
+from fca_workbench.adapters.kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind
+from fca_workbench.adapters.loading import controlled_view, load_controlled, load_transformers
+from fca_workbench.adapters.protocol import COEFFICIENT, frozen
 
-import torch
-
-from ..errors import UserError
-from ..limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from .hf import TransformersControlled, find_controllers  # noqa: F401
-from .kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind  # noqa: F401
-from .protocol import COEFFICIENT, frozen  # noqa: F401
-
-
-def load_controlled(path, dtype=None, controllers: str | None = None, trust_remote_code: bool = False):
-    """The model in ``path`` as a controlled model; every way the folder can be wrong is a one-line UserError.
-
-    ``controllers``: a regex naming the controller modules of a foreign model (whole module paths); None:
-    the built-in kinds (MoE routers, shared-expert gates) find them.
-    """
-    from ..models import FAMILIES, load_model
-
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
-    try:
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raw = None
-    native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
-    if not isinstance(raw, dict) or raw.get("model_type") in native:
-        if controllers is not None:
-            raise UserError(f"--controllers is for foreign models; {folder} is a workbench model with its own controllers")
-        return load_model(folder, dtype)
-    return TransformersControlled(load_transformers(folder, raw, dtype, trust_remote_code), controllers)
-
-
-@contextlib.contextmanager
-def controlled_view(model):
-    """``model`` seen through the protocol for the duration of the block: a workbench model as it is, a
-    transformers model (one being trained, say) wrapped in ``TransformersControlled``. Wrapping switches the
-    model to eval mode and the eager experts; both are put back on exit, so training goes on as before."""
-    was_training = model.training
-    experts = None
-    try:
-        if hasattr(model, "replay_run"):  # a workbench model, or one already wrapped
-            yield model
-        else:
-            if hasattr(model, "get_experts_implementation"):
-                experts = model.get_experts_implementation()
-            yield TransformersControlled(model)
-    finally:
-        if experts is not None:
-            model.set_experts_implementation(experts)
-        model.train(was_training)
-
-
-def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
-    """``AutoModelForCausalLM.from_pretrained`` from local safetensors; remote code only when asked."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    model_type = raw.get("model_type")
-    if raw.get("auto_map") and not trust_remote_code:
-        raise UserError(f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
-                        "to run the code in that folder, only if you trust it")
-    if not raw.get("auto_map") and model_type not in CONFIG_MAPPING:
-        shown = "no model_type" if model_type is None else f"model_type '{model_type}'"
-        raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
-    if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-        raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
-    dtype = dtype or torch.float32
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-        check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
-        parameters = parameters_on_meta(lambda: AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code))
-        check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
-        return AutoModelForCausalLM.from_pretrained(
-            folder, config=config, dtype=dtype, local_files_only=True, use_safetensors=True,
-            trust_remote_code=trust_remote_code
-        )
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        text = str(exc).strip().splitlines()
-        raise UserError(f"cannot load {folder} with transformers: {text[0] if text else type(exc).__name__}") from None
+__all__ = [
+    "COEFFICIENT",
+    "ControllerKind",
+    "TransformersControlled",
+    "class_suffix",
+    "controlled_view",
+    "find_controllers",
+    "frozen",
+    "load_controlled",
+    "load_transformers",
+    "name_pattern",
+    "register_kind",
+    "tensor_kind",
+]

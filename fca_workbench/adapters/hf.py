@@ -11,9 +11,9 @@ import contextlib
 import torch
 from torch import nn
 
-from ..errors import UserError
-from .kinds import KINDS, tensor_kind
-from .protocol import COEFFICIENT, frozen
+from fca_workbench.adapters.kinds import KINDS, tensor_kind
+from fca_workbench.adapters.protocol import COEFFICIENT, frozen
+from fca_workbench.errors import UserError
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
 

@@ -8,14 +8,14 @@ values are kept batch-first ``[B, T, ...]`` and reshaped back to the input's lay
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
-from ..errors import UserError
-from .protocol import COEFFICIENT
+from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.errors import UserError
 
 ROUTER_OUTPUT = ("router_logits", "top_k_weights", "top_k_index")
 

@@ -8,7 +8,7 @@ app only presents.
 - ``panel_writes``: a fix for Panel's queue of websocket writes, which could leave a session's last change unsent.
 """
 
-from .live import (
+from fca_workbench.dashboard.live import (
     CONDITION_HELP,
     DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
@@ -20,7 +20,7 @@ from .live import (
     pasted_input,
     window_input,
 )
-from .pool import (
+from fca_workbench.dashboard.pool import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MODEL_IDLE_SECONDS,
     MODELS,

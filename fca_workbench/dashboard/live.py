@@ -21,13 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..capture import model_fingerprint
-from ..data import fingerprint_tensor, load_windows, split_path
-from ..errors import UserError
-from ..interventions import (
-    CONDITIONS,
-    ROUTING_CONDITIONS,
-    STATIC_PROFILES,
+from fca_workbench.adapters import COEFFICIENT
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit.capture import model_fingerprint
+from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
@@ -37,9 +34,15 @@ from ..interventions import (
     static_profiles,
     with_routing_profiles,
 )
-from ..metrics import gap_retention
-from ..adapters import COEFFICIENT, load_controlled
-from ..prefix import PrefixCache, PrefixStore
+from fca_workbench.audit.metrics import gap_retention
+from fca_workbench.audit.prefix import PrefixCache, PrefixStore
+from fca_workbench.dashboard.results_folder import matching_profiles
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
+from fca_workbench.errors import UserError
+from fca_workbench.files import fingerprint_tensor
+from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
@@ -76,8 +79,6 @@ class SharedModel:
 
     def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None,
                  results=None):
-        from ..tokenizer import load_tokenizer
-
         self.folder = Path(folder)
         self.model = load_controlled(self.folder)  # never with remote code
         for param in self.model.parameters():
@@ -122,8 +123,6 @@ class SharedModel:
                 windows = load_windows(split_path("calibration"), self.tokenizer, self.window, self.calibration_windows)
                 found = None
                 if self.results is not None and self.has_coefficients:
-                    from .results_folder import matching_profiles
-
                     found = matching_profiles(self.results, self, fingerprint_tensor(windows))
                 needed = {c for c in self.conditions if c in STATIC_PROFILES + ROUTING_CONDITIONS}
                 if found is not None and needed <= set(found[1]):

@@ -13,9 +13,9 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
-from ..resources import checkpoints_dir
-from .live import DashboardSession, SharedModel
+from fca_workbench.dashboard.live import DashboardSession, SharedModel
+from fca_workbench.errors import UserError
+from fca_workbench.resources import checkpoints_dir
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
 DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
@@ -28,14 +28,14 @@ class Registry:
     entries: dict[str, Path]
 
     @classmethod
-    def shipped(cls, root: Path | None = None) -> "Registry":
+    def shipped(cls, root: Path | None = None) -> Registry:
         """The shipped checkpoints that exist now (a folder with a config.json and weights)."""
         root = Path(root) if root else checkpoints_dir()
         folders = sorted(p for p in root.glob("*") if (p / "config.json").is_file() and any(p.glob("*.safetensors")))
         return cls({p.name: p for p in folders})
 
     @classmethod
-    def from_file(cls, path) -> "Registry":
+    def from_file(cls, path) -> Registry:
         """A JSON file ``{"name": "folder", ...}``; relative folders are relative to the file's own folder."""
         path = Path(path)
         if not path.is_file():

@@ -18,9 +18,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import tables
-from ..errors import UserError
-from ..results import read_audit_json
+from fca_workbench import tables
+from fca_workbench.errors import UserError
+from fca_workbench.results.frames import read_audit_json
 
 AUDIT_FILE = "audit.json"
 PROFILES_FILE = "static_profiles.safetensors"

@@ -4,12 +4,14 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..errors import UserError
-from ..official import load_weights, read_config
-from .common import CoefficientLMOutput, CoefficientModel, head_nll, next_token_nll
-from .dense import DenseConfig, DenseForCausalLM
-from .featuregate import FeatureGateConfig, FeatureGateForCausalLM
-from .muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
+from fca_workbench.errors import UserError
+from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel, head_nll, next_token_nll
+from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
+from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
+from fca_workbench.models.loading import load_weights, read_config
+from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
+
+__all__ = ["FAMILIES", "CoefficientLMOutput", "CoefficientModel", "head_nll", "load_model", "next_token_nll"]
 
 FAMILIES = {
     "dense": (DenseConfig, DenseForCausalLM),

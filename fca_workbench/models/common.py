@@ -90,12 +90,6 @@ class CoefficientModel(PreTrainedModel):
         """Per-expert evaluations of controller ``index``: the native controllers select no experts."""
         return None
 
-    def latency_baseline(self):
-        """What latency is compared with: a shape-matched Dense with random weights (``execution``)."""
-        from ..execution import shape_matched_dense
-
-        return "dense", shape_matched_dense(self)
-
     def positive_control(self, calibration_windows: torch.Tensor):
         """A copy that really skips work, audited beside the model; None where the family has none."""
         return None

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from .common import CoefficientModel
+from fca_workbench.models.common import CoefficientModel
 
 
 class DenseConfig(PretrainedConfig):
@@ -149,6 +149,10 @@ class GPTBackbone(CoefficientModel):
     def blocks(self) -> nn.ModuleList:
         return self.h
 
+    def latency_baseline(self):
+        """What latency is compared with: a shape-matched Dense with random weights."""
+        return "dense", shape_matched_dense(self)
+
     @property
     def context_length(self) -> int:
         return self.config.block_size
@@ -203,3 +207,13 @@ class DenseForCausalLM(GPTBackbone):
         for block in self.h:
             h = block(h)
         return self.lm_output(self.head(h), input_ids, labels, [], return_coefficients)
+
+
+def shape_matched_dense(model: nn.Module) -> DenseForCausalLM:
+    """A randomly initialised Dense with the model's vocab, depth, width, heads and context.
+
+    Latency only depends on shapes, so random weights are enough; it lands on the model's device and dtype.
+    """
+    parameter = next(model.parameters())
+    dense = DenseForCausalLM(DenseConfig.from_sizes(**model.config.sizes()))
+    return dense.to(device=parameter.device, dtype=parameter.dtype).eval()

@@ -56,7 +56,8 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers import initialization as init
 
-from .common import CoefficientModel
+from fca_workbench.models.common import CoefficientModel
+from fca_workbench.models.dense import shape_matched_dense
 
 
 class MUDDPythiaConfig(PretrainedConfig):
@@ -404,6 +405,10 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     @property
     def blocks(self) -> nn.ModuleList:
         return self.layers
+
+    def latency_baseline(self):
+        """What latency is compared with: a shape-matched Dense with random weights."""
+        return "dense", shape_matched_dense(self)
 
     @property
     def controllers(self) -> list[nn.Module]:

@@ -14,11 +14,12 @@ Both modes give the rows of full one-layer replays (tested within 1e-6).
 import torch
 from tqdm.auto import tqdm
 
-from .interventions import restrict_to_layer
-from .metrics import condition_figures
-from .official import RESERVE_BYTES, SAFETY, window_bytes
-from .prefix import PrefixCache
-from .replay import ConditionCoefficients, replay_nll
+from fca_workbench.audit.budget import conditions_per_pass
+from fca_workbench.audit.conditions import ConditionCoefficients
+from fca_workbench.audit.interventions import restrict_to_layer
+from fca_workbench.audit.metrics import condition_figures
+from fca_workbench.audit.prefix import PrefixCache
+from fca_workbench.audit.replay import replay_nll
 
 PREFIX, FULL_FORWARD = "prefix", "full_forward"
 
@@ -93,25 +94,3 @@ def full_forward_window_nll(model, windows, cache, conditions, profiles, seed, d
 
     window_nll = {(layer, c): window_mean(c, layer) for layer in range(cache.num_layers) for c in conditions}
     return window_nll, window_mean("correct")
-
-
-def conditions_per_pass(model, batch: torch.Tensor, conditions: int, device) -> int:
-    """Conditions resumed together at one layer: on CUDA as many as the free memory holds next to the kept
-    states (``official.window_bytes`` per window, as the audit's batch size is fitted); elsewhere one, since
-    a CPU gains no speed from a bigger batch and only holds more memory."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return 1
-    free, _ = torch.cuda.mem_get_info(device)
-    rows = int((free - RESERVE_BYTES) // (SAFETY * window_bytes(model, batch.shape[1])))
-    return max(1, min(conditions, rows // len(batch)))
-
-
-def carrying_layers(rows: list[dict], condition: str = "cross_input") -> tuple[int | None, list[int]]:
-    """The layer with the largest ΔNLL under ``condition``, and the layers whose ΔNLL CI excludes 0."""
-    chosen = [row for row in rows if row["condition"] == condition]
-    if not chosen:
-        return None, []
-    largest = max(chosen, key=lambda row: row["delta"])["layer"]
-    significant = [row["layer"] for row in chosen if row["delta_ci95"][0] > 0 or row["delta_ci95"][1] < 0]
-    return largest, significant

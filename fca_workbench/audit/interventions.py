@@ -6,20 +6,6 @@ and returns new ones; none touches a model. Randomness always comes from an expl
 
 import torch
 
-CONDITIONS = (
-    "unperturbed",
-    "correct",
-    "cross_input",
-    "token_shuffle",
-    "global_mean",
-    "layer_scalar",
-    "layer_mean",
-    "layer_position_mean",
-)
-STATIC_PROFILES = ("global_mean", "layer_scalar", "layer_mean", "layer_position_mean")
-# For models with routers: each router's k experts with the largest mean gate, for every token.
-ROUTING_CONDITIONS = ("layer_mean_topk",)
-
 
 def derangement(n: int, seed: int) -> torch.Tensor:
     """A uniformly random permutation of ``range(n)`` with no fixed point (window i never keeps its own)."""

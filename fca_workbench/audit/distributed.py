@@ -10,13 +10,13 @@ group, and every collective is the identity, so a single-process audit runs exac
 
 import functools
 import os
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from .errors import UserError
+from fca_workbench.errors import UserError
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

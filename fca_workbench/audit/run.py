@@ -9,30 +9,38 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from .cache_lock import cache_lock
-from .capture import capture, model_fingerprint, shard_count
-from .data import fingerprint_tensor, load_windows, split_path, write_atomic
-from .distributed import SINGLE, Ranks
-from .errors import UserError
-from .schema import import_jsonschema
-from .adapters import load_controlled
-from .execution import execution_audit, expert_execution
-from .metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
-from .official import audit_batch_size
-from .outputs import output_folder, refuse_foreign
-from .replay import calibration_profiles, replay_conditions, replay_nll
-from .report import verdicts
-from .results import per_token_files
-from .sweep import per_layer_rows, per_layer_window_nll, sweep_mode
-from .tokenizer import load_tokenizer
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit.budget import audit_batch_size
+from fca_workbench.audit.cache_lock import cache_lock
+from fca_workbench.audit.capture import capture, model_fingerprint, shard_count
+from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
+from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.execution import execution_audit, expert_execution
+from fca_workbench.audit.metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, sweep_mode
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
+from fca_workbench.errors import UserError
+from fca_workbench.files import fingerprint_tensor, write_atomic
+from fca_workbench.results.outputs import output_folder, refuse_foreign
+from fca_workbench.results.per_token import per_token_files
+from fca_workbench.results.profiles import save_profiles
+from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
+from fca_workbench.results.verdicts import verdicts
 
-SCHEMA = "fca-audit/1"
 RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
+
+
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
+
+
 PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache")  # may differ between nodes; contents are compared
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -63,7 +71,7 @@ def check_audit_out(out) -> Path:
     """The audit's output folder, refused before any work when it is a file or holds an ``audit.json``
     this workbench did not write (anything that is not a valid ``fca-audit/1`` audit)."""
     out = output_folder(out)
-    refuse_foreign(out / "audit.json", SCHEMA, validate_audit)
+    refuse_foreign(out / "audit.json", AUDIT_SCHEMA, validate_audit)
     return out
 
 
@@ -143,7 +151,7 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             save_profiles(out / "static_profiles.safetensors", profiles)
         window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
         audit = {
-            "schema": SCHEMA,
+            "schema": AUDIT_SCHEMA,
             "model": {
                 "path": str(Path(settings.checkpoint).resolve()),
                 "arch": model.arch,
@@ -236,6 +244,8 @@ def execution_figures(model, eval_windows, calib_windows, settings: AuditSetting
 
 
 VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window")
+
+
 VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
 
 
@@ -247,23 +257,6 @@ def data_summary(path: Path, windows: torch.Tensor) -> dict:
         "tokens": windows.numel(),
         "fingerprint": fingerprint_tensor(windows),
     }
-
-
-def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
-    """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them."""
-    tensors = {f"{name}.layer_{i}": t.contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, tmp)
-    tmp.replace(path)
-
-
-def validate_audit(audit: dict) -> None:
-    """Check an audit against ``audit.schema.json`` (schema ``fca-audit/1``) before anyone relies on it."""
-    jsonschema = import_jsonschema()  # slow to import; only needed once per audit
-
-    schema = json.loads((Path(__file__).with_name("audit.schema.json")).read_text())
-    jsonschema.validate(audit, schema)
 
 
 def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor) -> None:

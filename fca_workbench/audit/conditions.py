@@ -1,18 +1,14 @@
-"""Frozen replay: the model with its controller disabled, fed cached coefficients under a condition.
+"""What a condition assigns: the coefficients (or a router's whole output) each eval window gets under it.
 
-Because every coefficient comes from the cache, which was filled before any intervention, a change in NLL
-here measures assignment dependence only: the controller never sees a perturbed hidden state.
+The one place that turns a condition name, a coefficient cache and the calibration profiles into replayed values;
+the audit, the sweep, the mini-audit, the explorer and the dashboard all go through it.
 """
 
 import torch
-from tqdm.auto import tqdm
 
-from .capture import CoefficientCache
-from .adapters.protocol import COEFFICIENT
-from .interventions import (
-    CONDITIONS,
-    ROUTING_CONDITIONS,
-    STATIC_PROFILES,
+from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.audit.capture import CoefficientCache
+from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
@@ -23,7 +19,7 @@ from .interventions import (
     shuffle_positions,
     with_routing_profiles,
 )
-from .models import next_token_nll
+from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
 
 
 def calibration_profiles(cache: CoefficientCache, shards=None, total=lambda t: t) -> dict[str, list[torch.Tensor]]:
@@ -86,34 +82,3 @@ def values_on(values: list[dict[str, torch.Tensor]], device, dtype) -> list[dict
     output keeps the dtype it was captured in, so replaying it is exact)."""
     return [{name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
             for value in values]
-
-
-@torch.no_grad()
-def replay_nll(
-    model,
-    windows: torch.Tensor,
-    cache: CoefficientCache,
-    condition: str,
-    profiles=None,
-    seed: int = 0,
-    layer: int | None = None,
-    device="cpu",
-    shards=None,
-) -> torch.Tensor:
-    """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (``unperturbed``: the live run); with
-    ``shards`` (one rank's share), of those shards' windows only.
-
-    Batches follow the cache's shards, the same grouping capture used, so ``correct`` repeats capture's
-    arithmetic exactly.
-    """
-    if condition == "unperturbed":
-        return cache.nll(torch.cat(list(cache.shard_indices(shards))))
-    assign = ConditionCoefficients(condition, cache, profiles, seed, layer)
-    dtype = next(model.parameters()).dtype
-    model.eval()
-    rows = []
-    for indices in tqdm(list(cache.shard_indices(shards)), desc=condition, leave=False):
-        batch = windows[indices].to(device)
-        values = values_on(assign.values(indices), device, dtype)
-        rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
-    return torch.cat(rows)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .distributed import SINGLE, EveryRankError
+from fca_workbench.audit.distributed import SINGLE, EveryRankError
 
 LOCK_FILE = ".fca-audit.lock"
 

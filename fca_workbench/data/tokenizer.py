@@ -5,8 +5,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from .data import EOS, TOKENIZER_DIR
-from .errors import UserError
+from fca_workbench.errors import UserError
+from fca_workbench.resources import shipped
+
+TOKENIZER_DIR = shipped("data") / "tokenizer"  # the checkout's data/tokenizer, or the copy bundled in the wheel
+EOS = "<|endoftext|>"
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:

@@ -12,10 +12,6 @@ import torch
 _F64 = torch.float64
 
 
-# --------------------------------------------------------------------------------------------
-# Bootstrap over windows
-# --------------------------------------------------------------------------------------------
-
 def bootstrap_counts(n_windows: int, resamples: int = 1000, seed: int = 0) -> torch.Tensor:
     """``[R, N]`` int64: how often each window is drawn in each resample of N windows with
     replacement. Every figure is bootstrapped from the same counts, so comparisons between
@@ -79,10 +75,6 @@ def gap_retention(window_nll: dict[str, torch.Tensor], profile: str, counts: tor
     bg, bp, bc = (bootstrap_means(window_nll[n], counts) for n in names)
     return {"value": ((g - p) / (g - c)).item(), "ci95": _ci95((bg - bp) / (bg - bc))}
 
-
-# --------------------------------------------------------------------------------------------
-# Variance decomposition of the coefficients (streaming)
-# --------------------------------------------------------------------------------------------
 
 def _grow(t: torch.Tensor, size: int) -> torch.Tensor:
     """Zero-pad dim 0 of ``t`` up to ``size`` (positions and windows arrive incrementally)."""

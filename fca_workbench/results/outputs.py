@@ -9,9 +9,8 @@ leaves in it.
 import json
 from pathlib import Path
 
-from .data import write_atomic
-from .errors import UserError
-from .schema import import_jsonschema
+from fca_workbench.errors import UserError
+from fca_workbench.files import import_jsonschema, write_atomic
 
 RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder
 

@@ -9,7 +9,7 @@ allocates nothing) is checked against the memory this machine has available.
 
 import psutil
 
-from .errors import UserError
+from fca_workbench.errors import UserError
 
 # config field -> largest accepted value; every size field any family has (a family lacks some).
 SIZE_LIMITS = {
@@ -22,6 +22,8 @@ SIZE_LIMITS = {
     "block_size": 1 << 20,  # the context: position tables are sized by it
     "vocab_size": 1 << 22,
 }
+
+
 # the same limits under transformers' names, for any causal-LM config.json (a family lacks some)
 HF_SIZE_LIMITS = {
     "num_hidden_layers": SIZE_LIMITS["n_layer"],

@@ -33,10 +33,12 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError, first_line
-from .limits import check_memory, check_sizes
+from fca_workbench.errors import UserError, first_line
+from fca_workbench.models.limits import check_memory, check_sizes
 
 CONFIG_FILE = "config.json"
+
+
 # What the loader looks for, in this order (the order transformers prefers too).
 WEIGHT_FILES = (
     "model.safetensors",
@@ -44,15 +46,22 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+
+
 # Pointers to code shipped in the folder: removed from the config before it is used, never followed.
 REMOTE_CODE_FIELDS = ("auto_map",)
+
 
 OFFICIAL_AUTO_MAP = {
     "AutoConfig": "configuration_muddpythia.MUDDPythiaConfig",
     "AutoModelForCausalLM": "modeling_muddpythia.MUDDPythia",
 }
+
+
 # The code files in a release folder that its ``auto_map`` points at (never imported here).
 CODE_FILES_NAMED_BY_AUTO_MAP = tuple(sorted({v.split(".")[0] + ".py" for v in OFFICIAL_AUTO_MAP.values()}))
+
+
 # The official MUDDPythia-1.4B config.json, verbatim (github.com/Caiyun-AI/MUDDFormer at fc067b2,
 # pytorch/muddpythia/config_1p4b.json).
 OFFICIAL_1P4B_CONFIG = {
@@ -90,6 +99,7 @@ OFFICIAL_1P4B_CONFIG = {
     "vocab_size": 50432,
 }
 
+
 # Every field of the official configs that decides a parameter shape or the forward's arithmetic. The
 # reference gives each a default, but a config.json without one of them is not an official config: with
 # a silent default it would load a different architecture (or fail later with a less clear message).
@@ -113,14 +123,14 @@ MUDDPYTHIA_REQUIRED = {
     "expand_last": bool,
     "round64": bool,
 }
+
+
 # Zero-filled decode caches the reference registers as buffers in ``setup_caches``; a state dict saved
 # after generating can hold them. They are not weights, so they are the only extra keys allowed.
 MUDDPYTHIA_CACHE_KEYS = re.compile(r"^(layers\.\d+\.attention\.kv_cache\.[kv]_cache|layer_cache\.layer_cache)$")
+
+
 NAMED_KEYS = 5  # how many keys of each kind an error names
-
-
-# ----------------------------------------------------------------------------------------------------------
-# config
 
 
 def read_config(folder: Path, families: dict):
@@ -178,10 +188,6 @@ def _is_a(value, kind) -> bool:
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, kind)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# weights
 
 
 def weights_file(folder: Path) -> Path:
@@ -318,160 +324,6 @@ def load_weights(folder: Path, model_class, config, dtype):
     if leftovers.get("missing_keys") or leftovers.get("mismatched_keys") or unexpected or info.get("error_msgs"):
         raise UserError(f"weights in {path} did not load strictly: {leftovers or info.get('error_msgs')}")
     return model.eval()
-
-
-# ----------------------------------------------------------------------------------------------------------
-# writing the official layout
-
-
-def official_config_dict(config, dtype: torch.dtype) -> dict:
-    """``config`` as the releases write it: the official fields only, ``auto_map`` included."""
-    import transformers
-
-    out = {}
-    for key in OFFICIAL_1P4B_CONFIG:
-        if key == "architectures":
-            out[key] = ["MUDDPythia"]
-        elif key == "auto_map":
-            out[key] = dict(OFFICIAL_AUTO_MAP)
-        elif key == "torch_dtype":
-            out[key] = str(dtype).removeprefix("torch.")
-        elif key == "transformers_version":
-            out[key] = transformers.__version__
-        else:
-            out[key] = getattr(config, key)
-    return out
-
-
-def save_official(model, folder, weights: str = "safetensors", shards: int = 1, tokenizer=None) -> Path:
-    """Write ``model`` in the official layout: ``config.json`` with ``auto_map``, then the weights as
-    ``model.safetensors`` / ``pytorch_model.bin`` (``shards`` > 1: numbered shards plus the index file)."""
-    if weights not in ("safetensors", "bin"):
-        raise ValueError(f"weights must be 'safetensors' or 'bin', not {weights!r}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    dtype = next(iter(state.values())).dtype
-    (folder / CONFIG_FILE).write_text(json.dumps(official_config_dict(model.config, dtype), indent=2) + "\n")
-    stem, suffix = ("model", "safetensors") if weights == "safetensors" else ("pytorch_model", "bin")
-    groups = _split_evenly(list(state), shards, state)
-    names = (
-        [f"{stem}.{suffix}"]
-        if len(groups) == 1
-        else [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.{suffix}" for i in range(len(groups))]
-    )
-    for name, keys in zip(names, groups):
-        part = {k: state[k] for k in keys}
-        if weights == "safetensors":
-            from safetensors.torch import save_file
-
-            save_file(part, folder / name, metadata={"format": "pt"})
-        else:
-            torch.save(part, folder / name)
-    if len(groups) > 1:
-        index = {
-            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
-            "weight_map": {k: name for name, keys in zip(names, groups) for k in keys},
-        }
-        (folder / f"{stem}.{suffix}.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    return folder
-
-
-def _split_evenly(keys: list[str], shards: int, state: dict) -> list[list[str]]:
-    """Consecutive groups of keys of about equal bytes (at most ``shards``, none empty)."""
-    shards = max(1, min(shards, len(keys)))
-    total = sum(state[k].numel() * state[k].element_size() for k in keys)
-    groups, current, filled = [], [], 0
-    for key in keys:
-        current.append(key)
-        filled += state[key].numel() * state[key].element_size()
-        if len(groups) < shards - 1 and filled >= total * (len(groups) + 1) / shards:
-            groups.append(current)
-            current = []
-    if current:
-        groups.append(current)
-    return groups
-
-
-# ----------------------------------------------------------------------------------------------------------
-# sizing the audit
-
-CPU_BATCH_SIZE = 16
-MAX_BATCH_SIZE = 64
-SAFETY = 1.5  # the estimate below counts the large tensors only; allocator slack and small ones are extra
-RESERVE_BYTES = 2 * 2**30  # left free for the CUDA context growth, cuBLAS workspaces and fragmentation
-
-
-# config attribute names of each size, in the workbench's families and in transformers' configs
-SIZE_FIELDS = {
-    "width": ("hidden_size", "n_embd", "dim", "d_model"),
-    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "heads": ("num_attention_heads", "n_head", "num_heads"),
-    "vocab_size": ("vocab_size",),
-}
-
-
-def model_sizes(model) -> dict[str, int]:
-    """Width, layers, heads, vocabulary and FFN width of any controlled model, read from its config by the
-    names the workbench's families and transformers use (layers: the protocol's ``blocks`` if the config
-    names none; FFN: ``intermediate_size``, at least 4 × width)."""
-    config = model.config
-    sizes = {}
-    for size, fields in SIZE_FIELDS.items():
-        found = next((getattr(config, f) for f in fields if isinstance(getattr(config, f, None), int)), None)
-        if found is None and size == "layers":
-            found = len(model.blocks)
-        if found is None:
-            raise UserError(f"cannot size the audit's batches: the {type(config).__name__} names no {size} "
-                            f"({' / '.join(fields)}); pass --batch-size")
-        sizes[size] = found
-    sizes["ffn"] = max(4 * sizes["width"], getattr(config, "intermediate_size", None) or 0)
-    return sizes
-
-
-def window_bytes(model, window: int) -> int:
-    """An upper estimate of the GPU memory one window of ``window`` tokens needs in a no-grad forward plus
-    the NLL of its logits, from the model's sizes (``model_sizes``; the large tensors only):
-
-    * every layer output kept for the cross-layer mix: ``(layers + 1) · T · width``, plus about 8 stream
-      and mixing temporaries ``T · width``;
-    * attention scores, scaled, masked and softmaxed: 4 × ``heads · T²``;
-    * the widest FFN hidden (1.5 × the FFN width: MUDDPythia's schedule), input and activation:
-      2 × ``T · 1.5 · ffn``;
-    * logits in the model dtype, then their fp32 copy, log-softmax and loss temporaries: ``T · vocab · (e + 12)``.
-    """
-    sizes = model_sizes(model)
-    element = next(model.parameters()).element_size()
-    width, layers, heads, vocab = sizes["width"], sizes["layers"], sizes["heads"], sizes["vocab_size"]
-    activations = ((layers + 1) + 8) * window * width * element + 2 * window * (3 * sizes["ffn"] // 2) * element
-    attention = 4 * heads * window * window * element
-    logits = window * vocab * (element + 12)
-    return int(activations + attention + logits)
-
-
-def audit_batch_size(model, window: int, device, cache: Path | None = None) -> int:
-    """Windows per batch when the user gave none: a finished or partial capture's shard size when
-    ``cache`` holds one (so a rerun can reuse it), 16 on CPU, and on CUDA as many windows as fit in the
-    free GPU memory (``torch.cuda.mem_get_info``, less the weights if they are not on the GPU yet and a
-    reserve) at ``SAFETY`` × ``window_bytes``, between 1 and 64."""
-    manifest = Path(cache) / "manifest.json" if cache is not None else None
-    if manifest is not None and manifest.is_file():
-        try:
-            return int(json.loads(manifest.read_text())["shard_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # an unreadable manifest is reported by capture itself
-    device = torch.device(device)
-    if device.type != "cuda":
-        return CPU_BATCH_SIZE
-    free, _ = torch.cuda.mem_get_info(device)
-    weights_elsewhere = sum(
-        p.numel() * p.element_size() for p in model.parameters() if p.device.type != "cuda"
-    )
-    usable = free - weights_elsewhere - RESERVE_BYTES
-    fits = int(usable // (SAFETY * window_bytes(model, window)))
-    return max(1, min(MAX_BATCH_SIZE, fits))
 
 
 def _some(items) -> str:

@@ -9,16 +9,12 @@ exists.
 """
 
 import contextlib
-import copy
 import statistics
 import time
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
-
-from .models.dense import DenseConfig, DenseForCausalLM
 
 
 def branch_modules(block: nn.Module) -> list[nn.Module]:
@@ -29,16 +25,6 @@ def branch_modules(block: nn.Module) -> list[nn.Module]:
     """
     branches = getattr(block, "branches", None)
     return list(branches()) if callable(branches) else []
-
-
-def shape_matched_dense(model: nn.Module) -> DenseForCausalLM:
-    """A randomly initialised Dense with the model's vocab, depth, width, heads and context.
-
-    Latency only depends on shapes, so random weights are enough; it lands on the model's device and dtype.
-    """
-    parameter = next(model.parameters())
-    dense = DenseForCausalLM(DenseConfig.from_sizes(**model.config.sizes()))
-    return dense.to(device=parameter.device, dtype=parameter.dtype).eval()
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -238,25 +224,3 @@ def expert_execution(model, cache) -> dict:
             "load": [(c.double() / tokens).tolist() for c in counts.values()],
         },
     }
-
-
-def positive_control(model, calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16):
-    """A copy of a FeatureGate that really skips work: tokens whose MLP gates all fall below a threshold
-    skip the MLP branch. The threshold is the ``quantile`` of the per-token max MLP gate over the
-    calibration windows (one for all layers), so about that fraction of token-MLP evaluations is skipped —
-    a known saving the execution audit must find."""
-    if not hasattr(model.config, "skip_threshold"):
-        raise ValueError(f"the positive control needs a FeatureGate model, got {type(model).__name__}")
-    if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"quantile must lie in [0, 1], got {quantile}")
-    model.eval()
-    maxima = []
-    with torch.no_grad():
-        for batch in _batches(calibration_windows, batch_size):
-            out = model(batch.to(_device(model)), return_coefficients=True)
-            maxima.extend(gates[..., 1, :].amax(-1).flatten().float().cpu() for gates in out.coefficients)
-    threshold = float(np.quantile(torch.cat(maxima).numpy(), quantile))
-
-    control = copy.deepcopy(model).eval()
-    control.config.skip_threshold = threshold  # the blocks read it from the (copied) shared config
-    return control

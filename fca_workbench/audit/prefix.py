@@ -23,8 +23,8 @@ from contextlib import nullcontext
 
 import torch
 
-from .adapters.protocol import COEFFICIENT
-from .models import head_nll, next_token_nll
+from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.models import head_nll, next_token_nll
 
 
 def _tensors(obj):

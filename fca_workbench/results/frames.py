@@ -8,79 +8,35 @@ per-token file the audit leaves behind. pandas is imported here, never by ``impo
 from __future__ import annotations
 
 import functools
-import gzip
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
-from .schema import import_jsonschema
+from fca_workbench.errors import UserError
+from fca_workbench.files import import_jsonschema
+from fca_workbench.results.per_token import PER_TOKEN_CSV, PER_TOKEN_KEYS, PER_TOKEN_PARQUET, _has_pyarrow
+from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 
-PER_TOKEN_CSV = "per_token_nll.csv.gz"
-PER_TOKEN_PARQUET = "per_token_nll.parquet"
-PER_TOKEN_KEYS = ["window", "position", "target_token"]
 CONDITION_COLUMNS = ["nll", "ci95_lo", "ci95_hi", "delta", "delta_ci95_lo", "delta_ci95_hi"]
+
+
 RETENTION_COLUMNS = ["value", "ci95_lo", "ci95_hi"]
+
+
 VARIANCE_COLUMNS = ["r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window", "within_std", "cv"]
+
+
 EXECUTION_DTYPES = {"blocks_executed": "int64", "blocks_total": "int64", "fraction_executed": "float64",
                     "controller_calls": "int64", "flops": "int64", "latency_ms": "float64", "dense_latency_ms": "float64",
                     "latency_ratio_vs_dense": "float64"}
+
+
 EXECUTION_COLUMNS = list(EXECUTION_DTYPES)
+
+
 PER_LAYER_COLUMNS = ["nll", "delta", "delta_ci95_lo", "delta_ci95_hi"]
 
-
-# ------------------------------------------------------------------------------------------------------
-# Writing the per-token NLLs (called by the audit)
-# ------------------------------------------------------------------------------------------------------
-
-def per_token_frame(per_token: dict, windows):
-    """Wide table: one row per predicted token (window, position, target token), one float32 NLL column per
-    condition, built from the ``[N, T-1]`` tensors in one step."""
-    import pandas as pd
-    import torch
-
-    names = list(per_token)
-    values = torch.stack([per_token[name].float() for name in names], dim=-1).numpy()  # [N, T-1, C]
-    n, t, c = values.shape
-    frame = pd.DataFrame({
-        "window": np.repeat(np.arange(n, dtype=np.int64), t),
-        "position": np.tile(np.arange(1, t + 1, dtype=np.int64), n),
-        "target_token": windows[:, 1:].reshape(-1).numpy().astype(np.int64),
-    })
-    return pd.concat([frame, pd.DataFrame(values.reshape(n * t, c), columns=names)], axis=1)
-
-
-def per_token_csv(frame) -> bytes:
-    """The wide table as gzip CSV at 6 decimals, mtime 0: the same NLLs always give the same bytes. Level 1:
-    on the full eval set level 9 took as long as formatting the text, for a file 9% smaller."""
-    text = frame.to_csv(index=False, float_format="%.6f", lineterminator="\n")
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0, compresslevel=1) as gz:
-        gz.write(text.encode())
-    return buffer.getvalue()
-
-
-def per_token_parquet(frame) -> bytes:
-    """The wide table as Parquet, the float32 NLLs exact (needs pyarrow: the ``parquet`` extra)."""
-    buffer = io.BytesIO()
-    frame.to_parquet(buffer, index=False)
-    return buffer.getvalue()
-
-
-def per_token_files(per_token: dict, windows) -> dict[str, bytes]:
-    """``per_token_nll.csv.gz`` and, when pyarrow is installed, ``per_token_nll.parquet``."""
-    frame = per_token_frame(per_token, windows)
-    files = {PER_TOKEN_CSV: per_token_csv(frame)}
-    if _has_pyarrow():
-        files[PER_TOKEN_PARQUET] = per_token_parquet(frame)
-    return files
-
-
-# ------------------------------------------------------------------------------------------------------
-# Reading an audit
-# ------------------------------------------------------------------------------------------------------
 
 def read_audit_json(path) -> tuple[dict, Path]:
     """The audit dict and its folder; a missing, truncated or foreign file is a one-line ``UserError``."""
@@ -93,11 +49,9 @@ def read_audit_json(path) -> tuple[dict, Path]:
         audit = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not a complete audit.json (truncated or not JSON: {exc})") from None
-    if not isinstance(audit, dict) or audit.get("schema") != "fca-audit/1":
+    if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
         found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
-        raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected 'fca-audit/1')")
-    from .audit import validate_audit
-
+        raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected {AUDIT_SCHEMA!r})")
     jsonschema = import_jsonschema()
 
     try:
@@ -235,14 +189,6 @@ def load_audits(paths) -> AuditCollection:
             if not paths:
                 raise UserError(f"no audit folders (*/audit.json) in {folder}")
     return AuditCollection([load_audit(p) for p in paths])
-
-
-def _has_pyarrow() -> bool:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _frame(rows, key: str, columns: list[str]):

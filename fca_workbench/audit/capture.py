@@ -25,17 +25,24 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
-from .data import fingerprint_tensor, write_atomic
-from .adapters.protocol import COEFFICIENT
-from .distributed import SINGLE
-from .errors import UserError, first_line
-from .schema import import_jsonschema
-from .models import next_token_nll
+from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.audit.distributed import SINGLE
+from fca_workbench.errors import UserError, first_line
+from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, write_atomic
+from fca_workbench.models import next_token_nll
 
 CACHE_FORMAT = "fca-coefficient-cache/2"
+
+
 LEGACY_FORMATS = ("fca-coefficient-cache/1",)  # no shard hashes: recaptured, never trusted
+
+
 MANIFEST = "manifest.json"
+
+
 SHARD_FILE = re.compile(r"^\.?shard_\d{5}\.safetensors(\.tmp)?$")  # shards and their temporary names
+
+
 MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["format", "model_fingerprint", "data_fingerprint", "windows", "window", "shard_size", "dtype",
@@ -178,14 +185,6 @@ class CoefficientCache:
 def shard_count(windows: int, shard_size: int) -> int:
     """Shards of ``shard_size`` windows (the last one may be short) that ``windows`` windows fill."""
     return -(-windows // shard_size)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: Path) -> dict | None:

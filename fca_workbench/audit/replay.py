@@ -1,0 +1,43 @@
+"""Frozen replay: the model with its controller disabled, fed cached coefficients under a condition.
+
+Because every coefficient comes from the cache, which was filled before any intervention, a change in NLL
+here measures assignment dependence only: the controller never sees a perturbed hidden state.
+"""
+
+import torch
+from tqdm.auto import tqdm
+
+from fca_workbench.audit.capture import CoefficientCache
+from fca_workbench.audit.conditions import ConditionCoefficients, values_on
+from fca_workbench.models import next_token_nll
+
+
+@torch.no_grad()
+def replay_nll(
+    model,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    condition: str,
+    profiles=None,
+    seed: int = 0,
+    layer: int | None = None,
+    device="cpu",
+    shards=None,
+) -> torch.Tensor:
+    """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (``unperturbed``: the live run); with
+    ``shards`` (one rank's share), of those shards' windows only.
+
+    Batches follow the cache's shards, the same grouping capture used, so ``correct`` repeats capture's
+    arithmetic exactly.
+    """
+    if condition == "unperturbed":
+        return cache.nll(torch.cat(list(cache.shard_indices(shards))))
+    assign = ConditionCoefficients(condition, cache, profiles, seed, layer)
+    dtype = next(model.parameters()).dtype
+    model.eval()
+    rows = []
+    for indices in tqdm(list(cache.shard_indices(shards)), desc=condition, leave=False):
+        batch = windows[indices].to(device)
+        values = values_on(assign.values(indices), device, dtype)
+        rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
+    return torch.cat(rows)

@@ -1,0 +1,67 @@
+"""Files the workbench writes and reads: atomic writes, content hashes, and JSON Schema validation.
+
+Every file is written through ``write_atomic`` (a temporary sibling, then a rename), so a crash never leaves
+a half-written result; tensors and files are identified by sha256 of exactly their bytes.
+"""
+
+import gzip
+import hashlib
+import importlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write to a temporary sibling, then rename, so a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(payload)
+    tmp.replace(path)
+
+
+def jsonl_gz(records: list[dict]) -> bytes:
+    """Deterministic gzip (mtime 0), so the shipped files' sha256 only changes when their text does."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
+        for record in records:
+            gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+    return buffer.getvalue()
+
+
+def fingerprint_tensor(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's shape, dtype and bytes: identifies windows or weights exactly."""
+    digest = hashlib.sha256(f"{tuple(tensor.shape)}|{tensor.dtype}".encode())
+    digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ``jsonschema`` is imported without its optional IRI format checker: when ``rfc3987_syntax`` is installed
+# (Jupyter brings it), importing jsonschema builds ~40 Earley parsers, 2-20 s per process
+# (python-jsonschema/jsonschema#1428). No workbench schema uses the ``iri`` formats.
+SKIPPED = "rfc3987_syntax"
+
+
+def import_jsonschema():
+    """The ``jsonschema`` module (already imported, or imported now without ``rfc3987_syntax``)."""
+    if "jsonschema" in sys.modules:
+        return sys.modules["jsonschema"]
+    refuse = SKIPPED not in sys.modules
+    if refuse:
+        sys.modules[SKIPPED] = None  # an import of a None entry raises ImportError
+    try:
+        return importlib.import_module("jsonschema")
+    finally:
+        if refuse:
+            del sys.modules[SKIPPED]

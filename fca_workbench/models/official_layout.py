@@ -1,0 +1,80 @@
+"""Writing a model in the official MUDDPythia release layout (``config.json`` with ``auto_map``, safetensors or
+``.bin`` weights, optionally sharded with an index): what the loader must read, for tests and GPU checks."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from fca_workbench.models.loading import CONFIG_FILE, OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
+
+
+def official_config_dict(config, dtype: torch.dtype) -> dict:
+    """``config`` as the releases write it: the official fields only, ``auto_map`` included."""
+    import transformers
+
+    out = {}
+    for key in OFFICIAL_1P4B_CONFIG:
+        if key == "architectures":
+            out[key] = ["MUDDPythia"]
+        elif key == "auto_map":
+            out[key] = dict(OFFICIAL_AUTO_MAP)
+        elif key == "torch_dtype":
+            out[key] = str(dtype).removeprefix("torch.")
+        elif key == "transformers_version":
+            out[key] = transformers.__version__
+        else:
+            out[key] = getattr(config, key)
+    return out
+
+
+def save_official(model, folder, weights: str = "safetensors", shards: int = 1, tokenizer=None) -> Path:
+    """Write ``model`` in the official layout: ``config.json`` with ``auto_map``, then the weights as
+    ``model.safetensors`` / ``pytorch_model.bin`` (``shards`` > 1: numbered shards plus the index file)."""
+    if weights not in ("safetensors", "bin"):
+        raise ValueError(f"weights must be 'safetensors' or 'bin', not {weights!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    dtype = next(iter(state.values())).dtype
+    (folder / CONFIG_FILE).write_text(json.dumps(official_config_dict(model.config, dtype), indent=2) + "\n")
+    stem, suffix = ("model", "safetensors") if weights == "safetensors" else ("pytorch_model", "bin")
+    groups = _split_evenly(list(state), shards, state)
+    names = (
+        [f"{stem}.{suffix}"]
+        if len(groups) == 1
+        else [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.{suffix}" for i in range(len(groups))]
+    )
+    for name, keys in zip(names, groups):
+        part = {k: state[k] for k in keys}
+        if weights == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(part, folder / name, metadata={"format": "pt"})
+        else:
+            torch.save(part, folder / name)
+    if len(groups) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+            "weight_map": {k: name for name, keys in zip(names, groups) for k in keys},
+        }
+        (folder / f"{stem}.{suffix}.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _split_evenly(keys: list[str], shards: int, state: dict) -> list[list[str]]:
+    """Consecutive groups of keys of about equal bytes (at most ``shards``, none empty)."""
+    shards = max(1, min(shards, len(keys)))
+    total = sum(state[k].numel() * state[k].element_size() for k in keys)
+    groups, current, filled = [], [], 0
+    for key in keys:
+        current.append(key)
+        filled += state[key].numel() * state[key].element_size()
+        if len(groups) < shards - 1 and filled >= total * (len(groups) + 1) / shards:
+            groups.append(current)
+            current = []
+    if current:
+        groups.append(current)
+    return groups

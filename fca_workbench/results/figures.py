@@ -1,0 +1,43 @@
+"""Figures of the notebooks: written as offline HTML, shown in JupyterLab as plotly MIME bundles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
+    """``[L, T]`` from per-layer ``[T, *slot]`` coefficients: each layer's mean over its slots per position."""
+    return torch.stack([m.flatten(1).mean(1) for m in means])
+
+
+def write_figure(fig, out, name: str) -> Path:
+    """Write ``out/figures/<name>.html``: interactive and offline (plotly.js is written once beside it)."""
+    folder = Path(out) / "figures"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.html"
+    fig.write_html(path, include_plotlyjs="directory", full_html=True)
+    return path
+
+
+def show(fig) -> None:
+    """Display a figure in the notebook as a plotly MIME bundle (rendered by JupyterLab; keeps the executed
+    notebooks small, the self-contained copy is the HTML file)."""
+    fig.show(renderer="plotly_mimetype")
+
+
+def mimebundle(fig) -> dict:
+    """A figure as the plotly MIME bundle JupyterLab renders (plain JSON)."""
+    import plotly.io as pio
+
+    return {"application/vnd.plotly.v1+json": {**json.loads(pio.to_json(fig, validate=False)), "config": {}},
+            "text/plain": f"<{fig.layout.title.text or 'plotly figure'}>"}
+
+
+def show_in(output, *figs) -> None:
+    """Replace an ``ipywidgets.Output``'s content with the figures in one step. Setting its ``outputs`` from
+    the kernel (rather than printing inside ``with output:``) also keeps papermill/nbclient from blocking
+    on the widget's capture messages (jupyter/nbclient#312)."""
+    output.outputs = tuple({"output_type": "display_data", "data": mimebundle(fig), "metadata": {}} for fig in figs)

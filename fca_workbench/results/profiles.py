@@ -1,0 +1,34 @@
+"""The static profiles file beside an audit (``static_profiles.safetensors``): written by the audit, read back by
+the notebooks and the dashboard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+def load_profiles(path) -> dict[str, list[torch.Tensor]]:
+    """Static profiles saved by the audit (``static_profiles.safetensors``), as ``static_profiles`` returns them."""
+    from safetensors.torch import load_file
+
+    return profiles_from_tensors(load_file(str(path)))
+
+
+def profiles_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """``<profile>.layer_<i>`` tensors (``audit.save_profiles``) back into per-profile lists of layers."""
+    profiles: dict[str, dict[int, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        name, layer = key.rsplit(".layer_", 1)
+        profiles.setdefault(name, {})[int(layer)] = tensor
+    return {name: [layers[i] for i in sorted(layers)] for name, layers in profiles.items()}
+
+
+def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
+    """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them."""
+    tensors = {f"{name}.layer_{i}": t.contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, tmp)
+    tmp.replace(path)

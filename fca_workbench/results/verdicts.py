@@ -1,0 +1,99 @@
+"""Plain-language verdicts of an ``audit.json``: the three properties, each turned from figures into a sentence.
+
+The thresholds that turn figures into words are stated in the sentences themselves, so a reader can
+disagree with a verdict using the numbers beside it.
+"""
+
+
+STATIC_RETENTION = 0.95  # a static profile retaining this much of the gap counts as "largely static"
+
+
+def verdicts(audit: dict) -> dict:
+    return {
+        "coefficient_variation": variation_verdict(audit),
+        "assignment_dependence": assignment_verdict(audit),
+        "conditional_execution": execution_verdict(audit),
+    }
+
+
+def variation_verdict(audit: dict) -> str:
+    variation, variance = audit["variation"], audit["variance"]
+    if variation is None:
+        return "No controller: this model has no coefficients to vary."
+    if variance["r2_layer"] is None:
+        return "Coefficients are constant over the eval set: they do not vary at all."
+    return (
+        f"Coefficients vary (within-layer std {variation['within_std']:.4f}, CV {variation['cv']:.3f}); "
+        f"layer identity explains {variance['r2_layer']:.1%} of their variance, layer×slot "
+        f"{variance['r2_layer_slot']:.1%}; adding position reaches {variance['r2_layer_slot_position']:.1%}, "
+        f"adding the input window {variance['r2_layer_slot_window']:.1%}."
+    )
+
+
+def assignment_verdict(audit: dict) -> str:
+    conditions, retention = audit["conditions"], audit["retention"]
+    if "cross_input" not in conditions:
+        return "No controller: there are no coefficients to reassign."
+    cross, shuffle, static = conditions["cross_input"], conditions["token_shuffle"], retention["layer_mean"]
+    significant = cross["delta_ci95"][0] > 0 or shuffle["delta_ci95"][0] > 0
+    penalties = (
+        f"cross-input reassignment changes NLL by {cross['delta']:+.4f} nats "
+        f"[{cross['delta_ci95'][0]:+.4f}, {cross['delta_ci95'][1]:+.4f}], token shuffling by "
+        f"{shuffle['delta']:+.4f} [{shuffle['delta_ci95'][0]:+.4f}, {shuffle['delta_ci95'][1]:+.4f}]"
+    )
+    if static["value"] is None:
+        return f"No gap to retain (global_mean scores as well as correct): {penalties}."
+    kept = f"the static layerwise profile retains {static['value']:.2%} of the Correct-to-GlobalMean gap"
+    if static["value"] >= STATIC_RETENTION:
+        lead = "Weak assignment dependence (static profile ≥ 95% of the gap)"
+    elif significant:
+        lead = "The frozen model depends on which coefficients each input gets"
+    else:
+        lead = "No significant assignment dependence (95% CIs include 0)"
+    return f"{lead}: {penalties}; {kept}.{per_layer_sentence(audit)}"
+
+
+def per_layer_sentence(audit: dict) -> str:
+    """Which layers carry the dependence, when the audit has a per-layer sweep (else nothing)."""
+    rows = audit.get("per_layer")
+    largest, significant = carrying_layers(rows or [])
+    if largest is None:
+        return ""
+    delta = next(r["delta"] for r in rows if r["layer"] == largest and r["condition"] == "cross_input")
+    listed = ", ".join(map(str, significant)) or "none"
+    return (
+        f" Per layer (each alone, the others correct): cross-input reassignment costs most at layer {largest} "
+        f"({delta:+.4f} nats); layers whose cross-input 95% CI excludes 0: {listed}."
+    )
+
+
+BASELINES = {"dense": "the shape-matched Dense", "static_mixture": "the static mixture (every expert for every token)"}
+
+
+def execution_verdict(audit: dict) -> str:
+    e = audit["execution"]
+    speed = f"latency {e['latency_ratio_vs_dense']:.2f}× {BASELINES[e.get('baseline', 'dense')]}"
+    if "expert_fraction_executed" in e:
+        return (
+            f"Conditional execution by routing: {e['expert_fraction_executed']:.3f} of the token × expert "
+            f"evaluations ran; {speed}."
+        )
+    if e["fraction_executed"] >= 1.0:
+        return (
+            f"No conditional execution: every block ran for every token ({e['blocks_executed']}/{e['blocks_total']} "
+            f"block passes, fraction executed 1.000, {e['controller_calls']} controller calls); {speed}."
+        )
+    return (
+        f"Conditional execution: fraction executed {e['fraction_executed']:.3f} "
+        f"({e['controller_calls']} controller calls); {speed}."
+    )
+
+
+def carrying_layers(rows: list[dict], condition: str = "cross_input") -> tuple[int | None, list[int]]:
+    """The layer with the largest ΔNLL under ``condition``, and the layers whose ΔNLL CI excludes 0."""
+    chosen = [row for row in rows if row["condition"] == condition]
+    if not chosen:
+        return None, []
+    largest = max(chosen, key=lambda row: row["delta"])["layer"]
+    significant = [row["layer"] for row in chosen if row["delta_ci95"][0] > 0 or row["delta_ci95"][1] < 0]
+    return largest, significant

@@ -1,0 +1,102 @@
+"""The package's shape: layers that only point down, no import cycles, modules of a readable size.
+
+Layers, lowest first (a module imports only from its own layer or the ones below; docs/layers.md):
+files (errors, files, resources) → data → models → adapters → results → audit → entry points (cli, reproduce,
+explore, train, callbacks, the notebooks' and dashboard's modules).
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fca_workbench"
+LAYERS = ["files", "data", "models", "adapters", "results", "audit", "entry"]
+FOUNDATION = {"errors", "files", "resources"}
+MAX_LINES = 450  # outside models/, where one readable file per family may be longer
+LAZY_IMPORTS_ALLOWED = {"fca_workbench.cli"}  # `fca --help` stays fast: each command imports what it runs
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "entry"  # fca_workbench itself re-exports from below
+    if parts[1] in FOUNDATION:
+        return "files"
+    return parts[1] if parts[1] in LAYERS[1:-1] else "entry"
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """``(imported workbench module, line, inside a function)`` for every import of the workbench in ``path``."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("fca_workbench"):
+                for alias in child.names:
+                    candidate = f"{child.module}.{alias.name}"
+                    target = candidate if MODULES.get(candidate) else child.module
+                    found.append((target, child.lineno, in_function))
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("fca_workbench"))
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    assert {layer(m) for m in MODULES} <= set(LAYERS)
+    assert layer("fca_workbench.audit.capture") == "audit" and layer("fca_workbench.files") == "files"
+    assert layer("fca_workbench.cli") == "entry" and layer("fca_workbench.dashboard.live") == "entry"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down(module):
+    here = LAYERS.index(layer(module))
+    upward = [f"line {line}: {target} ({layer(target)})" for target, line, _ in imports(MODULES[module])
+              if LAYERS.index(layer(target)) > here]
+    assert not upward, f"{module} ({layer(module)}) imports from a layer above it: {upward}"
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - LAZY_IMPORTS_ALLOWED))
+def test_no_function_local_imports_of_the_workbench(module):
+    local = [f"line {line}: {target}" for target, line, inside in imports(MODULES[module]) if inside]
+    assert not local, f"{module} imports inside a function (a cycle dodged, or a slow import hidden): {local}"
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t, _, _ in imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
+    done, on_path = set(), []
+
+    def walk(module):
+        if module in on_path:
+            raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(module):] + [module]))
+        if module in done:
+            return
+        on_path.append(module)
+        for target in sorted(graph[module]):
+            # a package's __init__ importing its own submodules is how re-exports work, not a cycle
+            if not target.startswith(module + "."):
+                walk(target)
+        on_path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        walk(module)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("fca_workbench.models.")))
+def test_modules_stay_readable(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines; split it by concern (at most {MAX_LINES} outside models/)"
