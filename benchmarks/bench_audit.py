@@ -41,8 +41,19 @@ def plain_forward(model, windows, batch_size):
 def peak_rss_of_capture(checkpoint: str, windows: int, batch_size: int) -> dict:
     """Run a capture of ``windows`` random windows in a fresh process; its RSS before and at peak (MiB)."""
     out = subprocess.run(
-        [sys.executable, __file__, "--checkpoint", checkpoint, "--memory-probe", str(windows), "--batch-size", str(batch_size)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            __file__,
+            "--checkpoint",
+            checkpoint,
+            "--memory-probe",
+            str(windows),
+            "--batch-size",
+            str(batch_size),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

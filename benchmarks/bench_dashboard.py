@@ -71,7 +71,11 @@ def percentiles(values) -> dict:
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0:
         return {"n": 0, "p50_ms": None, "p95_ms": None}
-    return {"n": int(values.size), "p50_ms": float(np.percentile(values, 50)), "p95_ms": float(np.percentile(values, 95))}
+    return {
+        "n": int(values.size),
+        "p50_ms": float(np.percentile(values, 50)),
+        "p95_ms": float(np.percentile(values, 95)),
+    }
 
 
 def timed_ms(fn) -> float:
@@ -100,8 +104,9 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
     result["static_profiles_first_use_s"] = timed_ms(shared.profiles) / 1000
     session = DashboardSession()
     conditions = ("cross_input", "token_shuffle", "layer_mean")
-    intervened = {c: session.condition_coefficients(name, shared, text, prefix, c, 0, shared.donor_for(0, 0))
-                  for c in conditions}
+    intervened = {
+        c: session.condition_coefficients(name, shared, text, prefix, c, 0, shared.donor_for(0, 0)) for c in conditions
+    }
     full, cached, per_layer = [], [], {layer: {"full": [], "prefix": []} for layer in range(shared.num_layers)}
     for repeat in range(repeats):
         for layer in range(shared.num_layers):
@@ -121,13 +126,17 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
         condition = conditions[repeat % len(conditions)]
         session.results.clear()  # recompute, as after a widget change
         updates.append(timed_ms(lambda: session.analyse(name, shared, text, condition, layer, seed=repeat)))
-    result.update({
-        "full_forward": percentiles(full),
-        "prefix_single_layer": percentiles(cached),
-        "ratio_p50_prefix_over_full": float(np.median(cached) / np.median(full)),
-        "per_layer_ratio_p50": {str(l): float(np.median(v["prefix"]) / np.median(v["full"])) for l, v in per_layer.items()},
-        "dashboard_update": percentiles(updates),
-    })
+    result.update(
+        {
+            "full_forward": percentiles(full),
+            "prefix_single_layer": percentiles(cached),
+            "ratio_p50_prefix_over_full": float(np.median(cached) / np.median(full)),
+            "per_layer_ratio_p50": {
+                str(l): float(np.median(v["prefix"]) / np.median(v["full"])) for l, v in per_layer.items()
+            },
+            "dashboard_update": percentiles(updates),
+        }
+    )
     return result
 
 
@@ -258,8 +267,17 @@ def dashboard_server(names: list[str], registry: Registry, calibration_windows, 
         port = free_port()
         url = f"http://127.0.0.1:{port}/"
         log_path = Path(tmp) / "server.log"
-        command = [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port),
-                   "--registry", str(registry_file), *argv]
+        command = [
+            sys.executable,
+            "-m",
+            "fca_workbench.cli",
+            "dashboard",
+            "--port",
+            str(port),
+            "--registry",
+            str(registry_file),
+            *argv,
+        ]
         if calibration_windows:
             command += ["--calibration-windows", str(calibration_windows)]
         with open(log_path, "w") as log:
@@ -290,8 +308,10 @@ def results_folder(folder: Path, checkpoint: Path) -> Path:
     from fca_workbench.audit.run import AuditSettings, run_audit
 
     first = folder / f"audit-{checkpoint.name}"
-    run_audit(AuditSettings(checkpoint=str(checkpoint), max_windows=8, resamples=200, latency_repeats=2,
-                            per_layer=True), first)
+    run_audit(
+        AuditSettings(checkpoint=str(checkpoint), max_windows=8, resamples=200, latency_repeats=2, per_layer=True),
+        first,
+    )
     shutil.copytree(first, folder / "run" / "audits" / checkpoint.name, ignore=shutil.ignore_patterns("cache"))
     text = (first / "audit.json").read_text()
     (folder / "truncated").mkdir()
@@ -302,7 +322,11 @@ def results_folder(folder: Path, checkpoint: Path) -> Path:
 def load_run(names: list[str], registry: Registry, sessions: int, duration: float, calibration_windows) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         results = results_folder(Path(tmp) / "results", registry.folder(names[0]))
-        with dashboard_server(names, registry, calibration_windows, "--results", str(results)) as (server, url, log_path):
+        with dashboard_server(names, registry, calibration_windows, "--results", str(results)) as (
+            server,
+            url,
+            log_path,
+        ):
             return drive(server, url, names, sessions, duration, log_path)
 
 
@@ -314,7 +338,11 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
     def warm_up():
         client = Client(url)
         for name in names:
-            for widget, value in (("fca-checkpoint", name), ("fca-condition", "layer_mean"), ("fca-condition", "cross_input")):
+            for widget, value in (
+                ("fca-checkpoint", name),
+                ("fca-condition", "layer_mean"),
+                ("fca-condition", "cross_input"),
+            ):
                 if client.widgets[widget].value != value:  # setting the same value sends nothing
                     client.set(widget, value)
                     client.wait(300)
@@ -391,11 +419,15 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
                         errors.append(f"session {index}, results view: audit {audit} not shown within 60 s")
                 continue
             choices = {
-                "fca-layer": layers, "fca-condition": conditions, "fca-window": list(range(200)),
-                "fca-seed": list(range(50)), "fca-checkpoint": names,
+                "fca-layer": layers,
+                "fca-condition": conditions,
+                "fca-window": list(range(200)),
+                "fca-seed": list(range(50)),
+                "fca-checkpoint": names,
             }
-            action = rng.choice(["fca-layer", "fca-layer", "fca-condition", "fca-condition", "fca-window", "fca-seed",
-                                 "fca-checkpoint"])
+            action = rng.choice(
+                ["fca-layer", "fca-layer", "fca-condition", "fca-condition", "fca-window", "fca-seed", "fca-checkpoint"]
+            )
             candidates = [v for v in choices[action] if v != client.widgets[action].value]
             if not candidates:  # e.g. a single checkpoint: nothing to change to
                 continue
@@ -444,7 +476,10 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
         "server_side_update_latency": percentiles(server_side),
         "single_session_update_latency": percentiles(single),
         "single_session_server_side": percentiles([x for x in single_server if x is not None]),
-        "cpu_ms_per_action": {"server": 1000 * server_cpu / max(actions, 1), "clients": 1000 * clients_cpu / max(actions, 1)},
+        "cpu_ms_per_action": {
+            "server": 1000 * server_cpu / max(actions, 1),
+            "clients": 1000 * clients_cpu / max(actions, 1),
+        },
         "server_rss_mib": {"before": before, "peak": max(samples) if samples else None, "after": after},
         "rss_after_over_before": after / before if after else None,
         "seconds_after_close": time.monotonic() - closed_at,
@@ -474,20 +509,37 @@ def seed_memory(name: str, folder: Path, seeds: int, analysed: int, calibration_
     after_seeds = settled_rss_mib()
     seconds = time.perf_counter() - started
     for seed in range(analysed):
-        session.analyse(name, shared, window_input(shared, seed % len(shared.eval_windows)), "cross_input",
-                        layer=seed % shared.num_layers, seed=seed)
+        session.analyse(
+            name,
+            shared,
+            window_input(shared, seed % len(shared.eval_windows)),
+            "cross_input",
+            layer=seed % shared.num_layers,
+            seed=seed,
+        )
     after_analysed = settled_rss_mib()
     return {
-        "checkpoint": name, "eval_windows": len(shared.eval_windows), "seeds": seeds, "seconds": seconds,
-        "analysed_seeds": analysed, "rss_mib": {"before": before, "after_seeds": after_seeds, "after_analysed": after_analysed},
+        "checkpoint": name,
+        "eval_windows": len(shared.eval_windows),
+        "seeds": seeds,
+        "seconds": seconds,
+        "analysed_seeds": analysed,
+        "rss_mib": {"before": before, "after_seeds": after_seeds, "after_analysed": after_analysed},
         "derangements_kept": shared.derangements.cache_info().currsize,
-        "prefix_caches_kept": len(session.prefixes), "results_kept": len(session.results),
+        "prefix_caches_kept": len(session.prefixes),
+        "results_kept": len(session.results),
     }
 
 
-def sessions_memory(names: list[str], registry: Registry, sessions: int, max_sessions: int, calibration_windows) -> dict:
+def sessions_memory(
+    names: list[str], registry: Registry, sessions: int, max_sessions: int, calibration_windows
+) -> dict:
     """Server RSS with ``sessions`` sessions open at once (each made two updates), then after they closed."""
-    with dashboard_server(names, registry, calibration_windows, "--max-sessions", str(max_sessions)) as (server, url, _):
+    with dashboard_server(names, registry, calibration_windows, "--max-sessions", str(max_sessions)) as (
+        server,
+        url,
+        _,
+    ):
         warm = Client(url)  # loads the model and its static profiles, then leaves
         warm.set("fca-condition", "layer_mean")
         warm.wait(300)
@@ -518,10 +570,15 @@ def sessions_memory(names: list[str], registry: Registry, sessions: int, max_ses
             after = rss_mib(server.pid)
             if after <= before * 1.10 or time.monotonic() - closed_at > 60:
                 break
-    return {"sessions": sessions, "max_sessions": max_sessions, "admitted": admitted,
-            "server_full_pages": len(clients) - admitted, "failed": failed,
-            "seconds_after_close": time.monotonic() - closed_at,
-        "server_rss_mib": {"before": before, "open": with_open, "after_close": after}}
+    return {
+        "sessions": sessions,
+        "max_sessions": max_sessions,
+        "admitted": admitted,
+        "server_full_pages": len(clients) - admitted,
+        "failed": failed,
+        "seconds_after_close": time.monotonic() - closed_at,
+        "server_rss_mib": {"before": before, "open": with_open, "after_close": after},
+    }
 
 
 def model_memory(names: list[str], registry: Registry, calibration_windows) -> dict:
@@ -542,14 +599,26 @@ def model_memory(names: list[str], registry: Registry, calibration_windows) -> d
     now[0] = 600.0
     unloaded = pool.unload_idle()
     after = settled_rss_mib()
-    return {"checkpoints": names, "idle_seconds": 600, "unloaded_before_idle": kept, "unloaded": len(unloaded),
-            "rss_mib": {"before": before, "loaded": loaded, "after_unload": after}}
+    return {
+        "checkpoints": names,
+        "idle_seconds": 600,
+        "unloaded_before_idle": kept,
+        "unloaded": len(unloaded),
+        "rss_mib": {"before": before, "loaded": loaded, "after_unload": after},
+    }
 
 
 def memory_run(names: list[str], registry: Registry, args) -> dict:
     with_coefficients = [n for n in names if "dense" not in n] or names
-    result = {"seeds": seed_memory(with_coefficients[0], registry.folder(with_coefficients[0]), args.seeds,
-                                   args.analysed_seeds, args.calibration_windows)}
+    result = {
+        "seeds": seed_memory(
+            with_coefficients[0],
+            registry.folder(with_coefficients[0]),
+            args.seeds,
+            args.analysed_seeds,
+            args.calibration_windows,
+        )
+    }
     result["models"] = model_memory(names, registry, args.calibration_windows)
     result["sessions"] = [
         sessions_memory(with_coefficients[:1], registry, args.memory_sessions, limit, args.calibration_windows)
@@ -564,8 +633,12 @@ def memory_run(names: list[str], registry: Registry, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--registry", default=None, help="registry JSON (default: the shipped checkpoints)")
-    parser.add_argument("--checkpoints", nargs="+", default=None,
-                        help="names to measure (default: featuregate-s0, muddpythia-s0, dense-s0 where shipped)")
+    parser.add_argument(
+        "--checkpoints",
+        nargs="+",
+        default=None,
+        help="names to measure (default: featuregate-s0, muddpythia-s0, dense-s0 where shipped)",
+    )
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--duration", type=float, default=60.0)
@@ -616,8 +689,10 @@ def markdown(r: dict) -> str:
         ]
         for x in r["latency"]:
             if "prefix_single_layer" not in x:
-                lines.append(f"| {x['checkpoint']} | {fmt(x['full_forward']['p50_ms'])} / {fmt(x['full_forward']['p95_ms'])} "
-                             f"| — | — | — | {x['note']} |")
+                lines.append(
+                    f"| {x['checkpoint']} | {fmt(x['full_forward']['p50_ms'])} / {fmt(x['full_forward']['p95_ms'])} "
+                    f"| — | — | — | {x['note']} |"
+                )
                 continue
             per_layer = ", ".join(f"{l}: {v:.2f}" for l, v in x["per_layer_ratio_p50"].items())
             lines.append(
@@ -647,9 +722,14 @@ def markdown(r: dict) -> str:
             f"{fmt(x['single_session_update_latency']['p50_ms'])} / {fmt(x['single_session_update_latency']['p95_ms'])} | |",
             f"| same, server side p50 / p95 (ms) | {fmt(x['single_session_server_side']['p50_ms'])} / "
             f"{fmt(x['single_session_server_side']['p95_ms'])} | |",
-            *([f"| CPU per update or pick: server / the {x['sessions']} clients (ms; clients are Python websocket "
-               f"clients in one process) | {fmt(x['cpu_ms_per_action']['server'])} / {fmt(x['cpu_ms_per_action']['clients'])} | |"]
-              if "cpu_ms_per_action" in x else []),
+            *(
+                [
+                    f"| CPU per update or pick: server / the {x['sessions']} clients (ms; clients are Python websocket "
+                    f"clients in one process) | {fmt(x['cpu_ms_per_action']['server'])} / {fmt(x['cpu_ms_per_action']['clients'])} | |"
+                ]
+                if "cpu_ms_per_action" in x
+                else []
+            ),
             f"| server RSS before / peak / after (MiB) | {fmt(rss['before'])} / {fmt(rss['peak'])} / {fmt(rss['after'])} | |",
             f"| RSS after / before | {fmt(x['rss_after_over_before'], 3)} | <= 1.10 |",
             f"| server tracebacks | {x['server_tracebacks']} | 0 |",

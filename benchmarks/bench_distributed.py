@@ -47,8 +47,13 @@ def timed_audit(audit_args: list, out: Path, ranks: int | None) -> tuple[float, 
     """Wall seconds of the whole command and the audit it wrote."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
     started = time.perf_counter()
-    result = subprocess.run(command([*audit_args, "--out", out, "--cache", out / "cache"], ranks),
-                            capture_output=True, text=True, env=env, cwd=ROOT)
+    result = subprocess.run(
+        command([*audit_args, "--out", out, "--cache", out / "cache"], ranks),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         sys.exit(f"bench_distributed: audit failed ({' '.join(command(audit_args, ranks))}):\n{result.stderr[-3000:]}")
@@ -57,6 +62,7 @@ def timed_audit(audit_args: list, out: Path, ranks: int | None) -> tuple[float, 
 
 def largest_difference(one: dict, other: dict) -> float:
     """The largest absolute difference between the numbers of two audits' figures."""
+
     def leaves(tree, path=""):
         if isinstance(tree, dict):
             return {k: v for key, value in tree.items() for k, v in leaves(value, f"{path}.{key}").items()}
@@ -79,35 +85,64 @@ def write(name: str, results: dict, lines: list[str]) -> None:
 
 
 def cpu_scaling(args) -> int:
-    audit_args = [args.checkpoint, "--max-windows", args.windows, "--window", args.window, "--batch-size", args.batch_size]
+    audit_args = [
+        args.checkpoint,
+        "--max-windows",
+        args.windows,
+        "--window",
+        args.window,
+        "--batch-size",
+        args.batch_size,
+    ]
     load = [os.getloadavg()]
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench_distributed_") as tmp:
         for round_ in range(args.rounds):
             one_s, one = timed_audit(audit_args, Path(tmp) / f"one-{round_}", None)
             two_s, two = timed_audit(audit_args, Path(tmp) / f"two-{round_}", 2)
-            rounds.append({"one_process_s": one_s, "two_ranks_s": two_s, "speedup": one_s / two_s,
-                           "largest_difference": largest_difference(one, two)})
-            print(f"round {round_ + 1}: 1 process {one_s:.1f} s, 2 ranks {two_s:.1f} s, "
-                  f"speed-up {one_s / two_s:.2f}x, figures differ by at most {rounds[-1]['largest_difference']:.1e}")
+            rounds.append(
+                {
+                    "one_process_s": one_s,
+                    "two_ranks_s": two_s,
+                    "speedup": one_s / two_s,
+                    "largest_difference": largest_difference(one, two),
+                }
+            )
+            print(
+                f"round {round_ + 1}: 1 process {one_s:.1f} s, 2 ranks {two_s:.1f} s, "
+                f"speed-up {one_s / two_s:.2f}x, figures differ by at most {rounds[-1]['largest_difference']:.1e}"
+            )
     load.append(os.getloadavg())
     windows = one["data"]["eval"]["windows"]
     speedup = statistics.median(r["speedup"] for r in rounds)
-    results = {"checkpoint": args.checkpoint, "eval_windows": windows, "window": args.window,
-               "batch_size": args.batch_size, "rounds": rounds, "speedup_median": speedup,
-               "load_average_before_after": load, "cpus": os.cpu_count()}
+    results = {
+        "checkpoint": args.checkpoint,
+        "eval_windows": windows,
+        "window": args.window,
+        "batch_size": args.batch_size,
+        "rounds": rounds,
+        "speedup_median": speedup,
+        "load_average_before_after": load,
+        "cpus": os.cpu_count(),
+    }
     lines = [
-        "# fca audit on 1 and 2 CPU ranks (gloo, one thread per rank)", "",
+        "# fca audit on 1 and 2 CPU ranks (gloo, one thread per rank)",
+        "",
         f"`OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_distributed.py --windows {args.windows} "
         f"--rounds {args.rounds}`: {Path(args.checkpoint).name}, {windows} eval (and calibration) windows of "
         f"{args.window} tokens, batch size {args.batch_size}; whole command timed (start, load, capture, replay, "
         f"rank 0's figures and execution audit), fresh cache each run, the two alternated. {os.cpu_count()} CPUs; "
-        f"load average (1 min) {load[0][0]:.2f} before, {load[1][0]:.2f} after.", "",
+        f"load average (1 min) {load[0][0]:.2f} before, {load[1][0]:.2f} after.",
+        "",
         "| round | 1 process: windows/s | 2 ranks: windows/s | speed-up | largest figure difference |",
         "|---:|---:|---:|---:|---:|",
-        *(f"| {i + 1} | {windows / r['one_process_s']:.2f} | {windows / r['two_ranks_s']:.2f} | "
-          f"{r['speedup']:.2f}x | {r['largest_difference']:.1e} |" for i, r in enumerate(rounds)),
-        "", f"Median speed-up of 2 ranks over 1 process: **{speedup:.2f}x**.",
+        *(
+            f"| {i + 1} | {windows / r['one_process_s']:.2f} | {windows / r['two_ranks_s']:.2f} | "
+            f"{r['speedup']:.2f}x | {r['largest_difference']:.1e} |"
+            for i, r in enumerate(rounds)
+        ),
+        "",
+        f"Median speed-up of 2 ranks over 1 process: **{speedup:.2f}x**.",
     ]
     write("bench_distributed", results, lines)
     return 0 if all(r["largest_difference"] <= TOLERANCE for r in rounds) else 1
@@ -140,7 +175,17 @@ def gpu_single_rank(args) -> int:
         folder = workdir / "checkpoint"
         save_official(build_model(config, torch.bfloat16, device), folder, weights="safetensors", shards=2)
         tokenizer.save_pretrained(folder)
-        audit_args = [folder, "--device", device, "--dtype", "bfloat16", "--window", window, "--max-windows", args.windows]
+        audit_args = [
+            folder,
+            "--device",
+            device,
+            "--dtype",
+            "bfloat16",
+            "--window",
+            window,
+            "--max-windows",
+            args.windows,
+        ]
         runs = {"1 process": None, "torchrun, 1 rank": 1}
         gpus = torch.cuda.device_count() if not args.tiny else 1
         if gpus > 1:
@@ -149,25 +194,39 @@ def gpu_single_rank(args) -> int:
         for name, ranks in runs.items():
             seconds, audit = timed_audit(audit_args, workdir / name.replace(" ", "_").replace(",", ""), ranks)
             reference = reference or audit
-            results[name] = {"seconds": seconds, "windows_per_s": args.windows / seconds,
-                             "largest_difference": largest_difference(reference, audit),
-                             "world_size": audit["settings"]["world_size"], "batch_size": audit["settings"]["batch_size"]}
-            print(f"{name}: {seconds:.1f} s, {args.windows / seconds:.2f} windows/s, "
-                  f"figures differ from 1 process by at most {results[name]['largest_difference']:.1e}")
+            results[name] = {
+                "seconds": seconds,
+                "windows_per_s": args.windows / seconds,
+                "largest_difference": largest_difference(reference, audit),
+                "world_size": audit["settings"]["world_size"],
+                "batch_size": audit["settings"]["batch_size"],
+            }
+            print(
+                f"{name}: {seconds:.1f} s, {args.windows / seconds:.2f} windows/s, "
+                f"figures differ from 1 process by at most {results[name]['largest_difference']:.1e}"
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     backend = "gloo" if args.tiny else "NCCL"
     lines = [
-        f"# MUDDPythia-1.4B shape: fca audit in one process and under torchrun ({backend})", "",
+        f"# MUDDPythia-1.4B shape: fca audit in one process and under torchrun ({backend})",
+        "",
         f"`benchmarks/bench_distributed.py --gpu{' --tiny' if args.tiny else ''} --windows {args.windows}` on "
         f"{torch.cuda.get_device_name() if not args.tiny else 'the CPU (tiny config)'}: {args.windows} windows of "
-        f"{window} tokens, bf16; whole command timed.", "",
+        f"{window} tokens, bf16; whole command timed.",
+        "",
         "| run | ranks | batch size | windows/s | largest figure difference vs 1 process |",
         "|---|---:|---:|---:|---:|",
-        *(f"| {name} | {r['world_size']} | {r['batch_size']} | {r['windows_per_s']:.2f} | {r['largest_difference']:.1e} |"
-          for name, r in results.items()),
+        *(
+            f"| {name} | {r['world_size']} | {r['batch_size']} | {r['windows_per_s']:.2f} | {r['largest_difference']:.1e} |"
+            for name, r in results.items()
+        ),
     ]
-    write("bench_distributed_gpu" + ("_tiny" if args.tiny else ""), {"device": device, "window": window, "runs": results}, lines)
+    write(
+        "bench_distributed_gpu" + ("_tiny" if args.tiny else ""),
+        {"device": device, "window": window, "runs": results},
+        lines,
+    )
     return 0 if all(r["largest_difference"] <= TOLERANCE for r in results.values()) else 1
 
 

@@ -27,17 +27,31 @@ WIDGET_CELL = "display(widgets.VBox("  # the cell whose last statement draws the
 def time_notebook(folder: Path) -> dict:
     nb = nbformat.read(NOTEBOOK_DIR / "explore.ipynb", as_version=4)
     parameters = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(parameters + 1, nbformat.v4.new_code_cell(
-        f"out = {str(folder / 'out')!r}\naudits = {str(folder / 'audits')!r}\ncache = {str(folder / 'cache')!r}"))
+    nb.cells.insert(
+        parameters + 1,
+        nbformat.v4.new_code_cell(
+            f"out = {str(folder / 'out')!r}\naudits = {str(folder / 'audits')!r}\ncache = {str(folder / 'cache')!r}"
+        ),
+    )
     replies = {}
     start = time.perf_counter()
-    client = NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=600, resources={"metadata": {"path": str(folder)}},
-                            on_cell_executed=lambda cell, cell_index, execute_reply: replies.setdefault(
-                                cell_index, time.perf_counter() - start))
+    client = NotebookClient(
+        nb,
+        kernel_name=KERNEL_NAME,
+        timeout=600,
+        resources={"metadata": {"path": str(folder)}},
+        on_cell_executed=lambda cell, cell_index, execute_reply: replies.setdefault(
+            cell_index, time.perf_counter() - start
+        ),
+    )
     client.execute()
     widget_cell = next(i for i, c in enumerate(nb.cells) if WIDGET_CELL in c.source)
-    return {"first_figure_s": round(replies[widget_cell], 1), "all_cells_s": round(max(replies.values()), 1),
-            "cells_s": {i: round(t, 1) for i, t in sorted(replies.items())}, "load_average": os.getloadavg()}
+    return {
+        "first_figure_s": round(replies[widget_cell], 1),
+        "all_cells_s": round(max(replies.values()), 1),
+        "cells_s": {i: round(t, 1) for i, t in sorted(replies.items())},
+        "load_average": os.getloadavg(),
+    }
 
 
 def main() -> None:

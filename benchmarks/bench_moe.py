@@ -53,8 +53,9 @@ def main() -> None:
     batch = windows[: args.batch_size]
     _, values = model.capture_run(batch)
     _, calibration_values = model.capture_run(calibration)
-    profiles = with_routing_profiles(static_profiles([[v[COEFFICIENT] for v in calibration_values]]),
-                                     routing_top_k(calibration_values))
+    profiles = with_routing_profiles(
+        static_profiles([[v[COEFFICIENT] for v in calibration_values]]), routing_top_k(calibration_values)
+    )
     donors = [{name: t.roll(1, dims=0) for name, t in value.items()} for value in values]
 
     def static(name):
@@ -67,7 +68,9 @@ def main() -> None:
         "capture (capture_run)": lambda: model.capture_run(batch),
         "replay correct": lambda: model.replay_run(batch, values),
         "replay cross_input": lambda: model.replay_run(batch, donors),
-        "replay layer_mean (static mixture of the profile)": (lambda v=static("layer_mean"): model.replay_run(batch, v)),
+        "replay layer_mean (static mixture of the profile)": (
+            lambda v=static("layer_mean"): model.replay_run(batch, v)
+        ),
         "replay layer_mean_topk": (lambda v=static("layer_mean_topk"): model.replay_run(batch, v)),
         f"{baseline_name} (execution baseline: every expert for every token)": lambda: baseline(batch),
     }
@@ -115,7 +118,9 @@ def markdown(r: dict) -> str:
         "| operation | median ms | / plain forward |",
         "|---|---|---|",
     ]
-    lines += [f"| {name} | {r['median_ms'][name]:.1f} | {ratio:.3f} |" for name, ratio in r["over_plain_forward"].items()]
+    lines += [
+        f"| {name} | {r['median_ms'][name]:.1f} | {ratio:.3f} |" for name, ratio in r["over_plain_forward"].items()
+    ]
     lines += [
         "",
         f"- on-disk capture of {r['disk_capture_windows']} windows (safetensors shards) / plain forwards of the same "

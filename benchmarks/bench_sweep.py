@@ -44,7 +44,9 @@ SWEPT = [c for c in CONDITIONS if c not in ("unperturbed", "correct")]
 
 
 @torch.no_grad()
-def sweep_limit(model, batch: torch.Tensor, coefficients: list[torch.Tensor], conditions: int, repeats: int = 3) -> dict:
+def sweep_limit(
+    model, batch: torch.Tensor, coefficients: list[torch.Tensor], conditions: int, repeats: int = 3
+) -> dict:
     """The prefix-reuse limit of a sweep of ``conditions`` per layer, from the kernels' own times on ``batch``."""
     layers = len(coefficients)
     prefix = PrefixCache(model, batch, coefficients=coefficients)
@@ -55,13 +57,16 @@ def sweep_limit(model, batch: torch.Tensor, coefficients: list[torch.Tensor], co
         for start in starts:
             head_nll(model, model.run_blocks(prefix.states[start], start, coefficients)[0], batch)
 
-    seconds, _ = best_of_each(repeats, {
-        "forward": lambda: next_token_nll(model(batch, coefficients=coefficients).logits, batch),
-        "prefix_pass": lambda: PrefixCache(model, batch, coefficients=coefficients),
-        "resumed": resumed,
-        "head_logits": lambda: next_token_nll(model.head(output), batch),
-        "head_nll": lambda: head_nll(model, output, batch),
-    })
+    seconds, _ = best_of_each(
+        repeats,
+        {
+            "forward": lambda: next_token_nll(model(batch, coefficients=coefficients).logits, batch),
+            "prefix_pass": lambda: PrefixCache(model, batch, coefficients=coefficients),
+            "resumed": resumed,
+            "head_logits": lambda: next_token_nll(model.head(output), batch),
+            "head_nll": lambda: head_nll(model, output, batch),
+        },
+    )
     naive = layers * conditions * seconds["forward"]
     return {
         "limit": (seconds["prefix_pass"] + conditions * seconds["resumed"]) / naive,
@@ -90,56 +95,88 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
     profiles = static_profiles(capture(model, calib, tmp / "calib", batch_size=batch_size).batches())
     counts = bootstrap_counts(len(windows), 100, 0)
     layers = cache.num_layers
-    seconds, _ = best_of_each(repeats, {
-        "prefix": lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts),
-        "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
-    })
+    seconds, _ = best_of_each(
+        repeats,
+        {
+            "prefix": lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts),
+            "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
+        },
+    )
     indices = next(cache.shard_indices())
     limit = sweep_limit(model, windows[indices], cache.coefficients(indices), len(SWEPT))
     ratio = seconds["prefix"] / seconds["full_forward"]
     return {
-        "checkpoint": checkpoint, "arch": model.arch, "windows": len(windows), "window": windows.shape[1],
-        "layers": layers, "conditions": len(SWEPT), "resume_layers": [model.resume_layer(l) for l in range(layers)],
-        "sweep_seconds": seconds, "prefix_over_full_forward": ratio, **limit,
+        "checkpoint": checkpoint,
+        "arch": model.arch,
+        "windows": len(windows),
+        "window": windows.shape[1],
+        "layers": layers,
+        "conditions": len(SWEPT),
+        "resume_layers": [model.resume_layer(l) for l in range(layers)],
+        "sweep_seconds": seconds,
+        "prefix_over_full_forward": ratio,
+        **limit,
         "prefix_over_limit": ratio / limit["limit"],
-        "profile_prefix_sweep": operator_profile(lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts)),
+        "profile_prefix_sweep": operator_profile(
+            lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts)
+        ),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoints", nargs="+",
-                        default=["data/checkpoints/featuregate-s0", "data/checkpoints/muddpythia-s0"])
+    parser.add_argument(
+        "--checkpoints", nargs="+", default=["data/checkpoints/featuregate-s0", "data/checkpoints/muddpythia-s0"]
+    )
     parser.add_argument("--windows", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2, help="rounds of the sides taking turns; the fastest counts")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        results = [bench(c, args.windows, args.batch_size, args.repeats, Path(tmp) / str(i))
-                   for i, c in enumerate(args.checkpoints)]
-    r = {"batch_size": args.batch_size, "repeats": args.repeats, "threads": torch.get_num_threads(), "checkpoints": results}
+        results = [
+            bench(c, args.windows, args.batch_size, args.repeats, Path(tmp) / str(i))
+            for i, c in enumerate(args.checkpoints)
+        ]
+    r = {
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "checkpoints": results,
+    }
     write_results("bench_sweep", r, markdown(r))
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Per-layer sweep: prefix reuse against full forwards and its limit (batch {r['batch_size']}, "
-             f"{r['threads']} thread, fastest of {r['repeats']} rounds taken in turns)", "",
-             "| checkpoint | L x K | prefix / full forwards | limit (kernels only, head + NLL counted) | prefix / limit "
-             "| blocks-only limit | head + NLL share of a forward: logits / head_nll |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Per-layer sweep: prefix reuse against full forwards and its limit (batch {r['batch_size']}, "
+        f"{r['threads']} thread, fastest of {r['repeats']} rounds taken in turns)",
+        "",
+        "| checkpoint | L x K | prefix / full forwards | limit (kernels only, head + NLL counted) | prefix / limit "
+        "| blocks-only limit | head + NLL share of a forward: logits / head_nll |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in r["checkpoints"]:
-        lines.append(f"| {Path(c['checkpoint']).name} ({c['windows']} windows x {c['window']}) | {c['layers']} x "
-                     f"{c['conditions']} | {c['prefix_over_full_forward']:.3f} | {c['limit']:.3f} | "
-                     f"{c['prefix_over_limit']:.3f} | {c['blocks_only_limit']:.3f} | "
-                     f"{c['head_share_logits']:.1%} / {c['head_share_fused']:.1%} |")
+        lines.append(
+            f"| {Path(c['checkpoint']).name} ({c['windows']} windows x {c['window']}) | {c['layers']} x "
+            f"{c['conditions']} | {c['prefix_over_full_forward']:.3f} | {c['limit']:.3f} | "
+            f"{c['prefix_over_limit']:.3f} | {c['blocks_only_limit']:.3f} | "
+            f"{c['head_share_logits']:.1%} / {c['head_share_fused']:.1%} |"
+        )
     for c in r["checkpoints"]:
         s = c["sweep_seconds"]
-        lines += ["", f"## {Path(c['checkpoint']).name}", "",
-                  f"Seconds: sweep prefix {s['prefix']:.1f}, full forwards {s['full_forward']:.1f}. Resume layers "
-                  f"{c['resume_layers']}. Limit kernels (one batch, s): "
-                  + ", ".join(f"{k} {v:.3f}" for k, v in c["seconds"].items()) + ".", "",
-                  "Prefix-reuse sweep, self CPU time by operator (torch.profiler):", ""]
+        lines += [
+            "",
+            f"## {Path(c['checkpoint']).name}",
+            "",
+            f"Seconds: sweep prefix {s['prefix']:.1f}, full forwards {s['full_forward']:.1f}. Resume layers "
+            f"{c['resume_layers']}. Limit kernels (one batch, s): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in c["seconds"].items())
+            + ".",
+            "",
+            "Prefix-reuse sweep, self CPU time by operator (torch.profiler):",
+            "",
+        ]
         lines += [f"- {name}: {share:.1%}" for name, share in c["profile_prefix_sweep"]]
     return "\n".join(lines) + "\n"
 

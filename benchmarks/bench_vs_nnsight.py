@@ -58,6 +58,7 @@ SWEPT = [c for c in FROZEN if c != "correct"]
 
 # ---- the workbench -------------------------------------------------------------------------------------
 
+
 def workbench_audit(model, windows, calib, batch_size, folder: Path):
     eval_cache = capture(model, windows, folder / "eval", batch_size=batch_size)
     profiles = static_profiles(capture(model, calib, folder / "calib", batch_size=batch_size).batches())
@@ -66,6 +67,7 @@ def workbench_audit(model, windows, calib, batch_size, folder: Path):
 
 
 # ---- the same work by hand with nnsight -----------------------------------------------------------------
+
 
 def controller_envoys(traced, model):
     """The nnsight envoys of the model's controllers, found by their module paths."""
@@ -125,8 +127,10 @@ def nnsight_audit(traced, model, windows, calib, batch_size):
     profiles = static_profiles([[c[i] for c in calib_coefficients] for i in torch.arange(len(calib)).split(batch_size)])
     nll = {}
     for condition in FROZEN:
-        rows = [nnsight_replay(traced, model, windows[i], nnsight_condition(condition, coefficients, profiles, i))
-                for i in torch.arange(len(windows)).split(batch_size)]
+        rows = [
+            nnsight_replay(traced, model, windows[i], nnsight_condition(condition, coefficients, profiles, i))
+            for i in torch.arange(len(windows)).split(batch_size)
+        ]
         nll[condition] = torch.cat(rows).double().mean().item()
     return coefficients, profiles, nll
 
@@ -147,6 +151,7 @@ def nnsight_sweep(traced, model, windows, coefficients, profiles, batch_size):
 
 # ---- capture against a plain forward -------------------------------------------------------------------
 
+
 @torch.no_grad()
 def forward_and_nll(model, windows, batch_size):
     for batch in windows.split(batch_size):
@@ -158,11 +163,17 @@ def capture_profile(model, windows, batch_size, folder: Path) -> list[tuple[str,
     profiler = cProfile.Profile()
     profiler.runcall(capture, model, windows, folder, batch_size=batch_size)
     stats = pstats.Stats(profiler).stats
-    parts = {"model_fingerprint": "model fingerprint (sha256 of every weight)",
-             "fingerprint_tensor": "fingerprints (weights and windows)", "_call_impl": "model forward",
-             "next_token_nll": "NLL", "save": "shard serialisation (safetensors)",
-             "write_atomic": "shard and manifest writes", "read_manifest": "manifest read back (jsonschema)",
-             "library_versions": "library versions", "capture": "capture, total"}
+    parts = {
+        "model_fingerprint": "model fingerprint (sha256 of every weight)",
+        "fingerprint_tensor": "fingerprints (weights and windows)",
+        "_call_impl": "model forward",
+        "next_token_nll": "NLL",
+        "save": "shard serialisation (safetensors)",
+        "write_atomic": "shard and manifest writes",
+        "read_manifest": "manifest read back (jsonschema)",
+        "library_versions": "library versions",
+        "capture": "capture, total",
+    }
     found = {}
     for (_, _, name), (_, _, _, cumulative, _) in stats.items():
         if name in parts:
@@ -187,53 +198,73 @@ def main() -> None:
     layers, conditions = len(model.controllers), len(SWEPT)
     forward_and_nll(model, windows[: args.batch_size], args.batch_size)  # warm-up, both sides
     nnsight_capture(traced, model, windows[: args.batch_size], args.batch_size)
-    r = {"checkpoint": args.checkpoint, "windows": len(windows), "window": windows.shape[1], "layers": layers,
-         "conditions": conditions, "batch_size": args.batch_size, "threads": torch.get_num_threads(),
-         "repeats": args.repeats}
+    r = {
+        "checkpoint": args.checkpoint,
+        "windows": len(windows),
+        "window": windows.shape[1],
+        "layers": layers,
+        "conditions": conditions,
+        "batch_size": args.batch_size,
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         runs = iter(range(10**6))
-        seconds, _ = best_of_each(args.repeats, {
-            "forward": lambda: forward_and_nll(model, windows, args.batch_size),
-            "capture": lambda: capture(model, windows, tmp / f"c{next(runs)}", batch_size=args.batch_size),
-        })
+        seconds, _ = best_of_each(
+            args.repeats,
+            {
+                "forward": lambda: forward_and_nll(model, windows, args.batch_size),
+                "capture": lambda: capture(model, windows, tmp / f"c{next(runs)}", batch_size=args.batch_size),
+            },
+        )
         r["capture_profile_seconds"] = capture_profile(model, windows, args.batch_size, tmp / "profiled")
-        audits, audited = best_of_each(args.repeats, {
-            "workbench": lambda: workbench_audit(model, windows, calib, args.batch_size, tmp / f"a{next(runs)}"),
-            "nnsight": lambda: nnsight_audit(traced, model, windows, calib, args.batch_size),
-        })
+        audits, audited = best_of_each(
+            args.repeats,
+            {
+                "workbench": lambda: workbench_audit(model, windows, calib, args.batch_size, tmp / f"a{next(runs)}"),
+                "nnsight": lambda: nnsight_audit(traced, model, windows, calib, args.batch_size),
+            },
+        )
         (cache, profiles, nll_wb), (coefficients, nn_profiles, nll_nn) = audited["workbench"], audited["nnsight"]
         counts = bootstrap_counts(len(windows), 100, 0)
         sweep_args = (model, windows, cache, SWEPT, profiles, 0, counts)
-        sweeps, swept = best_of_each(args.repeats, {
-            "prefix": lambda: per_layer_sweep(*sweep_args),
-            "prefix_batched": lambda: per_layer_sweep(*sweep_args, group=conditions),
-            "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
-            "nnsight": lambda: nnsight_sweep(traced, model, windows, coefficients, nn_profiles, args.batch_size),
-        })
+        sweeps, swept = best_of_each(
+            args.repeats,
+            {
+                "prefix": lambda: per_layer_sweep(*sweep_args),
+                "prefix_batched": lambda: per_layer_sweep(*sweep_args, group=conditions),
+                "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
+                "nnsight": lambda: nnsight_sweep(traced, model, windows, coefficients, nn_profiles, args.batch_size),
+            },
+        )
         rows, nll_sweep_nn = swept["prefix"], swept["nnsight"]
         indices = next(cache.shard_indices())
         limit = sweep_limit(model, windows[indices], cache.coefficients(indices), conditions)
     prefix = sweeps["prefix"]
-    r.update({
-        "plain_forward_and_nll_seconds": seconds["forward"],
-        "capture_over_forward_and_nll": seconds["capture"] / seconds["forward"],
-        "full_audit_workbench_over_nnsight": audits["workbench"] / audits["nnsight"],
-        "full_audit_seconds": audits,
-        "sweep_seconds": sweeps,
-        "sweep_prefix_over_full_forward": prefix / sweeps["full_forward"],
-        "sweep_prefix_batched_over_full_forward": sweeps["prefix_batched"] / sweeps["full_forward"],
-        "sweep_prefix_over_nnsight": prefix / sweeps["nnsight"],
-        "sweep_full_forward_over_nnsight": sweeps["full_forward"] / sweeps["nnsight"],
-        "prefix_limit": (layers + 1) / (2 * layers) + 1 / (layers * conditions),
-        "prefix_limit_with_head": limit["limit"],
-        "sweep_prefix_over_limit_with_head": prefix / sweeps["full_forward"] / limit["limit"],
-        "head_share_logits": limit["head_share_logits"],
-        "head_share_fused": limit["head_share_fused"],
-        "limit_kernel_seconds": limit["seconds"],
-        "max_nll_difference_conditions": max(abs(nll_wb[c] - nll_nn[c]) for c in FROZEN),
-        "max_nll_difference_per_layer": max(abs(row["nll"] - nll_sweep_nn[(row["layer"], row["condition"])]) for row in rows),
-    })
+    r.update(
+        {
+            "plain_forward_and_nll_seconds": seconds["forward"],
+            "capture_over_forward_and_nll": seconds["capture"] / seconds["forward"],
+            "full_audit_workbench_over_nnsight": audits["workbench"] / audits["nnsight"],
+            "full_audit_seconds": audits,
+            "sweep_seconds": sweeps,
+            "sweep_prefix_over_full_forward": prefix / sweeps["full_forward"],
+            "sweep_prefix_batched_over_full_forward": sweeps["prefix_batched"] / sweeps["full_forward"],
+            "sweep_prefix_over_nnsight": prefix / sweeps["nnsight"],
+            "sweep_full_forward_over_nnsight": sweeps["full_forward"] / sweeps["nnsight"],
+            "prefix_limit": (layers + 1) / (2 * layers) + 1 / (layers * conditions),
+            "prefix_limit_with_head": limit["limit"],
+            "sweep_prefix_over_limit_with_head": prefix / sweeps["full_forward"] / limit["limit"],
+            "head_share_logits": limit["head_share_logits"],
+            "head_share_fused": limit["head_share_fused"],
+            "limit_kernel_seconds": limit["seconds"],
+            "max_nll_difference_conditions": max(abs(nll_wb[c] - nll_nn[c]) for c in FROZEN),
+            "max_nll_difference_per_layer": max(
+                abs(row["nll"] - nll_sweep_nn[(row["layer"], row["condition"])]) for row in rows
+            ),
+        }
+    )
     write_results("bench_vs_nnsight", r, markdown(r))
 
 

@@ -44,7 +44,9 @@ from fca_workbench.models.loading import CODE_FILES_NAMED_BY_AUTO_MAP, OFFICIAL_
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM  # noqa: E402
 from fca_workbench.models.official_layout import save_official
 
-TINY_OVERRIDES = dict(n_layer=4, dim=128, n_head=4, n_local_heads=4, intermediate_size=512, vocab_size=1024, block_size=256)
+TINY_OVERRIDES = dict(
+    n_layer=4, dim=128, n_head=4, n_local_heads=4, intermediate_size=512, vocab_size=1024, block_size=256
+)
 REPLAYS = ("correct", "cross_input", "token_shuffle")
 CORRECT_TOLERANCE = 1e-3  # nats, largest per-token |correct - unperturbed| accepted (bit-exact expected)
 
@@ -147,7 +149,9 @@ def main(argv=None) -> int:
         with clock:
             original = build_model(config, dtype, device)
         params = sum(p.numel() for p in original.parameters())
-        print(f"built {config.n_layer} layers, dim {config.dim}, {params:,} parameters in {args.dtype}: {clock.seconds:.1f} s")
+        print(
+            f"built {config.n_layer} layers, dim {config.dim}, {params:,} parameters in {args.dtype}: {clock.seconds:.1f} s"
+        )
         with clock:
             save_official(original, folder, weights="safetensors", shards=args.shards)
         marker = folder / "IMPORTED"
@@ -178,8 +182,10 @@ def main(argv=None) -> int:
         batch_size = args.batch_size or audit_batch_size(model, window, device)
         batch_size = min(batch_size, args.windows)
         estimate = window_bytes(model, window)
-        print(f"{args.windows} windows x {window} tokens, batch size {batch_size}"
-              f" ({'given' if args.batch_size else 'audit_batch_size'}; estimate {gib(estimate)} per window)")
+        print(
+            f"{args.windows} windows x {window} tokens, batch size {batch_size}"
+            f" ({'given' if args.batch_size else 'audit_batch_size'}; estimate {gib(estimate)} per window)"
+        )
         results.update(batch_size=batch_size, window_bytes_estimate=estimate)
 
         # 4: plain forward, capture, replays
@@ -209,13 +215,19 @@ def main(argv=None) -> int:
         for name, phase in phases.items():
             rate = tokens / phase.seconds
             print(f"{name:14s} {phase.seconds:8.2f} {rate:10.0f} {gib(phase.peak):>16s} {gib(phase.above_base):>14s}")
-            results[name] = {"seconds": phase.seconds, "tokens_per_s": rate, "peak_bytes": phase.peak,
-                             "peak_above_weights_bytes": phase.above_base}
+            results[name] = {
+                "seconds": phase.seconds,
+                "tokens_per_s": rate,
+                "peak_bytes": phase.peak,
+                "peak_above_weights_bytes": phase.above_base,
+            }
         if device.type == "cuda":
             overall = torch.cuda.max_memory_allocated(device)
             measured = max(p.above_base for p in phases.values()) / batch_size
-            print(f"\npeak GPU memory of the last phase {gib(overall)}; measured per window {gib(measured)}"
-                  f" vs estimate {gib(estimate)} (audit_batch_size divides free memory by 1.5 x estimate)")
+            print(
+                f"\npeak GPU memory of the last phase {gib(overall)}; measured per window {gib(measured)}"
+                f" vs estimate {gib(estimate)} (audit_batch_size divides free memory by 1.5 x estimate)"
+            )
             results["measured_window_bytes"] = measured
             checks["window_estimate_covers_measured"] = estimate * 1.5 >= measured
 
@@ -223,8 +235,10 @@ def main(argv=None) -> int:
         unperturbed = per_token["unperturbed"]
         diff = (per_token["correct"] - unperturbed).abs().max().item()
         checks["correct_equals_unperturbed"] = diff <= CORRECT_TOLERANCE
-        print(f"\nmean NLL unperturbed {unperturbed.double().mean():.4f}; correct - unperturbed: max |diff| {diff:.3g}"
-              f" ({'bit-exact' if torch.equal(per_token['correct'], unperturbed) else 'not bit-exact'})")
+        print(
+            f"\nmean NLL unperturbed {unperturbed.double().mean():.4f}; correct - unperturbed: max |diff| {diff:.3g}"
+            f" ({'bit-exact' if torch.equal(per_token['correct'], unperturbed) else 'not bit-exact'})"
+        )
         results["correct_max_abs_diff"] = diff
         for condition in ("cross_input", "token_shuffle"):
             delta = (per_token[condition].double() - per_token["correct"].double()).mean().item()

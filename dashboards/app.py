@@ -102,30 +102,59 @@ class DashboardApp:
         self.link_notes = []
         self.live_audit = (None, None)  # (model serial, its newest audit with a per-layer sweep)
         names = registry.names
-        default = "featuregate-s0" if "featuregate-s0" in names else next(
-            (n for n in names if "featuregate" in n), names[0])
+        default = (
+            "featuregate-s0" if "featuregate-s0" in names else next((n for n in names if "featuregate" in n), names[0])
+        )
         initial, note = choose(self.pending_link, "checkpoint", names, default, "is not a checkpoint of this server")
         self.link_notes += [note] if note else []
 
-        self.checkpoint = pn.widgets.Select(name="Checkpoint", options=names, value=initial, css_classes=["fca-checkpoint"])
-        self.source = pn.widgets.RadioButtonGroup(name="Text", options=list(SOURCES), value=SOURCES[0], css_classes=["fca-source"])
+        self.checkpoint = pn.widgets.Select(
+            name="Checkpoint", options=names, value=initial, css_classes=["fca-checkpoint"]
+        )
+        self.source = pn.widgets.RadioButtonGroup(
+            name="Text", options=list(SOURCES), value=SOURCES[0], css_classes=["fca-source"]
+        )
         self.window = pn.widgets.IntInput(name="Eval window", value=0, start=0, step=1, css_classes=["fca-window"])
         self.text = pn.widgets.TextAreaInput(
             name=f"Pasted text (at most {MAX_PASTE_CHARS:,} characters)",
             description="Scored up to one eval window of tokens; longer text is cut with a note.",
             placeholder="Paste any text, then press 'Analyse pasted text'",
-            max_length=MAX_PASTE_CHARS * 5, height=110, css_classes=["fca-text"],
+            max_length=MAX_PASTE_CHARS * 5,
+            height=110,
+            css_classes=["fca-text"],
         )
-        self.analyse_text = pn.widgets.Button(name="Analyse pasted text", button_type="primary", css_classes=["fca-analyse"])
-        self.layer = pn.widgets.Select(name="Layer", options={"all layers": ALL_LAYERS}, value=ALL_LAYERS, css_classes=["fca-layer"])
-        self.condition = pn.widgets.Select(name="Intervention", options=list(CONDITIONS), value="token_shuffle", css_classes=["fca-condition"])
-        self.condition_help = pn.pane.HTML("", css_classes=["fca-condition-help"], styles={"font-size": "0.85em", "color": "#555"})
-        self.seed = pn.widgets.IntInput(name="Seed", value=0, start=0, css_classes=["fca-seed"],
-                                        description="Seeds the cross_input derangement and the token_shuffle permutation.")
-        self.donor = pn.widgets.IntInput(name="Donor window (cross_input)", value=-1, start=-1, css_classes=["fca-donor"],
-                                         description="-1: the donor the audit's seeded derangement gives this window.")
-        self.heat_slot = pn.widgets.Select(name="Heatmap slot (layer × position)", options=[], css_classes=["fca-heat-slot"])
-        self.heat_layer = pn.widgets.Select(name="Heatmap layer (slot × position)", options={"layer 0": 0}, value=0, css_classes=["fca-heat-layer"])
+        self.analyse_text = pn.widgets.Button(
+            name="Analyse pasted text", button_type="primary", css_classes=["fca-analyse"]
+        )
+        self.layer = pn.widgets.Select(
+            name="Layer", options={"all layers": ALL_LAYERS}, value=ALL_LAYERS, css_classes=["fca-layer"]
+        )
+        self.condition = pn.widgets.Select(
+            name="Intervention", options=list(CONDITIONS), value="token_shuffle", css_classes=["fca-condition"]
+        )
+        self.condition_help = pn.pane.HTML(
+            "", css_classes=["fca-condition-help"], styles={"font-size": "0.85em", "color": "#555"}
+        )
+        self.seed = pn.widgets.IntInput(
+            name="Seed",
+            value=0,
+            start=0,
+            css_classes=["fca-seed"],
+            description="Seeds the cross_input derangement and the token_shuffle permutation.",
+        )
+        self.donor = pn.widgets.IntInput(
+            name="Donor window (cross_input)",
+            value=-1,
+            start=-1,
+            css_classes=["fca-donor"],
+            description="-1: the donor the audit's seeded derangement gives this window.",
+        )
+        self.heat_slot = pn.widgets.Select(
+            name="Heatmap slot (layer × position)", options=[], css_classes=["fca-heat-slot"]
+        )
+        self.heat_layer = pn.widgets.Select(
+            name="Heatmap layer (slot × position)", options={"layer 0": 0}, value=0, css_classes=["fca-heat-layer"]
+        )
 
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["fca-message"])
         self.status = pn.pane.HTML("starting…", css_classes=["fca-status"])
@@ -140,29 +169,63 @@ class DashboardApp:
         self.link_alert = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["fca-link-message"])
         self.results_view = ResultsView(results, on_change=self.publish, later=self.later)
 
-        for widget in (self.checkpoint, self.source, self.window, self.layer, self.condition, self.seed,
-                       self.donor, self.heat_slot, self.heat_layer):
+        for widget in (
+            self.checkpoint,
+            self.source,
+            self.window,
+            self.layer,
+            self.condition,
+            self.seed,
+            self.donor,
+            self.heat_slot,
+            self.heat_layer,
+        ):
             widget.param.watch(self.on_change, "value")
         self.analyse_text.on_click(self.on_analyse_text)
 
         sidebar = pn.Column(
-            pn.pane.HTML("<h2 style='margin:0'>FCA dashboard</h2><div style='color:#555'>Frozen-Controller "
-                         "Auditing: replay the frozen model with reassigned coefficients</div>"),
-            self.checkpoint, self.source, self.window, self.text, self.analyse_text,
-            self.layer, self.condition, self.condition_help, self.seed, self.donor,
-            pn.layout.Divider(), self.heat_slot, self.heat_layer,
-            min_width=300, max_width=340,
+            pn.pane.HTML(
+                "<h2 style='margin:0'>FCA dashboard</h2><div style='color:#555'>Frozen-Controller "
+                "Auditing: replay the frozen model with reassigned coefficients</div>"
+            ),
+            self.checkpoint,
+            self.source,
+            self.window,
+            self.text,
+            self.analyse_text,
+            self.layer,
+            self.condition,
+            self.condition_help,
+            self.seed,
+            self.donor,
+            pn.layout.Divider(),
+            self.heat_slot,
+            self.heat_layer,
+            min_width=300,
+            max_width=340,
         )
         self.main = pn.Column(
-            self.alert, self.status, self.summary, self.tokens, self.delta_plot,
-            self.heat_note, self.layer_heat, self.slot_heat, self.live_per_layer,
+            self.alert,
+            self.status,
+            self.summary,
+            self.tokens,
+            self.delta_plot,
+            self.heat_note,
+            self.layer_heat,
+            self.slot_heat,
+            self.live_per_layer,
         )
         view, note = choose(self.pending_link, "view", VIEWS, VIEWS[0], "is not a view (live, results)")
         if "audit" in self.pending_link:
             note = note or self.results_view.choose(self.pending_link["audit"])
         self.link_notes += [note] if note else []
-        self.tabs = pn.Tabs(("Live replay", pn.Row(sidebar, self.main)), ("Finished audits", self.results_view.layout),
-                            active=VIEWS.index(view), dynamic=False, css_classes=["fca-tabs"])
+        self.tabs = pn.Tabs(
+            ("Live replay", pn.Row(sidebar, self.main)),
+            ("Finished audits", self.results_view.layout),
+            active=VIEWS.index(view),
+            dynamic=False,
+            css_classes=["fca-tabs"],
+        )
         if view == "results":
             self.results_view.activate()
         self.tabs.param.watch(lambda event: self.later(self.on_tab), "active")
@@ -239,7 +302,9 @@ class DashboardApp:
             raise UserError("seed is empty: enter a non-negative integer")
         if self.results is not None and self.live_audit[0] != model.serial:
             self.live_audit = (model.serial, per_layer_audit(self.results, model))
-        return self.session.analyse(query["name"], model, text, query["condition"], query["layer"], int(seed), query["donor"])
+        return self.session.analyse(
+            query["name"], model, text, query["condition"], query["layer"], int(seed), query["donor"]
+        )
 
     async def in_document(self, fn, *args):
         """Run ``fn(*args)`` as a next-tick callback of this session's document and wait for it.
@@ -314,7 +379,9 @@ class DashboardApp:
         else:
             self.render(analysis, started)
         self.pending_link = None  # the link is applied (or was left for a checkpoint that failed to load)
-        self.link_alert.object = "".join(f"<div class='fca-link-note'>{html.escape(note)}</div>" for note in self.link_notes)
+        self.link_alert.object = "".join(
+            f"<div class='fca-link-note'>{html.escape(note)}</div>" for note in self.link_notes
+        )
         self.link_alert.visible = bool(self.link_notes)
         self.publish()
 
@@ -324,7 +391,9 @@ class DashboardApp:
         requested, self.pending_link = self.pending_link, None
         last_window, last_layer = len(model.eval_windows) - 1, model.num_layers - 1
         slots = list(self.heat_slot.options)
-        source, note = choose(requested, "source", LINK_SOURCES.values(), "window", "is not a text source (window, text)")
+        source, note = choose(
+            requested, "source", LINK_SOURCES.values(), "window", "is not a text source (window, text)"
+        )
         if source == "text":
             note = "the link was to pasted text, which a link does not carry; showing an eval window instead"
         if requested.get("layer") == "all":
@@ -332,14 +401,24 @@ class DashboardApp:
         chosen = [
             (self.window, choose_index(requested, "window", 0, last_window, 0)),
             (self.layer, choose_index(requested, "layer", 0, last_layer, ALL_LAYERS, "all layers")),
-            (self.condition, choose(requested, "condition", model.conditions, self.condition.value,
-                                    "is not an intervention of this checkpoint")),
+            (
+                self.condition,
+                choose(
+                    requested,
+                    "condition",
+                    model.conditions,
+                    self.condition.value,
+                    "is not an intervention of this checkpoint",
+                ),
+            ),
             (self.seed, choose_index(requested, "seed", 0, MAX_SEED, 0)),
             (self.donor, choose_index(requested, "donor", AUDIT_DONOR, last_window, AUDIT_DONOR, "the audit's donor")),
             (self.heat_layer, choose_index(requested, "heat_layer", 0, last_layer, 0)),
         ]
         if slots:
-            chosen.append((self.heat_slot, choose(requested, "heat_slot", slots, slots[0], "is not a slot of this checkpoint")))
+            chosen.append(
+                (self.heat_slot, choose(requested, "heat_slot", slots, slots[0], "is not a slot of this checkpoint"))
+            )
         self.link_notes += [note] if note else []
         for widget, (value, note) in chosen:
             self.set_quietly(widget, "value", value)
@@ -351,10 +430,17 @@ class DashboardApp:
             return
         layer = self.layer.value
         self.link.param.update(
-            view=VIEWS[self.tabs.active], checkpoint=self.checkpoint.value, source=LINK_SOURCES[self.source.value],
-            window=self.window.value, layer="all" if layer in (None, ALL_LAYERS) else int(layer),
-            condition=self.condition.value, seed=self.seed.value, donor=self.donor.value,
-            heat_slot=self.heat_slot.value, heat_layer=self.heat_layer.value, audit=self.results_view.select.value,
+            view=VIEWS[self.tabs.active],
+            checkpoint=self.checkpoint.value,
+            source=LINK_SOURCES[self.source.value],
+            window=self.window.value,
+            layer="all" if layer in (None, ALL_LAYERS) else int(layer),
+            condition=self.condition.value,
+            seed=self.seed.value,
+            donor=self.donor.value,
+            heat_slot=self.heat_slot.value,
+            heat_layer=self.heat_layer.value,
+            audit=self.results_view.select.value,
         )
 
     def sync_widgets(self, model: SharedModel):
@@ -391,10 +477,12 @@ class DashboardApp:
         self.updates += 1
         self.alert.object = html.escape(message)
         self.alert.visible = True
-        self.status.object = (f"<span class='fca-update' data-update='{self.updates}' data-state='error'>"
-                              f"update #{self.updates}: not computed ({(time.perf_counter() - started) * 1000:.0f} ms): "
-                              f"<span class='fca-error'>{html.escape(message)}</span></span>"
-                              + (" <i>(the views below are from the last successful update)</i>" if self.analysis else ""))
+        self.status.object = (
+            f"<span class='fca-update' data-update='{self.updates}' data-state='error'>"
+            f"update #{self.updates}: not computed ({(time.perf_counter() - started) * 1000:.0f} ms): "
+            f"<span class='fca-error'>{html.escape(message)}</span></span>"
+            + (" <i>(the views below are from the last successful update)</i>" if self.analysis else "")
+        )
 
     def render(self, analysis, started: float):
         self.analysis = analysis
@@ -415,17 +503,25 @@ class DashboardApp:
             self.layer_heat.visible = self.slot_heat.visible = False
         self.show_live_audit(self.live_audit[1])
         elapsed = (time.perf_counter() - started) * 1000
-        self.status.object = (f"<span class='fca-update' data-update='{self.updates}' data-state='ok'>"
-                              f"update #{self.updates}: {elapsed:.0f} ms (compute {analysis.compute_ms:.0f} ms)</span>")
+        self.status.object = (
+            f"<span class='fca-update' data-update='{self.updates}' data-state='ok'>"
+            f"update #{self.updates}: {elapsed:.0f} ms (compute {analysis.compute_ms:.0f} ms)</span>"
+        )
 
     def show_live_audit(self, entry):
         """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes)."""
         if entry is self.live_per_layer_entry:
             return
         self.live_per_layer_entry = entry
-        self.live_per_layer.object = None if entry is None else views.per_layer_heatmap(
-            per_layer_table([entry.audit]), f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
-            "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)")
+        self.live_per_layer.object = (
+            None
+            if entry is None
+            else views.per_layer_heatmap(
+                per_layer_table([entry.audit]),
+                f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
+                "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
+            )
+        )
         self.live_per_layer.visible = entry is not None
 
     def close(self):
@@ -439,7 +535,8 @@ def server_full_page():
     return pn.pane.Alert(
         f"The FCA dashboard is full: {SESSIONS.maximum} sessions are open, the most this server takes at once. "
         "Please try again in a few minutes; closing a dashboard tab you no longer use frees its place.",
-        alert_type="warning", css_classes=["fca-server-full"],
+        alert_type="warning",
+        css_classes=["fca-server-full"],
     )
 
 
@@ -464,8 +561,14 @@ def create_app(registry: Registry | None = None):
     return app.layout
 
 
-def configure(registry=None, calibration_windows=None, torch_threads=1, max_sessions=DEFAULT_MAX_SESSIONS,
-              model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS, results="results") -> Registry:
+def configure(
+    registry=None,
+    calibration_windows=None,
+    torch_threads=1,
+    max_sessions=DEFAULT_MAX_SESSIONS,
+    model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS,
+    results="results",
+) -> Registry:
     """Process settings: the registry (None: the shipped checkpoints), calibration windows for the static
     profiles (None: all), torch threads (1 keeps small models fast when several sessions share the CPU), the
     most sessions open at once, the idle time after which a model is unloaded (0: no limit, never) and the
@@ -482,9 +585,18 @@ def configure(registry=None, calibration_windows=None, torch_threads=1, max_sess
     return SETTINGS["registry"]
 
 
-def serve(port=5006, address="127.0.0.1", registry=None, calibration_windows=None, torch_threads=1,
-          max_sessions=DEFAULT_MAX_SESSIONS, model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS, results="results",
-          show=False, **kwargs):
+def serve(
+    port=5006,
+    address="127.0.0.1",
+    registry=None,
+    calibration_windows=None,
+    torch_threads=1,
+    max_sessions=DEFAULT_MAX_SESSIONS,
+    model_idle_seconds=DEFAULT_MODEL_IDLE_SECONDS,
+    results="results",
+    show=False,
+    **kwargs,
+):
     """Serve the app (blocking). ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret,
     num_threads, ...). Closed sessions are cleaned up within ~10 s."""
     configure(registry, calibration_windows, torch_threads, max_sessions, model_idle_seconds, results)
@@ -493,8 +605,9 @@ def serve(port=5006, address="127.0.0.1", registry=None, calibration_windows=Non
     kwargs.pop("num_threads", None)
     kwargs.setdefault("check_unused_sessions", 5000)
     kwargs.setdefault("unused_session_lifetime", 5000)
-    return pn.serve({"/": create_app}, port=port, address=address, show=show, title="FCA dashboard",
-                    admin=False, **kwargs)
+    return pn.serve(
+        {"/": create_app}, port=port, address=address, show=show, title="FCA dashboard", admin=False, **kwargs
+    )
 
 
 def _served_settings(argv):
@@ -502,10 +615,14 @@ def _served_settings(argv):
     parser.add_argument("--registry", default=os.environ.get("FCA_REGISTRY"))
     parser.add_argument("--calibration-windows", type=int, default=os.environ.get("FCA_CALIBRATION_WINDOWS"))
     parser.add_argument("--torch-threads", type=int, default=int(os.environ.get("FCA_TORCH_THREADS", "1")))
-    parser.add_argument("--max-sessions", type=int,
-                        default=int(os.environ.get("FCA_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)))
-    parser.add_argument("--model-idle-seconds", type=float,
-                        default=float(os.environ.get("FCA_MODEL_IDLE_SECONDS", DEFAULT_MODEL_IDLE_SECONDS)))
+    parser.add_argument(
+        "--max-sessions", type=int, default=int(os.environ.get("FCA_MAX_SESSIONS", DEFAULT_MAX_SESSIONS))
+    )
+    parser.add_argument(
+        "--model-idle-seconds",
+        type=float,
+        default=float(os.environ.get("FCA_MODEL_IDLE_SECONDS", DEFAULT_MODEL_IDLE_SECONDS)),
+    )
     parser.add_argument("--results", default=os.environ.get("FCA_RESULTS", "results"))
     args, _ = parser.parse_known_args(argv)
     return args
@@ -516,8 +633,14 @@ if __name__.startswith("bokeh"):  # ``panel serve dashboards/app.py [--args ...]
         if SETTINGS["registry"] is None:
             _args = _served_settings(sys.argv[1:])
             _calibration = int(_args.calibration_windows) if _args.calibration_windows else None
-            configure(_args.registry, _calibration, _args.torch_threads, _args.max_sessions, _args.model_idle_seconds,
-                      _args.results)
+            configure(
+                _args.registry,
+                _calibration,
+                _args.torch_threads,
+                _args.max_sessions,
+                _args.model_idle_seconds,
+                _args.results,
+            )
         create_app().servable(title="FCA dashboard")
     except UserError as exc:
         pn.pane.Alert(html.escape(str(exc)), alert_type="danger").servable(title="FCA dashboard")

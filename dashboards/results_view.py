@@ -30,11 +30,23 @@ def rendered(entry) -> tuple[list, dict | None]:
         _RENDERED.move_to_end(entry.version)
         return _RENDERED[entry.version]
     made = audit_tables(entry.audit)
-    parts = [(t.attrs["name"], t.attrs["caption"], tables.readable(t).to_html(index=False, escape=True, border=0),
-              tables.to_csv(t)) for t in made]
+    parts = [
+        (
+            t.attrs["name"],
+            t.attrs["caption"],
+            tables.readable(t).to_html(index=False, escape=True, border=0),
+            tables.to_csv(t),
+        )
+        for t in made
+    ]
     per_layer = next((t for t in made if t.attrs["name"] == "per_layer"), None)
-    figure = None if per_layer is None else views.per_layer_heatmap(
-        per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one layer alone")
+    figure = (
+        None
+        if per_layer is None
+        else views.per_layer_heatmap(
+            per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one layer alone"
+        )
+    )
     _RENDERED[entry.version] = (parts, figure)
     while len(_RENDERED) > RENDERED_KEPT:
         _RENDERED.popitem(last=False)
@@ -60,8 +72,13 @@ class ResultsView:
         self.select.param.watch(lambda event: self.later(self.show), "value")
         self.refresh.on_click(lambda event: self.later(self.scan))
         self.layout = pn.Column(
-            pn.Row(self.select, self.refresh), self.problems, self.message, self.header, self.downloads,
-            self.heatmap, self.tables,
+            pn.Row(self.select, self.refresh),
+            self.problems,
+            self.message,
+            self.header,
+            self.downloads,
+            self.heatmap,
+            self.tables,
         )
         self.scan()
 
@@ -76,12 +93,17 @@ class ResultsView:
         if self.results is None:
             note = "This server has no results folder (fca dashboard --results DIR)."
         elif not entries:
-            note = (f"No audit.json under the results folder '{html.escape(self.results.root.name)}' yet: "
-                    "fca audit, fca audit-many and fca reproduce write there.")
+            note = (
+                f"No audit.json under the results folder '{html.escape(self.results.root.name)}' yet: "
+                "fca audit, fca audit-many and fca reproduce write there."
+            )
         else:
             note = f"{len(shown)} audit(s) in the results folder '{html.escape(self.results.root.name)}'."
-        items = "".join(f"<li class='fca-results-problem' data-entry='{html.escape(entry.name)}'>"
-                        f"<b>{html.escape(entry.name)}</b>: {html.escape(entry.problem)}</li>" for entry in problems)
+        items = "".join(
+            f"<li class='fca-results-problem' data-entry='{html.escape(entry.name)}'>"
+            f"<b>{html.escape(entry.name)}</b>: {html.escape(entry.problem)}</li>"
+            for entry in problems
+        )
         self.problems.object = f"<div class='fca-results-note'>{note}</div>" + (f"<ul>{items}</ul>" if items else "")
         self.show()
 
@@ -124,25 +146,51 @@ class ResultsView:
     def render(self, entry):
         audit = entry.audit
         settings, data = audit["settings"], audit["data"]["eval"]
-        rows = [("model", f"{entry.model_name} ({audit['model']['arch']}, {audit['model']['params']:,} parameters)"),
-                ("eval data", f"{data['windows']} windows of {data['window']} tokens"),
-                ("seed, resamples", f"{settings.get('seed')}, {settings.get('resamples')}"),
-                ("per-layer sweep", settings.get("per_layer_mode") or "not run")]
+        rows = [
+            ("model", f"{entry.model_name} ({audit['model']['arch']}, {audit['model']['params']:,} parameters)"),
+            ("eval data", f"{data['windows']} windows of {data['window']} tokens"),
+            ("seed, resamples", f"{settings.get('seed')}, {settings.get('resamples')}"),
+            ("per-layer sweep", settings.get("per_layer_mode") or "not run"),
+        ]
         rows += [(f"verdict: {key.replace('_', ' ')}", text) for key, text in audit["verdict"].items()]
-        body = "".join(f"<tr><th style='text-align:left;padding-right:12px;vertical-align:top'>{html.escape(k)}</th>"
-                       f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        body = "".join(
+            f"<tr><th style='text-align:left;padding-right:12px;vertical-align:top'>{html.escape(k)}</th>"
+            f"<td>{html.escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
         self.header.object = f"<h3 class='fca-results-title'>{html.escape(entry.name)}</h3><table>{body}</table>"
         parts, figure = rendered(entry)
-        downloads = [pn.widgets.FileDownload(callback=functools.partial(self.audit_bytes, entry), filename=AUDIT_FILE,
-                                             label=AUDIT_FILE, button_type="primary", css_classes=["fca-download-audit"],
-                                             sizing_mode="fixed", width=230, height=38)]
+        downloads = [
+            pn.widgets.FileDownload(
+                callback=functools.partial(self.audit_bytes, entry),
+                filename=AUDIT_FILE,
+                label=AUDIT_FILE,
+                button_type="primary",
+                css_classes=["fca-download-audit"],
+                sizing_mode="fixed",
+                width=230,
+                height=38,
+            )
+        ]
         panes = []
         for name, caption, table_html, csv in parts:
-            downloads.append(pn.widgets.FileDownload(
-                callback=functools.partial(text_bytes, csv), filename=f"{name}.csv", label=f"{name}.csv",
-                css_classes=[f"fca-download-{name}"], sizing_mode="fixed", width=230, height=38))
-            panes.append(pn.pane.HTML(f"<div class='fca-table-{name}'><h4>{html.escape(caption)}</h4>{table_html}</div>",
-                                      css_classes=["fca-results-table"]))
+            downloads.append(
+                pn.widgets.FileDownload(
+                    callback=functools.partial(text_bytes, csv),
+                    filename=f"{name}.csv",
+                    label=f"{name}.csv",
+                    css_classes=[f"fca-download-{name}"],
+                    sizing_mode="fixed",
+                    width=230,
+                    height=38,
+                )
+            )
+            panes.append(
+                pn.pane.HTML(
+                    f"<div class='fca-table-{name}'><h4>{html.escape(caption)}</h4>{table_html}</div>",
+                    css_classes=["fca-results-table"],
+                )
+            )
         self.downloads.objects = downloads
         self.tables.objects = panes
         self.heatmap.object = figure

@@ -51,16 +51,22 @@ def token_html(tokens: list[str], delta: np.ndarray) -> str:
     )
     return (
         '<div class="fca-tokens" style="white-space:pre-wrap;font-family:monospace;line-height:1.6;'
-        'max-height:260px;overflow:auto;border:1px solid #ddd;padding:6px">'
-        + "".join(spans)
-        + "</div>"
-        + legend
+        'max-height:260px;overflow:auto;border:1px solid #ddd;padding:6px">' + "".join(spans) + "</div>" + legend
     )
 
 
 def _title(text: str, x: float, y: float) -> dict:
-    return dict(text=text, x=x, y=y, xref="paper", yref="paper", xanchor="center", yanchor="bottom",
-                showarrow=False, font=dict(size=14))
+    return dict(
+        text=text,
+        x=x,
+        y=y,
+        xref="paper",
+        yref="paper",
+        xanchor="center",
+        yanchor="bottom",
+        showarrow=False,
+        font=dict(size=14),
+    )
 
 
 def delta_figure(analysis) -> dict:
@@ -72,22 +78,50 @@ def delta_figure(analysis) -> dict:
     labels = [html.escape(t) for t in analysis.tokens[1:]]
     delta = analysis.delta
     data = [
-        dict(type="bar", x=positions, y=delta, name="ΔNLL", customdata=labels, xaxis="x", yaxis="y",
-             hovertemplate="token %{x} %{customdata}<br>ΔNLL %{y:+.4f}<extra></extra>",
-             marker=dict(color=np.where(delta > 0, "#d62728", "#1f77b4").tolist())),
-        dict(type="scatter", mode="lines", x=positions, y=analysis.nll_correct, name="correct", xaxis="x2",
-             yaxis="y2", line=dict(color="#555")),
-        dict(type="scatter", mode="lines", x=positions, y=analysis.nll_condition, name=analysis.condition,
-             xaxis="x2", yaxis="y2", line=dict(color="#d62728")),
+        dict(
+            type="bar",
+            x=positions,
+            y=delta,
+            name="ΔNLL",
+            customdata=labels,
+            xaxis="x",
+            yaxis="y",
+            hovertemplate="token %{x} %{customdata}<br>ΔNLL %{y:+.4f}<extra></extra>",
+            marker=dict(color=np.where(delta > 0, "#d62728", "#1f77b4").tolist()),
+        ),
+        dict(
+            type="scatter",
+            mode="lines",
+            x=positions,
+            y=analysis.nll_correct,
+            name="correct",
+            xaxis="x2",
+            yaxis="y2",
+            line=dict(color="#555"),
+        ),
+        dict(
+            type="scatter",
+            mode="lines",
+            x=positions,
+            y=analysis.nll_condition,
+            name=analysis.condition,
+            xaxis="x2",
+            yaxis="y2",
+            line=dict(color="#d62728"),
+        ),
     ]
     layout = dict(
-        height=420, margin=dict(l=50, r=20, t=40, b=40), legend=dict(orientation="h", y=-0.2),
+        height=420,
+        margin=dict(l=50, r=20, t=40, b=40),
+        legend=dict(orientation="h", y=-0.2),
         xaxis=dict(anchor="y", domain=[0, 1], matches="x2", showticklabels=False),
         yaxis=dict(anchor="x", domain=[0.54, 1], title=dict(text="nats"), zeroline=True),
         xaxis2=dict(anchor="y2", domain=[0, 1], title=dict(text="position of the predicted token")),
         yaxis2=dict(anchor="x2", domain=[0, 0.46], title=dict(text="nats")),
-        annotations=[_title(f"ΔNLL per token ({analysis.condition} − correct)", 0.5, 1.0),
-                     _title("NLL per token", 0.5, 0.46)],
+        annotations=[
+            _title(f"ΔNLL per token ({analysis.condition} − correct)", 0.5, 1.0),
+            _title("NLL per token", 0.5, 0.46),
+        ],
     )
     return dict(data=data, layout=layout)
 
@@ -99,23 +133,43 @@ def _heatmaps(original, intervened, diff, y_labels, title) -> dict:
     span = max(span, 1e-9)
     x = np.arange(original.shape[1])
     domains = ([0.0, 0.29], [0.345, 0.635], [0.69, 0.98])
-    panels = ((original, VALUE_SCALE, lo, hi, "original (correct)"), (intervened, VALUE_SCALE, lo, hi, "intervened"),
-              (diff, DIFF_SCALE, -span, span, "difference"))
-    data, layout = [], dict(height=max(260, 40 + 14 * len(y_labels)),
-                            margin=dict(l=70, r=30, t=60, b=40), title=dict(text=title, font=dict(size=14)),
-                            annotations=[])
+    panels = (
+        (original, VALUE_SCALE, lo, hi, "original (correct)"),
+        (intervened, VALUE_SCALE, lo, hi, "intervened"),
+        (diff, DIFF_SCALE, -span, span, "difference"),
+    )
+    data, layout = (
+        [],
+        dict(
+            height=max(260, 40 + 14 * len(y_labels)),
+            margin=dict(l=70, r=30, t=60, b=40),
+            title=dict(text=title, font=dict(size=14)),
+            annotations=[],
+        ),
+    )
     for index, ((values, scale, zmin, zmax, name), domain) in enumerate(zip(panels, domains), start=1):
         suffix = "" if index == 1 else str(index)
-        data.append(dict(
-            type="heatmap", z=np.ascontiguousarray(values, dtype=np.float64), x=x, y=list(y_labels),
-            colorscale=scale, zmin=zmin, zmax=zmax, xaxis=f"x{suffix}", yaxis=f"y{suffix}", name=name,
-            showscale=index != 1,
-            colorbar=dict(x=domain[1] + 0.005, len=0.9, thickness=10, xanchor="left"),
-            hovertemplate="position %{x}<br>%{y}<br>%{z:.4f}<extra></extra>",
-        ))
+        data.append(
+            dict(
+                type="heatmap",
+                z=np.ascontiguousarray(values, dtype=np.float64),
+                x=x,
+                y=list(y_labels),
+                colorscale=scale,
+                zmin=zmin,
+                zmax=zmax,
+                xaxis=f"x{suffix}",
+                yaxis=f"y{suffix}",
+                name=name,
+                showscale=index != 1,
+                colorbar=dict(x=domain[1] + 0.005, len=0.9, thickness=10, xanchor="left"),
+                hovertemplate="position %{x}<br>%{y}<br>%{z:.4f}<extra></extra>",
+            )
+        )
         layout[f"xaxis{suffix}"] = dict(anchor=f"y{suffix}", domain=domain, title=dict(text="position"))
-        layout[f"yaxis{suffix}"] = dict(anchor=f"x{suffix}", domain=[0, 1], showticklabels=index == 1,
-                                        **({} if index == 1 else {"matches": "y"}))
+        layout[f"yaxis{suffix}"] = dict(
+            anchor=f"x{suffix}", domain=[0, 1], showticklabels=index == 1, **({} if index == 1 else {"matches": "y"})
+        )
         layout["annotations"].append(_title(name, sum(domain) / 2, 1.0))
     return dict(data=data, layout=layout)
 
@@ -155,11 +209,15 @@ def summary_html(analysis) -> str:
         rows.append(("gap retention", fmt(summary["retention"])))
     if analysis.profiles_source:
         rows.append(("static profiles", analysis.profiles_source))
-    rows.append(("replayed from", "embeddings" if analysis.start_layer == 0 else f"layer {analysis.start_layer} (prefix cache)"))
+    rows.append(
+        ("replayed from", "embeddings" if analysis.start_layer == 0 else f"layer {analysis.start_layer} (prefix cache)")
+    )
     rows.append(("compute", f"{analysis.compute_ms:.0f} ms"))
-    body = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
-                   f"<td class='fca-summary-{html.escape(k.replace(' ', '-'))}'>{html.escape(v)}</td></tr>"
-                   for k, v in rows)
+    body = "".join(
+        f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
+        f"<td class='fca-summary-{html.escape(k.replace(' ', '-'))}'>{html.escape(v)}</td></tr>"
+        for k, v in rows
+    )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in analysis.notes)
     return f"<table class='fca-summary'>{body}</table>" + (f"<ul class='fca-notes'>{notes}</ul>" if notes else "")
 
@@ -167,14 +225,29 @@ def summary_html(analysis) -> str:
 def per_layer_heatmap(table, title: str) -> dict:
     """The per-layer sweep (``tables.per_layer_table`` of one audit) as a layer × condition heatmap of ΔNLL."""
     conditions = list(dict.fromkeys(table["condition"]))  # the audit's order
-    grids = {key: table.pivot(index="layer", columns="condition", values=key)[conditions]
-             for key in ("delta", "delta_ci95_lo", "delta_ci95_hi")}
+    grids = {
+        key: table.pivot(index="layer", columns="condition", values=key)[conditions]
+        for key in ("delta", "delta_ci95_lo", "delta_ci95_hi")
+    }
     delta, low, high = (grids[key].to_numpy(dtype=np.float64) for key in ("delta", "delta_ci95_lo", "delta_ci95_hi"))
     text = [[f"ΔNLL {d:+.4f} [{lo:+.4f}, {hi:+.4f}]" for d, lo, hi in zip(*row)] for row in zip(delta, low, high)]
     layers = grids["delta"].index
-    data = [dict(type="heatmap", z=delta, x=conditions, y=[f"layer {layer}" for layer in layers], text=text,
-                 colorscale=VALUE_SCALE, colorbar=dict(title=dict(text="ΔNLL")),
-                 hovertemplate="%{y}, %{x}<br>%{text}<extra></extra>")]
-    layout = dict(height=max(260, 80 + 36 * len(layers)), margin=dict(l=70, r=30, t=50, b=80),
-                  title=dict(text=html.escape(title), font=dict(size=14)), yaxis=dict(autorange="reversed"))
+    data = [
+        dict(
+            type="heatmap",
+            z=delta,
+            x=conditions,
+            y=[f"layer {layer}" for layer in layers],
+            text=text,
+            colorscale=VALUE_SCALE,
+            colorbar=dict(title=dict(text="ΔNLL")),
+            hovertemplate="%{y}, %{x}<br>%{text}<extra></extra>",
+        )
+    ]
+    layout = dict(
+        height=max(260, 80 + 36 * len(layers)),
+        margin=dict(l=70, r=30, t=50, b=80),
+        title=dict(text=html.escape(title), font=dict(size=14)),
+        yaxis=dict(autorange="reversed"),
+    )
     return dict(data=data, layout=layout)

@@ -21,8 +21,9 @@ from fca_workbench.audit.mini import MiniAudit
 class FCACallback(TrainerCallback):
     """Run ``audit`` every ``every`` optimizer steps and/or after each evaluation; log ``<prefix><figure>``."""
 
-    def __init__(self, trainer, audit: MiniAudit, every: int | None = None, at_evaluate: bool = False,
-                 prefix: str = "fca/"):
+    def __init__(
+        self, trainer, audit: MiniAudit, every: int | None = None, at_evaluate: bool = False, prefix: str = "fca/"
+    ):
         if every is None and not at_evaluate:
             raise ValueError("FCACallback needs every=N steps, at_evaluate=True, or both")
         if every is not None and every < 1:

@@ -26,8 +26,10 @@ def cmd_data_checkpoints(args) -> None:
     from fca_workbench.resources import CHECKPOINTS_ENV, copy_checkpoints
 
     names = copy_checkpoints(args.source, Path(args.into))
-    print(f"copied {len(names)} checkpoints ({', '.join(names)}) to {args.into}; "
-          f"fca reproduce and fca dashboard use them with {CHECKPOINTS_ENV}={Path(args.into).resolve()}")
+    print(
+        f"copied {len(names)} checkpoints ({', '.join(names)}) to {args.into}; "
+        f"fca reproduce and fca dashboard use them with {CHECKPOINTS_ENV}={Path(args.into).resolve()}"
+    )
 
 
 def cmd_train(args) -> None:
@@ -111,10 +113,15 @@ def cmd_reproduce(args) -> int:
     plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
     failed = [r for r in results if not r.ok]
     for r in results:
-        print(f"{'passed' if r.ok else 'FAILED'}  {r.name:20s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else ""))
+        print(
+            f"{'passed' if r.ok else 'FAILED'}  {r.name:20s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else "")
+        )
     print(f"\nwrote {plan.out} (index: {plan.out / 'README.md'})")
     if failed:
-        print(f"fca: {len(failed)} of {len(results)} notebooks failed: {', '.join(r.name for r in failed)}", file=sys.stderr)
+        print(
+            f"fca: {len(failed)} of {len(results)} notebooks failed: {', '.join(r.name for r in failed)}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -122,8 +129,11 @@ def cmd_reproduce(args) -> int:
 def dashboard_secret(value, file, variable: str, flag: str) -> str | None:
     """A secret from ``--flag VALUE``, else ``--flag-file FILE``, else the environment variable ``variable``."""
     if value:
-        print(f"fca dashboard: warning: {flag} on the command line is visible to every user in `ps`; "
-              f"use {flag}-file FILE or {variable}", file=sys.stderr)
+        print(
+            f"fca dashboard: warning: {flag} on the command line is visible to every user in `ps`; "
+            f"use {flag}-file FILE or {variable}",
+            file=sys.stderr,
+        )
         return value
     if file:
         try:
@@ -164,15 +174,20 @@ def serving_auth(args) -> dict:
     """Panel's ``basic_auth``/``cookie_secret`` options, refusing to serve a network without authentication
     (unless ``--no-auth``) and a password without the secret that signs its login cookie."""
     basic_auth = basic_auth_option(args)
-    cookie_secret = dashboard_secret(args.cookie_secret, args.cookie_secret_file, "FCA_COOKIE_SECRET", "--cookie-secret")
+    cookie_secret = dashboard_secret(
+        args.cookie_secret, args.cookie_secret_file, "FCA_COOKIE_SECRET", "--cookie-secret"
+    )
     if basic_auth and args.no_auth:
         raise UserError("--no-auth contradicts --basic-auth (or FCA_BASIC_AUTH): choose one")
     if basic_auth and not cookie_secret:
-        raise UserError("--basic-auth needs a --cookie-secret (or --cookie-secret-file, FCA_COOKIE_SECRET) to sign "
-                        "its login cookie")
+        raise UserError(
+            "--basic-auth needs a --cookie-secret (or --cookie-secret-file, FCA_COOKIE_SECRET) to sign its login cookie"
+        )
     if not basic_auth and not args.no_auth and not is_loopback(args.address):
-        raise UserError(f"--address {args.address} lets the network reach the dashboard: give --basic-auth-file "
-                        "FILE (or FCA_BASIC_AUTH) with --cookie-secret-file FILE (or FCA_COOKIE_SECRET), or --no-auth")
+        raise UserError(
+            f"--address {args.address} lets the network reach the dashboard: give --basic-auth-file "
+            "FILE (or FCA_BASIC_AUTH) with --cookie-secret-file FILE (or FCA_COOKIE_SECRET), or --no-auth"
+        )
     return {"basic_auth": basic_auth, "cookie_secret": cookie_secret} if basic_auth else {}
 
 
@@ -204,38 +219,61 @@ def cmd_dashboard(args) -> None:
     if args.no_auth and not is_loopback(args.address):
         print(f"fca dashboard: warning: serving {args.address} WITHOUT authentication (--no-auth)", file=sys.stderr)
     print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
-    app.serve(port=args.port, address=args.address, registry=args.registry,
-              calibration_windows=args.calibration_windows, torch_threads=args.torch_threads, results=args.results,
-              **options)
+    app.serve(
+        port=args.port,
+        address=args.address,
+        registry=args.registry,
+        calibration_windows=args.calibration_windows,
+        torch_threads=args.torch_threads,
+        results=args.results,
+        **options,
+    )
 
 
 def add_audit_options(parser) -> None:
-    parser.add_argument("--eval", help="eval text: UTF-8 .txt or JSONL {\"text\": ...} (default: shipped eval split)")
+    parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
     parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
     parser.add_argument(
-        "--max-windows", type=int, default=None,
+        "--max-windows",
+        type=int,
+        default=None,
         help="use N windows of each set, spread evenly over it (default: all)",
     )
     parser.add_argument(
-        "--per-layer", action="store_true",
+        "--per-layer",
+        action="store_true",
         help="also apply every condition at each layer alone (audit.json per_layer; prefix reuse)",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--seed", type=int, default=0, help="seeds the derangement, shuffles and bootstrap")
     parser.add_argument(
-        "--batch-size", type=int, default=None,
+        "--batch-size",
+        type=int,
+        default=None,
         help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
-    parser.add_argument("--controllers", default=None, metavar="REGEX",
-                        help="a foreign model's controller modules: regex over whole module paths, each output a "
-                             "tensor (default: MoE routers and shared-expert gates are found by themselves)")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="let a foreign checkpoint folder whose config needs its own code RUN THAT CODE")
-    parser.add_argument("--lock-wait", type=float, default=0.0, metavar="SECONDS",
-                        help="wait this long for another audit using the same cache folder (default 0: stop at once)")
+    parser.add_argument(
+        "--controllers",
+        default=None,
+        metavar="REGEX",
+        help="a foreign model's controller modules: regex over whole module paths, each output a "
+        "tensor (default: MoE routers and shared-expert gates are found by themselves)",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a foreign checkpoint folder whose config needs its own code RUN THAT CODE",
+    )
+    parser.add_argument(
+        "--lock-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another audit using the same cache folder (default 0: stop at once)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -249,9 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--vocab-size", type=int, default=4096)
     prepare.set_defaults(func=cmd_data_prepare)
     checkpoints = data_commands.add_parser(
-        "checkpoints", help="copy the shipped checkpoints (not in the wheel) out of the sdist or a checkout")
-    checkpoints.add_argument("--from", dest="source", default=None,
-                             help="fca_workbench-*.tar.gz or a source folder (default: this checkout)")
+        "checkpoints", help="copy the shipped checkpoints (not in the wheel) out of the sdist or a checkout"
+    )
+    checkpoints.add_argument(
+        "--from", dest="source", default=None, help="fca_workbench-*.tar.gz or a source folder (default: this checkout)"
+    )
     checkpoints.add_argument("--into", required=True, help="new folder for the checkpoints")
     checkpoints.set_defaults(func=cmd_data_checkpoints)
 
@@ -275,10 +315,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--save-every", type=int, default=100)
     train.add_argument("--stop-after", type=int, default=None, help="stop (checkpointed) after N steps of this run")
     train.add_argument("--device", default="cpu")
-    train.add_argument("--audit-every", type=int, default=None, metavar="N",
-                       help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv")
-    train.add_argument("--audit-windows", type=int, default=16, metavar="M",
-                       help="evenly spread eval and calibration windows per mini-audit (default 16)")
+    train.add_argument(
+        "--audit-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv",
+    )
+    train.add_argument(
+        "--audit-windows",
+        type=int,
+        default=16,
+        metavar="M",
+        help="evenly spread eval and calibration windows per mini-audit (default 16)",
+    )
     train.set_defaults(func=cmd_train)
 
     audit = commands.add_parser("audit", help="audit one checkpoint: variation, assignment, execution")
@@ -294,43 +344,93 @@ def build_parser() -> argparse.ArgumentParser:
 
     dash = commands.add_parser("dashboard", help="serve the Panel dashboard (see README, Dashboard)")
     dash.add_argument("--port", type=int, default=5006)
-    dash.add_argument("--address", default="127.0.0.1",
-                      help="interface to listen on (default: this machine only; any other needs auth or --no-auth)")
-    dash.add_argument("--registry", default=None,
-                      help='JSON file {"name": "checkpoint folder", ...} (default: the shipped checkpoints)')
-    dash.add_argument("--allow-websocket-origin", action="append", default=None, metavar="HOST[:PORT]",
-                      help="a host browsers may reach the server as (repeatable); needed with a non-local --address")
+    dash.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="interface to listen on (default: this machine only; any other needs auth or --no-auth)",
+    )
+    dash.add_argument(
+        "--registry",
+        default=None,
+        help='JSON file {"name": "checkpoint folder", ...} (default: the shipped checkpoints)',
+    )
+    dash.add_argument(
+        "--allow-websocket-origin",
+        action="append",
+        default=None,
+        metavar="HOST[:PORT]",
+        help="a host browsers may reach the server as (repeatable); needed with a non-local --address",
+    )
     dash.add_argument("--num-threads", type=int, default=None, help="Panel's callback thread pool size")
-    dash.add_argument("--basic-auth", default=None,
-                      help="Panel basic auth: a JSON credentials file, or a password (visible in ps: prefer the next)")
-    dash.add_argument("--basic-auth-file", default=None, metavar="FILE",
-                      help="a file holding the password or JSON credentials (default: $FCA_BASIC_AUTH)")
-    dash.add_argument("--cookie-secret", default=None,
-                      help="secret that signs the login cookie, needed with auth (visible in ps: prefer the next)")
-    dash.add_argument("--cookie-secret-file", default=None, metavar="FILE",
-                      help="a file holding the cookie secret (default: $FCA_COOKIE_SECRET)")
-    dash.add_argument("--no-auth", action="store_true",
-                      help="serve a non-loopback --address without authentication (anyone who reaches it may use it)")
-    dash.add_argument("--max-sessions", type=int, default=None,
-                      help="sessions open at once; one more is shown a 'server is full' page (default 16, 0: no limit)")
-    dash.add_argument("--model-idle-seconds", type=float, default=None,
-                      help="unload a checkpoint no session has used for this long (default 600, 0: never)")
-    dash.add_argument("--calibration-windows", type=int, default=None,
-                      help="calibration windows for the static profiles (default: all)")
+    dash.add_argument(
+        "--basic-auth",
+        default=None,
+        help="Panel basic auth: a JSON credentials file, or a password (visible in ps: prefer the next)",
+    )
+    dash.add_argument(
+        "--basic-auth-file",
+        default=None,
+        metavar="FILE",
+        help="a file holding the password or JSON credentials (default: $FCA_BASIC_AUTH)",
+    )
+    dash.add_argument(
+        "--cookie-secret",
+        default=None,
+        help="secret that signs the login cookie, needed with auth (visible in ps: prefer the next)",
+    )
+    dash.add_argument(
+        "--cookie-secret-file",
+        default=None,
+        metavar="FILE",
+        help="a file holding the cookie secret (default: $FCA_COOKIE_SECRET)",
+    )
+    dash.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve a non-loopback --address without authentication (anyone who reaches it may use it)",
+    )
+    dash.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        help="sessions open at once; one more is shown a 'server is full' page (default 16, 0: no limit)",
+    )
+    dash.add_argument(
+        "--model-idle-seconds",
+        type=float,
+        default=None,
+        help="unload a checkpoint no session has used for this long (default 600, 0: never)",
+    )
+    dash.add_argument(
+        "--calibration-windows",
+        type=int,
+        default=None,
+        help="calibration windows for the static profiles (default: all)",
+    )
     dash.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    dash.add_argument("--results", default="results", metavar="DIR",
-                      help="folder whose finished audits the results view lists; nothing outside it is read "
-                           "(default: results)")
+    dash.add_argument(
+        "--results",
+        default="results",
+        metavar="DIR",
+        help="folder whose finished audits the results view lists; nothing outside it is read (default: results)",
+    )
     dash.set_defaults(func=cmd_dashboard)
 
     reproduce = commands.add_parser(
         "reproduce", help="run every paper notebook through papermill: tables, figures and an index in one folder"
     )
-    reproduce.add_argument("--config", default=None, help="TOML or JSON: notebooks, cache, [parameters], "
-                           "[notebook.<name>] (default: the shipped checkpoints and corpus on CPU)")
+    reproduce.add_argument(
+        "--config",
+        default=None,
+        help="TOML or JSON: notebooks, cache, [parameters], "
+        "[notebook.<name>] (default: the shipped checkpoints and corpus on CPU)",
+    )
     reproduce.add_argument("--out", default=None, help="output folder (default: results/<timestamp>/)")
-    reproduce.add_argument("--overwrite", action="store_true",
-                           help="write into an --out that already holds results (its current audits are reused)")
+    reproduce.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an --out that already holds results (its current audits are reused)",
+    )
     reproduce.set_defaults(func=cmd_reproduce)
     return parser
 
@@ -348,8 +448,9 @@ def main(argv=None) -> int:
     hf_logging.set_verbosity_error()
     try:
         if under_torchrun() and args.command not in DISTRIBUTED_COMMANDS:
-            raise UserError(f"fca {args.command} runs in one process; under torchrun only "
-                            f"{' and '.join(DISTRIBUTED_COMMANDS)} do")
+            raise UserError(
+                f"fca {args.command} runs in one process; under torchrun only {' and '.join(DISTRIBUTED_COMMANDS)} do"
+            )
         status = args.func(args)
     except UserError as exc:
         prefix = error_prefix(exc)

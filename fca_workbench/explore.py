@@ -57,7 +57,9 @@ class Explorer:
 
     def _assign(self, condition: str, layer: int | None):
         static = condition in STATIC_PROFILES + ROUTING_CONDITIONS
-        return ConditionCoefficients(condition, self.cache, self.profiles if static else None, self.settings.seed, layer)
+        return ConditionCoefficients(
+            condition, self.cache, self.profiles if static else None, self.settings.seed, layer
+        )
 
     def tokens(self, window: int) -> list[str]:
         return self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist())
@@ -75,7 +77,9 @@ class Explorer:
             return self.cache.nll(torch.tensor([window]))[0]
         parameter = next(self.model.parameters())
         batch = self.windows[[window]].to(parameter.device)
-        values = values_on(self._assign(condition, layer).values(torch.tensor([window])), parameter.device, parameter.dtype)
+        values = values_on(
+            self._assign(condition, layer).values(torch.tensor([window])), parameter.device, parameter.dtype
+        )
         return next_token_nll(self.model.replay_run(batch, values), batch)[0].float().cpu()
 
     def window_table(self, condition: str, window: int, layer: int | None = None):
@@ -84,10 +88,26 @@ class Explorer:
         other = self.token_nll(condition, window, layer)
         tokens = self.tokens(window)
         where = "all layers" if layer is None else f"layer {layer} only"
-        columns = [Column("position", "position", "int"), Column("token", "token", "text"),
-                   Column("correct", "NLL correct", "float"), Column("nll_condition", f"NLL {condition}", "float"),
-                   Column("delta", "ΔNLL", "delta")]
-        rows = [{"position": t + 1, "token": tokens[t + 1], "correct": float(correct[t]),
-                 "nll_condition": float(other[t]), "delta": float(other[t] - correct[t])} for t in range(len(correct))]
-        return make_table("explore_window", f"{self.name}, window {window}: per-token NLL under "
-                          f"{condition} ({where}) against correct", columns, rows)
+        columns = [
+            Column("position", "position", "int"),
+            Column("token", "token", "text"),
+            Column("correct", "NLL correct", "float"),
+            Column("nll_condition", f"NLL {condition}", "float"),
+            Column("delta", "ΔNLL", "delta"),
+        ]
+        rows = [
+            {
+                "position": t + 1,
+                "token": tokens[t + 1],
+                "correct": float(correct[t]),
+                "nll_condition": float(other[t]),
+                "delta": float(other[t] - correct[t]),
+            }
+            for t in range(len(correct))
+        ]
+        return make_table(
+            "explore_window",
+            f"{self.name}, window {window}: per-token NLL under {condition} ({where}) against correct",
+            columns,
+            rows,
+        )

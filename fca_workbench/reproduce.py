@@ -39,8 +39,14 @@ KERNEL_NAME = "fca-workbench"
 NOTEBOOK_DIR = shipped("notebooks")
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
 PER_LAYER_NOTEBOOK = "06_per_layer"
-AUDIT_NOTEBOOKS = ("01_variation", "02_assignment", "03_static_profiles", "04_execution", "05_muddpythia",
-                   PER_LAYER_NOTEBOOK)
+AUDIT_NOTEBOOKS = (
+    "01_variation",
+    "02_assignment",
+    "03_static_profiles",
+    "04_execution",
+    "05_muddpythia",
+    PER_LAYER_NOTEBOOK,
+)
 # 07 reads the shipped training-dynamics logs (data/training_dynamics) and audits nothing
 PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics")
 EXPLORE_NOTEBOOK = "explore"
@@ -75,6 +81,7 @@ def shipped_checkpoints(names=SHIPPED) -> list[str]:
 # Audits shared across notebooks and runs
 # --------------------------------------------------------------------------------------------------------
 
+
 def _stat(path: Path) -> list[int] | None:
     try:
         st = path.stat()
@@ -87,8 +94,10 @@ def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
     """Size and mtime of every file the audit reads: the checkpoint folder's files and both data sets."""
     folder = Path(settings.checkpoint)
     files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-    files += [Path(settings.eval) if settings.eval else split_path("eval"),
-              Path(settings.calibration) if settings.calibration else split_path("calibration")]
+    files += [
+        Path(settings.eval) if settings.eval else split_path("eval"),
+        Path(settings.calibration) if settings.calibration else split_path("calibration"),
+    ]
     return {str(p.resolve()): _stat(p) for p in files}
 
 
@@ -133,7 +142,9 @@ def audit_is_current(settings: AuditSettings, folder) -> bool:
     if read_json(folder / "provenance.json") != provenance(settings) or read_json(folder / "audit.json") is None:
         return False
     try:
-        manifest = read_manifest(cache_root(settings, folder) / "eval")  # None for a cache of an older format: captured again
+        manifest = read_manifest(
+            cache_root(settings, folder) / "eval"
+        )  # None for a cache of an older format: captured again
     except UserError:
         return False  # a broken manifest: the audit runs again and reports it
     return bool(manifest and manifest["complete"])
@@ -254,6 +265,7 @@ class NotebookRun:
 # fca reproduce
 # --------------------------------------------------------------------------------------------------------
 
+
 def load_config(path) -> dict:
     """A reproduce config: TOML or JSON with ``notebooks``, ``cache``, ``[parameters]`` (every notebook that
     declares a name gets it) and ``[notebook.<name>]`` (one notebook only)."""
@@ -276,8 +288,10 @@ def load_config(path) -> dict:
         raise UserError(f"{path} must hold a table of settings")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise UserError(f"{path}: unknown config key '{unknown[0]}' (known: {', '.join(CONFIG_KEYS)}; "
-                        "notebook parameters go under [parameters])")
+        raise UserError(
+            f"{path}: unknown config key '{unknown[0]}' (known: {', '.join(CONFIG_KEYS)}; "
+            "notebook parameters go under [parameters])"
+        )
     return config
 
 
@@ -313,24 +327,29 @@ def default_out() -> Path:
     return out
 
 
-def plan(config: dict | None = None, out=None, overwrite: bool = False, config_path=None,
-         notebook_dir: Path = NOTEBOOK_DIR) -> Plan:
+def plan(
+    config: dict | None = None, out=None, overwrite: bool = False, config_path=None, notebook_dir: Path = NOTEBOOK_DIR
+) -> Plan:
     """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
     config = dict(config or {})
     try:
         import ipykernel  # noqa: F401
         import papermill  # noqa: F401
     except ImportError as exc:
-        raise UserError(f"fca reproduce needs the notebooks extra ({exc.name} is missing): "
-                        "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)") from None
+        raise UserError(
+            f"fca reproduce needs the notebooks extra ({exc.name} is missing): "
+            "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)"
+        ) from None
     names = config.get("notebooks", list(PAPER_NOTEBOOKS))
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
     parameters = config.get("parameters")
     if isinstance(parameters, dict) and parameters.get("per_layer") is False:  # no sweep: nothing for 06 to show
         if "notebooks" in config and PER_LAYER_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
-            raise UserError(f"notebook {PER_LAYER_NOTEBOOK} shows the per-layer sweep, which per_layer = false "
-                            "leaves out: drop one of the two")
+            raise UserError(
+                f"notebook {PER_LAYER_NOTEBOOK} shows the per-layer sweep, which per_layer = false "
+                "leaves out: drop one of the two"
+            )
         names = [n for n in names if n != PER_LAYER_NOTEBOOK]
     available = sorted(p.stem for p in Path(notebook_dir).glob("*.ipynb"))
     sources = {}
@@ -347,10 +366,14 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
         raise UserError("config [parameters] and [notebook.<name>] must be tables")
     for name in shared:
         if name in RESERVED:
-            raise UserError(f"parameter '{name}' is set by fca reproduce itself (use --out, or 'cache' at the top level)")
+            raise UserError(
+                f"parameter '{name}' is set by fca reproduce itself (use --out, or 'cache' at the top level)"
+            )
         if not any(name in d for d in declared.values()):
             known = sorted(set().union(*declared.values()) - set(RESERVED))
-            raise UserError(f"unknown parameter '{name}': no notebook of this run declares it (known: {', '.join(known)})")
+            raise UserError(
+                f"unknown parameter '{name}': no notebook of this run declares it (known: {', '.join(known)})"
+            )
     for stem, params in overrides.items():
         stem = str(stem).removesuffix(".ipynb")
         if stem not in declared:
@@ -359,17 +382,23 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
             raise UserError(f"[notebook.{stem}] must be a table of parameters")
         for name in params:
             if name in RESERVED or name not in declared[stem]:
-                raise UserError(f"unknown parameter '{name}' for notebook {stem} "
-                                f"(it declares: {', '.join(n for n in declared[stem] if n not in RESERVED)})")
+                raise UserError(
+                    f"unknown parameter '{name}' for notebook {stem} "
+                    f"(it declares: {', '.join(n for n in declared[stem] if n not in RESERVED)})"
+                )
 
     out = output_folder(out or default_out())
     if out.is_dir() and any(out.iterdir()):
         if not is_results(out):
-            raise UserError(f"output folder {out} is not empty and was not written by fca reproduce "
-                            f"(no {RESULTS_MARKER} in it); choose another --out")
+            raise UserError(
+                f"output folder {out} is not empty and was not written by fca reproduce "
+                f"(no {RESULTS_MARKER} in it); choose another --out"
+            )
         if not overwrite:
-            raise UserError(f"output folder {out} already holds results; choose another --out, or pass --overwrite "
-                            "to write this run over them (current audits are reused)")
+            raise UserError(
+                f"output folder {out} already holds results; choose another --out, or pass --overwrite "
+                "to write this run over them (current audits are reused)"
+            )
     cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
 
     jobs, audits, first_user = [], {}, {}
@@ -394,8 +423,10 @@ def plan(config: dict | None = None, out=None, overwrite: bool = False, config_p
         for checkpoint in run.checkpoints if "checkpoints" in declared[stem] else []:
             settings = run.settings(checkpoint)
             if checkpoint in audits and audits[checkpoint] != settings:
-                raise UserError(f"{Path(checkpoint).name} is audited with different settings in notebooks "
-                                f"{first_user[checkpoint]} and {stem}; give both the same audit parameters")
+                raise UserError(
+                    f"{Path(checkpoint).name} is audited with different settings in notebooks "
+                    f"{first_user[checkpoint]} and {stem}; give both the same audit parameters"
+                )
             audits.setdefault(checkpoint, settings)
             first_user.setdefault(checkpoint, stem)
         jobs.append(NotebookJob(stem, source, params))
@@ -445,10 +476,11 @@ def describe_failure(exc: Exception) -> str:
 
     if isinstance(exc, PapermillExecutionError):
         lines = [line for line in (exc.source or "").splitlines() if line.strip() and not line.startswith("#")]
-        first = (lines[0].strip()[:80] if lines else "")
+        first = lines[0].strip()[:80] if lines else ""
         evalue = (exc.evalue or "").strip().splitlines()
-        return (f"cell {exc.cell_index} (In [{exc.exec_count}]: {first}) raised {exc.ename}: "
-                f"{evalue[0] if evalue else ''}")
+        return (
+            f"cell {exc.cell_index} (In [{exc.exec_count}]: {first}) raised {exc.ename}: {evalue[0] if evalue else ''}"
+        )
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
@@ -463,15 +495,22 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
     error = None
     try:
         papermill.execute_notebook(
-            str(job.source), str(output), parameters=job.parameters, kernel_name=KERNEL_NAME,
-            progress_bar=False, log_output=False, request_save_on_cell_execute=False, cwd=str(output.parent),
+            str(job.source),
+            str(output),
+            parameters=job.parameters,
+            kernel_name=KERNEL_NAME,
+            progress_bar=False,
+            log_output=False,
+            request_save_on_cell_execute=False,
+            cwd=str(output.parent),
         )
     except Exception as exc:  # a notebook's failure is reported, and the others still run
         error = describe_failure(exc)
     seconds = time.perf_counter() - start
     after = _snapshot(out)
-    files = sorted(p for p, mtime in after.items() if before.get(p) != mtime and p != output
-                   and out / "audits" not in p.parents)
+    files = sorted(
+        p for p, mtime in after.items() if before.get(p) != mtime and p != output and out / "audits" not in p.parents
+    )
     return NotebookResult(job.name, error is None, seconds, output, error, files)
 
 
@@ -520,7 +559,8 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
         "# fca reproduce",
         "",
         f"Run on {datetime.datetime.now().isoformat(timespec='seconds')} with `fca reproduce"
-        + (f" --config {plan_.config_path}" if plan_.config_path else "") + f" --out {out}`"
+        + (f" --config {plan_.config_path}" if plan_.config_path else "")
+        + f" --out {out}`"
         + f" (Jupyter kernel `{KERNEL_NAME}`, Python {sys.version.split()[0]}).",
         "",
         f"**{passed} of {len(results)} notebooks passed.** Wall time {total_seconds:.0f} s "
@@ -546,15 +586,21 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
         lines += ["", "## Data", ""]
         for split in ("eval", "calibration"):
             d = first["data"][split]
-            lines.append(f"- {split}: `{d['source']}`, {d['windows']} windows × {d['window']} tokens "
-                         f"({d['tokens']:,} tokens), fingerprint `{d['fingerprint'][:12]}`")
+            lines.append(
+                f"- {split}: `{d['source']}`, {d['windows']} windows × {d['window']} tokens "
+                f"({d['tokens']:,} tokens), fingerprint `{d['fingerprint'][:12]}`"
+            )
         s = first["settings"]
-        lines += ["", "## Settings", "",
-                  f"device {s['device']}, dtype {s['dtype']}, seed {s['seed']}, window {first['data']['eval']['window']}, "
-                  f"max windows {s['max_windows']}, batch size {s['batch_size']}, bootstrap resamples {s['resamples']}, "
-                  f"latency repeats {s['latency_repeats']}; coefficient caches in `{plan_.cache}`; audits in "
-                  "[audits/](audits/). Every notebook's parameters are in "
-                  "[reproduce_config.json](reproduce_config.json)."]
+        lines += [
+            "",
+            "## Settings",
+            "",
+            f"device {s['device']}, dtype {s['dtype']}, seed {s['seed']}, window {first['data']['eval']['window']}, "
+            f"max windows {s['max_windows']}, batch size {s['batch_size']}, bootstrap resamples {s['resamples']}, "
+            f"latency repeats {s['latency_repeats']}; coefficient caches in `{plan_.cache}`; audits in "
+            "[audits/](audits/). Every notebook's parameters are in "
+            "[reproduce_config.json](reproduce_config.json).",
+        ]
     lines += ["", "## Tables and figures", ""]
     for r in results:
         tables = sorted({p.with_suffix("") for p in r.files if p.parent == out / "tables"})
@@ -564,22 +610,28 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
         lines += [f"### {r.name}", ""]
         for stem in tables:
             rel = stem.relative_to(out)
-            links = ", ".join(f"[{ext}]({rel}.{ext})" for ext in ("csv", "md", "tex") if stem.with_suffix(f".{ext}").exists())
+            links = ", ".join(
+                f"[{ext}]({rel}.{ext})" for ext in ("csv", "md", "tex") if stem.with_suffix(f".{ext}").exists()
+            )
             lines.append(f"Table `{stem.name}` ({links}):")
             lines.append("")
             md = stem.with_suffix(".md")
             if md.exists():
                 lines += [md.read_text().rstrip(), ""]
         if figures:
-            lines.append("Figures (interactive HTML, offline): " + ", ".join(
-                f"[{p.stem}]({p.relative_to(out)})" for p in figures))
+            lines.append(
+                "Figures (interactive HTML, offline): "
+                + ", ".join(f"[{p.stem}]({p.relative_to(out)})" for p in figures)
+            )
             lines.append("")
     path = out / "README.md"
     write_atomic(path, ("\n".join(lines).rstrip() + "\n").encode())
     return path
 
 
-def reproduce(config_path=None, out=None, overwrite: bool = False, progress: bool = True) -> tuple[Plan, list[NotebookResult]]:
+def reproduce(
+    config_path=None, out=None, overwrite: bool = False, progress: bool = True
+) -> tuple[Plan, list[NotebookResult]]:
     config = load_config(config_path) if config_path else {}
     plan_ = plan(config, out, overwrite, config_path)
     return plan_, execute(plan_, progress)

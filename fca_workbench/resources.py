@@ -57,8 +57,10 @@ def copy_checkpoints(source, into: Path) -> list[str]:
     ``into``, through a temporary sibling renamed at the end; returns the checkpoint names."""
     if source is None:
         if not in_checkout():
-            raise UserError("the installed package holds no checkpoints: pass --from fca_workbench-*.tar.gz "
-                            "(the sdist) or --from a source checkout")
+            raise UserError(
+                "the installed package holds no checkpoints: pass --from fca_workbench-*.tar.gz "
+                "(the sdist) or --from a source checkout"
+            )
         source = CHECKOUT
     source, into = Path(source), Path(into)
     if into.exists() and (not into.is_dir() or any(into.iterdir())):

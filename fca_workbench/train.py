@@ -46,8 +46,15 @@ LOG_FILE = "train_log.csv"
 STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
 # Every file a finished checkpoint may hold (tests/test_hardening.py checks it against real runs).
 CHECKPOINT_FILES = (
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "model_card.json", "README.md", LOG_FILE,
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "model_card.json",
+    "README.md",
+    LOG_FILE,
 )
 
 
@@ -94,7 +101,7 @@ def read_hf_config(path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"unreadable config {path}: {one_line(exc)}") from None
     if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
-        raise UserError(f"{path} is not a transformers config: it needs a JSON object with a \"model_type\"")
+        raise UserError(f'{path} is not a transformers config: it needs a JSON object with a "model_type"')
     if "auto_map" in fields:
         raise UserError(f"{path} names remote code (auto_map); only transformers' built-in model types can be trained")
     if fields["model_type"] not in CONFIG_MAPPING:
@@ -138,7 +145,12 @@ def build_hf_model(fields: dict, tokenizer, window: int):
 def check_training_memory(build) -> None:
     """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
     runs on the meta device, which only counts the parameters."""
-    check_memory(parameters_on_meta(build), TRAINING_BYTES_PER_PARAMETER, "fca train's model config", "for fp32 weights, gradients and AdamW")
+    check_memory(
+        parameters_on_meta(build),
+        TRAINING_BYTES_PER_PARAMETER,
+        "fca train's model config",
+        "for fp32 weights, gradients and AdamW",
+    )
 
 
 def build_model(settings: TrainSettings, tokenizer):
@@ -274,8 +286,10 @@ def run_folder(out) -> Path:
     ours = {LOG_FILE} if running else set()
     clashes = [name for name in CHECKPOINT_FILES if name not in ours and (out / name).exists()]
     if clashes:
-        raise UserError(f"{out} already holds {', '.join(clashes)}, which fca train did not write and would "
-                        "replace; choose another --out")
+        raise UserError(
+            f"{out} already holds {', '.join(clashes)}, which fca train did not write and would "
+            "replace; choose another --out"
+        )
     return out
 
 
@@ -288,14 +302,18 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch and pickle raise many types on foreign or damaged files
-        raise UserError(f"{path} is not a training state fca train wrote ({first_line(exc)}); "
-                        "remove it or choose another --out") from None
+        raise UserError(
+            f"{path} is not a training state fca train wrote ({first_line(exc)}); remove it or choose another --out"
+        ) from None
     if not isinstance(state, dict) or not STATE_KEYS <= state.keys() or not isinstance(state["settings"], dict):
         raise UserError(f"{path} is not a training state fca train wrote; remove it or choose another --out")
     wanted = asdict(settings)
     if state["settings"] != wanted:
-        changed = sorted(k for k in state["settings"].keys() | wanted.keys()
-                         if state["settings"].get(k) != wanted.get(k) or (k in state["settings"]) != (k in wanted))
+        changed = sorted(
+            k
+            for k in state["settings"].keys() | wanted.keys()
+            if state["settings"].get(k) != wanted.get(k) or (k in state["settings"]) != (k in wanted)
+        )
         raise UserError(f"{out} holds a run with different settings ({', '.join(changed)}); choose another --out")
     return state
 
@@ -388,8 +406,10 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict], audit: T
     staged = sorted(staging.iterdir())
     clashes = [p.name for p in staged if p.name not in CHECKPOINT_FILES and (out / p.name).exists()]
     if clashes:  # a file name CHECKPOINT_FILES does not know yet (a newer transformers): never replace it
-        raise UserError(f"{out} holds {', '.join(clashes)}, which fca train did not write; "
-                        f"the finished checkpoint is left in {staging}")
+        raise UserError(
+            f"{out} holds {', '.join(clashes)}, which fca train did not write; "
+            f"the finished checkpoint is left in {staging}"
+        )
     for path in staged:
         path.replace(out / path.name)
     staging.rmdir()
@@ -399,12 +419,18 @@ def finish(out: Path, settings, model, tokenizer, log_rows: list[dict], audit: T
 
 def model_card_markdown(card: dict) -> str:
     s = card["settings"]
-    audit_flags = f" --audit-every {s['audit_every']} --audit-windows {s['audit_windows']}" if s.get("audit_every") else ""
+    audit_flags = (
+        f" --audit-every {s['audit_every']} --audit-windows {s['audit_windows']}" if s.get("audit_every") else ""
+    )
     audit = card.get("audit")
-    audit_rows = [] if not audit else [
-        f"| mini-audits (`audit_log.csv`: every {audit['every']} steps and at the end, {audit['windows']} windows) "
-        f"| {audit['audits']}, {audit['audit_seconds']} s = {100 * audit['fraction_of_training']:.1f}% of training time |"
-    ]
+    audit_rows = (
+        []
+        if not audit
+        else [
+            f"| mini-audits (`audit_log.csv`: every {audit['every']} steps and at the end, {audit['windows']} windows) "
+            f"| {audit['audits']}, {audit['audit_seconds']} s = {100 * audit['fraction_of_training']:.1f}% of training time |"
+        ]
+    )
     common = (
         f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
     )

@@ -61,13 +61,16 @@ class TrainingAudit:
         if settings.audit_every is None:
             return None
         if not has_controller(model):
-            raise UserError(f"--audit-every needs a model with a controller; {settings.name} has none the "
-                            "workbench can audit")
+            raise UserError(
+                f"--audit-every needs a model with a controller; {settings.name} has none the workbench can audit"
+            )
         if not 1 <= settings.audit_every <= settings.steps:
-            raise UserError(f"--audit-every {settings.audit_every} must be between 1 and the run's "
-                            f"{settings.steps} steps")
-        audit = MiniAudit.from_splits(tokenizer, settings.window, settings.audit_windows, seed=settings.seed,
-                                      batch_size=settings.batch_size)
+            raise UserError(
+                f"--audit-every {settings.audit_every} must be between 1 and the run's {settings.steps} steps"
+            )
+        audit = MiniAudit.from_splits(
+            tokenizer, settings.window, settings.audit_windows, seed=settings.seed, batch_size=settings.batch_size
+        )
         return cls(audit, settings.audit_every, settings.steps, AuditLog(folder, resume_step))
 
     def maybe_run(self, model, step: int) -> dict | None:
@@ -81,14 +84,21 @@ class TrainingAudit:
     def card(self, train_seconds: float) -> dict:
         """The audits' cost, as a fraction of the training time spent outside them."""
         spent = self.log.audit_seconds()
-        return {"every": self.every, "windows": len(self.audit.eval_windows), "audits": len(self.log.rows),
-                "audit_seconds": round(spent, 1), "fraction_of_training": round(spent / max(train_seconds - spent, 1e-9), 4)}
+        return {
+            "every": self.every,
+            "windows": len(self.audit.eval_windows),
+            "audits": len(self.log.rows),
+            "audit_seconds": round(spent, 1),
+            "fraction_of_training": round(spent / max(train_seconds - spent, 1e-9), 4),
+        }
 
 
 def postfix(row: dict) -> dict:
     """What the progress bar shows of the latest audit."""
-    return {"retention": f"{float(row['retention_layer_mean']):.3f}",
-            "dNLL_cross": f"{float(row['delta_cross_input']):+.3f}"}
+    return {
+        "retention": f"{float(row['retention_layer_mean']):.3f}",
+        "dNLL_cross": f"{float(row['delta_cross_input']):+.3f}",
+    }
 
 
 TRAINING_DYNAMICS_DIR = shipped("data") / "training_dynamics"  # the shipped study, in a checkout or a wheel

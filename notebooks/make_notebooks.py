@@ -19,7 +19,7 @@ from fca_workbench.reproduce import DEFAULT_MAX_WINDOWS, KERNEL_NAME  # noqa: E4
 
 HERE = Path(__file__).resolve().parent
 
-PARAMETERS = f'''\
+PARAMETERS = f"""\
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
 checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0
 eval_data = None         # eval text (.txt, or JSONL of {{"text": ...}}); None: the shipped eval split
@@ -33,9 +33,9 @@ batch_size = None        # windows per batch; None: 16 on CPU, fitted to free me
 per_layer = True         # also every condition at each layer alone (audit.json per_layer; 06_per_layer)
 out = None               # tables/ and figures/ are written here; None: results/notebooks
 audits = None            # audit folders, shared by every notebook; None: <out>/audits
-cache = None             # coefficient caches, shared across runs; None: results/cache'''
+cache = None             # coefficient caches, shared across runs; None: results/cache"""
 
-SETUP = '''\
+SETUP = """\
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -49,11 +49,12 @@ run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data
                   max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
                   per_layer=per_layer, out=out, audits=audits, cache=cache)
 audited = run.load_audits()  # run_audit per checkpoint, or the audit.json already there for these settings
-display(Markdown("Models: " + ", ".join(f"`{tables.model_name(a)}` ({a['model']['arch']})" for a in audited)))'''
+display(Markdown("Models: " + ", ".join(f"`{tables.model_name(a)}` ({a['model']['arch']})" for a in audited)))"""
 
 
-def notebook(stem: str, title: str, intro: str, cells: list, parameters: str = PARAMETERS,
-             setup: str = SETUP) -> nbformat.NotebookNode:
+def notebook(
+    stem: str, title: str, intro: str, cells: list, parameters: str = PARAMETERS, setup: str = SETUP
+) -> nbformat.NotebookNode:
     nb = new_notebook()
     nb.metadata = {
         "kernelspec": {"name": KERNEL_NAME, "display_name": "Python (fca-workbench)", "language": "python"},
@@ -84,16 +85,21 @@ VARIATION = notebook(
         ("code", "run.write_table(tables.variation_table(audited))"),
         ("code", "run.write_table(tables.variation_seed_table(audited))"),
         ("md", "## Variance decomposition"),
-        ("code", '''\
+        (
+            "code",
+            """\
 r2 = {c.key: c.header for c in tables.VARIANCE_COLUMNS[:4]}
 shares = tables.variation_table(audited).melt(id_vars="model", value_vars=list(r2), var_name="figure", value_name="share")
 fig = px.bar(shares.replace({"figure": r2}), x="model", y="share", color="figure", barmode="group",
              title="Share of coefficient variance explained", range_y=[0, 1])
 fig.update_layout(yaxis_tickformat=".0%")
 run.write_figure(fig, "variance_decomposition")
-tables.show(fig)'''),
+tables.show(fig)""",
+        ),
         ("md", "## Coefficient heatmaps (mean over eval windows)"),
-        ("code", '''\
+        (
+            "code",
+            """\
 def heatmaps(audit):
     cache_ = tables.open_cache(tables.cache_folder(audit, run.audit_dir(audit)))
     means = tables.position_means(cache_)  # per layer [T, *slot], from the audit's own coefficient cache
@@ -116,7 +122,8 @@ def heatmaps(audit):
 for audit in tables.with_controller(audited):
     fig = heatmaps(audit)
     run.write_figure(fig, f"heatmap_{tables.model_name(audit)}")
-    tables.show(fig)'''),
+    tables.show(fig)""",
+        ),
     ],
 )
 
@@ -131,14 +138,17 @@ ASSIGNMENT = notebook(
         ("code", "run.write_table(tables.assignment_table(audited))"),
         ("code", "run.write_table(tables.assignment_seed_table(audited))"),
         ("md", "## ΔNLL with 95% CIs"),
-        ("code", '''\
+        (
+            "code",
+            """\
 table = tables.assignment_table(audited).query("condition != 'correct'")
 fig = px.scatter(table, x="condition", y="delta", color="model", error_y=table.delta_ci95_hi - table.delta,
                  error_y_minus=table.delta - table.delta_ci95_lo, title="ΔNLL against correct (95% CI)",
                  labels={"delta": "ΔNLL (nats)"})
 fig.update_layout(scattermode="group")
 run.write_figure(fig, "assignment_delta_nll")
-tables.show(fig)'''),
+tables.show(fig)""",
+        ),
     ],
 )
 
@@ -153,14 +163,17 @@ RETENTION = notebook(
     [
         ("code", "run.write_table(tables.retention_table(audited))"),
         ("code", "main = tables.retention_seed_table(audited)\nrun.write_table(main)"),
-        ("code", '''\
+        (
+            "code",
+            """\
 bars = pd.concat([main.assign(profile=p, mean=main[f"{p}_mean"], sd=main[f"{p}_sd"]) for p in tables.RETENTION_PROFILES])
 bars["arch"] = bars["arch"] + " (n=" + bars["n"].astype(str) + ")"
 fig = px.bar(bars, x="profile", y="mean", error_y="sd", color="arch", barmode="group",
              title="Gap retention of static profiles (mean ± sd over seeds)")
 fig.update_layout(yaxis_tickformat=".1%")
 run.write_figure(fig, "retention")
-tables.show(fig)'''),
+tables.show(fig)""",
+        ),
     ],
 )
 
@@ -179,7 +192,9 @@ EXECUTION = notebook(
         ("md", "The positive control of each FeatureGate (`audit.json` → `execution.positive_control`):"),
         ("code", "run.write_table(tables.positive_control_table(audited))"),
         ("code", "run.write_table(tables.execution_seed_table(audited))"),
-        ("code", '''\
+        (
+            "code",
+            """\
 figures = {"fraction_executed": "fraction of branch work executed",
            "expert_fraction_executed": "fraction of expert evaluations run", "latency_ratio_vs_dense": "latency / baseline"}
 runs = pd.concat([tables.execution_table(audited).assign(run="model"),
@@ -188,7 +203,8 @@ bars = runs.melt(id_vars=["model", "run"], value_vars=list(figures), var_name="f
 fig = px.bar(bars, x="model", y="value", color="run", facet_col="figure", barmode="group", title="Conditional execution")
 fig.update_yaxes(matches=None, showticklabels=True)
 run.write_figure(fig, "execution")
-tables.show(fig)'''),
+tables.show(fig)""",
+        ),
     ],
 )
 
@@ -201,32 +217,45 @@ MUDD = notebook(
     "for comparison (`audit.json` → `conditions`). For reference, the paper reports +1.9067 (cross-input) and "
     "+2.9637 (shuffle) nats for MUDDPythia-1.4B.",
     [
-        ("code", '''\
+        (
+            "code",
+            """\
 mudds = [a for a in audited if a["model"]["arch"] == "muddpythia"]
 if not mudds:
     raise ValueError("no MUDDPythia checkpoint among the checkpoints given: " + ", ".join(run.checkpoints))
-run.write_table(tables.mudd_table(mudds))'''),
-        ("code", '''\
+run.write_table(tables.mudd_table(mudds))""",
+        ),
+        (
+            "code",
+            """\
 for audit in mudds:
     c = audit["conditions"]
     display(Markdown(
         f"**{tables.model_name(audit)}**: cross-input reassignment {c['cross_input']['delta']:+.4f} nats "
         f"[{c['cross_input']['delta_ci95'][0]:+.4f}, {c['cross_input']['delta_ci95'][1]:+.4f}], token shuffling "
         f"{c['token_shuffle']['delta']:+.4f} [{c['token_shuffle']['delta_ci95'][0]:+.4f}, "
-        f"{c['token_shuffle']['delta_ci95'][1]:+.4f}]. {audit['verdict']['conditional_execution']}"))'''),
-        ("code", '''\
+        f"{c['token_shuffle']['delta_ci95'][1]:+.4f}]. {audit['verdict']['conditional_execution']}"))""",
+        ),
+        (
+            "code",
+            """\
 table = tables.mudd_table(mudds).query("condition != 'correct'")
 fig = px.bar(table, x="condition", y="delta", color="model", barmode="group", error_y=table.delta_ci95_hi - table.delta,
              error_y_minus=table.delta - table.delta_ci95_lo, title="MUDDPythia: ΔNLL against correct (95% CI)",
              labels={"delta": "ΔNLL (nats)"})
 run.write_figure(fig, "muddpythia_penalties")
-tables.show(fig)'''),
+tables.show(fig)""",
+        ),
     ],
-    parameters=PARAMETERS.replace("None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0",
-                                  "None: the shipped muddpythia-s0"),
-    setup=SETUP.replace("from fca_workbench.reproduce import NotebookRun",
-                        "from fca_workbench.reproduce import NotebookRun, shipped_checkpoints").replace(
-        "run = NotebookRun(", "checkpoints = checkpoints or shipped_checkpoints([\"muddpythia-s0\"])\nrun = NotebookRun("),
+    parameters=PARAMETERS.replace(
+        "None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0", "None: the shipped muddpythia-s0"
+    ),
+    setup=SETUP.replace(
+        "from fca_workbench.reproduce import NotebookRun",
+        "from fca_workbench.reproduce import NotebookRun, shipped_checkpoints",
+    ).replace(
+        "run = NotebookRun(", 'checkpoints = checkpoints or shipped_checkpoints(["muddpythia-s0"])\nrun = NotebookRun('
+    ),
 )
 
 PER_LAYER = notebook(
@@ -237,17 +266,22 @@ PER_LAYER = notebook(
     "before its layer). ΔNLL against `correct` with 95% bootstrap CIs over windows per model, then mean ± sd "
     "over seeds; the heatmap shows the seed mean per architecture, layer × condition.",
     [
-        ("code", '''\
+        (
+            "code",
+            """\
 swept = [a for a in audited if a.get("per_layer")]
 if not swept:
     raise ValueError("no audit with a per-layer sweep among the checkpoints given (run with per_layer = True)")
 for audit in swept:
     display(Markdown(f"**{tables.model_name(audit)}** (sweep: {audit['settings']['per_layer_mode']}): "
-                     f"{audit['verdict']['assignment_dependence']}"))'''),
+                     f"{audit['verdict']['assignment_dependence']}"))""",
+        ),
         ("code", "run.write_table(tables.per_layer_table(swept))"),
         ("code", "seeds = tables.per_layer_seed_table(swept)\nrun.write_table(seeds)"),
         ("md", "## ΔNLL by layer and condition (mean over seeds)"),
-        ("code", '''\
+        (
+            "code",
+            """\
 archs = list(dict.fromkeys(seeds["arch"]))
 fig = make_subplots(rows=len(archs), cols=1, subplot_titles=archs, vertical_spacing=0.25 / len(archs))
 for i, arch in enumerate(archs, start=1):
@@ -258,7 +292,8 @@ for i, arch in enumerate(archs, start=1):
 fig.update_layout(title="ΔNLL vs correct, one condition at one layer alone (mean over seeds)",
                   height=320 * len(archs), coloraxis={"colorscale": "Viridis", "colorbar": {"title": "ΔNLL"}})
 run.write_figure(fig, "per_layer_heatmap")
-tables.show(fig)'''),
+tables.show(fig)""",
+        ),
     ],
 )
 
@@ -276,7 +311,9 @@ EXPLORE = notebook(
     "instead (point `audits` at a reproduce run's `audits/` folder and set its `max_windows` to list its audits "
     "at the end too).",
     [
-        ("code", '''\
+        (
+            "code",
+            """\
 def figures(name, layer, condition, window_):
     e = run.explorer(checkpoints_[name])
     correct, assigned = e.coefficients("correct", window_), e.coefficients(condition, window_, layer)
@@ -297,8 +334,11 @@ def figures(name, layer, condition, window_):
     line = px.line(table, x="position", y="delta", hover_data=["token"], markers=True, height=320,
                    labels={"delta": "ΔNLL (nats)"},
                    title=f"{name}, window {window_}: ΔNLL of {condition} ({where}) against correct")
-    return heat, line, table'''),
-        ("code", '''\
+    return heat, line, table""",
+        ),
+        (
+            "code",
+            '''\
 first = model or next(iter(checkpoints_))
 if first not in checkpoints_:
     raise ValueError(f"model {first!r} is not among the checkpoints: {', '.join(checkpoints_)}")
@@ -358,33 +398,44 @@ model_w.observe(on_model, names="value")
 for w in (layer_w, condition_w, window_w):
     w.observe(render, names="value")
 display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), view]))
-render()'''),
-        ("md", "The finished audits of these checkpoints and settings as pandas DataFrames, in three lines: load the "
-               "audit folders (any `fca reproduce` run's `audits/` works), sort, plot. `load_audits(...)` also gives "
-               "`.retention`, `.variance`, `.execution`, `.per_token` (one row per token and condition); "
-               "`fca_workbench.load_audit(folder)` opens one audit. The explorer above needs none of them."),
-        ("code", '''\
+render()''',
+        ),
+        (
+            "md",
+            "The finished audits of these checkpoints and settings as pandas DataFrames, in three lines: load the "
+            "audit folders (any `fca reproduce` run's `audits/` works), sort, plot. `load_audits(...)` also gives "
+            "`.retention`, `.variance`, `.execution`, `.per_token` (one row per token and condition); "
+            "`fca_workbench.load_audit(folder)` opens one audit. The explorer above needs none of them.",
+        ),
+        (
+            "code",
+            """\
 finished = run.finished_audits()
 if finished:
     results = fca_workbench.load_audits(finished)
     display(results.conditions.sort_values("delta", ascending=False))
     tables.show(px.bar(results.conditions, x="condition", y="delta", color="model", barmode="group"))
 else:
-    display(Markdown(f"No finished audit for these settings in `{run.audits}` yet (`fca reproduce` writes them)."))'''),
+    display(Markdown(f"No finished audit for these settings in `{run.audits}` yet (`fca reproduce` writes them)."))""",
+        ),
         ("md", "The selection the notebook was run with, written as a table and figures (for papermill runs):"),
-        ("code", '''\
+        (
+            "code",
+            """\
 heat, line, table = figures(model_w.value, None if layer_w.value == ALL else layer_w.value, condition_w.value,
                             window_w.value)
 run.write_figure(heat, "explore_coefficients")
 run.write_figure(line, "explore_delta_nll")
-run.write_table(table)'''),
+run.write_table(table)""",
+        ),
     ],
-    parameters=PARAMETERS + '''
+    parameters=PARAMETERS
+    + """
 model = None              # model to open first (checkpoint folder name); None: the first checkpoint
 layer = None              # layer to intervene at; None: all layers
 condition = "cross_input"  # condition to compare with correct
-window_index = 0          # eval window to show''',
-    setup='''\
+window_index = 0          # eval window to show""",
+    setup="""\
 from pathlib import Path
 
 import ipywidgets as widgets
@@ -402,7 +453,7 @@ run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data
                   max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
                   per_layer=per_layer, out=out, audits=audits, cache=cache)
 run.check()
-checkpoints_ = {Path(c).name: c for c in run.checkpoints}  # opened when first selected, not before''',
+checkpoints_ = {Path(c).name: c for c in run.checkpoints}  # opened when first selected, not before""",
 )
 
 DYNAMICS = notebook(
@@ -414,11 +465,16 @@ DYNAMICS = notebook(
     "against training steps; then a table at a few steps. A run without a model card is unfinished: its logs "
     "are partial.",
     [
-        ("code", '''\
+        (
+            "code",
+            """\
 for r in runs_:
     state = "finished" if r["card"] else "PARTIAL (unfinished run)"
-    display(Markdown(f"**{r['name']}**: audited at steps {', '.join(map(str, r['audit'].step))}; {state}"))'''),
-        ("code", '''\
+    display(Markdown(f"**{r['name']}**: audited at steps {', '.join(map(str, r['audit'].step))}; {state}"))""",
+        ),
+        (
+            "code",
+            """\
 conditions = ["cross_input", "token_shuffle", "global_mean", "layer_scalar", "layer_mean", "layer_position_mean"]
 for r in runs_:
     a = r["audit"]
@@ -436,15 +492,16 @@ for r in runs_:
     fig.update_layout(title=f"{r['name']}: FCA during training", height=700)
     fig.update_xaxes(title_text="step")
     run.write_figure(fig, f"training_dynamics_{r['name']}")
-    tables.show(fig)'''),
+    tables.show(fig)""",
+        ),
         ("code", "run.write_table(tables.training_dynamics_table(runs_, steps))"),
     ],
-    parameters='''\
+    parameters="""\
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
 runs = None   # training-run folders holding audit_log.csv; None: the shipped data/training_dynamics/*
 steps = None  # steps shown in the table; None: 100, 300, 500, ... and each run's last audited step
-out = None    # tables/ and figures/ are written here; None: results/notebooks''',
-    setup='''\
+out = None    # tables/ and figures/ are written here; None: results/notebooks""",
+    setup="""\
 import plotly.graph_objects as go
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
@@ -457,7 +514,7 @@ run = NotebookRun(out=out)
 runs_ = load_training_runs(runs)
 if steps is None:
     last = {int(r["audit"].step.iloc[-1]) for r in runs_}
-    steps = sorted({s for r in runs_ for s in r["audit"].step if s % 200 == 100} | last)''',
+    steps = sorted({s for r in runs_ for s in r["audit"].step if s % 200 == 100} | last)""",
 )
 
 NOTEBOOKS = {

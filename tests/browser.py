@@ -13,14 +13,23 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 
 
 def require_browser() -> None:
     """Skip the test when Playwright or Chromium is missing (``scripts/setup.sh`` installs both); under CI, fail."""
     try:
         import playwright.sync_api  # noqa: F401
-        missing = None if Path(CHROMIUM).exists() else f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"
+
+        missing = (
+            None if Path(CHROMIUM).exists() else f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"
+        )
     except ImportError:
         missing = "the playwright package is not installed (pip install -e .[test])"
     if missing and os.environ.get("CI"):

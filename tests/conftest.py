@@ -17,8 +17,9 @@ TINY = dict(vocab_size=64, layers=2, width=64, heads=4, window=16)
 
 def fca(*args, cwd=None):
     """``fca ARGS`` in a subprocess of this Python (exit code, stdout and stderr as text)."""
-    return subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def assert_one_line_error(result, *fragments):
@@ -67,8 +68,16 @@ def tiny_checkpoints(tmp_path_factory):
     return folders
 
 
-TINY_MIXTRAL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                    num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+TINY_MIXTRAL = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="session")
@@ -126,12 +135,16 @@ def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
     folders["moe-s0"] = Path(shutil.copytree(tiny_mixtral, root / "moe-s0"))
     order = ["featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "moe-s0"]
     config = root / "tiny.json"
-    config.write_text(json.dumps({
-        "notebooks": sorted(p.stem for p in reproduce.NOTEBOOK_DIR.glob("*.ipynb")),
-        "cache": str(root / "cache"),
-        "parameters": {"checkpoints": [str(folders[name]) for name in order], **TINY_REPRODUCE_SETTINGS},
-        "notebook": {"explore": {"window_index": 1}},
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "notebooks": sorted(p.stem for p in reproduce.NOTEBOOK_DIR.glob("*.ipynb")),
+                "cache": str(root / "cache"),
+                "parameters": {"checkpoints": [str(folders[name]) for name in order], **TINY_REPRODUCE_SETTINGS},
+                "notebook": {"explore": {"window_index": 1}},
+            }
+        )
+    )
     plan, results = reproduce.reproduce(config, root / "run", progress=False)
     audits = {name: json.loads((plan.out / "audits" / name / "audit.json").read_text()) for name in order}
     return plan, {r.name: r for r in results}, audits, folders
@@ -159,8 +172,6 @@ def perturbed_muddpythia(config: dict, seed: int = 0):
         for param in model.parameters():
             param.add_(0.1 * torch.randn_like(param))
     return model.eval()
-
-
 
 
 # Modules that read the one shared ``tiny_reproduce`` run go to the same pytest-xdist worker, so it is made once.

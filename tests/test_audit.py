@@ -42,9 +42,7 @@ def figures(audit):
 @pytest.fixture(scope="module")
 def audits(tiny_checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("audits")
-    return {
-        arch: (run_audit(settings(folder), root / arch), root / arch) for arch, folder in tiny_checkpoints.items()
-    }
+    return {arch: (run_audit(settings(folder), root / arch), root / arch) for arch, folder in tiny_checkpoints.items()}
 
 
 @pytest.mark.parametrize("arch", ["featuregate", "muddpythia"])
@@ -143,7 +141,9 @@ def test_token_shuffle_leaves_the_tokens_alone(tiny_checkpoints, tmp_path):
     indices = torch.arange(4)
     correct, shuffled = cache.coefficients(indices), assign(indices)
     permutations = position_permutations(indices, windows.shape[1], 1)
-    assert all(torch.equal(s, c.gather(1, permutations[..., None, None].expand_as(c))) for s, c in zip(shuffled, correct))
+    assert all(
+        torch.equal(s, c.gather(1, permutations[..., None, None].expand_as(c))) for s, c in zip(shuffled, correct)
+    )
     replay_nll(model, windows, cache, "token_shuffle", seed=1)
     assert torch.equal(windows, before)
 
@@ -155,7 +155,10 @@ def test_static_profiles_come_from_calibration_only(tiny_checkpoints, tmp_path):
     base = run_audit(settings(checkpoint, latency_repeats=1), tmp_path / "base")
     other_eval = run_audit(settings(checkpoint, eval=str(text), latency_repeats=1), tmp_path / "other_eval")
     other_calib = run_audit(settings(checkpoint, calibration=str(text), latency_repeats=1), tmp_path / "other_calib")
-    profiles = {name: load_file(tmp_path / name / "static_profiles.safetensors") for name in ("base", "other_eval", "other_calib")}
+    profiles = {
+        name: load_file(tmp_path / name / "static_profiles.safetensors")
+        for name in ("base", "other_eval", "other_calib")
+    }
     assert all(torch.equal(profiles["base"][k], profiles["other_eval"][k]) for k in profiles["base"])
     assert not torch.equal(profiles["base"]["layer_mean.layer_0"], profiles["other_calib"]["layer_mean.layer_0"])
     assert base["conditions"]["layer_mean"]["nll"] != other_calib["conditions"]["layer_mean"]["nll"]

@@ -71,8 +71,11 @@ def test_cache_holds_the_models_own_coefficients_and_nll(model, windows, tmp_pat
     manifest = json.loads((tmp_path / "cache" / "manifest.json").read_text())
     assert manifest["complete"] is True and manifest["windows"] == 6 and manifest["shard_size"] == 4
     assert manifest["slot_shapes"] == [list(s) for s in model.coefficient_slot_shapes]
-    assert manifest["versions"] == {"torch": torch.__version__, "transformers": transformers.__version__,
-                                    "safetensors": safetensors.__version__}
+    assert manifest["versions"] == {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+    }
     for dtype in (torch.int32, torch.uint8):  # any integer index tensor selects rows (uint8 is no mask here)
         assert torch.equal(cache.nll(order.to(dtype)), cache.nll(order))
         assert all(torch.equal(a, b) for a, b in zip(cache.coefficients(order.to(dtype)), cache.coefficients(order)))
@@ -112,8 +115,10 @@ def test_a_cache_of_another_model_or_data_is_refused_naming_the_fingerprints(mod
     other_windows = windows.flip(0) if what == "data" else windows
     key = f"{what}_fingerprint"
     now = model_fingerprint(other_model) if what == "model" else fingerprint_tensor(other_windows)
-    message = (f"coefficient cache {tmp_path / 'cache'} was captured from another {what} ({key} {stored[key][:12]} "
-               f"!= {now[:12]}); delete that folder to capture again")
+    message = (
+        f"coefficient cache {tmp_path / 'cache'} was captured from another {what} ({key} {stored[key][:12]} "
+        f"!= {now[:12]}); delete that folder to capture again"
+    )
     with pytest.raises(UserError) as refused:
         capture(other_model, other_windows, tmp_path / "cache", batch_size=SHARD)
     assert str(refused.value) == message
@@ -164,8 +169,10 @@ def test_a_crash_while_writing_a_shard_leaves_no_partial_shard(model, windows, t
     everything = torch.arange(6)
     assert torch.equal(resumed.nll(everything), fresh.nll(everything))
     assert all(torch.equal(a, b) for a, b in zip(resumed.coefficients(everything), fresh.coefficients(everything)))
-    assert torch.equal(replay_nll(model, windows, resumed, "cross_input", seed=1),
-                       replay_nll(model, windows, fresh, "cross_input", seed=1))
+    assert torch.equal(
+        replay_nll(model, windows, resumed, "cross_input", seed=1),
+        replay_nll(model, windows, fresh, "cross_input", seed=1),
+    )
     assert not list(folder.glob(".*.tmp"))
 
 
@@ -216,9 +223,12 @@ def test_one_layer_models_and_one_window_caches_replay(windows, tmp_path):
     profiles = {"layer_mean": [torch.full(model.coefficient_slot_shapes[0], 0.7)]}
     with torch.no_grad():
         own = model(windows[:1], return_coefficients=True).coefficients
-    torch.testing.assert_close(replay_nll(model, windows[:1], cache, "layer_mean", profiles),
-                               frozen_nll(model, windows[:1], [profiles["layer_mean"][0].expand_as(own[0])]),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        replay_nll(model, windows[:1], cache, "layer_mean", profiles),
+        frozen_nll(model, windows[:1], [profiles["layer_mean"][0].expand_as(own[0])]),
+        rtol=0,
+        atol=1e-5,
+    )
 
 
 def test_the_default_seed_is_zero(captured):
@@ -234,16 +244,24 @@ def test_cross_input_depends_on_the_seed(captured, windows):
 
 def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, windows):
     model, cache, own = captured
-    profiles = {name: [torch.full(c.shape[2:], 0.5 + 0.25 * layer) if name == "layer_mean"
-                       else torch.tensor(0.9 - 0.1 * layer) for layer, c in enumerate(own)]
-                for name in STATIC_PROFILES}
+    profiles = {
+        name: [
+            torch.full(c.shape[2:], 0.5 + 0.25 * layer) if name == "layer_mean" else torch.tensor(0.9 - 0.1 * layer)
+            for layer, c in enumerate(own)
+        ]
+        for name in STATIC_PROFILES
+    }
     profiles["layer_position_mean"] = [c.mean(0) for c in own]
     for name, profile in profiles.items():
         expected = frozen_nll(model, windows, [p.expand_as(c) for p, c in zip(profile, own)])
         torch.testing.assert_close(replay_nll(model, windows, cache, name, profiles), expected, rtol=0, atol=1e-5)
     one_layer = [profiles["layer_mean"][1].expand_as(c) if layer == 1 else c for layer, c in enumerate(own)]
-    torch.testing.assert_close(replay_nll(model, windows, cache, "layer_mean", profiles, layer=1),
-                               frozen_nll(model, windows, one_layer), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        replay_nll(model, windows, cache, "layer_mean", profiles, layer=1),
+        frozen_nll(model, windows, one_layer),
+        rtol=0,
+        atol=1e-5,
+    )
     with pytest.raises(ValueError, match="needs its static profile"):
         replay_nll(model, windows, cache, "layer_mean")
     with pytest.raises(ValueError, match="unknown replay condition 'bogus'"):

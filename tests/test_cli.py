@@ -65,9 +65,7 @@ def test_foreign_model_type(tmp_path):
     assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "neither the workbench nor transformers")
 
 
-@pytest.mark.parametrize(
-    "payload, fragment", [(b"", "contains no text"), (b"\xff\xfe bad bytes", "not UTF-8")]
-)
+@pytest.mark.parametrize("payload, fragment", [(b"", "contains no text"), (b"\xff\xfe bad bytes", "not UTF-8")])
 def test_bad_eval_text(tiny_checkpoints, tmp_path, payload, fragment):
     text = tmp_path / "eval.txt"
     text.write_bytes(payload)

@@ -49,7 +49,9 @@ sys.path.insert(0, str(ROOT / "dashboards"))
 
 @pytest.fixture(scope="module")
 def shared_models(tiny_checkpoints):
-    return {arch: SharedModel(folder, calibration_windows=8, eval_windows=6) for arch, folder in tiny_checkpoints.items()}
+    return {
+        arch: SharedModel(folder, calibration_windows=8, eval_windows=6) for arch, folder in tiny_checkpoints.items()
+    }
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -90,8 +92,14 @@ def test_shipped_registry_lists_only_finished_checkpoints(tmp_path):
 
 def test_pasted_text_is_validated(shared_models):
     model = shared_models["featuregate"]
-    for text, message in [("", "empty"), ("   \n", "empty"), ("x" * (MAX_PASTE_CHARS + 1), "limit"),
-                          ("abc\x00def", "not plain text"), (b"bytes", "not text"), (None, "not text")]:
+    for text, message in [
+        ("", "empty"),
+        ("   \n", "empty"),
+        ("x" * (MAX_PASTE_CHARS + 1), "limit"),
+        ("abc\x00def", "not plain text"),
+        (b"bytes", "not text"),
+        (None, "not text"),
+    ]:
         with pytest.raises(UserError, match=message):
             pasted_input(model, text)
     long = pasted_input(model, "To be, or not to be, that is the question. " * 60)
@@ -205,7 +213,9 @@ def test_moe_every_condition_replays_through_the_protocol(moe_model):
         "correct": own,
         "cross_input": donor,
         "token_shuffle": [{k: shuffle_positions([t], permutations)[0] for k, t in v.items()} for v in own],
-        **{name: [{COEFFICIENT: p.float().expand(1, length, 4)} for p in profile] for name, profile in profiles.items()},
+        **{
+            name: [{COEFFICIENT: p.float().expand(1, length, 4)} for p in profile] for name, profile in profiles.items()
+        },
     }
     for condition in model.conditions:
         for layer in (None, 1):
@@ -224,7 +234,9 @@ def test_moe_every_condition_replays_through_the_protocol(moe_model):
                 expected = next_token_nll(controlled.replay_run(text.ids, values), text.ids)[0].double().numpy()
             if condition in ("cross_input", "token_shuffle"):  # moved whole: the same forward, bit for bit
                 assert np.array_equal(analysis.nll_condition, expected), (condition, layer)
-            np.testing.assert_allclose(analysis.nll_condition, expected, rtol=0, atol=1e-5, err_msg=f"{condition} {layer}")
+            np.testing.assert_allclose(
+                analysis.nll_condition, expected, rtol=0, atol=1e-5, err_msg=f"{condition} {layer}"
+            )
             if layer is not None:
                 assert np.array_equal(analysis.coefficients_condition[0], gate)  # layer 0 keeps its own gate
 
@@ -352,11 +364,20 @@ def results_root(tiny_checkpoints, tmp_path_factory):
     from fca_workbench.audit.run import AuditSettings, run_audit
 
     root = tmp_path_factory.mktemp("results")
-    settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=16,
-                             resamples=200, latency_repeats=1, per_layer=True)
+    settings = AuditSettings(
+        checkpoint=str(tiny_checkpoints["featuregate"]),
+        window=64,
+        max_windows=16,
+        resamples=200,
+        latency_repeats=1,
+        per_layer=True,
+    )
     run_audit(settings, root / "audit-featuregate-tiny")
-    shutil.copytree(root / "audit-featuregate-tiny", root / "run" / "audits" / "featuregate-tiny",
-                    ignore=shutil.ignore_patterns("cache"))
+    shutil.copytree(
+        root / "audit-featuregate-tiny",
+        root / "run" / "audits" / "featuregate-tiny",
+        ignore=shutil.ignore_patterns("cache"),
+    )
     text = (root / "audit-featuregate-tiny" / "audit.json").read_text()
     (root / "truncated").mkdir()
     (root / "truncated" / "audit.json").write_text(text[: len(text) // 2])
@@ -374,7 +395,13 @@ def test_results_folder_lists_every_layout_and_names_what_it_cannot_show(results
 
     results = ResultsFolder(results_root)
     entries = {entry.name: entry for entry in results.scan()}
-    assert sorted(entries) == ["audit-featuregate-tiny", "foreign", "linked", "run/audits/featuregate-tiny", "truncated"]
+    assert sorted(entries) == [
+        "audit-featuregate-tiny",
+        "foreign",
+        "linked",
+        "run/audits/featuregate-tiny",
+        "truncated",
+    ]
     shown = [name for name, entry in entries.items() if entry.audit is not None]
     assert shown == ["audit-featuregate-tiny", "run/audits/featuregate-tiny"]
     assert "not a complete audit.json" in entries["truncated"].problem
@@ -396,8 +423,14 @@ def test_audit_tables_are_the_audit_numbers(results_root):
 
     audit = json.loads((results_root / "audit-featuregate-tiny" / "audit.json").read_text())
     made = {table.attrs["name"]: table for table in audit_tables(audit)}
-    assert list(made) == ["assignment_per_model", "retention_per_model", "variation_per_model", "execution",
-                          "positive_control", "per_layer"]
+    assert list(made) == [
+        "assignment_per_model",
+        "retention_per_model",
+        "variation_per_model",
+        "execution",
+        "positive_control",
+        "per_layer",
+    ]
     conditions = made["assignment_per_model"].set_index("condition")
     for name, figures in audit["conditions"].items():  # read back at full precision from the CSV the view offers
         assert conditions.loc[name, "delta_ci95_hi"] == figures["delta_ci95"][1]
@@ -443,12 +476,16 @@ def test_link_values_are_checked_before_they_reach_a_widget():
     requested = {"checkpoint": "fg", "layer": 1, "window": "abc", "seed": True, "condition": ["x"], "donor": -1}
     assert choose(requested, "checkpoint", ["fg", "mudd"], "mudd", "is not a checkpoint") == ("fg", None)
     assert choose({"checkpoint": "../etc"}, "checkpoint", ["fg"], "fg", "is not a checkpoint") == (
-        "fg", "the link's checkpoint='../etc' is not a checkpoint; showing 'fg' instead")
+        "fg",
+        "the link's checkpoint='../etc' is not a checkpoint; showing 'fg' instead",
+    )
     assert choose(requested, "condition", ["x"], "correct", "is not an intervention")[0] == "correct"  # unhashable
     assert choose(requested, "view", ["live"], "live", "-") == ("live", None)  # absent: the default, no message
     assert choose_index(requested, "layer", 0, 1, -1) == (1, None)
     assert choose_index(requested, "layer", 0, 0, -1, "all layers") == (
-        -1, "the link's layer=1 is not an integer in 0; showing all layers instead")
+        -1,
+        "the link's layer=1 is not an integer in 0; showing all layers instead",
+    )
     assert choose_index(requested, "window", 0, 5, 0)[1].startswith("the link's window='abc' is not an integer in 0–5")
     assert choose_index(requested, "seed", 0, 10, 0)[0] == 0  # True is not a seed
     assert choose_index(requested, "donor", -1, 5, -1) == (-1, None)
@@ -495,20 +532,27 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
     (tmp_path / "secret").write_text("s" * 64)
     (tmp_path / "users.json").write_text(json.dumps({"alice": "pw"}))
     files = ["--cookie-secret-file", str(tmp_path / "secret")]
-    assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", "--basic-auth-file", str(tmp_path / "password"), *files) \
-        == {"basic_auth": "hunter2", "cookie_secret": "s" * 64}
+    assert _dashboard_args(
+        monkeypatch, "--address", "0.0.0.0", "--basic-auth-file", str(tmp_path / "password"), *files
+    ) == {"basic_auth": "hunter2", "cookie_secret": "s" * 64}
     for flag in ("--basic-auth-file", "--basic-auth"):  # JSON credentials: Panel reads the file itself
-        assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", flag, str(tmp_path / "users.json"), *files) \
-            == {"basic_auth": str(tmp_path / "users.json"), "cookie_secret": "s" * 64}
+        assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", flag, str(tmp_path / "users.json"), *files) == {
+            "basic_auth": str(tmp_path / "users.json"),
+            "cookie_secret": "s" * 64,
+        }
     assert "visible" not in capsys.readouterr().err  # nothing secret was on the command line
     monkeypatch.setenv("FCA_BASIC_AUTH", "from-env")
     monkeypatch.setenv("FCA_COOKIE_SECRET", "secret-from-env")
     from fca_workbench.cli import build_parser, serving_auth
 
-    assert serving_auth(build_parser().parse_args(["dashboard", "--address", "0.0.0.0"])) == \
-        {"basic_auth": "from-env", "cookie_secret": "secret-from-env"}
-    assert serving_auth(build_parser().parse_args(["dashboard", "--basic-auth", "typed", "--cookie-secret", "x"])) == \
-        {"basic_auth": "typed", "cookie_secret": "x"}
+    assert serving_auth(build_parser().parse_args(["dashboard", "--address", "0.0.0.0"])) == {
+        "basic_auth": "from-env",
+        "cookie_secret": "secret-from-env",
+    }
+    assert serving_auth(build_parser().parse_args(["dashboard", "--basic-auth", "typed", "--cookie-secret", "x"])) == {
+        "basic_auth": "typed",
+        "cookie_secret": "x",
+    }
     assert "visible to every user in `ps`" in capsys.readouterr().err  # typed secrets are warned about
 
 
@@ -517,12 +561,29 @@ def dashboard_server(root: Path, registry: dict, *argv, env=None):
     """``fca dashboard`` on a free localhost port in a subprocess; yields (url, server log) once it answers."""
     (root / "registry.json").write_text(json.dumps(registry))
     port = free_port()
-    command = [sys.executable, "-m", "fca_workbench.cli", "dashboard", "--port", str(port), "--registry",
-               str(root / "registry.json"), "--calibration-windows", "16", *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "fca_workbench.cli",
+        "dashboard",
+        "--port",
+        str(port),
+        "--registry",
+        str(root / "registry.json"),
+        "--calibration-windows",
+        "16",
+        *argv,
+    ]
     url = f"http://127.0.0.1:{port}/"
     # probed with a static file: a page would open a session (counted against --max-sessions until reaped)
-    with serving(command, url + "static/js/bokeh.min.js", root / "server.log", "dashboard server", cwd=ROOT,
-                 env={**os.environ, **(env or {})}):
+    with serving(
+        command,
+        url + "static/js/bokeh.min.js",
+        root / "server.log",
+        "dashboard server",
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    ):
         yield url, root / "server.log"
 
 
@@ -624,9 +685,13 @@ def served(tiny_checkpoints, tmp_path_factory, results_root):
     require_browser()
     root = tmp_path_factory.mktemp("dashboard")
     (root / "broken").mkdir()
-    (root / "broken" / "config.json").write_text("{\"model_type\": \"fca-featuregate\", \"n_embd\": 7, \"n_head\": 2}")
-    registry = {"featuregate-tiny": str(tiny_checkpoints["featuregate"]), "muddpythia-tiny": str(tiny_checkpoints["muddpythia"]),
-                "dense-tiny": str(tiny_checkpoints["dense"]), "broken": str(root / "broken")}
+    (root / "broken" / "config.json").write_text('{"model_type": "fca-featuregate", "n_embd": 7, "n_head": 2}')
+    registry = {
+        "featuregate-tiny": str(tiny_checkpoints["featuregate"]),
+        "muddpythia-tiny": str(tiny_checkpoints["muddpythia"]),
+        "dense-tiny": str(tiny_checkpoints["dense"]),
+        "broken": str(root / "broken"),
+    }
     with dashboard_server(root, registry, "--results", str(results_root)) as served:
         yield served
 
@@ -676,7 +741,9 @@ def test_dashboard_in_a_real_browser(served):
             page = browser.new_page(viewport={"width": 1400, "height": 1500})
             page.goto(url, timeout=120_000)
             page.wait_for_selector(".fca-update[data-state]", timeout=120_000)
-            assert page.locator(".fca-update").get_attribute("data-state") == "ok", page.locator(".fca-update").inner_text()
+            assert page.locator(".fca-update").get_attribute("data-state") == "ok", page.locator(
+                ".fca-update"
+            ).inner_text()
             n = update_number(page)
             delta0, heat0 = plot(page, "fca-delta"), plot(page, "fca-layer-heat")
             snap(page, "01-token-shuffle-all-layers")
@@ -729,7 +796,10 @@ def test_dashboard_in_a_real_browser(served):
             page.locator(".fca-checkpoint select").select_option("broken")
             assert wait_for_update(page, n) == "error"
             n = update_number(page)
-            assert "broken" in page.locator(".fca-error").inner_text() or "checkpoint" in page.locator(".fca-error").inner_text()
+            assert (
+                "broken" in page.locator(".fca-error").inner_text()
+                or "checkpoint" in page.locator(".fca-error").inner_text()
+            )
             snap(page, "04-broken-checkpoint-message")
 
             page.locator(".fca-checkpoint select").select_option("muddpythia-tiny")  # the session keeps working
@@ -778,7 +848,11 @@ def _state(page) -> str:
 def _shows_figure(page, pane: str) -> bool:
     """Whether the pane is visible and holds a plotted figure."""
     plot = page.locator(f".{pane} .js-plotly-plot")
-    return page.locator(f".{pane}").first.is_visible() and plot.count() == 1 and plot.evaluate("el => (el.data || []).length") > 0
+    return (
+        page.locator(f".{pane}").first.is_visible()
+        and plot.count() == 1
+        and plot.evaluate("el => (el.data || []).length") > 0
+    )
 
 
 def _query(page) -> dict:
@@ -793,14 +867,27 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
     assert _state(page) == "ok", page.locator(".fca-update").inner_text()
     assert _selected(page, "fca-checkpoint") == "muddpythia-tiny" and _selected(page, "fca-layer") == "layer 1"
     assert _selected(page, "fca-condition") == "cross_input" and _selected(page, "fca-heat-layer") == "layer 1"
-    assert page.locator(".fca-window input").input_value() == "3" and page.locator(".fca-seed input").input_value() == "5"
+    assert (
+        page.locator(".fca-window input").input_value() == "3" and page.locator(".fca-seed input").input_value() == "5"
+    )
     summary = page.locator(".fca-summary").inner_text()
-    assert re.search(r"layer\s+layer 1", summary) and "(prefix cache)" in summary and re.search(r"donor window\s+2", summary) and re.search(r"seed\s+5", summary)
+    assert (
+        re.search(r"layer\s+layer 1", summary)
+        and "(prefix cache)" in summary
+        and re.search(r"donor window\s+2", summary)
+        and re.search(r"seed\s+5", summary)
+    )
     assert not page.locator(".fca-link-message").is_visible() and not page.locator(".fca-link-note").count()
     assert not _shows_figure(page, "fca-live-per-layer")  # no audit of this checkpoint
     query = _query(page)  # the app wrote its whole selection into the URL
     assert {k: query.get(k) for k in ("checkpoint", "window", "layer", "intervention", "seed", "donor")} == {
-        "checkpoint": "muddpythia-tiny", "window": "3", "layer": "1", "intervention": "cross_input", "seed": "5", "donor": "2"}
+        "checkpoint": "muddpythia-tiny",
+        "window": "3",
+        "layer": "1",
+        "intervention": "cross_input",
+        "seed": "5",
+        "donor": "2",
+    }
 
     page.locator(".fca-condition select").select_option("token_shuffle")
     assert _wait_for_update(page, _update_number(page)) == "ok"
@@ -812,11 +899,20 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
     assert _plot(again, "fca-delta") == delta and _plot(again, "fca-slot-heat") == heat
     page.screenshot(path=str(SCREENSHOTS / "06-shared-link.png"), full_page=True)
 
-    bad = _opened(browser, url + "?checkpoint=nope&layer=99&intervention=bogus&window=abc&seed=-4&view=elsewhere&slot=%3Cb%3E")
+    bad = _opened(
+        browser, url + "?checkpoint=nope&layer=99&intervention=bogus&window=abc&seed=-4&view=elsewhere&slot=%3Cb%3E"
+    )
     assert _state(bad) == "ok", bad.locator(".fca-update").inner_text()
     message = " ".join(bad.locator(".fca-link-note").all_inner_texts())
-    for part in ("checkpoint='nope'", "layer=99", "intervention='bogus'", "window='abc'", "seed=-4", "view='elsewhere'",
-                 "slot='<b>'"):
+    for part in (
+        "checkpoint='nope'",
+        "layer=99",
+        "intervention='bogus'",
+        "window='abc'",
+        "seed=-4",
+        "view='elsewhere'",
+        "slot='<b>'",
+    ):
         assert part in message, (part, message)
     assert _selected(bad, "fca-checkpoint") == "featuregate-tiny" and _selected(bad, "fca-layer") == "all layers"
     assert _selected(bad, "fca-condition") == "token_shuffle"
@@ -824,8 +920,10 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
     assert _query(bad)["checkpoint"] == "featuregate-tiny"  # the URL now names the view shown
     bad.locator(".fca-condition select").select_option("layer_mean")
     assert _wait_for_update(bad, _update_number(bad)) == "ok"
-    assert "audit 'audit-featuregate-tiny'" in bad.locator(".fca-summary").inner_text() or \
-        "audit 'run/audits/featuregate-tiny'" in bad.locator(".fca-summary").inner_text()
+    assert (
+        "audit 'audit-featuregate-tiny'" in bad.locator(".fca-summary").inner_text()
+        or "audit 'run/audits/featuregate-tiny'" in bad.locator(".fca-summary").inner_text()
+    )
     bad.screenshot(path=str(SCREENSHOTS / "07-bad-link-message.png"), full_page=True)
     assert_quiet(server_log)
 
@@ -846,9 +944,11 @@ def test_results_view_lists_audits_and_downloads_their_files(served, browser, re
     assert _shows_figure(page, "fca-results-per-layer")
     audit_file = results_root / "run" / "audits" / "featuregate-tiny" / "audit.json"
     audit = json.loads(audit_file.read_text())
-    expected = {"audit": audit_file.read_bytes(),
-                "assignment_per_model": tables.to_csv(tables.assignment_table([audit])).encode(),
-                "per_layer": tables.to_csv(tables.per_layer_table([audit])).encode()}
+    expected = {
+        "audit": audit_file.read_bytes(),
+        "assignment_per_model": tables.to_csv(tables.assignment_table([audit])).encode(),
+        "per_layer": tables.to_csv(tables.per_layer_table([audit])).encode(),
+    }
     for name, content in expected.items():
         with page.expect_download(timeout=60_000) as download:
             page.locator(f".fca-download-{name} button, .fca-download-{name} a").first.click()
@@ -856,7 +956,9 @@ def test_results_view_lists_audits_and_downloads_their_files(served, browser, re
     shown = page.locator(".fca-table-assignment_per_model").inner_text()
     assert f"{audit['conditions']['cross_input']['delta']:+.4f}" in shown
     page.screenshot(path=str(SCREENSHOTS / "08-results-view.png"), full_page=True)
-    page.locator(".fca-audit select").select_option(label=next(o for o in options if o.startswith("audit-featuregate-tiny")))
+    page.locator(".fca-audit select").select_option(
+        label=next(o for o in options if o.startswith("audit-featuregate-tiny"))
+    )
     page.wait_for_function("() => location.search.includes('audit=audit-featuregate-tiny')", timeout=30_000)
     assert page.locator(".fca-results-title").inner_text() == "audit-featuregate-tiny"
     assert_quiet(server_log)

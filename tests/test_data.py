@@ -65,9 +65,7 @@ def test_text_and_jsonl_inputs_give_the_same_tokens(tmp_path):
     plain, jsonl = tmp_path / "a.txt", tmp_path / "a.jsonl"
     plain.write_text("To be, or not to be: that is the question.\n" * 20, encoding="utf-8")
     jsonl.write_text(json.dumps({"text": plain.read_text()}) + "\n", encoding="utf-8")
-    assert torch.equal(
-        token_stream(tokenizer, read_documents(plain)), token_stream(tokenizer, read_documents(jsonl))
-    )
+    assert torch.equal(token_stream(tokenizer, read_documents(plain)), token_stream(tokenizer, read_documents(jsonl)))
 
 
 @pytest.mark.parametrize(

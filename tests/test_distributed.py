@@ -52,8 +52,19 @@ TEXT = {"eval": None, "calibration": None}  # filled by short_texts
 
 
 def options(windows=8, *extra):
-    return ["--eval", TEXT["eval"], "--calib", TEXT["calibration"], "--window", 64, "--max-windows", windows,
-            "--batch-size", 1, *extra]
+    return [
+        "--eval",
+        TEXT["eval"],
+        "--calib",
+        TEXT["calibration"],
+        "--window",
+        64,
+        "--max-windows",
+        windows,
+        "--batch-size",
+        1,
+        *extra,
+    ]
 
 
 def audit_args(checkpoint, out, cache, windows=8, *extra):
@@ -63,8 +74,11 @@ def audit_args(checkpoint, out, cache, windows=8, *extra):
 def command(args, ranks: int) -> list[str]:
     """``python -m fca_workbench ARGS``, under ``torchrun --standalone --nproc-per-node RANKS`` when ranks > 1
     (``python -m torch.distributed.run`` is torchrun, run by this interpreter)."""
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
-                if ranks > 1 else [sys.executable])
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+        if ranks > 1
+        else [sys.executable]
+    )
     return [*launcher, "-m", "fca_workbench", *map(str, args)]
 
 
@@ -103,13 +117,18 @@ def assert_same_figures(one: dict, two: dict, keys=FIGURES) -> None:
 
 def shard_files(cache: Path) -> dict[str, tuple[int, int]]:
     """(inode, mtime in ns) of every shard: a recaptured shard is a new file (written to a temp name, renamed)."""
-    return {f"{p.parent.name}/{p.name}": (p.stat().st_ino, p.stat().st_mtime_ns)
-            for p in sorted(cache.glob("*/shard_*.safetensors"))}
+    return {
+        f"{p.parent.name}/{p.name}": (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(cache.glob("*/shard_*.safetensors"))
+    }
 
 
 def claims(cache: Path) -> dict[str, dict]:
-    return {split.name: json.loads((split / "manifest.json").read_text())
-            for split in sorted(cache.iterdir()) if (split / "manifest.json").is_file()}
+    return {
+        split.name: json.loads((split / "manifest.json").read_text())
+        for split in sorted(cache.iterdir())
+        if (split / "manifest.json").is_file()
+    }
 
 
 def one_line_error(result, *fragments) -> str:
@@ -125,6 +144,7 @@ def one_line_error(result, *fragments) -> str:
 # ------------------------------------------------------------------------------------------------------
 # Shared runs
 # ------------------------------------------------------------------------------------------------------
+
 
 def ranks_of(launcher: psutil.Process, count: int, timeout: float = 200) -> dict[int, psutil.Process]:
     """torchrun's worker processes by their RANK."""
@@ -146,7 +166,9 @@ def ranks_of(launcher: psutil.Process, count: int, timeout: float = 200) -> dict
 def killed_mid_capture(args, cache: Path) -> int:
     """Start the two-rank audit ``args``; once rank 0 has written its first eval shard, stop it (rank 1 then
     finishes its share and waits for rank 0), then kill it. torchrun's exit status."""
-    launcher = subprocess.Popen(command(args, 2), env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        command(args, 2), env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         rank0 = ranks_of(psutil.Process(launcher.pid), 2)[0]
         first = cache / "eval" / "shard_00000.safetensors"
@@ -172,12 +194,22 @@ def featuregate(tmp_path_factory):
     many = ["audit-many", CHECKPOINTS / "featuregate-s0", "--out", root / "many", *options(8, "--per-layer")]
     folder = root / "many" / "featuregate-s0"  # audit-many's folder for the checkpoint, its cache inside
     status = killed_mid_capture(many, folder / "cache")
-    killed = {"status": status, "manifests": claims(folder / "cache"), "shards": shard_files(folder / "cache"),
-              "audit_written": (folder / "audit.json").exists()}
+    killed = {
+        "status": status,
+        "manifests": claims(folder / "cache"),
+        "shards": shard_files(folder / "cache"),
+        "audit_written": (folder / "audit.json").exists(),
+    }
     two = audited(many, ranks=2, folder=folder)
     summary = json.loads((root / "many" / "audit_many.json").read_text())
-    return {"one": one, "two": two, "killed": killed, "summary": summary,
-            "caches": {"one": root / "cache-one", "two": folder / "cache"}, "folders": {"one": root / "one", "two": folder}}
+    return {
+        "one": one,
+        "two": two,
+        "killed": killed,
+        "summary": summary,
+        "caches": {"one": root / "cache-one", "two": folder / "cache"},
+        "folders": {"one": root / "one", "two": folder},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -204,18 +236,21 @@ def moe(tmp_path_factory):
 # Two ranks give one process's figures
 # ------------------------------------------------------------------------------------------------------
 
+
 def test_two_ranks_give_the_figures_of_one_process_featuregate_per_layer(featuregate):
     one, two, caches = featuregate["one"], featuregate["two"], featuregate["caches"]
     assert_same_figures(one, two)
     assert len(two["per_layer"]) == 4 * 6  # 4 layers x the 6 reassignment conditions, gathered from both ranks
     assert (one["settings"]["world_size"], two["settings"]["world_size"]) == (1, 2)
     # the ranks wrote the shards one process writes, byte for byte, under the same global numbering
-    assert {s: m["shards"] for s, m in claims(caches["two"]).items()} == \
-           {s: m["shards"] for s, m in claims(caches["one"]).items()}
+    assert {s: m["shards"] for s, m in claims(caches["two"]).items()} == {
+        s: m["shards"] for s, m in claims(caches["one"]).items()
+    }
     assert len(claims(caches["two"])["eval"]["shards"]) == 8
     # audit-many on two ranks: rank 0 wrote the summary of its one checkpoint
-    assert featuregate["summary"]["figures"]["conditions.cross_input.delta"]["values"] == \
-           [two["conditions"]["cross_input"]["delta"]]
+    assert featuregate["summary"]["figures"]["conditions.cross_input.delta"]["values"] == [
+        two["conditions"]["cross_input"]["delta"]
+    ]
     import pandas as pd
 
     tokens = [pd.read_parquet(folder / "per_token_nll.parquet") for folder in featuregate["folders"].values()]
@@ -240,6 +275,7 @@ def test_a_cache_made_by_one_process_is_reused_by_two_ranks_moe(moe):
 # A rank dies mid-capture: the run fails; the rerun resumes from the finished shards
 # ------------------------------------------------------------------------------------------------------
 
+
 def test_a_rank_killed_mid_capture_stops_the_run_and_the_rerun_resumes(featuregate):
     """Killed while rank 1 waited for rank 0 to finish its share, the eval capture never completed; the rerun
     (the two-rank audit checked against one process above) kept every shard the manifest claimed."""
@@ -259,6 +295,7 @@ def test_a_rank_killed_mid_capture_stops_the_run_and_the_rerun_resumes(featurega
 # One-line errors, nothing written
 # ------------------------------------------------------------------------------------------------------
 
+
 def test_a_second_audit_on_a_locked_cache_folder_waits_then_fails_with_one_line(tmp_path, capsys):
     """Another audit holds the cache folder's lock (taken here, as ``cache_lock`` takes it): this one waits
     ``--lock-wait`` seconds, then stops with one line, having written nothing."""
@@ -266,7 +303,9 @@ def test_a_second_audit_on_a_locked_cache_folder_waits_then_fails_with_one_line(
     cache.mkdir()
     with FileLock(lock_path(cache)):
         started = time.monotonic()
-        status = fca_main([str(a) for a in audit_args("featuregate-s0", tmp_path / "out", cache, 2, "--lock-wait", 1.5)])
+        status = fca_main(
+            [str(a) for a in audit_args("featuregate-s0", tmp_path / "out", cache, 2, "--lock-wait", 1.5)]
+        )
         waited = time.monotonic() - started
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(error) == 1 and error[0].startswith("fca: error: coefficient cache"), error
@@ -284,8 +323,14 @@ class FirstOfTwo(Ranks):
 
 def test_more_ranks_than_shards_is_one_line_and_writes_nothing(tmp_path):
     """2 windows in one shard cannot feed 2 ranks: stopped after loading, before the lock or any capture."""
-    settings = AuditSettings(str(CHECKPOINTS / "featuregate-s0"), eval=str(TEXT["eval"]), calibration=str(TEXT["calibration"]),
-                             window=64, max_windows=2, batch_size=2)
+    settings = AuditSettings(
+        str(CHECKPOINTS / "featuregate-s0"),
+        eval=str(TEXT["eval"]),
+        calibration=str(TEXT["calibration"]),
+        window=64,
+        max_windows=2,
+        batch_size=2,
+    )
     with pytest.raises(EveryRankError, match=r"^2 ranks, but the eval set makes only 1 shard\(s\).*--batch-size$"):
         run_audit(settings, tmp_path / "out", FirstOfTwo(0, 2))
     assert list(tmp_path.iterdir()) == []
@@ -295,11 +340,29 @@ def test_ranks_that_disagree_about_the_data_stop_with_one_line_and_write_nothing
     """Each rank reads its own eval file (as nodes without a shared filesystem might): caught before any write."""
     for rank in (0, 1):
         (tmp_path / f"eval{rank}.txt").write_text(f"To be, or not to be{'!' * rank}: that is the question.\n" * 40)
-    script = (f"exec {sys.executable} -m fca_workbench audit {CHECKPOINTS / 'featuregate-s0'} --out {tmp_path / 'out'} "
-              f"--window 64 --batch-size 2 --eval {tmp_path}/eval$LOCAL_RANK.txt --calib {TEXT['calibration']}")
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "--no-python", "sh", "-c", script], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                            timeout=280)
+    script = (
+        f"exec {sys.executable} -m fca_workbench audit {CHECKPOINTS / 'featuregate-s0'} --out {tmp_path / 'out'} "
+        f"--window 64 --batch-size 2 --eval {tmp_path}/eval$LOCAL_RANK.txt --calib {TEXT['calibration']}"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--no-python",
+            "sh",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=280,
+    )
     one_line_error(result, "ranks disagree about the eval windows", "rank 1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval0.txt", "eval1.txt"]
 
@@ -307,6 +370,7 @@ def test_ranks_that_disagree_about_the_data_stop_with_one_line_and_write_nothing
 # ------------------------------------------------------------------------------------------------------
 # The shard split (no processes needed)
 # ------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 @pytest.mark.parametrize("shards", [5, 7, 12])

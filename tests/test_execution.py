@@ -111,7 +111,9 @@ def test_shape_matched_dense_of_muddpythia_and_its_branches_are_counted(windows)
     mudd = tiny_model("muddpythia")
     dense = shape_matched_dense(mudd)
     assert (dense.config.n_layer, dense.config.n_embd, dense.config.n_head) == (
-        mudd.config.n_layer, mudd.config.dim, mudd.config.n_head
+        mudd.config.n_layer,
+        mudd.config.dim,
+        mudd.config.n_head,
     )
     counts = count_execution(mudd, windows, batch_size=3)
     assert counts["branch_tokens_total"] == windows.numel() * 2 * mudd.config.n_layer
@@ -122,13 +124,25 @@ def test_shape_matched_dense_of_muddpythia_and_its_branches_are_counted(windows)
 def test_execution_audit_section_and_hook_hygiene(control):
     audit = execution_audit(control, _windows(), batch_size=BATCH, repeats=2)
     design_keys = {
-        "blocks_total", "blocks_executed", "fraction_executed", "controller_calls",
-        "flops", "latency_ms", "dense_latency_ms", "latency_ratio_vs_dense",
+        "blocks_total",
+        "blocks_executed",
+        "fraction_executed",
+        "controller_calls",
+        "flops",
+        "latency_ms",
+        "dense_latency_ms",
+        "latency_ratio_vs_dense",
     }
     assert set(audit) == design_keys | {"branch_tokens_total", "branch_tokens_executed", "baseline", "baseline_flops"}
     assert audit["baseline"] == "dense" and audit["baseline_flops"] > 0
-    for key in ("blocks_total", "blocks_executed", "controller_calls", "flops",
-                "branch_tokens_total", "branch_tokens_executed"):
+    for key in (
+        "blocks_total",
+        "blocks_executed",
+        "controller_calls",
+        "flops",
+        "branch_tokens_total",
+        "branch_tokens_executed",
+    ):
         assert isinstance(audit[key], int) and audit[key] >= 0, key
     for key in ("fraction_executed", "latency_ms", "dense_latency_ms", "latency_ratio_vs_dense"):
         assert isinstance(audit[key], float) and audit[key] > 0, key

@@ -17,8 +17,16 @@ from fca_workbench.reproduce import NotebookRun, ensure_audit
 
 
 def notebook_run(root: Path, checkpoints) -> NotebookRun:
-    return NotebookRun(checkpoints=[str(c) for c in checkpoints], window=64, max_windows=6, batch_size=3,
-                       per_layer=False, out=str(root / "out"), cache=str(root / "cache"), progress=False)
+    return NotebookRun(
+        checkpoints=[str(c) for c in checkpoints],
+        window=64,
+        max_windows=6,
+        batch_size=3,
+        per_layer=False,
+        out=str(root / "out"),
+        cache=str(root / "cache"),
+        progress=False,
+    )
 
 
 def files(folder: Path) -> dict[Path, int]:

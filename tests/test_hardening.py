@@ -24,8 +24,19 @@ def small_text(tmp_path_factory):
 
 
 def tiny_run(small_text, arch="featuregate", **overrides):
-    settings = dict(arch=arch, train_data=small_text, layers=2, width=32, heads=4, window=32, steps=4,
-                    batch_size=2, warmup=1, save_every=2, eval_windows=2)
+    settings = dict(
+        arch=arch,
+        train_data=small_text,
+        layers=2,
+        width=32,
+        heads=4,
+        window=32,
+        steps=4,
+        batch_size=2,
+        warmup=1,
+        save_every=2,
+        eval_windows=2,
+    )
     return TrainSettings(**{**settings, **overrides})
 
 
@@ -173,8 +184,18 @@ def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
     model, (_, windows), _ = load_audit_inputs(settings)
     capture(model, windows, tmp_path / "out" / "cache" / "eval", batch_size=2)  # where fca audit --out looks
     damage_header(tmp_path / "out" / "cache" / "eval" / "shard_00001.safetensors")
-    result = fca("audit", tiny_checkpoints["featuregate"], "--window", 64, "--max-windows", 4, "--batch-size", 2,
-                 "--out", tmp_path / "out")
+    result = fca(
+        "audit",
+        tiny_checkpoints["featuregate"],
+        "--window",
+        64,
+        "--max-windows",
+        4,
+        "--batch-size",
+        2,
+        "--out",
+        tmp_path / "out",
+    )
     assert result.returncode == 2
     assert_one_line_error(result, "eval/shard_00001.safetensors is damaged")
 
@@ -231,8 +252,11 @@ def test_interrupted_capture_recaptures_a_damaged_or_unclaimed_shard(tmp_path, m
 
     with torch.no_grad():
         stale = other(windows[8:10], return_coefficients=True)
-    save_file({f"layer_{i}": c.contiguous() for i, c in enumerate(stale.coefficients)}
-              | {"nll": live_nll(other, windows[8:10])}, tmp_path / "cache" / "shard_00002.safetensors")
+    save_file(
+        {f"layer_{i}": c.contiguous() for i, c in enumerate(stale.coefficients)}
+        | {"nll": live_nll(other, windows[8:10])},
+        tmp_path / "cache" / "shard_00002.safetensors",
+    )
     cache = capture_module.capture(model, windows, tmp_path / "cache", batch_size=4)
     assert torch.allclose(cache.nll(torch.arange(len(windows))), live_nll(model, windows), atol=1e-6)
     with torch.no_grad():
@@ -329,14 +353,17 @@ def checkpoint_with(tiny_checkpoints, tmp_path, arch, **fields):
     return folder
 
 
-@pytest.mark.parametrize("arch, field, value", [
-    ("featuregate", "n_layer", 10**6),
-    ("dense", "n_embd", 10**7),
-    ("dense", "vocab_size", 10**9),
-    ("muddpythia", "block_size", 10**9),
-    ("muddpythia", "intermediate_size", 10**8),
-    ("dense", "n_layer", 0),
-])
+@pytest.mark.parametrize(
+    "arch, field, value",
+    [
+        ("featuregate", "n_layer", 10**6),
+        ("dense", "n_embd", 10**7),
+        ("dense", "vocab_size", 10**9),
+        ("muddpythia", "block_size", 10**9),
+        ("muddpythia", "intermediate_size", 10**8),
+        ("dense", "n_layer", 0),
+    ],
+)
 def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_path, arch, field, value):
     from fca_workbench.models import load_model
 
@@ -348,10 +375,16 @@ def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_pa
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_hidden_layers", 10**9), ("hidden_size", 10**7), ("num_local_experts", 10**8),
-    ("max_position_embeddings", 10**12), ("num_attention_heads", 0),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_hidden_layers", 10**9),
+        ("hidden_size", 10**7),
+        ("num_local_experts", 10**8),
+        ("max_position_embeddings", 10**12),
+        ("num_attention_heads", 0),
+    ],
+)
 def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_mixtral, tmp_path, field, value):
     """A planted transformers config.json (here a Mixtral's) is checked before transformers builds anything."""
     from fca_workbench.adapters.loading import load_controlled
@@ -376,13 +409,17 @@ def test_foreign_model_beyond_available_memory_is_refused(tiny_mixtral, monkeypa
     model = load_controlled(tiny_mixtral).model  # fits: loads
     needed = sum(p.numel() for p in model.parameters()) * 4
     monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
-    with pytest.raises(UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters, 0.0 GiB in float32"):
+    with pytest.raises(
+        UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters, 0.0 GiB in float32"
+    ):
         load_controlled(tiny_mixtral)
 
 
 def test_train_refuses_absurd_sizes_of_an_hf_config_before_building(tmp_path):
     (tmp_path / "moe.json").write_text(json.dumps({"model_type": "mixtral", "num_hidden_layers": 10**9}))
-    result = fca("train", "--hf-config", tmp_path / "moe.json", "--train", tmp_path / "missing.txt", "--out", tmp_path / "run")
+    result = fca(
+        "train", "--hf-config", tmp_path / "moe.json", "--train", tmp_path / "missing.txt", "--out", tmp_path / "run"
+    )
     assert_one_line_error(result, "fca train's --hf-config: num_hidden_layers=1000000000 is out of range")
     assert not (tmp_path / "run").exists()
 
@@ -405,10 +442,13 @@ def test_train_refuses_absurd_sizes_before_reading_any_text(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("sizes, message", [
-    (dict(width=97), "n_embd=97 is not divisible by n_head=4"),
-    (dict(layers=200, width=65536, heads=512), "GiB for fp32 weights, gradients and AdamW, more than the"),
-])
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        (dict(width=97), "n_embd=97 is not divisible by n_head=4"),
+        (dict(layers=200, width=65536, heads=512), "GiB for fp32 weights, gradients and AdamW, more than the"),
+    ],
+)
 def test_train_refuses_sizes_it_cannot_build(sizes, message):
     from fca_workbench.data.tokenizer import load_tokenizer
     from fca_workbench.train import build_model

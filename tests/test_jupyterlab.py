@@ -39,9 +39,17 @@ def working_copy(folder: Path, checkpoints: dict) -> Path:
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
-    nb = parameterize_notebook(load_notebook_node(str(NOTEBOOK)), {
-        "checkpoints": [str(c) for c in checkpoints.values()], "max_windows": 4, "batch_size": 4,
-        "out": str(folder / "out"), "audits": str(folder / "audits"), "cache": str(folder / "cache")})
+    nb = parameterize_notebook(
+        load_notebook_node(str(NOTEBOOK)),
+        {
+            "checkpoints": [str(c) for c in checkpoints.values()],
+            "max_windows": 4,
+            "batch_size": 4,
+            "out": str(folder / "out"),
+            "audits": str(folder / "audits"),
+            "cache": str(folder / "cache"),
+        },
+    )
     path = folder / "notebooks" / "explore.ipynb"
     path.parent.mkdir()
     nbformat.write(nb, path)
@@ -53,18 +61,31 @@ def jupyter_lab(folder: Path, root_dir: Path):
     """``jupyter lab`` on a free loopback port with a token, its state kept in ``folder``; yields (URL, token) once
     the server answers."""
     port, token = free_port(), secrets.token_hex(16)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "JUPYTER_RUNTIME_DIR": str(folder / "runtime"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
+        "OMP_NUM_THREADS": "1",
+    }
     settings = folder / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')  # no news toast, no fetch
     command = [
-        str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", "--allow-root",
-        f"--LabApp.user_settings_dir={folder / 'settings'}", f"--LabApp.workspaces_dir={folder / 'workspaces'}",
-        "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        str(Path(sys.executable).parent / "jupyter"),
+        "lab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root_dir}",
+        "--allow-root",
+        f"--LabApp.user_settings_dir={folder / 'settings'}",
+        f"--LabApp.workspaces_dir={folder / 'workspaces'}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.extension_manager=readonly",
-        *(f"--ServerApp.jpserver_extensions={name}=False" for name in UNUSED_SERVER_EXTENSIONS)]
+        *(f"--ServerApp.jpserver_extensions={name}=False" for name in UNUSED_SERVER_EXTENSIONS),
+    ]
     base = f"http://127.0.0.1:{port}"
     with serving(command, f"{base}/api/status?token={token}", folder / "lab.log", "jupyter lab", cwd=root_dir, env=env):
         yield base, token
@@ -74,8 +95,11 @@ def jupyter_lab(folder: Path, root_dir: Path):
 def lab(tiny_checkpoints, tmp_path):
     require_browser()
     ensure_kernel()  # explore.ipynb names the kernel fca-workbench
-    models = {"featuregate-tiny": tiny_checkpoints["featuregate"], "dense-tiny": tiny_checkpoints["dense"],
-              "muddpythia-tiny": tiny_checkpoints["muddpythia"]}
+    models = {
+        "featuregate-tiny": tiny_checkpoints["featuregate"],
+        "dense-tiny": tiny_checkpoints["dense"],
+        "muddpythia-tiny": tiny_checkpoints["muddpythia"],
+    }
     checkpoints = {name: shutil.copytree(folder, tmp_path / "checkpoints" / name) for name, folder in models.items()}
     path = working_copy(tmp_path, checkpoints)
     with jupyter_lab(tmp_path, path.parent) as (base, token):
@@ -86,9 +110,13 @@ def lab(tiny_checkpoints, tmp_path):
 def start_kernel(base: str, token: str, notebook: str) -> None:
     """The notebook's session with the fca-workbench kernel, started through the REST API, so the page finds it
     (else JupyterLab may ask which kernel to start while its list of kernels still loads)."""
+
     def call(path, data=None):
-        request = urllib.request.Request(f"{base}{path}", data=json.dumps(data).encode() if data else None,
-                                         headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{base}{path}",
+            data=json.dumps(data).encode() if data else None,
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
@@ -137,14 +165,17 @@ def test_explore_notebook_in_jupyterlab(lab):
             page.wait_for_function(  # every code cell ran (Run All queues them; [*] while waiting or running)
                 """() => { const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
                            return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent)); }""",
-                timeout=120_000)
+                timeout=120_000,
+            )
             dropdown(page, "model").scroll_into_view_if_needed()
             page.screenshot(path=str(SCREENSHOTS / "jupyterlab-01-run-all.png"))
             assert errors(page) == []
             first = figures(page)
             assert any(t.startswith("featuregate-tiny, all layers") for t in first), list(first)
-            selected = {w: dropdown(page, w).locator("select").evaluate("s => s.options[s.selectedIndex].text")
-                        for w in ("model", "layer", "condition")}
+            selected = {
+                w: dropdown(page, w).locator("select").evaluate("s => s.options[s.selectedIndex].text")
+                for w in ("model", "layer", "condition")
+            }
             assert selected == {"model": "featuregate-tiny", "layer": "all", "condition": "cross_input"}
 
             dropdown(page, "layer").locator("select").select_option(label="1")
@@ -152,7 +183,9 @@ def test_explore_notebook_in_jupyterlab(lab):
             dropdown(page, "condition").locator("select").select_option(label="token_shuffle")
             by_condition = changed(page, by_layer, "ΔNLL of token_shuffle (layer 1)")
             dropdown(page, "model").locator("select").select_option(label="dense-tiny")  # no controller: a message
-            page.get_by_text("dense-tiny has no controller (dense): no coefficients to explore").wait_for(timeout=60_000)
+            page.get_by_text("dense-tiny has no controller (dense): no coefficients to explore").wait_for(
+                timeout=60_000
+            )
             assert page.evaluate(FIGURES) == [] and dropdown(page, "layer").locator("select").is_disabled()
             dropdown(page, "model").locator("select").select_option(label="muddpythia-tiny")
             by_model = changed(page, by_condition, "muddpythia-tiny, layer 1")  # the layer and condition are kept

@@ -22,17 +22,21 @@ BATCHES = [(0, 3), (3, 3), (6, 1)]  # uneven: windows 0-2, 3-5, 6
 
 # ------------------------------------------------------------------ variance decomposition
 
+
 def synthetic(layer=1.0, slot=0.0, position=0.0, window=0.0, noise=0.0, seed=0, offset=0.0):
     """Full coefficients per layer, [N_WIN, T, *slot_shape], as a sum of named effects."""
     rng = np.random.default_rng(seed)
     out = []
     for l, shape in enumerate(SLOT_SHAPES):
         full = (N_WIN, T, *shape)
-        x = (offset + layer * (l + 1)
-             + slot * rng.normal(size=(1, 1, *shape))
-             + position * rng.normal(size=(1, T, *(1 for _ in shape)))
-             + window * rng.normal(size=(N_WIN, 1, *(1 for _ in shape)))
-             + noise * rng.normal(size=full))
+        x = (
+            offset
+            + layer * (l + 1)
+            + slot * rng.normal(size=(1, 1, *shape))
+            + position * rng.normal(size=(1, T, *(1 for _ in shape)))
+            + window * rng.normal(size=(N_WIN, 1, *(1 for _ in shape)))
+            + noise * rng.normal(size=full)
+        )
         out.append(np.broadcast_to(x, full).copy())
     return out
 
@@ -40,7 +44,7 @@ def synthetic(layer=1.0, slot=0.0, position=0.0, window=0.0, noise=0.0, seed=0, 
 def accumulate(full, batches=BATCHES):
     acc = VarianceAccumulator()
     for start, size in batches:
-        acc.update([torch.from_numpy(x[start:start + size]) for x in full], window_offset=start)
+        acc.update([torch.from_numpy(x[start : start + size]) for x in full], window_offset=start)
     return acc.result()
 
 
@@ -52,8 +56,7 @@ def numpy_reference(full):
         x = x.reshape(N_WIN, T, -1)
         w, p, s = np.meshgrid(np.arange(N_WIN), np.arange(T), np.arange(x.shape[2]), indexing="ij")
         vals.append(x.ravel())
-        labels.append(np.stack([np.full(x.size, l), slot_base + s.ravel(), p.ravel(), w.ravel()],
-                               axis=1))
+        labels.append(np.stack([np.full(x.size, l), slot_base + s.ravel(), p.ravel(), w.ravel()], axis=1))
         slot_base += x.shape[2]
     v, lab = np.concatenate(vals), np.concatenate(labels)
 
@@ -64,15 +67,24 @@ def numpy_reference(full):
         return ((v - means[inv]) ** 2).sum()
 
     total = ((v - v.mean()) ** 2).sum()
-    r2 = {name: 1 - ss_within(cols) / total for name, cols in
-          [("r2_layer", [0]), ("r2_layer_slot", [1]),
-           ("r2_layer_slot_position", [1, 2]), ("r2_layer_slot_window", [1, 3])]}
+    r2 = {
+        name: 1 - ss_within(cols) / total
+        for name, cols in [
+            ("r2_layer", [0]),
+            ("r2_layer_slot", [1]),
+            ("r2_layer_slot_position", [1, 2]),
+            ("r2_layer_slot_window", [1, 3]),
+        ]
+    }
     groups = [v[lab[:, 1] == g] for g in range(slot_base)]
     stds = np.array([g.std() for g in groups])
     layer_of_slot = np.array([lab[lab[:, 1] == g][0, 0] for g in range(slot_base)])
-    return {**r2, "within_std": stds.mean(),
-            "cv": np.mean([g.std() / abs(g.mean()) for g in groups]),
-            "within_std_per_layer": [stds[layer_of_slot == l].mean() for l in range(len(full))]}
+    return {
+        **r2,
+        "within_std": stds.mean(),
+        "cv": np.mean([g.std() / abs(g.mean()) for g in groups]),
+        "within_std_per_layer": [stds[layer_of_slot == l].mean() for l in range(len(full))],
+    }
 
 
 @pytest.mark.parametrize("offset", [0.0, 1e5])
@@ -154,6 +166,7 @@ def test_a_slot_that_is_always_zero_has_cv_zero():
 
 # ------------------------------------------------------------------ bootstrap
 
+
 def test_bootstrap_counts():
     counts = bootstrap_counts(50, resamples=200, seed=1)
     assert counts.shape == (200, 50) and counts.dtype == torch.int64
@@ -182,18 +195,21 @@ def test_bootstrap_means_and_ci_match_direct_resampling():
 def test_float32_window_values_are_figured_in_float64():
     """Capture stores NLL in float32; means, differences and ratios must still be taken in float64
     (here float32 would lose the 0.5 of a mean and the 0.1 of a difference)."""
-    as32 = {"correct": [0.1, 0.1, 3.0, 5.0], "global_mean": [2.0**24, 1.0, 2.0**24, 1.0],
-            "layer_mean": [2.0**23, 2.0, 2.0**23, 4.0]}
+    as32 = {
+        "correct": [0.1, 0.1, 3.0, 5.0],
+        "global_mean": [2.0**24, 1.0, 2.0**24, 1.0],
+        "layer_mean": [2.0**23, 2.0, 2.0**23, 4.0],
+    }
     nll32 = {k: torch.tensor(v, dtype=torch.float32) for k, v in as32.items()}
     exact = {k: v.numpy().astype(np.float64) for k, v in nll32.items()}  # the same float32 numbers, in float64
     counts = bootstrap_counts(4, resamples=50, seed=3)
     w = counts.numpy() / 4
-    np.testing.assert_allclose(bootstrap_means(nll32["global_mean"], counts).numpy(), w @ exact["global_mean"],
-                               rtol=1e-15)
+    np.testing.assert_allclose(
+        bootstrap_means(nll32["global_mean"], counts).numpy(), w @ exact["global_mean"], rtol=1e-15
+    )
     assert mean_ci(nll32["global_mean"], counts)[0] == exact["global_mean"].mean()
     figures = condition_figures(nll32, counts)
-    assert figures["global_mean"]["delta"] == pytest.approx((exact["global_mean"] - exact["correct"]).mean(),
-                                                            rel=1e-15)
+    assert figures["global_mean"]["delta"] == pytest.approx((exact["global_mean"] - exact["correct"]).mean(), rel=1e-15)
     g, p, c = (exact[k].mean() for k in ("global_mean", "layer_mean", "correct"))
     assert gap_retention(nll32, "layer_mean", counts)["value"] == pytest.approx((g - p) / (g - c), rel=1e-15)
 
@@ -222,8 +238,12 @@ def windows(n=200, seed=0):
     gen = torch.Generator().manual_seed(seed)
     base = 4.0 + torch.randn(n, generator=gen, dtype=torch.float64)
     small = lambda: 0.01 * torch.randn(n, generator=gen, dtype=torch.float64)  # noqa: E731
-    return {"correct": base, "global_mean": base + 0.5 + small(),
-            "layer_mean": base + 0.02 + small(), "cross_input": base + 0.3 + small()}
+    return {
+        "correct": base,
+        "global_mean": base + 0.5 + small(),
+        "layer_mean": base + 0.02 + small(),
+        "cross_input": base + 0.3 + small(),
+    }
 
 
 def test_condition_figures_paired_delta():
@@ -233,16 +253,16 @@ def test_condition_figures_paired_delta():
     assert list(figs) == list(nll)
     for name, fig in figs.items():
         assert set(fig) == {"nll", "ci95", "delta", "delta_ci95"}
-        assert all(type(x) is float for x in [fig["nll"], fig["delta"], *fig["ci95"],
-                                               *fig["delta_ci95"]]), name
+        assert all(type(x) is float for x in [fig["nll"], fig["delta"], *fig["ci95"], *fig["delta_ci95"]]), name
         assert fig["ci95"][0] < fig["nll"] < fig["ci95"][1]
         assert fig["delta"] == pytest.approx((nll[name] - nll["correct"]).mean().item(), abs=1e-12)
     assert figs["correct"]["delta"] == 0.0 and figs["correct"]["delta_ci95"] == [0.0, 0.0]
     json.dumps(figs)
 
     # Unpaired: the two conditions resampled independently.
-    unpaired = (bootstrap_means(nll["cross_input"], counts)
-                - bootstrap_means(nll["correct"], bootstrap_counts(200, seed=1)))
+    unpaired = bootstrap_means(nll["cross_input"], counts) - bootstrap_means(
+        nll["correct"], bootstrap_counts(200, seed=1)
+    )
     lo, hi = np.percentile(unpaired.numpy(), [2.5, 97.5])
     paired_lo, paired_hi = figs["cross_input"]["delta_ci95"]
     assert paired_lo < 0.3 < paired_hi
@@ -250,6 +270,7 @@ def test_condition_figures_paired_delta():
 
 
 # ------------------------------------------------------------------ gap retention
+
 
 def test_gap_retention_matches_direct():
     nll = windows()

@@ -19,23 +19,66 @@ from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
 
 VOCAB = 4096  # the shipped tokenizer's
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
 FAMILIES = {  # config class, its MoE fields (shared/moe-routing.md), router count
     "mixtral": (T.MixtralConfig, dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
-    "qwen2_moe": (T.Qwen2MoeConfig, dict(intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=64,
-                                         num_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": (
+        T.Qwen2MoeConfig,
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
     "qwen3_moe": (T.Qwen3MoeConfig, dict(moe_intermediate_size=32, head_dim=16, num_experts=4, num_experts_per_tok=2)),
     "olmoe": (T.OlmoeConfig, dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
-    "deepseek_v3": (T.DeepseekV3Config, dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8,
-                                             num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
-                                             first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
-                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)),
-    "gpt_oss": (T.GptOssConfig, dict(intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-                                     sliding_window=16)),
+    "deepseek_v3": (
+        T.DeepseekV3Config,
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+        ),
+    ),
+    "gpt_oss": (
+        T.GptOssConfig,
+        dict(intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16),
+    ),
     "granitemoe": (T.GraniteMoeConfig, dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
-    "jamba": (T.JambaConfig, dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2, attn_layer_period=2,
-                                  attn_layer_offset=1, expert_layer_period=1, expert_layer_offset=0)),
+    "jamba": (
+        T.JambaConfig,
+        dict(
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+        ),
+    ),
 }
 EXPECTED_CONTROLLERS = {"qwen2_moe": 4, "deepseek_v3": 1}  # Qwen2: a router and a shared-expert gate per layer
 
@@ -149,7 +192,8 @@ def test_routed_audit_is_input_dependent_and_k_over_e(tmp_path, tokenizer):
     assert result["conditions"]["correct"]["delta"] == 0.0
     # an untrained model's mean ΔNLL may fall either side of 0; per token, reassignment must move the NLL
     per_token = load_audit(tmp_path / "audit").per_token.pivot_table(
-        index=["window", "position"], columns="condition", values="nll", observed=True)
+        index=["window", "position"], columns="condition", values="nll", observed=True
+    )
     assert (per_token["cross_input"] - per_token["correct"]).abs().max() > 1e-3
     assert result["execution"]["expert_fraction_executed"] == 2 / 4
     load = result["execution"]["experts"]["load"][0]
@@ -245,8 +289,9 @@ def test_cuda_batch_size_of_a_transformers_model_follows_its_config(monkeypatch)
 
     controlled = TransformersControlled(build("mixtral"))  # width 64, 2 layers, 4 heads, FFN 64 (< 4·64), fp32
     window, element = 64, 4
-    per_window = ((2 + 1 + 8) * window * 64 + 2 * window * (3 * 256 // 2) + 4 * 4 * window * window) * element \
-        + window * VOCAB * (element + 12)
+    per_window = (
+        (2 + 1 + 8) * window * 64 + 2 * window * (3 * 256 // 2) + 4 * 4 * window * window
+    ) * element + window * VOCAB * (element + 12)
     weights = sum(p.numel() * 4 for p in controlled.parameters())  # on the CPU: still to be moved
     assert budget.window_bytes(controlled, window) == per_window
     for free, expected in [(budget.RESERVE_BYTES + weights + 7.5 * 1.5 * per_window, 7), (2**40, 64), (2**20, 1)]:

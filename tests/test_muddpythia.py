@@ -202,13 +202,36 @@ OFFICIAL_1P4B = {
         "AutoConfig": "configuration_muddpythia.MUDDPythiaConfig",
         "AutoModelForCausalLM": "modeling_muddpythia.MUDDPythia",
     },
-    "block_size": 2048, "bos_token_id": 0, "dense": True, "dense_type": "qkvr", "dim": 2048,
-    "dynamic_dense": True, "eos_token_id": 0, "expand_last": True, "head_dim": 128, "intermediate_size": 8192,
-    "is_training": False, "model_type": "muddpythia", "n_head": 16, "n_layer": 24, "n_local_heads": 16,
-    "norm_eps": 1e-05, "rope_base": 10000, "rotary_pct": 0.25, "round64": True, "sepln": True,
-    "stack_hidden": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "transformers_version": "4.35.0", "use_gradient_checkpointing": False, "use_layer_cache": True,
-    "use_linear_bias": True, "use_parallel_residual": True, "use_qk_norm": True, "vocab_size": 50432,
+    "block_size": 2048,
+    "bos_token_id": 0,
+    "dense": True,
+    "dense_type": "qkvr",
+    "dim": 2048,
+    "dynamic_dense": True,
+    "eos_token_id": 0,
+    "expand_last": True,
+    "head_dim": 128,
+    "intermediate_size": 8192,
+    "is_training": False,
+    "model_type": "muddpythia",
+    "n_head": 16,
+    "n_layer": 24,
+    "n_local_heads": 16,
+    "norm_eps": 1e-05,
+    "rope_base": 10000,
+    "rotary_pct": 0.25,
+    "round64": True,
+    "sepln": True,
+    "stack_hidden": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.35.0",
+    "use_gradient_checkpointing": False,
+    "use_layer_cache": True,
+    "use_linear_bias": True,
+    "use_parallel_residual": True,
+    "use_qk_norm": True,
+    "vocab_size": 50432,
 }
 
 
@@ -278,8 +301,10 @@ def independent_forward(model: MUDDPythiaForCausalLM, ids: torch.Tensor) -> torc
     streams = [hiddens[0]] * 4
     for i in range(cfg.n_layer):
         a = f"layers.{i}.attention"
-        normed = [ln(s, f"layers.{i}.attention_norm" if i == 0 else f"layers.{i}.attention_norms.{c}")
-                  for c, s in enumerate(streams[:3])]
+        normed = [
+            ln(s, f"layers.{i}.attention_norm" if i == 0 else f"layers.{i}.attention_norms.{c}")
+            for c, s in enumerate(streams[:3])
+        ]
         q = rope(heads(normed[0], f"{a}.wq", f"{a}.q_norm")).transpose(1, 2)
         k = rope(heads(normed[1], f"{a}.wk", f"{a}.k_norm")).transpose(1, 2)
         v = heads(normed[2], f"{a}.wv", None).transpose(1, 2)

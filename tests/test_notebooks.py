@@ -64,8 +64,9 @@ def over_seeds(audits, path):
 
 def test_every_notebook_runs_and_writes_its_tables(tiny_run):
     plan, results, _ = tiny_run
-    assert {name: r.ok for name, r in results.items()} == {name: True for name in TABLES}, \
-        {name: r.error for name, r in results.items()}
+    assert {name: r.ok for name, r in results.items()} == {name: True for name in TABLES}, {
+        name: r.error for name, r in results.items()
+    }
     for notebook, names in TABLES.items():
         executed = nbformat.read(plan.out / "notebooks" / f"{notebook}.ipynb", as_version=4)
         tags = [cell.metadata.get("tags", []) for cell in executed.cells]
@@ -80,9 +81,18 @@ def test_every_notebook_runs_and_writes_its_tables(tiny_run):
 def test_figures_are_offline_html(tiny_run):
     plan, _, _ = tiny_run
     figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
-    assert {"variance_decomposition", "heatmap_featuregate-s0", "heatmap_muddpythia-s0", "heatmap_moe-s0",
-            "assignment_delta_nll",
-            "retention", "execution", "muddpythia_penalties", "explore_coefficients", "per_layer_heatmap"} <= figures
+    assert {
+        "variance_decomposition",
+        "heatmap_featuregate-s0",
+        "heatmap_muddpythia-s0",
+        "heatmap_moe-s0",
+        "assignment_delta_nll",
+        "retention",
+        "execution",
+        "muddpythia_penalties",
+        "explore_coefficients",
+        "per_layer_heatmap",
+    } <= figures
     assert (plan.out / "figures" / "plotly.min.js").is_file()
     html = (plan.out / "figures" / "heatmap_featuregate-s0.html").read_text()
     assert 'src="plotly.min.js"' in html and "cdn.plot.ly" not in html
@@ -92,15 +102,30 @@ def test_index_names_models_data_and_outputs(tiny_run):
     plan, _, _ = tiny_run
     index = (plan.out / "README.md").read_text()
     assert f"{len(TABLES)} of {len(TABLES)} notebooks passed" in index
-    for name in ("featuregate-s0", "featuregate-s1", "dense-s0", "muddpythia-s0", "moe-s0", "eval.jsonl.gz", "max windows 4",
-                 "tables/retention_over_seeds.csv", "figures/heatmap_featuregate-s0.html", "notebooks/01_variation.ipynb"):
+    for name in (
+        "featuregate-s0",
+        "featuregate-s1",
+        "dense-s0",
+        "muddpythia-s0",
+        "moe-s0",
+        "eval.jsonl.gz",
+        "max windows 4",
+        "tables/retention_over_seeds.csv",
+        "figures/heatmap_featuregate-s0.html",
+        "notebooks/01_variation.ipynb",
+    ):
         assert name in index
 
 
 def test_variation_tables_equal_the_audits(tiny_run):
     plan, _, audits = tiny_run
     per_model = {r["model"]: r for r in rows(plan, "variation_per_model")}
-    assert set(per_model) == {"featuregate-s0", "featuregate-s1", "muddpythia-s0", "moe-s0"}  # Dense has no coefficients
+    assert set(per_model) == {
+        "featuregate-s0",
+        "featuregate-s1",
+        "muddpythia-s0",
+        "moe-s0",
+    }  # Dense has no coefficients
     for name, row in per_model.items():
         for key, path in tables.VARIANCE_PATHS.items():
             section, field = path.split(".")
@@ -172,16 +197,26 @@ def test_muddpythia_table_equals_its_audit(tiny_run):
     for condition in ("cross_input", "token_shuffle"):
         figures = audits["muddpythia-s0"]["conditions"][condition]
         assert number(table[condition]["delta"]) == figures["delta"]
-        assert [number(table[condition]["delta_ci95_lo"]), number(table[condition]["delta_ci95_hi"])] == figures["delta_ci95"]
+        assert [number(table[condition]["delta_ci95_lo"]), number(table[condition]["delta_ci95_hi"])] == figures[
+            "delta_ci95"
+        ]
 
 
 def test_per_layer_tables_equal_the_audits(tiny_run):
     plan, _, audits = tiny_run
     table = rows(plan, "per_layer")
-    assert {r["model"] for r in table} == {"featuregate-s0", "featuregate-s1", "muddpythia-s0", "moe-s0"}  # reproduce sweeps
+    assert {r["model"] for r in table} == {
+        "featuregate-s0",
+        "featuregate-s1",
+        "muddpythia-s0",
+        "moe-s0",
+    }  # reproduce sweeps
     for row in table:
-        [figures] = [r for r in audits[row["model"]]["per_layer"]
-                     if r["layer"] == int(row["layer"]) and r["condition"] == row["condition"]]
+        [figures] = [
+            r
+            for r in audits[row["model"]]["per_layer"]
+            if r["layer"] == int(row["layer"]) and r["condition"] == row["condition"]
+        ]
         assert number(row["nll"]) == figures["nll"] and number(row["delta"]) == figures["delta"]
         assert [number(row["delta_ci95_lo"]), number(row["delta_ci95_hi"])] == figures["delta_ci95"]
     assert len(table) == sum(len(a["per_layer"]) for a in audits.values())
@@ -189,8 +224,14 @@ def test_per_layer_tables_equal_the_audits(tiny_run):
     seeds = [r for r in rows(plan, "per_layer_over_seeds") if r["arch"] == "featuregate"]
     assert len(seeds) == len(fg[0]["per_layer"])
     for row in seeds:
-        deltas = [next(r["delta"] for r in a["per_layer"] if r["layer"] == int(row["layer"])
-                       and r["condition"] == row["condition"]) for a in fg]
+        deltas = [
+            next(
+                r["delta"]
+                for r in a["per_layer"]
+                if r["layer"] == int(row["layer"]) and r["condition"] == row["condition"]
+            )
+            for a in fg
+        ]
         assert math.isclose(number(row["delta_mean"]), sum(deltas) / 2, rel_tol=1e-12)
         assert math.isclose(number(row["delta_sd"]), abs(deltas[0] - deltas[1]) / math.sqrt(2), rel_tol=1e-9)
 

@@ -28,7 +28,9 @@ from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 from fca_workbench.models.official_layout import save_official
 
-TINY = dict(vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64, use_qk_norm=True, expand_last=True, round64=True)
+TINY = dict(
+    vocab_size=512, block_size=64, n_layer=3, n_head=4, dim=64, use_qk_norm=True, expand_last=True, round64=True
+)
 FORMATS = [("safetensors", 1), ("safetensors", 3), ("bin", 1), ("bin", 2)]
 CODE_FILES = ("configuration_muddpythia.py", "modeling_muddpythia.py")
 
@@ -54,7 +56,8 @@ def assert_code_never_imported(marker):
     assert not marker.exists(), marker.read_text()
     folder = str(marker.parent.resolve())
     loaded = [
-        name for name, module in list(sys.modules.items())
+        name
+        for name, module in list(sys.modules.items())
         if name.startswith("transformers_modules") or str(getattr(module, "__file__", None) or "").startswith(folder)
     ]
     assert loaded == [], loaded
@@ -82,7 +85,9 @@ def test_official_folder_loads_strictly_and_round_trips_bit_exactly(tmp_path, we
     assert config["auto_map"] == OFFICIAL_AUTO_MAP and config["model_type"] == "muddpythia"
     assert set(config) == set(OFFICIAL_1P4B_CONFIG)  # exactly the official fields
     if shards > 1:
-        index = tmp_path / ("model.safetensors.index.json" if weights == "safetensors" else "pytorch_model.bin.index.json")
+        index = tmp_path / (
+            "model.safetensors.index.json" if weights == "safetensors" else "pytorch_model.bin.index.json"
+        )
         assert len(set(json.loads(index.read_text())["weight_map"].values())) == shards
 
     loaded = load_model(tmp_path)
@@ -147,7 +152,9 @@ def test_unexpected_key_is_refused_by_name(tmp_path):
 
 def test_missing_keys_are_refused_by_name(tmp_path):
     write_official(tiny_official_model(), tmp_path)
-    rewrite_safetensors(tmp_path, lambda s: [s.pop("dynamic_dense.1.w2.weight"), s.pop("layers.2.attention.q_norm.weight")])
+    rewrite_safetensors(
+        tmp_path, lambda s: [s.pop("dynamic_dense.1.w2.weight"), s.pop("layers.2.attention.q_norm.weight")]
+    )
     with pytest.raises(UserError) as info:
         load_model(tmp_path)
     message = one_line(info)
@@ -369,7 +376,9 @@ def test_cuda_batch_size_follows_free_memory_and_the_model_size(monkeypatch):
     are not on the GPU yet, 2048-token windows. Expected sizes are worked out here from the documented rule:
     free memory less the weights and a 2 GiB reserve, over 1.5 × the per-window estimate, between 1 and 64."""
     with torch.device("meta"):
-        big = MUDDPythiaForCausalLM(MUDDPythiaConfig(**{k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}))
+        big = MUDDPythiaForCausalLM(
+            MUDDPythiaConfig(**{k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"})
+        )
     big = big.to(torch.bfloat16)
     weights = 2 * sum(p.numel() for p in big.parameters())  # bf16: 2 bytes a parameter
     # window_bytes' docstring for the official config (24 layers, width 2048, 16 heads, vocab 50432), T = 2048, bf16
@@ -394,7 +403,9 @@ def test_cuda_batch_size_follows_free_memory_and_the_model_size(monkeypatch):
 
 def test_window_bytes_grows_with_the_window_and_counts_the_logits():
     with torch.device("meta"):
-        big = MUDDPythiaForCausalLM(MUDDPythiaConfig(**{k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}))
+        big = MUDDPythiaForCausalLM(
+            MUDDPythiaConfig(**{k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"})
+        )
     per_window = window_bytes(big, 2048)
     assert 2048 * 50432 * 4 * 3 < per_window < 8 * 2**30  # at least the fp32 logits work, well under 8 GiB
     assert window_bytes(big, 1024) < per_window
@@ -472,4 +483,3 @@ def test_fca_audit_without_tokenizer_files_fails_on_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [f"fca: error: no tokenizer files in {folder}"]
     assert not (tmp_path / "out" / "audit.json").exists()
-

@@ -42,8 +42,12 @@ MAX_WINDOWS = 4
 def dist(tmp_path_factory):
     """``python -m build``: the sdist, and the wheel built from that sdist (so the sdist must be complete)."""
     out = tmp_path_factory.mktemp("dist")
-    build = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
-                           capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     return SimpleNamespace(wheel=next(out.glob("*.whl")), sdist=next(out.glob("*.tar.gz")))
 
@@ -58,10 +62,28 @@ def user(dist, tmp_path_factory):
     env_dir = root / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    "--no-index", str(dist.wheel)], check=True, timeout=300, env=env)
-    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True, env=env).strip())
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(dist.wheel),
+        ],
+        check=True,
+        timeout=300,
+        env=env,
+    )
+    site = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, env=env
+        ).strip()
+    )
     (site / "test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = root / "work"
     work.mkdir()
@@ -69,8 +91,14 @@ def user(dist, tmp_path_factory):
 
 
 def fca(user, *args, env=None, timeout=600):
-    return subprocess.run([str(user.venv / "bin" / "fca"), *map(str, args)], cwd=user.work, capture_output=True,
-                          text=True, env={**user.env, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [str(user.venv / "bin" / "fca"), *map(str, args)],
+        cwd=user.work,
+        capture_output=True,
+        text=True,
+        env={**user.env, **(env or {})},
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +117,12 @@ def files_under(folder: Path) -> dict[Path, int]:
 def test_copy_checkpoints_takes_only_checkpoint_files_and_never_overwrites(tmp_path):
     """Members outside ``<top>/data/checkpoints/`` or climbing out of it with ``..`` are never written."""
     sdist = tmp_path / "fca_workbench-0.1.0.tar.gz"
-    members = {"fca_workbench-0.1.0/data/checkpoints/m/config.json": b"{}",
-               "fca_workbench-0.1.0/data/checkpoints/m/.lock": b"",
-               "fca_workbench-0.1.0/data/checkpoints/m/../../../../escaped": b"x",
-               "fca_workbench-0.1.0/data/corpus/eval.jsonl.gz": b"y"}
+    members = {
+        "fca_workbench-0.1.0/data/checkpoints/m/config.json": b"{}",
+        "fca_workbench-0.1.0/data/checkpoints/m/.lock": b"",
+        "fca_workbench-0.1.0/data/checkpoints/m/../../../../escaped": b"x",
+        "fca_workbench-0.1.0/data/corpus/eval.jsonl.gz": b"y",
+    }
     with tarfile.open(sdist, "w:gz") as archive:
         for name, payload in members.items():
             info = tarfile.TarInfo(name)
@@ -101,7 +131,9 @@ def test_copy_checkpoints_takes_only_checkpoint_files_and_never_overwrites(tmp_p
     into = tmp_path / "out" / "checkpoints"
     assert copy_checkpoints(sdist, into) == ["m"]
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
-        "fca_workbench-0.1.0.tar.gz", "out/checkpoints/m/config.json"]
+        "fca_workbench-0.1.0.tar.gz",
+        "out/checkpoints/m/config.json",
+    ]
     with pytest.raises(UserError, match="not an empty folder"):
         copy_checkpoints(sdist, into)
     with pytest.raises(UserError, match="no data/checkpoints folder"):
@@ -113,18 +145,25 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     names = set(zipfile.ZipFile(dist.wheel).namelist())
     expected = {f"fca_workbench/shipped/notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.ipynb")}
     expected |= {f"fca_workbench/shipped/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.py")}
-    expected |= {f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"
-                 for folder in ("corpus", "tokenizer", "configs") for p in (REPO / "data" / folder).iterdir()}
-    expected |= {f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"  # notebook 07's logs
-                 for p in (REPO / "data" / "training_dynamics").rglob("*") if p.is_file()}
+    expected |= {
+        f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"
+        for folder in ("corpus", "tokenizer", "configs")
+        for p in (REPO / "data" / folder).iterdir()
+    }
+    expected |= {
+        f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"  # notebook 07's logs
+        for p in (REPO / "data" / "training_dynamics").rglob("*")
+        if p.is_file()
+    }
     # every module of the package, subpackages included (a subpackage missing from pyproject's list is not)
     expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "fca_workbench").rglob("*.py")}
     assert len(expected) >= 6 + 2 + 3 + 2 and expected <= names, sorted(expected - names)
     assert not [n for n in names if "checkpoints" in n or n.endswith(".safetensors")]
     assert dist.wheel.stat().st_size < 5 * 2**20
 
-    metadata = email.message_from_bytes(zipfile.ZipFile(dist.wheel).read(
-        next(n for n in names if n.endswith(".dist-info/METADATA"))))
+    metadata = email.message_from_bytes(
+        zipfile.ZipFile(dist.wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+    )
     assert metadata["Version"] == fca_workbench.__version__ and metadata["License-Expression"] == "MIT"
     assert metadata.get_all("Project-URL") and len(metadata.get_all("Classifier")) >= 5
     assert {"notebooks", "test", "bench"} <= set(metadata.get_all("Provides-Extra"))
@@ -168,7 +207,8 @@ def test_data_checkpoints_copies_them_out_of_the_sdist(checkpoints):
 def test_installed_reproduce_runs_the_bundled_notebook_with_its_own_kernel(user):
     before = files_under(user.venv)
     (user.work / "reproduce.toml").write_text(
-        f'notebooks = ["01_variation"]\n[parameters]\ncheckpoints = ["{CHECKPOINT}"]\nmax_windows = {MAX_WINDOWS}\n')
+        f'notebooks = ["01_variation"]\n[parameters]\ncheckpoints = ["{CHECKPOINT}"]\nmax_windows = {MAX_WINDOWS}\n'
+    )
     result = fca(user, "reproduce", "--config", "reproduce.toml")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "passed  01_variation" in result.stdout
@@ -186,9 +226,14 @@ def test_installed_reproduce_runs_the_bundled_notebook_with_its_own_kernel(user)
 def test_installed_dashboard_serves_the_bundled_app(user, checkpoints):
     before = files_under(user.package)
     port = free_port()
-    server = subprocess.Popen([str(user.venv / "bin" / "fca"), "dashboard", "--port", str(port)], cwd=user.work,
-                              env={**user.env, "FCA_CHECKPOINTS": str(checkpoints)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [str(user.venv / "bin" / "fca"), "dashboard", "--port", str(port)],
+        cwd=user.work,
+        env={**user.env, "FCA_CHECKPOINTS": str(checkpoints)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         page = http_get(f"http://127.0.0.1:{port}/", server, timeout=180)
     finally:

@@ -62,8 +62,14 @@ def test_replay_skips_layers_before_l_and_never_runs_the_controller(arch, window
     if arch == "dense":
         pytest.skip("no coefficients to intervene on")
     calls = {"blocks": [], "controllers": 0}
-    hooks = [block.register_forward_hook(lambda m, i, o, n=n: calls["blocks"].append(n)) for n, block in enumerate(model.blocks)]
-    hooks += [c.register_forward_hook(lambda *a: calls.__setitem__("controllers", calls["controllers"] + 1)) for c in model.controllers]
+    hooks = [
+        block.register_forward_hook(lambda m, i, o, n=n: calls["blocks"].append(n))
+        for n, block in enumerate(model.blocks)
+    ]
+    hooks += [
+        c.register_forward_hook(lambda *a: calls.__setitem__("controllers", calls["controllers"] + 1))
+        for c in model.controllers
+    ]
     try:
         layer = 1
         cache.logits(restrict_to_layer(perturbed(cache.coefficients), cache.coefficients, layer), layer=layer)

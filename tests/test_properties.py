@@ -79,8 +79,9 @@ def test_derangement_needs_two_windows(n):
 
 
 @FAST
-@given(indices=st.lists(st.integers(0, 10_000), min_size=1, max_size=6, unique=True),
-       length=st.integers(1, 40), seed=seeds)
+@given(
+    indices=st.lists(st.integers(0, 10_000), min_size=1, max_size=6, unique=True), length=st.integers(1, 40), seed=seeds
+)
 def test_position_permutations_are_per_window_and_seeded(indices, length, seed):
     rows = position_permutations(torch.tensor(indices), length, seed)
     assert rows.shape == (len(indices), length)
@@ -193,8 +194,11 @@ def window_nlls(draw):
     gap = draw(st.floats(0.05, 2.0))
     share = draw(st.floats(-0.5, 1.5))
     noise = draw(st.floats(0, 0.2))
-    return {"correct": correct, "global_mean": correct + gap + noise * rng.normal(size=n),
-            "layer_mean": correct + (1 - share) * gap + noise * rng.normal(size=n)}
+    return {
+        "correct": correct,
+        "global_mean": correct + gap + noise * rng.normal(size=n),
+        "layer_mean": correct + (1 - share) * gap + noise * rng.normal(size=n),
+    }
 
 
 @FAST
@@ -215,8 +219,10 @@ def test_gap_retention_equals_the_formula_on_every_resample(nll, seed):
 def test_gap_retention_is_undefined_without_a_gap(nll):
     nll = {**nll, "global_mean": nll["correct"].copy()}
     counts = bootstrap_counts(len(nll["correct"]), resamples=50, seed=0)
-    assert gap_retention({k: torch.from_numpy(v) for k, v in nll.items()}, "layer_mean", counts) == \
-        {"value": None, "ci95": [None, None]}
+    assert gap_retention({k: torch.from_numpy(v) for k, v in nll.items()}, "layer_mean", counts) == {
+        "value": None,
+        "ci95": [None, None],
+    }
 
 
 @FAST
@@ -272,8 +278,12 @@ def test_variance_decomposition_equals_least_squares(data):
         slot_offset += flat.shape[2]
     values, labels = np.concatenate(values), np.concatenate(labels)
     assume(((values - values.mean()) ** 2).sum() > 1e-6)
-    for key, columns in (("r2_layer", [0]), ("r2_layer_slot", [1]), ("r2_layer_slot_position", [1, 2]),
-                         ("r2_layer_slot_window", [1, 3])):
+    for key, columns in (
+        ("r2_layer", [0]),
+        ("r2_layer_slot", [1]),
+        ("r2_layer_slot_position", [1, 2]),
+        ("r2_layer_slot_window", [1, 3]),
+    ):
         assert got[key] == pytest.approx(lstsq_r2(values, labels[:, columns]), abs=1e-8), key
 
     per_slot = [values[labels[:, 1] == s] for s in range(slot_offset)]
@@ -281,5 +291,6 @@ def test_variance_decomposition_equals_least_squares(data):
     assert got["cv"] == pytest.approx(np.mean([v.std() / abs(v.mean()) for v in per_slot]), rel=1e-7)
     layer_of_slot = np.array([labels[labels[:, 1] == s][0, 0] for s in range(slot_offset)])
     stds = np.array([v.std() for v in per_slot])
-    np.testing.assert_allclose(got["within_std_per_layer"],
-                               [stds[layer_of_slot == layer].mean() for layer in range(len(layers))], rtol=1e-9)
+    np.testing.assert_allclose(
+        got["within_std_per_layer"], [stds[layer_of_slot == layer].mean() for layer in range(len(layers))], rtol=1e-9
+    )

@@ -13,20 +13,35 @@ from fca_workbench.results.verdicts import STATIC_RETENTION, verdicts
 
 def audit(retention=0.5, cross=(0.2, -0.1, 0.5), shuffle=(0.1, -0.2, 0.4), fraction=1.0, r2_layer=0.875):
     """A minimal audit dict: ``cross`` / ``shuffle`` are (ΔNLL, CI low, CI high)."""
+
     def condition(delta, lo, hi):
         return {"nll": 3.0 + delta, "ci95": [2.9 + delta, 3.1 + delta], "delta": delta, "delta_ci95": [lo, hi]}
 
     return {
         "model": {"path": "ckpt", "arch": "featuregate", "params": 1234},
         "data": {"eval": {"windows": 8, "window": 64, "source": "eval.txt"}},
-        "conditions": {"correct": condition(0.0, 0.0, 0.0), "cross_input": condition(*cross),
-                       "token_shuffle": condition(*shuffle)},
+        "conditions": {
+            "correct": condition(0.0, 0.0, 0.0),
+            "cross_input": condition(*cross),
+            "token_shuffle": condition(*shuffle),
+        },
         "retention": {"layer_mean": {"value": retention, "ci95": [None, None]}},
-        "variance": {"r2_layer": r2_layer, "r2_layer_slot": 0.9, "r2_layer_slot_position": 0.95,
-                     "r2_layer_slot_window": 0.97},
+        "variance": {
+            "r2_layer": r2_layer,
+            "r2_layer_slot": 0.9,
+            "r2_layer_slot_position": 0.95,
+            "r2_layer_slot_window": 0.97,
+        },
         "variation": {"within_std": 0.0123, "cv": 0.456},
-        "execution": {"blocks_total": 8, "blocks_executed": round(8 * fraction), "fraction_executed": fraction,
-                      "controller_calls": 16, "flops": 2e9, "latency_ms": 5.0, "latency_ratio_vs_dense": 1.31},
+        "execution": {
+            "blocks_total": 8,
+            "blocks_executed": round(8 * fraction),
+            "fraction_executed": fraction,
+            "controller_calls": 16,
+            "flops": 2e9,
+            "latency_ms": 5.0,
+            "latency_ratio_vs_dense": 1.31,
+        },
     }
 
 
@@ -68,8 +83,10 @@ def test_no_gap_and_no_controller_are_said_so():
 
 def test_variation_verdict_quotes_the_variance_shares():
     text = verdicts(audit(r2_layer=0.875))["coefficient_variation"]
-    assert text == ("Coefficients vary (within-layer std 0.0123, CV 0.456); layer identity explains 87.5% of their "
-                    "variance, layer×slot 90.0%; adding position reaches 95.0%, adding the input window 97.0%.")
+    assert text == (
+        "Coefficients vary (within-layer std 0.0123, CV 0.456); layer identity explains 87.5% of their "
+        "variance, layer×slot 90.0%; adding position reaches 95.0%, adding the input window 97.0%."
+    )
     assert verdicts(audit(r2_layer=None))["coefficient_variation"].startswith("Coefficients are constant")
 
 
@@ -93,11 +110,17 @@ def test_report_shows_the_verdicts_and_every_condition():
 
 
 def test_summary_is_the_sample_mean_and_sd_of_the_per_seed_numbers():
-    seeds = [audit(retention=r, r2_layer=q, cross=(c, c - 0.1, c + 0.1))
-             for r, q, c in [(0.97, 0.8, 0.2), (0.91, 0.85, 0.25), (0.99, 0.9, 0.4)]]
+    seeds = [
+        audit(retention=r, r2_layer=q, cross=(c, c - 0.1, c + 0.1))
+        for r, q, c in [(0.97, 0.8, 0.2), (0.91, 0.85, 0.25), (0.99, 0.9, 0.4)]
+    ]
     summary = summarise(seeds)
-    for path in ("retention.layer_mean.value", "variance.r2_layer", "conditions.cross_input.delta",
-                 "execution.latency_ratio_vs_dense"):
+    for path in (
+        "retention.layer_mean.value",
+        "variance.r2_layer",
+        "conditions.cross_input.delta",
+        "execution.latency_ratio_vs_dense",
+    ):
         raw = [functools.reduce(dict.get, path.split("."), a) for a in seeds]
         assert summary[path]["values"] == raw
         assert summary[path]["mean"] == pytest.approx(sum(raw) / 3, rel=1e-12)

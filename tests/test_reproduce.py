@@ -47,8 +47,10 @@ def test_missing_checkpoint_is_refused_before_anything_runs(tiny_checkpoints, tm
     with pytest.raises(UserError, match="checkpoint folder not found: .*gone"):
         reproduce.plan(config, tmp_path / "out")
     with pytest.raises(UserError, match="text file not found"):
-        reproduce.plan({"parameters": {"checkpoints": [str(tiny_checkpoints["dense"])],
-                                       "eval_data": str(tmp_path / "none.txt")}}, tmp_path / "out")
+        reproduce.plan(
+            {"parameters": {"checkpoints": [str(tiny_checkpoints["dense"])], "eval_data": str(tmp_path / "none.txt")}},
+            tmp_path / "out",
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -57,7 +59,10 @@ def test_existing_results_are_not_clobbered(tiny_checkpoints, tmp_path):
     out.mkdir()
     mark_results(out)  # the marker an earlier fca reproduce run left
     (out / "README.md").write_text("an earlier run")
-    config = {"notebooks": ["03_static_profiles"], "parameters": {"checkpoints": [str(tiny_checkpoints["featuregate"])]}}
+    config = {
+        "notebooks": ["03_static_profiles"],
+        "parameters": {"checkpoints": [str(tiny_checkpoints["featuregate"])]},
+    }
     with pytest.raises(UserError, match="already holds results.*--overwrite"):
         reproduce.plan(config, out)
     assert (out / "README.md").read_text() == "an earlier run"
@@ -76,7 +81,11 @@ def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
         assert set(reproduce.DEFAULT_PARAMETERS) | set(reproduce.RESERVED) <= set(declared)
         assert declared["max_windows"]["default"] == str(reproduce.DEFAULT_MAX_WINDOWS)
     assert [p.split("/")[-1] for p in reproduce.shipped_checkpoints()] == [
-        *(f"featuregate-s{s}" for s in range(7)), "dense-s0", "muddpythia-s0", "moe-s0"]
+        *(f"featuregate-s{s}" for s in range(7)),
+        "dense-s0",
+        "muddpythia-s0",
+        "moe-s0",
+    ]
     assert reproduce.DEFAULT_PARAMETERS["device"] == "cpu"
 
 
@@ -93,8 +102,9 @@ def test_audits_and_caches_are_reused_across_notebooks_and_runs(tiny_reproduce, 
     settings run the audit again."""
     plan, _, audits, folders = tiny_reproduce
     run1 = Path(shutil.copytree(plan.out / "audits", tmp_path / "run1"))
-    settings = dict(checkpoints=[str(folders["featuregate-s0"])], cache=str(plan.cache), progress=False,
-                    **TINY_REPRODUCE_SETTINGS)
+    settings = dict(
+        checkpoints=[str(folders["featuregate-s0"])], cache=str(plan.cache), progress=False, **TINY_REPRODUCE_SETTINGS
+    )
     audit_json = run1 / "featuregate-s0" / "audit.json"
     shards = sorted(plan.cache.rglob("*.safetensors"))
     assert shards
@@ -143,8 +153,12 @@ def test_per_layer_false_leaves_the_per_layer_notebook_out(tiny_checkpoints, tmp
     parameters = {"checkpoints": [str(tiny_checkpoints["featuregate"])], "per_layer": False}
     jobs = [job.name for job in reproduce.plan({"parameters": parameters}, tmp_path / "a").jobs]
     assert jobs == [n for n in reproduce.PAPER_NOTEBOOKS if n != reproduce.PER_LAYER_NOTEBOOK]
-    assert all(not audit.per_layer for audit in reproduce.plan({"parameters": parameters}, tmp_path / "a").audits.values())
-    with_sweep = [job.name for job in reproduce.plan({"parameters": {**parameters, "per_layer": True}}, tmp_path / "b").jobs]
+    assert all(
+        not audit.per_layer for audit in reproduce.plan({"parameters": parameters}, tmp_path / "a").audits.values()
+    )
+    with_sweep = [
+        job.name for job in reproduce.plan({"parameters": {**parameters, "per_layer": True}}, tmp_path / "b").jobs
+    ]
     assert with_sweep == list(reproduce.PAPER_NOTEBOOKS)
     with pytest.raises(UserError, match="06_per_layer shows the per-layer sweep"):
         reproduce.plan({"notebooks": ["06_per_layer"], "parameters": parameters}, tmp_path / "c")

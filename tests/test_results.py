@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import fca_workbench
-from fca_workbench.results import per_token as results_module
 from fca_workbench import tables
 from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
 from fca_workbench.errors import UserError
+from fca_workbench.results import per_token as results_module
 from fca_workbench.results.conditions import CONDITIONS
 from fca_workbench.results.per_token import PER_TOKEN_CSV, PER_TOKEN_PARQUET, per_token_files
 
@@ -26,8 +26,9 @@ ARCHS = ("dense", "featuregate", "muddpythia")
 
 
 def settings(checkpoint):
-    return AuditSettings(checkpoint=str(checkpoint), window=32, max_windows=4, batch_size=4, resamples=200,
-                         latency_repeats=1)
+    return AuditSettings(
+        checkpoint=str(checkpoint), window=32, max_windows=4, batch_size=4, resamples=200, latency_repeats=1
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,11 @@ def test_load_audit_equals_audit_json(audits, arch):
     folder = audits[arch]
     audit, results = audit_json(folder), fca_workbench.load_audit(folder / "audit.json")
     assert (results.model, results.data, results.settings, results.verdicts) == (
-        audit["model"], audit["data"], audit["settings"], audit["verdict"])
+        audit["model"],
+        audit["data"],
+        audit["settings"],
+        audit["verdict"],
+    )
     assert results.conditions["condition"].tolist() == list(audit["conditions"])
     for row in results.conditions.to_dict("records"):
         figures = audit["conditions"][row["condition"]]
@@ -60,12 +65,17 @@ def test_load_audit_equals_audit_json(audits, arch):
         assert [row["delta_ci95_lo"], row["delta_ci95_hi"]] == figures["delta_ci95"]
     assert results.retention["profile"].tolist() == list(audit["retention"])
     for row in results.retention.to_dict("records"):
-        assert [row["value"], row["ci95_lo"], row["ci95_hi"]] == [audit["retention"][row["profile"]]["value"],
-                                                                   *audit["retention"][row["profile"]]["ci95"]]
+        assert [row["value"], row["ci95_lo"], row["ci95_hi"]] == [
+            audit["retention"][row["profile"]]["value"],
+            *audit["retention"][row["profile"]]["ci95"],
+        ]
     if audit["variance"] is None:
         assert results.variance.empty
     else:
-        assert results.variance.iloc[0].to_dict() == {**audit["variance"], **{k: audit["variation"][k] for k in ("within_std", "cv")}}
+        assert results.variance.iloc[0].to_dict() == {
+            **audit["variance"],
+            **{k: audit["variation"][k] for k in ("within_std", "cv")},
+        }
     runs = {"model": audit["execution"], "positive_control": audit["execution"].get("positive_control")}
     runs = {k: v for k, v in runs.items() if v}
     assert results.execution["run"].tolist() == list(runs)
@@ -91,7 +101,9 @@ def test_per_token_is_tidy_and_gives_the_audits_nll(audits, arch):
 
 def test_parquet_and_csv_hold_the_same_per_token_nll(audits, tmp_path):
     with_parquet = fca_workbench.load_audit(audits["featuregate"]).per_token
-    csv_only = shutil.copytree(audits["featuregate"], tmp_path / "csv", ignore=shutil.ignore_patterns("cache", "*.parquet"))
+    csv_only = shutil.copytree(
+        audits["featuregate"], tmp_path / "csv", ignore=shutil.ignore_patterns("cache", "*.parquet")
+    )
     from_csv = fca_workbench.load_audit(csv_only).per_token
     assert (audits["featuregate"] / PER_TOKEN_PARQUET).is_file() and not (csv_only / PER_TOKEN_PARQUET).exists()
     assert from_csv.drop(columns="nll").equals(with_parquet.drop(columns="nll"))
@@ -107,7 +119,9 @@ def test_per_token_writer_keeps_the_format_and_is_deterministic(monkeypatch):
     assert files[PER_TOKEN_CSV][4:8] == b"\0\0\0\0"  # gzip mtime 0
     expected = ["window,position,target_token," + ",".join(CONDITIONS)] + [
         f"{w},{t + 1},{int(windows[w, t + 1])}," + ",".join(f"{float(per_token[c][w, t]):.6f}" for c in CONDITIONS)
-        for w in range(3) for t in range(8)]
+        for w in range(3)
+        for t in range(8)
+    ]
     assert gzip.decompress(files[PER_TOKEN_CSV]).decode() == "\n".join(expected) + "\n"
     wide = pd.read_parquet(io.BytesIO(files[PER_TOKEN_PARQUET]))
     for name in CONDITIONS:  # Parquet holds the exact float32 values
@@ -119,32 +133,65 @@ def test_per_token_writer_keeps_the_format_and_is_deterministic(monkeypatch):
 def test_per_layer_rows_when_the_audit_has_them(audits, tmp_path):
     folder = shutil.copytree(audits["featuregate"], tmp_path / "swept", ignore=shutil.ignore_patterns("cache"))
     audit = audit_json(folder)
-    audit["per_layer"] = [{"layer": l, "condition": c, "nll": 5.0 + l + i / 8, "delta": l - i / 3,
-                           "delta_ci95": [l - 1.0, l + 0.5 + i]}
-                          for l in range(2) for i, c in enumerate(("cross_input", "layer_mean"))]
+    audit["per_layer"] = [
+        {"layer": l, "condition": c, "nll": 5.0 + l + i / 8, "delta": l - i / 3, "delta_ci95": [l - 1.0, l + 0.5 + i]}
+        for l in range(2)
+        for i, c in enumerate(("cross_input", "layer_mean"))
+    ]
     (folder / "audit.json").write_text(json.dumps(audit))
     frame = fca_workbench.load_audit(folder).per_layer
     assert frame.to_dict("records") == [
-        {"layer": r["layer"], "condition": r["condition"], "nll": r["nll"], "delta": r["delta"],
-         "delta_ci95_lo": r["delta_ci95"][0], "delta_ci95_hi": r["delta_ci95"][1]} for r in audit["per_layer"]]
+        {
+            "layer": r["layer"],
+            "condition": r["condition"],
+            "nll": r["nll"],
+            "delta": r["delta"],
+            "delta_ci95_lo": r["delta_ci95"][0],
+            "delta_ci95_hi": r["delta_ci95"][1],
+        }
+        for r in audit["per_layer"]
+    ]
     collection = fca_workbench.load_audits([folder, audits["dense"]])
     assert collection.per_layer["model"].tolist() == ["featuregate-s0"] * 4  # the Dense audit has none
 
 
 def test_columns_and_dtypes_are_pinned(audits):
     results = fca_workbench.load_audit(audits["featuregate"])
-    dtypes = {name: {c: str(t) for c, t in getattr(results, name).dtypes.items()}
-              for name in ("conditions", "retention", "variance", "execution", "per_token")}
+    dtypes = {
+        name: {c: str(t) for c, t in getattr(results, name).dtypes.items()}
+        for name in ("conditions", "retention", "variance", "execution", "per_token")
+    }
     f8, i8 = "float64", "int64"
     assert dtypes == {
-        "conditions": {"condition": "str", "nll": f8, "ci95_lo": f8, "ci95_hi": f8, "delta": f8,
-                       "delta_ci95_lo": f8, "delta_ci95_hi": f8},
+        "conditions": {
+            "condition": "str",
+            "nll": f8,
+            "ci95_lo": f8,
+            "ci95_hi": f8,
+            "delta": f8,
+            "delta_ci95_lo": f8,
+            "delta_ci95_hi": f8,
+        },
         "retention": {"profile": "str", "value": f8, "ci95_lo": f8, "ci95_hi": f8},
-        "variance": {"r2_layer": f8, "r2_layer_slot": f8, "r2_layer_slot_position": f8, "r2_layer_slot_window": f8,
-                     "within_std": f8, "cv": f8},
-        "execution": {"run": "str", "blocks_executed": i8, "blocks_total": i8, "fraction_executed": f8,
-                      "controller_calls": i8, "flops": i8, "latency_ms": f8, "dense_latency_ms": f8,
-                      "latency_ratio_vs_dense": f8},
+        "variance": {
+            "r2_layer": f8,
+            "r2_layer_slot": f8,
+            "r2_layer_slot_position": f8,
+            "r2_layer_slot_window": f8,
+            "within_std": f8,
+            "cv": f8,
+        },
+        "execution": {
+            "run": "str",
+            "blocks_executed": i8,
+            "blocks_total": i8,
+            "fraction_executed": f8,
+            "controller_calls": i8,
+            "flops": i8,
+            "latency_ms": f8,
+            "dense_latency_ms": f8,
+            "latency_ratio_vs_dense": f8,
+        },
         "per_token": {"window": i8, "position": i8, "target_token": i8, "condition": "category", "nll": f8},
     }
     assert list(results.per_token["condition"].cat.categories) == list(CONDITIONS)
@@ -189,7 +236,10 @@ def tolerance(column, value) -> float:
         return 0.0
     if column.kind == "sci":
         return abs(value) * 0.5 * 10 ** -(column.digits - 1) + 1e-12
-    return 0.5 * 10 ** -(column.digits - (2 if column.kind == "pct" else 0)) * (0.01 if column.kind == "pct" else 1) + 1e-12
+    return (
+        0.5 * 10 ** -(column.digits - (2 if column.kind == "pct" else 0)) * (0.01 if column.kind == "pct" else 1)
+        + 1e-12
+    )
 
 
 def latex_cells(text: str) -> list[list[str]]:
@@ -206,15 +256,21 @@ def markdown_cells(text: str) -> list[list[str]]:
 def test_written_tables_read_back_to_their_numbers(audits, tmp_path):
     dicts = [audit_json(audits[arch]) for arch in ARCHS]
     checked = 0
-    for table in (tables.assignment_table(dicts), tables.retention_table(dicts), tables.execution_table(dicts),
-                  tables.retention_seed_table(dicts + dicts), tables.variation_seed_table(dicts)):
+    for table in (
+        tables.assignment_table(dicts),
+        tables.retention_table(dicts),
+        tables.execution_table(dicts),
+        tables.retention_seed_table(dicts + dicts),
+        tables.variation_seed_table(dicts),
+    ):
         paths = tables.write_table(table, tmp_path)
         exact = pd.read_csv(paths["csv"])
         assert list(exact.columns) == list(table.columns)
         for column in table.columns:  # CSV: every number as it is
             if table[column].dtype != "str":
-                assert exact[column].tolist() == pytest.approx(table[column].astype("float64").tolist(), rel=0, abs=0,
-                                                               nan_ok=True)
+                assert exact[column].tolist() == pytest.approx(
+                    table[column].astype("float64").tolist(), rel=0, abs=0, nan_ok=True
+                )
         columns = table.attrs["columns"]
         for cells in (markdown_cells(paths["md"].read_text()), latex_cells(paths["tex"].read_text())):
             assert len(cells) == len(table)
@@ -237,10 +293,22 @@ def test_written_tables_read_back_to_their_numbers(audits, tmp_path):
 
 def test_bad_folders_are_one_line_errors(audits, tmp_path):
     good = (audits["featuregate"] / "audit.json").read_text()
-    cases = {"missing": None, "empty": "", "truncated": good[: len(good) // 2], "foreign": json.dumps({"rows": [1]}),
-             "a list": "[1, 2]", "incomplete": json.dumps({**json.loads(good), "execution": {"flops": 1}})}
-    expected = {"missing": "no audit.json", "empty": "not a complete audit.json", "truncated": "not a complete audit.json",
-                "foreign": "not an FCA audit", "a list": "not an FCA audit", "incomplete": "not a valid FCA audit"}
+    cases = {
+        "missing": None,
+        "empty": "",
+        "truncated": good[: len(good) // 2],
+        "foreign": json.dumps({"rows": [1]}),
+        "a list": "[1, 2]",
+        "incomplete": json.dumps({**json.loads(good), "execution": {"flops": 1}}),
+    }
+    expected = {
+        "missing": "no audit.json",
+        "empty": "not a complete audit.json",
+        "truncated": "not a complete audit.json",
+        "foreign": "not an FCA audit",
+        "a list": "not an FCA audit",
+        "incomplete": "not a valid FCA audit",
+    }
     for name, text in cases.items():
         folder = tmp_path / name.replace(" ", "_")
         folder.mkdir()
@@ -251,7 +319,9 @@ def test_bad_folders_are_one_line_errors(audits, tmp_path):
         assert expected[name] in str(error.value) and "\n" not in str(error.value), str(error.value)
     with pytest.raises(UserError, match="no audit folders"):
         fca_workbench.load_audits(tmp_path / "missing")
-    damaged = shutil.copytree(audits["featuregate"], tmp_path / "damaged", ignore=shutil.ignore_patterns("cache", "*.parquet"))
+    damaged = shutil.copytree(
+        audits["featuregate"], tmp_path / "damaged", ignore=shutil.ignore_patterns("cache", "*.parquet")
+    )
     data = (damaged / PER_TOKEN_CSV).read_bytes()
     (damaged / PER_TOKEN_CSV).write_bytes(data[: len(data) // 2])
     results = fca_workbench.load_audit(damaged)  # the figures load; the per-token file fails when asked for

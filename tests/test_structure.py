@@ -45,7 +45,9 @@ def imports(path: Path) -> list[tuple[str, int, bool]]:
                     target = candidate if MODULES.get(candidate) else child.module
                     found.append((target, child.lineno, in_function))
             elif isinstance(child, ast.Import):
-                found.extend((a.name, child.lineno, in_function) for a in child.names if a.name.startswith("fca_workbench"))
+                found.extend(
+                    (a.name, child.lineno, in_function) for a in child.names if a.name.startswith("fca_workbench")
+                )
             visit(child, nested)
 
     visit(tree, False)
@@ -64,8 +66,11 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_down(module):
     here = LAYERS.index(layer(module))
-    upward = [f"line {line}: {target} ({layer(target)})" for target, line, _ in imports(MODULES[module])
-              if LAYERS.index(layer(target)) > here]
+    upward = [
+        f"line {line}: {target} ({layer(target)})"
+        for target, line, _ in imports(MODULES[module])
+        if LAYERS.index(layer(target)) > here
+    ]
     assert not upward, f"{module} ({layer(module)}) imports from a layer above it: {upward}"
 
 
@@ -81,7 +86,7 @@ def test_no_import_cycles():
 
     def walk(module):
         if module in on_path:
-            raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(module):] + [module]))
+            raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(module) :] + [module]))
         if module in done:
             return
         on_path.append(module)

@@ -74,8 +74,10 @@ def test_every_row_equals_a_full_one_layer_replay(setup, group):
 def test_prefix_reuse_never_runs_the_blocks_before_the_layer(setup):
     model, windows, cache, profiles = setup
     calls = [0] * LAYERS
-    hooks = [block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
-             for i, block in enumerate(model.blocks)]
+    hooks = [
+        block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, block in enumerate(model.blocks)
+    ]
     try:
         sweep(model, windows, cache, profiles, group=len(SWEPT))  # one pass per (batch, layer)
     finally:
@@ -104,8 +106,10 @@ def test_fallback_without_layer_stepping_gives_the_same_rows(setup):
 def per_layer_audits(tiny_checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("per_layer")
     base = dict(window=64, max_windows=6, batch_size=4, latency_repeats=1, resamples=200, per_layer=True)
-    return {arch: run_audit(AuditSettings(checkpoint=str(folder), **base), root / arch)
-            for arch, folder in tiny_checkpoints.items()}
+    return {
+        arch: run_audit(AuditSettings(checkpoint=str(folder), **base), root / arch)
+        for arch, folder in tiny_checkpoints.items()
+    }
 
 
 def test_per_layer_audit_validates_and_names_the_carrying_layers(per_layer_audits):
@@ -119,7 +123,10 @@ def test_per_layer_audit_validates_and_names_the_carrying_layers(per_layer_audit
         validate_audit(broken)
     cross = [r for r in audit["per_layer"] if r["condition"] == "cross_input"]
     largest = max(cross, key=lambda r: r["delta"])
-    assert f"costs most at layer {largest['layer']} ({largest['delta']:+.4f} nats)" in audit["verdict"]["assignment_dependence"]
+    assert (
+        f"costs most at layer {largest['layer']} ({largest['delta']:+.4f} nats)"
+        in audit["verdict"]["assignment_dependence"]
+    )
     assert "ΔNLL with the condition at one layer only" in format_report(audit)
 
 

@@ -31,8 +31,18 @@ def small_text(tmp_path_factory):
 
 def tiny_settings(arch, small_text, **overrides):
     settings = dict(
-        arch=arch, train_data=small_text, layers=2, width=32, heads=4, window=32, steps=40,
-        batch_size=8, lr=1e-2, warmup=5, save_every=10, eval_windows=4,
+        arch=arch,
+        train_data=small_text,
+        layers=2,
+        width=32,
+        heads=4,
+        window=32,
+        steps=40,
+        batch_size=8,
+        lr=1e-2,
+        warmup=5,
+        save_every=10,
+        eval_windows=4,
     )
     return TrainSettings(**{**settings, **overrides})
 
@@ -77,12 +87,24 @@ def test_interrupted_run_resumes_from_its_step_to_identical_weights(kind, small_
 
 TINY_HF_CONFIGS = {
     "mixtral": dict(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-        num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
     ),
     "olmoe": dict(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-        num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
     ),
 }
 
@@ -127,8 +149,9 @@ def test_hf_config_training_lowers_the_loss_and_saves_the_trained_model(model_ty
 
 
 def test_hf_training_loss_is_the_nll_plus_the_weighted_router_loss_as_transformers_computes_it(tmp_path):
-    fields = read_hf_config(write_config(tmp_path, model_type="mixtral", router_aux_loss_coef=0.5,
-                                         **TINY_HF_CONFIGS["mixtral"]))
+    fields = read_hf_config(
+        write_config(tmp_path, model_type="mixtral", router_aux_loss_coef=0.5, **TINY_HF_CONFIGS["mixtral"])
+    )
     model = build_hf_model(fields, load_tokenizer(), window=32)
     batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(2))
     nll, loss = training_loss(model, batch)
@@ -198,13 +221,18 @@ def test_hf_config_beyond_available_memory_is_refused_before_it_is_built(small_t
     available(16 * parameters)  # exactly enough: built
     build_hf_model(fields, load_tokenizer(), window=32)
     available(16 * parameters - 1)
-    with pytest.raises(train_module.UserError, match=f"imply {parameters:,} parameters, .* GiB for fp32 weights, "
-                                                     "gradients and AdamW, more than the"):
+    with pytest.raises(
+        train_module.UserError,
+        match=f"imply {parameters:,} parameters, .* GiB for fp32 weights, gradients and AdamW, more than the",
+    ):
         build_hf_model(fields, load_tokenizer(), window=32)
     monkeypatch.undo()
 
-    huge = write_config(tmp_path, model_type="mixtral", **{**TINY_HF_CONFIGS["mixtral"], "hidden_size": 65536,
-                                                           "intermediate_size": 262144, "num_attention_heads": 512})
+    huge = write_config(
+        tmp_path,
+        model_type="mixtral",
+        **{**TINY_HF_CONFIGS["mixtral"], "hidden_size": 65536, "intermediate_size": 262144, "num_attention_heads": 512},
+    )
     args = ["train", "--hf-config", huge, "--train", small_text, "--window", "32", "--out", tmp_path / "o"]
     assert main([str(a) for a in args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()

@@ -35,12 +35,19 @@ def figures_of(row: dict) -> dict[str, float]:
 def assert_same_figures(logged: dict[str, float], standalone: dict[str, float]) -> None:
     """Same names in the same order, values within 1e-6 (NaN, an undefined retention, equals NaN)."""
     assert list(logged) == list(standalone)
-    assert all(math.isclose(logged[k], standalone[k], abs_tol=1e-6) or (math.isnan(logged[k]) and math.isnan(standalone[k]))
-               for k in logged), {k: (logged[k], standalone[k]) for k in logged if logged[k] != standalone[k]}
+    assert all(
+        math.isclose(logged[k], standalone[k], abs_tol=1e-6) or (math.isnan(logged[k]) and math.isnan(standalone[k]))
+        for k in logged
+    ), {k: (logged[k], standalone[k]) for k in logged if logged[k] != standalone[k]}
 
 
-ROUTER_FIGURES = ("delta_layer_mean_topk", "delta_layer_mean_topk_lo", "delta_layer_mean_topk_hi",
-                  "retention_layer_mean_topk", "expert_fraction_executed")
+ROUTER_FIGURES = (
+    "delta_layer_mean_topk",
+    "delta_layer_mean_topk_lo",
+    "delta_layer_mean_topk_hi",
+    "retention_layer_mean_topk",
+    "expert_fraction_executed",
+)
 
 
 def mini_audit(tokenizer, window: int = 32) -> MiniAudit:
@@ -90,8 +97,12 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, 
     table = tables.training_dynamics_table(load_training_runs([run]))  # what notebook 07 shows
     assert table.step.tolist() == [3, 6, 7]
     assert not set(ROUTER_KEYS) & set(table.columns)  # no routers, no router columns
-    for column, logged in (("delta_cross_input", "delta_cross_input"), ("delta_cross_input_ci95_lo", "delta_cross_input_lo"),
-                           ("retention_layer_mean_ci95_hi", "retention_layer_mean_hi"), ("r2_layer_slot", "r2_layer_slot")):
+    for column, logged in (
+        ("delta_cross_input", "delta_cross_input"),
+        ("delta_cross_input_ci95_lo", "delta_cross_input_lo"),
+        ("retention_layer_mean_ci95_hi", "retention_layer_mean_hi"),
+        ("r2_layer_slot", "r2_layer_slot"),
+    ):
         assert table[column].tolist() == [float(r[logged]) for r in rows]
 
 
@@ -121,6 +132,7 @@ def direct_static_topk(model, eval_windows: torch.Tensor, calib_windows: torch.T
         def hook(module, args, output):
             logits, weights, experts = output
             sums[index] = sums[index] + torch.zeros_like(logits).scatter(-1, experts, weights).double().sum(dim=0)
+
         return hook
 
     handles = [router.register_forward_hook(recorder(i)) for i, router in enumerate(routers)]
@@ -169,7 +181,10 @@ def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_m
         assert table[key].tolist() == [float(r[key]) for r in rows]
     # The audits leave training as it was (train mode, the default experts implementation): the same weights.
     train(hf_settings(tmp_path, "mixtral", small_text, steps=4, save_every=10), tmp_path / "plain")
-    audited, plain = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "plain" / "model.safetensors")
+    audited, plain = (
+        load_file(tmp_path / "run" / "model.safetensors"),
+        load_file(tmp_path / "plain" / "model.safetensors"),
+    )
     assert all(torch.equal(audited[k], plain[k]) for k in plain)
 
 
@@ -181,9 +196,17 @@ def train_with_callback(model, audit: MiniAudit, folder):
     from fca_workbench.callbacks import FCACallback
 
     data = [{"input_ids": w, "labels": w} for w in audit.calib_windows.repeat(4, 1)]
-    args = TrainingArguments(output_dir=str(folder), max_steps=4, per_device_train_batch_size=4,
-                             learning_rate=1e-2, report_to="none", save_strategy="no", logging_steps=100,
-                             use_cpu=True, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(folder),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=100,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.add_callback(FCACallback(trainer, audit, every=2))
     reported = []
@@ -200,8 +223,11 @@ def train_with_callback(model, audit: MiniAudit, folder):
 
 def logged_audits(trainer) -> list[dict]:
     """The Trainer's log entries that hold a mini-audit, as ``{figure: value}`` with the ``fca/`` prefix removed."""
-    return [{k.removeprefix("fca/"): v for k, v in e.items() if k.startswith("fca/")} | {"step": e["step"]}
-            for e in trainer.state.log_history if "fca/nll_correct" in e]
+    return [
+        {k.removeprefix("fca/"): v for k, v in e.items() if k.startswith("fca/")} | {"step": e["step"]}
+        for e in trainer.state.log_history
+        if "fca/nll_correct" in e
+    ]
 
 
 def test_trainer_callback_logs_the_mini_audit_through_the_trainer(tmp_path):
@@ -239,16 +265,30 @@ LLAMA = "LLAMA_CONFIG"  # replaced by the path of a tiny llama config: a transfo
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--arch", "dense", *SHAPE, "--audit-every", "2"], "--audit-every needs a model with a controller; dense has none"),
+        (
+            ["--arch", "dense", *SHAPE, "--audit-every", "2"],
+            "--audit-every needs a model with a controller; dense has none",
+        ),
         (["--hf-config", LLAMA, "--audit-every", "2"], "--audit-every needs a model with a controller; llama has none"),
-        (["--arch", "featuregate", *SHAPE, "--audit-every", "9"], "--audit-every 9 must be between 1 and the run's 8 steps"),
-        (["--arch", "featuregate", *SHAPE, "--audit-every", "2", "--audit-windows", "100000"], "fewer than --audit-windows 100000"),
-        (["--arch", "featuregate", *SHAPE, "--audit-every", "2", "--audit-windows", "1"], "--audit-windows must be at least 2"),
+        (
+            ["--arch", "featuregate", *SHAPE, "--audit-every", "9"],
+            "--audit-every 9 must be between 1 and the run's 8 steps",
+        ),
+        (
+            ["--arch", "featuregate", *SHAPE, "--audit-every", "2", "--audit-windows", "100000"],
+            "fewer than --audit-windows 100000",
+        ),
+        (
+            ["--arch", "featuregate", *SHAPE, "--audit-every", "2", "--audit-windows", "1"],
+            "--audit-windows must be at least 2",
+        ),
     ],
 )
 def test_bad_audit_settings_are_refused_in_one_line_before_training(flags, message, small_text, tmp_path, capsys):  # noqa: F811
     moe_only = ("num_local_experts", "num_experts_per_tok")
-    llama = write_config(tmp_path, model_type="llama", **{k: v for k, v in TINY_HF_CONFIGS["mixtral"].items() if k not in moe_only})
+    llama = write_config(
+        tmp_path, model_type="llama", **{k: v for k, v in TINY_HF_CONFIGS["mixtral"].items() if k not in moe_only}
+    )
     out = tmp_path / "run"
     flags = [str(llama) if flag == LLAMA else flag for flag in flags]
     code = main(["train", *flags, "--train", small_text, "--steps", "8", "--window", "32", "--out", str(out)])

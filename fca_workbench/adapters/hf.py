@@ -93,12 +93,16 @@ class TransformersControlled(nn.Module):
 
     def check_inputs(self, input_ids: torch.Tensor, values=None) -> None:
         if input_ids.shape[1] > self.context_length:
-            raise ValueError(f"window of {input_ids.shape[1]} tokens is longer than the model's context of {self.context_length}")
+            raise ValueError(
+                f"window of {input_ids.shape[1]} tokens is longer than the model's context of {self.context_length}"
+            )
 
     def _once(self, index: int, calls: list[int]) -> None:
         calls[index] += 1
         if calls[index] > 1:
-            raise UserError(f"controller {self.controller_names[index]} runs more than once per forward; the adapter cannot replay it")
+            raise UserError(
+                f"controller {self.controller_names[index]} runs more than once per forward; the adapter cannot replay it"
+            )
 
     def capture_run(self, input_ids: torch.Tensor):
         """Logits and each controller's whole output, batch-first, recorded by forward hooks."""
@@ -114,9 +118,11 @@ class TransformersControlled(nn.Module):
                         self._flat[index] = tuple(tensor.shape[:2]) != (batch, length)
                     lead = self._lead(index, batch, length)
                     if tuple(tensor.shape[: len(lead)]) != lead:
-                        raise UserError(f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; "
-                                        "the adapter cannot use it")
-                    return tensor.detach().reshape(batch, length, *tensor.shape[len(lead):])
+                        raise UserError(
+                            f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; "
+                            "the adapter cannot use it"
+                        )
+                    return tensor.detach().reshape(batch, length, *tensor.shape[len(lead) :])
 
                 try:
                     values[index] = self.kinds[index].to_values(output, batch_first)

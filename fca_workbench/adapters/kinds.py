@@ -58,7 +58,9 @@ def _router_values(output, batch_first) -> dict:
     """``(router_logits [N, E], top_k_weights [N, k], top_k_index [N, k])``, whole, plus the dense gate:
     the top-k weights scattered at their indices, zeros elsewhere."""
     if not (isinstance(output, tuple) and len(output) == 3 and all(isinstance(t, torch.Tensor) for t in output)):
-        raise UserError("returns something other than (router_logits, top_k_weights, top_k_index); the adapter cannot use it")
+        raise UserError(
+            "returns something other than (router_logits, top_k_weights, top_k_index); the adapter cannot use it"
+        )
     values = {name: batch_first(t) for name, t in zip(ROUTER_OUTPUT, output)}
     logits, weights, index = (values[name] for name in ROUTER_OUTPUT)
     gate = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
@@ -88,7 +90,9 @@ def _router_experts(values):
 TOP_K_ROUTER = ControllerKind(
     "top_k_router", class_suffix("TopKRouter", "TopkRouter"), _router_values, _router_output, _router_experts
 )
-SHARED_EXPERT_GATE = ControllerKind("shared_expert_gate", name_pattern(r".*\.shared_expert_gate"), _tensor_values, _tensor_output)
+SHARED_EXPERT_GATE = ControllerKind(
+    "shared_expert_gate", name_pattern(r".*\.shared_expert_gate"), _tensor_values, _tensor_output
+)
 
 # Tried in order; the first kind that finds a module claims it.
 KINDS: list[ControllerKind] = [TOP_K_ROUTER, SHARED_EXPERT_GATE]

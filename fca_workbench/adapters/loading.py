@@ -34,7 +34,9 @@ def load_controlled(path, dtype=None, controllers: str | None = None, trust_remo
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     if not isinstance(raw, dict) or raw.get("model_type") in native:
         if controllers is not None:
-            raise UserError(f"--controllers is for foreign models; {folder} is a workbench model with its own controllers")
+            raise UserError(
+                f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
+            )
         return load_model(folder, dtype)
     return TransformersControlled(load_transformers(folder, raw, dtype, trust_remote_code), controllers)
 
@@ -66,8 +68,10 @@ def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
 
     model_type = raw.get("model_type")
     if raw.get("auto_map") and not trust_remote_code:
-        raise UserError(f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
-                        "to run the code in that folder, only if you trust it")
+        raise UserError(
+            f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
+            "to run the code in that folder, only if you trust it"
+        )
     if not raw.get("auto_map") and model_type not in CONFIG_MAPPING:
         shown = "no model_type" if model_type is None else f"model_type '{model_type}'"
         raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
@@ -77,11 +81,17 @@ def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
-        parameters = parameters_on_meta(lambda: AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code))
+        parameters = parameters_on_meta(
+            lambda: AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        )
         check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
         return AutoModelForCausalLM.from_pretrained(
-            folder, config=config, dtype=dtype, local_files_only=True, use_safetensors=True,
-            trust_remote_code=trust_remote_code
+            folder,
+            config=config,
+            dtype=dtype,
+            local_files_only=True,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         text = str(exc).strip().splitlines()

@@ -43,8 +43,10 @@ def model_sizes(model) -> dict[str, int]:
         if found is None and size == "layers":
             found = len(model.blocks)
         if found is None:
-            raise UserError(f"cannot size the audit's batches: the {type(config).__name__} names no {size} "
-                            f"({' / '.join(fields)}); pass --batch-size")
+            raise UserError(
+                f"cannot size the audit's batches: the {type(config).__name__} names no {size} "
+                f"({' / '.join(fields)}); pass --batch-size"
+            )
         sizes[size] = found
     sizes["ffn"] = max(4 * sizes["width"], getattr(config, "intermediate_size", None) or 0)
     return sizes
@@ -85,9 +87,7 @@ def audit_batch_size(model, window: int, device, cache: Path | None = None) -> i
     if device.type != "cuda":
         return CPU_BATCH_SIZE
     free, _ = torch.cuda.mem_get_info(device)
-    weights_elsewhere = sum(
-        p.numel() * p.element_size() for p in model.parameters() if p.device.type != "cuda"
-    )
+    weights_elsewhere = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "cuda")
     usable = free - weights_elsewhere - RESERVE_BYTES
     fits = int(usable // (SAFETY * window_bytes(model, window)))
     return max(1, min(MAX_BATCH_SIZE, fits))

@@ -30,8 +30,13 @@ def cache_lock(cache_root, wait: float = 0.0, ranks=SINGLE):
         try:
             lock.acquire()
         except Timeout:
-            lock, refused = None, (f"coefficient cache {cache_root} is in use by another audit (waited {wait:g} s); "
-                                   "let it finish, or give --lock-wait SECONDS to wait longer")
+            lock, refused = (
+                None,
+                (
+                    f"coefficient cache {cache_root} is in use by another audit (waited {wait:g} s); "
+                    "let it finish, or give --lock-wait SECONDS to wait longer"
+                ),
+            )
     refused = ranks.from_lead(refused)
     if refused:
         raise EveryRankError(refused)

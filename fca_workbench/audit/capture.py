@@ -45,8 +45,18 @@ SHARD_FILE = re.compile(r"^\.?shard_\d{5}\.safetensors(\.tmp)?$")  # shards and 
 
 MANIFEST_SCHEMA = {
     "type": "object",
-    "required": ["format", "model_fingerprint", "data_fingerprint", "windows", "window", "shard_size", "dtype",
-                 "slot_shapes", "shards", "complete"],
+    "required": [
+        "format",
+        "model_fingerprint",
+        "data_fingerprint",
+        "windows",
+        "window",
+        "shard_size",
+        "dtype",
+        "slot_shapes",
+        "shards",
+        "complete",
+    ],
     "properties": {
         "model_fingerprint": {"type": "string"},
         "data_fingerprint": {"type": "string"},
@@ -60,8 +70,10 @@ MANIFEST_SCHEMA = {
             "additionalProperties": {
                 "type": "object",
                 "required": ["sha256", "bytes"],
-                "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                               "bytes": {"type": "integer", "minimum": 0}},
+                "properties": {
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                    "bytes": {"type": "integer", "minimum": 0},
+                },
             },
         },
         "complete": {"type": "boolean"},
@@ -86,7 +98,11 @@ def library_versions() -> dict:
     import safetensors
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "safetensors": safetensors.__version__}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+    }
 
 
 class CoefficientCache:
@@ -110,7 +126,9 @@ class CoefficientCache:
         return shard_count(self.num_windows, self.shard_size)
 
     def damaged(self, shard: int, why: str) -> UserError:
-        return UserError(f"coefficient cache shard {self.shard_path(shard)} {why}; delete {self.folder} to capture again")
+        return UserError(
+            f"coefficient cache shard {self.shard_path(shard)} {why}; delete {self.folder} to capture again"
+        )
 
     def verify(self) -> None:
         """Check a finished cache before any of it is used: every shard claimed by the manifest, present,
@@ -161,8 +179,10 @@ class CoefficientCache:
         except (OSError, SafetensorError) as exc:
             raise self.damaged(0, f"is unreadable ({first_line(exc)})") from None
         return [
-            {COEFFICIENT: coefficient,
-             **{key.split(".", 1)[1]: self._read(key, indices) for key in keys if key.startswith(f"layer_{layer}.")}}
+            {
+                COEFFICIENT: coefficient,
+                **{key.split(".", 1)[1]: self._read(key, indices) for key in keys if key.startswith(f"layer_{layer}.")},
+            }
             for layer, coefficient in enumerate(self.coefficients(indices))
         ]
 
@@ -195,20 +215,23 @@ def read_manifest(folder: Path) -> dict | None:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"coefficient cache {folder}: unreadable {MANIFEST} ({first_line(exc)}); "
-                        f"delete {folder} to capture again") from None
+        raise UserError(
+            f"coefficient cache {folder}: unreadable {MANIFEST} ({first_line(exc)}); delete {folder} to capture again"
+        ) from None
     if isinstance(manifest, dict) and manifest.get("format") in LEGACY_FORMATS:
         return None
     jsonschema = import_jsonschema()  # slow to import; only needed when a cache is opened
 
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
-        raise UserError(f"coefficient cache {folder}: {MANIFEST} is not a {CACHE_FORMAT} manifest; "
-                        f"delete {folder} to capture again")
+        raise UserError(
+            f"coefficient cache {folder}: {MANIFEST} is not a {CACHE_FORMAT} manifest; delete {folder} to capture again"
+        )
     try:
         jsonschema.validate(manifest, MANIFEST_SCHEMA)
     except jsonschema.ValidationError as exc:
-        raise UserError(f"coefficient cache {folder}: {MANIFEST} is malformed ({first_line(exc)}); "
-                        f"delete {folder} to capture again") from None
+        raise UserError(
+            f"coefficient cache {folder}: {MANIFEST} is malformed ({first_line(exc)}); delete {folder} to capture again"
+        ) from None
     return manifest
 
 
@@ -259,14 +282,13 @@ def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
             )
     for key in ("window", "shard_size", "dtype"):
         if manifest.get(key) != expected[key]:
-            raise UserError(
-                f"coefficient cache {folder} has {key}={manifest.get(key)}, this run needs {expected[key]}"
-            )
+            raise UserError(f"coefficient cache {folder} has {key}={manifest.get(key)}, this run needs {expected[key]}")
 
 
 @torch.no_grad()
-def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture",
-            ranks=SINGLE) -> CoefficientCache:
+def capture(
+    model, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture", ranks=SINGLE
+) -> CoefficientCache:
     """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``.
 
     ``ranks`` (``distributed.Ranks``): under torchrun each rank captures its share of the shards, numbered as
@@ -307,10 +329,18 @@ def capture(model, windows: torch.Tensor, folder, batch_size: int = 16, device="
             continue
         batch = windows[shard * batch_size : (shard + 1) * batch_size].to(device)
         logits, values = model.capture_run(batch)
-        tensors = {f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)}
+        tensors = {
+            f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)
+        }
         # the rest of each controller's output, in the dtype it came in, so replaying it is exact
-        tensors.update({f"layer_{layer}.{name}": t.cpu().contiguous() for layer, value in enumerate(values)
-                        for name, t in value.items() if name != COEFFICIENT})
+        tensors.update(
+            {
+                f"layer_{layer}.{name}": t.cpu().contiguous()
+                for layer, value in enumerate(values)
+                for name, t in value.items()
+                if name != COEFFICIENT
+            }
+        )
         tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
         record_claim(manifest_path, path.name, write_shard(tensors, path))
     ranks.barrier()

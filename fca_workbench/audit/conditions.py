@@ -80,5 +80,7 @@ class ConditionCoefficients:
 def values_on(values: list[dict[str, torch.Tensor]], device, dtype) -> list[dict[str, torch.Tensor]]:
     """Values moved to ``device``, coefficients cast to the model's ``dtype`` (the rest of a controller's
     output keeps the dtype it was captured in, so replaying it is exact)."""
-    return [{name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
-            for value in values]
+    return [
+        {name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
+        for value in values
+    ]

@@ -31,8 +31,7 @@ def bootstrap_means(window_values: torch.Tensor, counts: torch.Tensor) -> torch.
     tokens of a resample is the count-weighted mean of the per-window means."""
     values = torch.as_tensor(window_values, dtype=_F64)
     if values.shape != counts.shape[1:]:
-        raise ValueError(f"window_values has shape {tuple(values.shape)}, counts expect "
-                         f"[{counts.shape[1]}]")
+        raise ValueError(f"window_values has shape {tuple(values.shape)}, counts expect [{counts.shape[1]}]")
     return counts.to(_F64) @ values / values.numel()
 
 
@@ -48,8 +47,9 @@ def mean_ci(window_values: torch.Tensor, counts: torch.Tensor) -> tuple[float, f
     return (point, *_ci95(bootstrap_means(window_values, counts)))
 
 
-def condition_figures(window_nll: dict[str, torch.Tensor], counts: torch.Tensor,
-                      reference: str = "correct") -> dict[str, dict]:
+def condition_figures(
+    window_nll: dict[str, torch.Tensor], counts: torch.Tensor, reference: str = "correct"
+) -> dict[str, dict]:
     """Per condition: NLL with CI, and ΔNLL against ``reference`` with a *paired* CI (bootstrap
     of per-window differences), which removes the between-window variance both conditions share."""
     ref = torch.as_tensor(window_nll[reference], dtype=_F64)
@@ -62,8 +62,13 @@ def condition_figures(window_nll: dict[str, torch.Tensor], counts: torch.Tensor,
     return figures
 
 
-def gap_retention(window_nll: dict[str, torch.Tensor], profile: str, counts: torch.Tensor,
-                  low: str = "global_mean", reference: str = "correct") -> dict:
+def gap_retention(
+    window_nll: dict[str, torch.Tensor],
+    profile: str,
+    counts: torch.Tensor,
+    low: str = "global_mean",
+    reference: str = "correct",
+) -> dict:
     """Share of the ``low``→``reference`` NLL gap that static ``profile`` recovers:
     ``(NLL_low − NLL_profile) / (NLL_low − NLL_reference)``; 1 = as good as the live coefficients,
     0 = no better than one global scalar. The CI recomputes the ratio on each resample (paired).
@@ -122,9 +127,9 @@ class _LayerStats:
         self.pos_n, self.pos = _grow(self.pos_n, t), _grow(self.pos, t)
         self.win_n, self.win = _grow(self.win_n, offset + b), _grow(self.win, offset + b)
         self.pos_n[:t] += b
-        self.win_n[offset:offset + b] += t
+        self.win_n[offset : offset + b] += t
         self.pos[:t] += torch.stack([d.sum(0), (d * d).sum(0)], dim=1).cpu()
-        self.win[offset:offset + b] += torch.stack([d.sum(1), (d * d).sum(1)], dim=1).cpu()
+        self.win[offset : offset + b] += torch.stack([d.sum(1), (d * d).sum(1)], dim=1).cpu()
 
     def slots(self):
         """Per slot: count [S], mean [S] and within-slot SS [S]."""

@@ -33,8 +33,10 @@ def evenly_spread(windows: torch.Tensor, count: int, what: str) -> torch.Tensor:
     if count < 2:
         raise UserError(f"--audit-windows must be at least 2 (cross-input needs two windows), got {count}")
     if len(windows) < count:
-        raise UserError(f"the {what} set gives {len(windows)} windows of {windows.shape[1]} tokens, "
-                        f"fewer than --audit-windows {count}")
+        raise UserError(
+            f"the {what} set gives {len(windows)} windows of {windows.shape[1]} tokens, "
+            f"fewer than --audit-windows {count}"
+        )
     return windows[np.linspace(0, len(windows) - 1, count).round().astype(int)]
 
 
@@ -53,8 +55,14 @@ class MiniAudit:
     changes the model: it runs under ``no_grad`` and puts back the train/eval mode it found.
     """
 
-    def __init__(self, eval_windows: torch.Tensor, calib_windows: torch.Tensor, seed: int = 0,
-                 batch_size: int = 16, resamples: int = 200):
+    def __init__(
+        self,
+        eval_windows: torch.Tensor,
+        calib_windows: torch.Tensor,
+        seed: int = 0,
+        batch_size: int = 16,
+        resamples: int = 200,
+    ):
         self.eval_windows, self.calib_windows = eval_windows, calib_windows
         self.seed, self.batch_size, self.resamples = seed, batch_size, resamples
 
@@ -71,8 +79,9 @@ class MiniAudit:
         """The figures, in the order of ``audit_log.csv``'s columns."""
         with controlled_view(model) as view:
             if not view.controllers:
-                raise UserError(f"the mini-audit needs a model with a controller; {view.arch} has none the workbench "
-                                "can audit")
+                raise UserError(
+                    f"the mini-audit needs a model with a controller; {view.arch} has none the workbench can audit"
+                )
             device = next(view.parameters()).device
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
                 options = {"batch_size": self.batch_size, "device": device}
@@ -81,8 +90,11 @@ class MiniAudit:
                 profiles = calibration_profiles(calib_cache)
                 replayed = [c for c in replay_conditions(profiles) if c not in ("unperturbed", "correct")]
                 window_nll = {
-                    condition: replay_nll(view, self.eval_windows, eval_cache, condition, profiles, self.seed,
-                                          device=device).double().mean(dim=1)
+                    condition: replay_nll(
+                        view, self.eval_windows, eval_cache, condition, profiles, self.seed, device=device
+                    )
+                    .double()
+                    .mean(dim=1)
                     for condition in ("correct", *replayed)
                 }
                 spread = coefficient_spread(eval_cache)
@@ -92,12 +104,22 @@ class MiniAudit:
         figures = {"nll_correct": conditions["correct"]["nll"]}
         for condition in replayed:
             c = conditions[condition]
-            figures.update({f"delta_{condition}": c["delta"], f"delta_{condition}_lo": c["delta_ci95"][0],
-                            f"delta_{condition}_hi": c["delta_ci95"][1]})
+            figures.update(
+                {
+                    f"delta_{condition}": c["delta"],
+                    f"delta_{condition}_lo": c["delta_ci95"][0],
+                    f"delta_{condition}_hi": c["delta_ci95"][1],
+                }
+            )
         for profile in (*RETENTION_PROFILES, *(c for c in ROUTING_CONDITIONS if c in profiles)):
             r = gap_retention(window_nll, profile, counts)
-            figures.update({f"retention_{profile}": r["value"], f"retention_{profile}_lo": r["ci95"][0],
-                            f"retention_{profile}_hi": r["ci95"][1]})
+            figures.update(
+                {
+                    f"retention_{profile}": r["value"],
+                    f"retention_{profile}_lo": r["ci95"][0],
+                    f"retention_{profile}_hi": r["ci95"][1],
+                }
+            )
         figures.update({key: spread[key] for key in SPREAD_KEYS})
         if "expert_fraction_executed" in experts:
             figures["expert_fraction_executed"] = experts["expert_fraction_executed"]

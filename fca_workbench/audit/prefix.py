@@ -186,9 +186,7 @@ class PrefixStore:
         return cache
 
     def _evict(self) -> None:
-        while len(self._entries) > 1 and (
-            len(self._entries) > self.max_entries or self._nbytes() > self.max_bytes
-        ):
+        while len(self._entries) > 1 and (len(self._entries) > self.max_entries or self._nbytes() > self.max_bytes):
             self._entries.popitem(last=False)
 
     def _nbytes(self) -> int:

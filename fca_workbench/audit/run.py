@@ -78,7 +78,11 @@ def check_audit_out(out) -> Path:
 def load_audit_inputs(settings: AuditSettings):
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
     model, tokenizer = load_audit_model(settings)
-    return model, audit_windows(settings, "eval", model, tokenizer), audit_windows(settings, "calibration", model, tokenizer)
+    return (
+        model,
+        audit_windows(settings, "eval", model, tokenizer),
+        audit_windows(settings, "calibration", model, tokenizer),
+    )
 
 
 def load_audit_model(settings: AuditSettings):
@@ -134,17 +138,34 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             calib_cache = capture_split(model, calib_windows, "calibration", settings, out, ranks)
             profiles = calibration_profiles(calib_cache, ranks.share(calib_cache.num_shards()), ranks.sum)
         conditions = replay_conditions(profiles) if has_controller else ("unperturbed",)
-        per_token = ranks.gather({
-            condition: replay_nll(model, eval_windows, eval_cache, condition, profiles, settings.seed,
-                                  device=settings.device, shards=share)
-            for condition in tqdm(conditions, desc="replay", unit="condition")
-        })
+        per_token = ranks.gather(
+            {
+                condition: replay_nll(
+                    model,
+                    eval_windows,
+                    eval_cache,
+                    condition,
+                    profiles,
+                    settings.seed,
+                    device=settings.device,
+                    shards=share,
+                )
+                for condition in tqdm(conditions, desc="replay", unit="condition")
+            }
+        )
         spread = coefficient_spread(eval_cache, ranks)
         counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
         if settings.per_layer:
             swept = [c for c in conditions if c not in ("unperturbed", "correct")]
-            sweep = ranks.gather(per_layer_window_nll(
-                model, eval_windows, eval_cache, swept, profiles, settings.seed, settings.device, shards=share)) if swept else ({}, None)
+            sweep = (
+                ranks.gather(
+                    per_layer_window_nll(
+                        model, eval_windows, eval_cache, swept, profiles, settings.seed, settings.device, shards=share
+                    )
+                )
+                if swept
+                else ({}, None)
+            )
         if not ranks.lead:
             return None
         if has_controller:
@@ -164,11 +185,18 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
                 "calibration": data_summary(calib_path, calib_windows),
             },
             "settings": {**asdict(settings), "world_size": ranks.world_size},
-            "conditions": condition_figures(window_nll, counts, reference="correct" if has_controller else "unperturbed"),
-            "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES} if has_controller else {},
+            "conditions": condition_figures(
+                window_nll, counts, reference="correct" if has_controller else "unperturbed"
+            ),
+            "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES}
+            if has_controller
+            else {},
             "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
             "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
-            "execution": {**execution_figures(model, eval_windows, calib_windows, settings), **expert_execution(model, eval_cache)},
+            "execution": {
+                **execution_figures(model, eval_windows, calib_windows, settings),
+                **expert_execution(model, eval_cache),
+            },
         }
         audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
         if settings.per_layer:
@@ -184,7 +212,9 @@ def cache_root(settings: AuditSettings, out) -> Path:
     return Path(settings.cache) if settings.cache else Path(out) / "cache"
 
 
-def with_batch_size(settings: AuditSettings, model, eval_windows: torch.Tensor, out, ranks: Ranks = SINGLE) -> AuditSettings:
+def with_batch_size(
+    settings: AuditSettings, model, eval_windows: torch.Tensor, out, ranks: Ranks = SINGLE
+) -> AuditSettings:
     """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``; under
     torchrun the smallest any rank can fit, so every rank cuts the same shards)."""
     if settings.batch_size is not None:
@@ -196,20 +226,29 @@ def with_batch_size(settings: AuditSettings, model, eval_windows: torch.Tensor, 
 def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out, ranks: Ranks = SINGLE):
     """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured (each rank its share),
     resumed, or reused when a finished capture of the same model and windows is there."""
-    return capture(model, windows, cache_root(settings, out) / split, batch_size=settings.batch_size,
-                   device=settings.device, desc=f"capture {split}", ranks=ranks)
+    return capture(
+        model,
+        windows,
+        cache_root(settings, out) / split,
+        batch_size=settings.batch_size,
+        device=settings.device,
+        desc=f"capture {split}",
+        ranks=ranks,
+    )
 
 
 def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, calib_windows) -> None:
     """Before anything is written: every rank has the same model, windows and settings (paths aside: nodes
     may mount them differently), and at least one shard of each set it captures (``calib_windows`` None:
     no calibration capture)."""
-    ranks.agree(lambda: {
-        "model": model_fingerprint(model),
-        "eval windows": fingerprint_tensor(eval_windows),
-        "calibration windows": None if calib_windows is None else fingerprint_tensor(calib_windows),
-        "settings": {k: v for k, v in asdict(settings).items() if k not in PATH_SETTINGS},
-    })
+    ranks.agree(
+        lambda: {
+            "model": model_fingerprint(model),
+            "eval windows": fingerprint_tensor(eval_windows),
+            "calibration windows": None if calib_windows is None else fingerprint_tensor(calib_windows),
+            "settings": {k: v for k, v in asdict(settings).items() if k not in PATH_SETTINGS},
+        }
+    )
     sets = {"eval": eval_windows, "calibration": calib_windows}
     ranks.check_shards({name: shard_count(len(w), settings.batch_size) for name, w in sets.items() if w is not None})
 

@@ -37,7 +37,9 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
     """
     if not conditions:
         return []
-    return per_layer_rows(*per_layer_window_nll(model, windows, cache, conditions, profiles, seed, device, group), counts)
+    return per_layer_rows(
+        *per_layer_window_nll(model, windows, cache, conditions, profiles, seed, device, group), counts
+    )
 
 
 def per_layer_window_nll(model, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None):
@@ -88,6 +90,7 @@ def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device,
 
 def full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device, shards=None):
     """The same figures from full frozen forwards, for models without layer stepping."""
+
     def window_mean(condition, layer=None):
         nll = replay_nll(model, windows, cache, condition, profiles, seed, layer=layer, device=device, shards=shards)
         return nll.double().mean(dim=1)

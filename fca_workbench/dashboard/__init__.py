@@ -34,8 +34,24 @@ from fca_workbench.dashboard.pool import (
 )
 
 __all__ = [
-    "CONDITION_HELP", "DERANGEMENTS_KEPT", "MAX_PASTE_CHARS", "SEEDED", "Analysis", "DashboardSession", "SharedModel",
-    "TextInput", "pasted_input", "window_input", "DEFAULT_MAX_SESSIONS", "DEFAULT_MODEL_IDLE_SECONDS", "MODELS",
-    "SESSIONS", "ModelPool", "Registry", "SessionLimit", "load_registry", "release_memory",
+    "CONDITION_HELP",
+    "DERANGEMENTS_KEPT",
+    "MAX_PASTE_CHARS",
+    "SEEDED",
+    "Analysis",
+    "DashboardSession",
+    "SharedModel",
+    "TextInput",
+    "pasted_input",
+    "window_input",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_MODEL_IDLE_SECONDS",
+    "MODELS",
+    "SESSIONS",
+    "ModelPool",
+    "Registry",
+    "SessionLimit",
+    "load_registry",
+    "release_memory",
     "unload_idle_models",
 ]

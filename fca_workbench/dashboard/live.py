@@ -77,8 +77,7 @@ class SharedModel:
     is never mistaken for state of a later load of the same folder. ``results`` (a ``ResultsFolder``, or None)
     is where finished audits of this checkpoint may be found: their static profiles and per-layer sweeps."""
 
-    def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None,
-                 results=None):
+    def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None, results=None):
         self.folder = Path(folder)
         self.model = load_controlled(self.folder)  # never with remote code
         for param in self.model.parameters():
@@ -127,8 +126,10 @@ class SharedModel:
                 needed = {c for c in self.conditions if c in STATIC_PROFILES + ROUTING_CONDITIONS}
                 if found is not None and needed <= set(found[1]):
                     entry, self._profiles = found
-                    self.profiles_source = (f"audit '{entry.name}' (its static_profiles.safetensors: model and "
-                                            f"calibration fingerprints match)")
+                    self.profiles_source = (
+                        f"audit '{entry.name}' (its static_profiles.safetensors: model and "
+                        f"calibration fingerprints match)"
+                    )
                     return self._profiles
 
                 def batches():
@@ -139,8 +140,9 @@ class SharedModel:
 
                 self._profiles = with_routing_profiles(static_profiles(batches()), self.top_k)
                 unmatched = " (no audit in the results folder matches this checkpoint and calibration data)"
-                self.profiles_source = (f"computed here from {len(windows)} calibration windows"
-                                        + (unmatched if self.results is not None else ""))
+                self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
+                    unmatched if self.results is not None else ""
+                )
             return self._profiles
 
     @property
@@ -211,7 +213,9 @@ def pasted_input(shared: SharedModel, text) -> TextInput:
         raise UserError(f"pasted text has {len(text):,} characters; the limit is {MAX_PASTE_CHARS:,}")
     bad = [ch for ch in text if ch not in "\n\r\t" and unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn")]
     if bad:
-        raise UserError(f"pasted input is not plain text (it contains {len(bad)} control or invalid characters, e.g. U+{ord(bad[0]):04X})")
+        raise UserError(
+            f"pasted input is not plain text (it contains {len(bad)} control or invalid characters, e.g. U+{ord(bad[0]):04X})"
+        )
     ids = shared.tokenizer(text)["input_ids"]
     if len(ids) < 2:
         raise UserError("pasted text is a single token; NLL needs at least 2")

@@ -46,7 +46,11 @@ class Registry:
             raise UserError(f"registry {path} is not JSON: {exc}") from None
         if isinstance(raw, dict) and isinstance(raw.get("checkpoints"), dict):
             raw = raw["checkpoints"]
-        if not isinstance(raw, dict) or not raw or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        if (
+            not isinstance(raw, dict)
+            or not raw
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items())
+        ):
             raise UserError(f'registry {path} must be a non-empty JSON object {{"name": "folder", ...}}')
         return cls({name: (path.parent / folder).resolve() for name, folder in raw.items()})
 
@@ -94,8 +98,9 @@ class ModelPool:
         self._sessions = weakref.WeakSet()
         self._mutex = threading.Lock()
 
-    def acquire(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None,
-                results=None) -> SharedModel:
+    def acquire(
+        self, folder, calibration_windows: int | None = None, eval_windows: int | None = None, results=None
+    ) -> SharedModel:
         """The shared model of ``folder``, loaded on first use (a failed load is not kept); in use until
         ``release``. ``results``: the ``ResultsFolder`` whose audits may serve its static profiles."""
         key = (str(Path(folder).resolve()), calibration_windows, eval_windows, results and results.root)
@@ -128,8 +133,9 @@ class ModelPool:
             return []
         now = self.clock()
         with self._mutex:
-            idle = [key for key in self._models
-                    if self._users[key] == 0 and now - self._last_used[key] >= self.idle_seconds]
+            idle = [
+                key for key in self._models if self._users[key] == 0 and now - self._last_used[key] >= self.idle_seconds
+            ]
             unloaded = [self._models.pop(key) for key in idle]
             for key in idle:
                 del self._users[key], self._last_used[key]

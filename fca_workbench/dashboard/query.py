@@ -12,8 +12,16 @@ import param
 
 # parameter of ViewQuery -> name in the URL query
 QUERY_NAMES = {
-    "view": "view", "checkpoint": "checkpoint", "source": "source", "window": "window", "layer": "layer",
-    "condition": "intervention", "seed": "seed", "donor": "donor", "heat_slot": "slot", "heat_layer": "heat_layer",
+    "view": "view",
+    "checkpoint": "checkpoint",
+    "source": "source",
+    "window": "window",
+    "layer": "layer",
+    "condition": "intervention",
+    "seed": "seed",
+    "donor": "donor",
+    "heat_slot": "slot",
+    "heat_layer": "heat_layer",
     "audit": "audit",
 }
 VIEWS = ("live", "results")
@@ -67,4 +75,7 @@ def choose_index(requested: dict, key: str, low: int, high: int, default, shown:
     if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
         return value, None
     limits = f"{low}–{high}" if high != low else str(low)
-    return default, f"the link's {_shown(key, value)} is not an integer in {limits}; showing {shown or repr(default)} instead"
+    return (
+        default,
+        f"the link's {_shown(key, value)} is not an integer in {limits}; showing {shown or repr(default)} instead",
+    )

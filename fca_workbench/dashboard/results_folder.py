@@ -52,8 +52,14 @@ class AuditEntry:
 
 def audit_tables(audit: dict) -> list:
     """The audit's tables (``tables.py``, one audit): those with rows, in reading order."""
-    made = (tables.assignment_table([audit]), tables.retention_table([audit]), tables.variation_table([audit]),
-            tables.execution_table([audit]), tables.positive_control_table([audit]), tables.per_layer_table([audit]))
+    made = (
+        tables.assignment_table([audit]),
+        tables.retention_table([audit]),
+        tables.variation_table([audit]),
+        tables.execution_table([audit]),
+        tables.positive_control_table([audit]),
+        tables.per_layer_table([audit]),
+    )
     return [table for table in made if len(table)]
 
 
@@ -72,8 +78,9 @@ class ResultsFolder:
         if self.root.is_dir():
             for folder, subfolders, files in os.walk(self.root, followlinks=False):
                 depth = len(Path(folder).relative_to(self.root).parts)
-                subfolders[:] = sorted(d for d in subfolders if d not in PRUNED and not d.startswith(".")
-                                       and depth < MAX_DEPTH)
+                subfolders[:] = sorted(
+                    d for d in subfolders if d not in PRUNED and not d.startswith(".") and depth < MAX_DEPTH
+                )
                 if AUDIT_FILE in files:
                     found.append(self._entry(Path(folder)))
         with self._mutex:

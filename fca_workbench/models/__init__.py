@@ -40,4 +40,3 @@ def load_model(path, dtype=None) -> CoefficientModel:
     config = read_config(folder, FAMILIES)
     model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
     return load_weights(folder, model_class, config, dtype)
-

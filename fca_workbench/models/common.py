@@ -37,8 +37,9 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     the same arithmetic as the cross-entropy of the slice (bit-exact)."""
     targets = input_ids.roll(-1, dims=1)
     targets[:, -1] = IGNORE
-    rows = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none",
-                           ignore_index=IGNORE)
+    rows = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none", ignore_index=IGNORE
+    )
     return rows.view(input_ids.shape)[:, :-1]
 
 
@@ -110,9 +111,7 @@ class CoefficientModel(PreTrainedModel):
         """Refuse windows longer than the context and coefficient lists of the wrong shape, loudly."""
         batch, length = input_ids.shape
         if length > self.context_length:
-            raise ValueError(
-                f"window of {length} tokens is longer than the model's context of {self.context_length}"
-            )
+            raise ValueError(f"window of {length} tokens is longer than the model's context of {self.context_length}")
         if coefficients is None:
             return
         shapes = self.coefficient_slot_shapes
@@ -121,14 +120,10 @@ class CoefficientModel(PreTrainedModel):
         for layer, (tensor, slot) in enumerate(zip(coefficients, shapes)):
             expected = (batch, length, *slot)
             if tuple(tensor.shape) != expected:
-                raise ValueError(
-                    f"coefficients of layer {layer} have shape {tuple(tensor.shape)}, expected {expected}"
-                )
+                raise ValueError(f"coefficients of layer {layer} have shape {tuple(tensor.shape)}, expected {expected}")
 
     def lm_output(self, logits, input_ids, labels, coefficients, return_coefficients) -> CoefficientLMOutput:
         loss = None
         if labels is not None:
             loss = next_token_nll(logits, labels).mean()
-        return CoefficientLMOutput(
-            loss=loss, logits=logits, coefficients=coefficients if return_coefficients else None
-        )
+        return CoefficientLMOutput(loss=loss, logits=logits, coefficients=coefficients if return_coefficients else None)

@@ -47,7 +47,13 @@ class DenseConfig(PretrainedConfig):
 
     def sizes(self) -> dict:
         """The inverse of ``from_sizes``: what a shape-matched model of another family needs."""
-        return dict(vocab_size=self.vocab_size, layers=self.n_layer, width=self.n_embd, heads=self.n_head, window=self.block_size)
+        return dict(
+            vocab_size=self.vocab_size,
+            layers=self.n_layer,
+            width=self.n_embd,
+            heads=self.n_head,
+            window=self.block_size,
+        )
 
 
 def residual_projection(width_in: int, width_out: int, n_layer: int) -> nn.Linear:

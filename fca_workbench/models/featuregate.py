@@ -31,7 +31,12 @@ class FeatureGateConfig(DenseConfig):
     @classmethod
     def from_sizes(cls, vocab_size, layers, width, heads, window, gate_groups=None):
         return cls(
-            vocab_size=vocab_size, n_layer=layers, n_embd=width, n_head=heads, block_size=window, gate_groups=gate_groups
+            vocab_size=vocab_size,
+            n_layer=layers,
+            n_embd=width,
+            n_head=heads,
+            block_size=window,
+            gate_groups=gate_groups,
         )
 
 
@@ -110,7 +115,9 @@ class FeatureGateForCausalLM(GPTBackbone):
         return self.lm_output(self.head(h), input_ids, labels, used, return_coefficients)
 
 
-def positive_control(model: "FeatureGateForCausalLM", calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16):
+def positive_control(
+    model: "FeatureGateForCausalLM", calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16
+):
     """A copy of a FeatureGate that really skips work: tokens whose MLP gates all fall below a threshold
     skip the MLP branch. The threshold is the ``quantile`` of the per-token max MLP gate over the
     calibration windows (one for all layers), so about that fraction of token-MLP evaluations is skipped —

@@ -207,14 +207,18 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             weight_map = index["weight_map"]
             shards = sorted(set(weight_map.values()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}") from None
+            raise UserError(
+                f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}"
+            ) from None
         if not all(isinstance(name, str) for name in [*weight_map, *shards]):
             raise UserError(f"corrupt or missing weights in {folder}: {path.name} maps names to non-strings")
         shapes, misplaced = {}, []
         for shard in shards:
             shard_path = inside_folder(folder, shard, path.name)
             if not shard_path.is_file():
-                raise UserError(f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing")
+                raise UserError(
+                    f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing"
+                )
             in_shard = _file_shapes(shard_path)
             misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
             shapes.update(in_shard)
@@ -238,8 +242,10 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
         allowed.append(root.parent.parent / "blobs")
     resolved = (folder / name).resolve()
     if not any(resolved.is_relative_to(place) for place in allowed):
-        raise UserError(f"{named_by} in {folder} points outside the checkpoint folder ({name} is {resolved}); "
-                        "weights are read only from inside it")
+        raise UserError(
+            f"{named_by} in {folder} points outside the checkpoint folder ({name} is {resolved}); "
+            "weights are read only from inside it"
+        )
     return folder / name
 
 
@@ -319,7 +325,9 @@ def load_weights(folder: Path, model_class, config, dtype):
         )
     except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
         raise UserError(f"corrupt or missing weights in {folder}: {first_line(exc)}") from None
-    leftovers = {k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    leftovers = {
+        k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")
+    }
     unexpected = [k for k in leftovers.get("unexpected_keys", []) if not MUDDPYTHIA_CACHE_KEYS.match(k)]
     if leftovers.get("missing_keys") or leftovers.get("mismatched_keys") or unexpected or info.get("error_msgs"):
         raise UserError(f"weights in {path} did not load strictly: {leftovers or info.get('error_msgs')}")

@@ -136,7 +136,9 @@ class MUDDPythiaConfig(PretrainedConfig):
         return cls(vocab_size=vocab_size, n_layer=layers, dim=width, n_head=heads, block_size=window)
 
     def sizes(self) -> dict:
-        return dict(vocab_size=self.vocab_size, layers=self.n_layer, width=self.dim, heads=self.n_head, window=self.block_size)
+        return dict(
+            vocab_size=self.vocab_size, layers=self.n_layer, width=self.dim, heads=self.n_head, window=self.block_size
+        )
 
     def _check(self, tie_word_embeddings: bool) -> None:
         """Refuse configs this module does not build, instead of silently computing something else."""

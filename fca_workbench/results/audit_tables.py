@@ -86,17 +86,22 @@ def variation_table(audits: list[dict]):
         {"model": model_name(a), "arch": a["model"]["arch"], **{k: _dig(a, p) for k, p in VARIANCE_PATHS.items()}}
         for a in with_controller(audits)
     ]
-    return make_table("variation_per_model", "Coefficient variation and variance decomposition (eval set), per model",
-                 columns, rows)
+    return make_table(
+        "variation_per_model", "Coefficient variation and variance decomposition (eval set), per model", columns, rows
+    )
 
 
 def variation_seed_table(audits: list[dict]):
     """The same figures as mean ± sd over the models of each architecture (independently trained seeds)."""
-    columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
-               *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in VARIANCE_COLUMNS]]
+    columns = [
+        Column("arch", "arch", "text"),
+        Column("n", "seeds", "int"),
+        *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in VARIANCE_COLUMNS],
+    ]
     rows = seed_rows(with_controller(audits), VARIANCE_PATHS)
-    return make_table("variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds",
-                 columns, rows)
+    return make_table(
+        "variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds", columns, rows
+    )
 
 
 CONDITION_COLUMNS = [
@@ -109,22 +114,38 @@ CONDITION_COLUMNS = [
 
 def condition_rows(audit: dict, conditions=None) -> list[dict]:
     names = [c for c in (conditions or AUDIT_CONDITIONS) if c in audit["conditions"]]
-    return [{"model": model_name(audit), "arch": audit["model"]["arch"], "condition": name,
-             **{c.key: audit["conditions"][name][c.key] for c in CONDITION_COLUMNS}} for name in names]
+    return [
+        {
+            "model": model_name(audit),
+            "arch": audit["model"]["arch"],
+            "condition": name,
+            **{c.key: audit["conditions"][name][c.key] for c in CONDITION_COLUMNS},
+        }
+        for name in names
+    ]
 
 
 def assignment_table(audits: list[dict]):
     """NLL and ΔNLL (against ``correct``) with 95% bootstrap CIs for every condition, per model."""
     columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
     rows = [row for audit in with_controller(audits) for row in condition_rows(audit)]
-    return make_table("assignment_per_model", "Assignment dependence: NLL and ΔNLL vs correct (95% bootstrap CIs over "
-                 "windows), per model", columns, rows)
+    return make_table(
+        "assignment_per_model",
+        "Assignment dependence: NLL and ΔNLL vs correct (95% bootstrap CIs over windows), per model",
+        columns,
+        rows,
+    )
 
 
 def assignment_seed_table(audits: list[dict]):
     """ΔNLL of each condition, mean ± sd over the seeds of each architecture."""
-    columns = [Column("arch", "arch", "text"), Column("condition", "condition", "text"), Column("n", "seeds", "int"),
-               Column("nll", "NLL", "float", "msd"), Column("delta", "ΔNLL", "delta", "msd")]
+    columns = [
+        Column("arch", "arch", "text"),
+        Column("condition", "condition", "text"),
+        Column("n", "seeds", "int"),
+        Column("nll", "NLL", "float", "msd"),
+        Column("delta", "ΔNLL", "delta", "msd"),
+    ]
     rows = []
     for arch, group in by_arch(with_controller(audits)).items():
         for name in AUDIT_CONDITIONS:
@@ -132,10 +153,10 @@ def assignment_seed_table(audits: list[dict]):
             summary = seed_summary(group, paths.values())
             if summary[paths["nll"]] is None:
                 continue
-            rows.append({"arch": arch, "condition": name, "n": len(group),
-                         **{k: summary[p] for k, p in paths.items()}})
-    return make_table("assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds",
-                 columns, rows)
+            rows.append({"arch": arch, "condition": name, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
+    return make_table(
+        "assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds", columns, rows
+    )
 
 
 RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
@@ -153,14 +174,21 @@ def retention_table(audits: list[dict]):
             row[p] = a["retention"][p]["value"]
             row[f"{p}_ci95"] = a["retention"][p]["ci95"]
         rows.append(row)
-    return make_table("retention_per_model", "Static profiles: share of the Correct-to-GlobalMean gap retained, per model",
-                 columns, rows)
+    return make_table(
+        "retention_per_model",
+        "Static profiles: share of the Correct-to-GlobalMean gap retained, per model",
+        columns,
+        rows,
+    )
 
 
 def retention_seed_table(audits: list[dict]):
     """The paper's table: gap retention of each static profile, mean ± sd over seeds, per architecture."""
-    columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
-               *[Column(p, p, "pct", "msd", digits=4) for p in RETENTION_PROFILES]]
+    columns = [
+        Column("arch", "arch", "text"),
+        Column("n", "seeds", "int"),
+        *[Column(p, p, "pct", "msd", digits=4) for p in RETENTION_PROFILES],
+    ]
     rows = seed_rows(with_controller(audits), {p: f"retention.{p}.value" for p in RETENTION_PROFILES})
     return make_table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
 
@@ -182,13 +210,28 @@ def execution_table(audits: list[dict]):
     """What ran: blocks, controller calls, FLOPs, the share of expert evaluations run (routers), latency
     against the baseline: the shape-matched Dense, or for routers the static mixture (every expert for every
     token), per model."""
-    columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), Column("baseline", "baseline", "text"),
-               *EXECUTION_COLUMNS]
-    rows = [{"model": model_name(a), "arch": a["model"]["arch"], "baseline": a["execution"].get("baseline", "dense"),
-             **{c.key: a["execution"].get(c.key) for c in EXECUTION_COLUMNS}} for a in audits]
-    return make_table("execution", "Conditional execution: what ran, FLOPs and latency against the baseline (the "
-                      "shape-matched Dense; for routers the static mixture, every expert run for every token)",
-                      columns, rows)
+    columns = [
+        Column("model", "model", "text"),
+        Column("arch", "arch", "text"),
+        Column("baseline", "baseline", "text"),
+        *EXECUTION_COLUMNS,
+    ]
+    rows = [
+        {
+            "model": model_name(a),
+            "arch": a["model"]["arch"],
+            "baseline": a["execution"].get("baseline", "dense"),
+            **{c.key: a["execution"].get(c.key) for c in EXECUTION_COLUMNS},
+        }
+        for a in audits
+    ]
+    return make_table(
+        "execution",
+        "Conditional execution: what ran, FLOPs and latency against the baseline (the "
+        "shape-matched Dense; for routers the static mixture, every expert run for every token)",
+        columns,
+        rows,
+    )
 
 
 CONTROL_COLUMNS = [
@@ -212,26 +255,48 @@ def positive_control_table(audits: list[dict]):
         control = a["execution"].get("positive_control")
         if control is None:
             continue
-        rows.append({"model": model_name(a), "skip_threshold": control.get("skip_threshold"),
-                     "own_fraction_executed": a["execution"]["fraction_executed"],
-                     "fraction_executed": control["fraction_executed"], "own_flops": a["execution"]["flops"],
-                     "flops": control["flops"], "own_latency_ratio_vs_dense": a["execution"]["latency_ratio_vs_dense"],
-                     "latency_ratio_vs_dense": control["latency_ratio_vs_dense"]})
-    return make_table("positive_control", "Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "
-                 "the calibration median, beside the model itself", columns, rows)
+        rows.append(
+            {
+                "model": model_name(a),
+                "skip_threshold": control.get("skip_threshold"),
+                "own_fraction_executed": a["execution"]["fraction_executed"],
+                "fraction_executed": control["fraction_executed"],
+                "own_flops": a["execution"]["flops"],
+                "flops": control["flops"],
+                "own_latency_ratio_vs_dense": a["execution"]["latency_ratio_vs_dense"],
+                "latency_ratio_vs_dense": control["latency_ratio_vs_dense"],
+            }
+        )
+    return make_table(
+        "positive_control",
+        "Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "
+        "the calibration median, beside the model itself",
+        columns,
+        rows,
+    )
 
 
 def execution_seed_table(audits: list[dict]):
     paths = {c.key: f"execution.{c.key}" for c in EXECUTION_COLUMNS}
-    columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int"),
-               *[Column(c.key, c.header, "float" if c.kind == "int" else c.kind, "msd", c.digits)
-                 for c in EXECUTION_COLUMNS]]
+    columns = [
+        Column("arch", "arch", "text"),
+        Column("n", "seeds", "int"),
+        *[Column(c.key, c.header, "float" if c.kind == "int" else c.kind, "msd", c.digits) for c in EXECUTION_COLUMNS],
+    ]
     rows = seed_rows(audits, paths)
     return make_table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
 
 
-MUDD_CONDITIONS = ("unperturbed", "correct", "cross_input", "token_shuffle", "global_mean", "layer_scalar",
-                   "layer_mean", "layer_position_mean")
+MUDD_CONDITIONS = (
+    "unperturbed",
+    "correct",
+    "cross_input",
+    "token_shuffle",
+    "global_mean",
+    "layer_scalar",
+    "layer_mean",
+    "layer_position_mean",
+)
 
 
 def mudd_table(audits: list[dict]):
@@ -239,38 +304,66 @@ def mudd_table(audits: list[dict]):
     shuffling, with the static profiles for comparison."""
     columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
     rows = [row for audit in audits for row in condition_rows(audit, MUDD_CONDITIONS)]
-    return make_table("muddpythia_penalties", "MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, "
-                 "95% bootstrap CIs)", columns, rows)
+    return make_table(
+        "muddpythia_penalties",
+        "MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, 95% bootstrap CIs)",
+        columns,
+        rows,
+    )
 
 
 def per_layer_table(audits: list[dict]):
     """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one layer alone, ΔNLL vs correct
     with its 95% bootstrap CI, one row per model, layer and condition."""
-    columns = [Column("model", "model", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
-               Column("nll", "NLL", "float"), Column("delta", "ΔNLL", "delta"),
-               Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci")]
+    columns = [
+        Column("model", "model", "text"),
+        Column("layer", "layer", "int"),
+        Column("condition", "condition", "text"),
+        Column("nll", "NLL", "float"),
+        Column("delta", "ΔNLL", "delta"),
+        Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci"),
+    ]
     rows = [{"model": model_name(a), **row} for a in audits for row in a.get("per_layer") or []]
-    return make_table("per_layer", "Per layer: each condition at one layer alone (others correct), ΔNLL vs correct "
-                 "(95% bootstrap CIs over windows), per model", columns, rows)
+    return make_table(
+        "per_layer",
+        "Per layer: each condition at one layer alone (others correct), ΔNLL vs correct "
+        "(95% bootstrap CIs over windows), per model",
+        columns,
+        rows,
+    )
 
 
 def per_layer_seed_table(audits: list[dict]):
     """The per-layer ΔNLL as mean ± sd over the seeds of each architecture (``aggregate.summarise``)."""
-    columns = [Column("arch", "arch", "text"), Column("layer", "layer", "int"), Column("condition", "condition", "text"),
-               Column("n", "seeds", "int"), Column("delta", "ΔNLL", "delta", "msd")]
+    columns = [
+        Column("arch", "arch", "text"),
+        Column("layer", "layer", "int"),
+        Column("condition", "condition", "text"),
+        Column("n", "seeds", "int"),
+        Column("delta", "ΔNLL", "delta", "msd"),
+    ]
     rows = []
     for arch, group in by_arch([a for a in audits if a.get("per_layer")]).items():
         cells = [(r["layer"], r["condition"]) for r in group[0]["per_layer"]]
         summary = seed_summary(group, [f"per_layer.{l}.{c}.delta" for l, c in cells])
-        rows += [{"arch": arch, "layer": l, "condition": c, "n": len(group), "delta": summary[f"per_layer.{l}.{c}.delta"]}
-                 for l, c in cells]
-    return make_table("per_layer_over_seeds", "Per layer: ΔNLL vs correct of each condition at one layer alone, "
-                 "mean ± sd over seeds", columns, rows)
+        rows += [
+            {"arch": arch, "layer": l, "condition": c, "n": len(group), "delta": summary[f"per_layer.{l}.{c}.delta"]}
+            for l, c in cells
+        ]
+    return make_table(
+        "per_layer_over_seeds",
+        "Per layer: ΔNLL vs correct of each condition at one layer alone, mean ± sd over seeds",
+        columns,
+        rows,
+    )
 
 
 DYNAMICS_COLUMNS = [
     Column("nll_correct", "eval NLL"),
-    *[Column(f"delta_{c}", f"ΔNLL {c}", "delta") for c in ("cross_input", "token_shuffle", "global_mean", "layer_mean")],
+    *[
+        Column(f"delta_{c}", f"ΔNLL {c}", "delta")
+        for c in ("cross_input", "token_shuffle", "global_mean", "layer_mean")
+    ],
     Column("delta_cross_input_ci95", "cross_input 95% CI", "delta", "ci"),
     *[Column(f"retention_{p}", p, "pct") for p in RETENTION_PROFILES],
     Column("retention_layer_mean_ci95", "layer_mean 95% CI", "pct", "ci"),
@@ -292,8 +385,12 @@ def training_dynamics_table(runs: list[dict], steps=None):
     (default: every audited step), one row per run and step, read from ``audit_log.csv``; the routers' figures
     when a run has routers (missing for the runs that have none)."""
     routers = any(c.key in run["audit"].columns for run in runs for c in ROUTER_DYNAMICS_COLUMNS)
-    columns = [Column("run", "run", "text"), Column("step", "step", "int"), *DYNAMICS_COLUMNS,
-               *(ROUTER_DYNAMICS_COLUMNS if routers else [])]
+    columns = [
+        Column("run", "run", "text"),
+        Column("step", "step", "int"),
+        *DYNAMICS_COLUMNS,
+        *(ROUTER_DYNAMICS_COLUMNS if routers else []),
+    ]
     rows = []
     for run in runs:
         for record in run["audit"].to_dict("records"):
@@ -305,5 +402,9 @@ def training_dynamics_table(runs: list[dict], steps=None):
                     key = c.key.removesuffix("_ci95")
                     row[c.key] = [record[f"{key}_lo"], record[f"{key}_hi"]]
             rows.append(row)
-    return make_table("training_dynamics", "FCA during training: mini-audit figures at selected steps "
-                      "(audit_log.csv; 95% bootstrap CIs)", columns, rows)
+    return make_table(
+        "training_dynamics",
+        "FCA during training: mini-audit figures at selected steps (audit_log.csv; 95% bootstrap CIs)",
+        columns,
+        rows,
+    )

@@ -32,8 +32,10 @@ def mimebundle(fig) -> dict:
     """A figure as the plotly MIME bundle JupyterLab renders (plain JSON)."""
     import plotly.io as pio
 
-    return {"application/vnd.plotly.v1+json": {**json.loads(pio.to_json(fig, validate=False)), "config": {}},
-            "text/plain": f"<{fig.layout.title.text or 'plotly figure'}>"}
+    return {
+        "application/vnd.plotly.v1+json": {**json.loads(pio.to_json(fig, validate=False)), "config": {}},
+        "text/plain": f"<{fig.layout.title.text or 'plotly figure'}>",
+    }
 
 
 def show_in(output, *figs) -> None:

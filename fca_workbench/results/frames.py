@@ -27,9 +27,16 @@ RETENTION_COLUMNS = ["value", "ci95_lo", "ci95_hi"]
 VARIANCE_COLUMNS = ["r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window", "within_std", "cv"]
 
 
-EXECUTION_DTYPES = {"blocks_executed": "int64", "blocks_total": "int64", "fraction_executed": "float64",
-                    "controller_calls": "int64", "flops": "int64", "latency_ms": "float64", "dense_latency_ms": "float64",
-                    "latency_ratio_vs_dense": "float64"}
+EXECUTION_DTYPES = {
+    "blocks_executed": "int64",
+    "blocks_total": "int64",
+    "fraction_executed": "float64",
+    "controller_calls": "int64",
+    "flops": "int64",
+    "latency_ms": "float64",
+    "dense_latency_ms": "float64",
+    "latency_ratio_vs_dense": "float64",
+}
 
 
 EXECUTION_COLUMNS = list(EXECUTION_DTYPES)
@@ -82,7 +89,9 @@ class AuditResults:
     @functools.cached_property
     def conditions(self):
         """One row per condition: NLL with its 95% CI, ΔNLL against the reference with its 95% CI."""
-        rows = [(name, f["nll"], *f["ci95"], f["delta"], *f["delta_ci95"]) for name, f in self.audit["conditions"].items()]
+        rows = [
+            (name, f["nll"], *f["ci95"], f["delta"], *f["delta_ci95"]) for name, f in self.audit["conditions"].items()
+        ]
         return _frame(rows, "condition", CONDITION_COLUMNS)
 
     @functools.cached_property
@@ -136,8 +145,15 @@ class AuditResults:
         if list(wide.columns[:3]) != PER_TOKEN_KEYS or set(conditions) != set(self.audit["conditions"]):
             raise UserError(f"{path} does not hold this audit's conditions ({', '.join(map(str, wide.columns))})")
         tidy = wide.melt(id_vars=PER_TOKEN_KEYS, value_vars=conditions, var_name="condition", value_name="nll")
-        return tidy.astype({"window": "int64", "position": "int64", "target_token": "int64", "nll": "float64",
-                            "condition": pd.CategoricalDtype(conditions)})
+        return tidy.astype(
+            {
+                "window": "int64",
+                "position": "int64",
+                "target_token": "int64",
+                "nll": "float64",
+                "condition": pd.CategoricalDtype(conditions),
+            }
+        )
 
 
 class AuditCollection:
@@ -158,8 +174,9 @@ class AuditCollection:
         frames = [f.assign(model=a.name, arch=a.model["arch"]) for a, f in zip(self.audits, frames) if f is not None]
         frame = pd.concat(frames, ignore_index=True)
         if name == "per_token":  # the conditions' order of the first audit, then any new ones
-            frame["condition"] = frame["condition"].astype(pd.CategoricalDtype(
-                list(dict.fromkeys(c for f in frames for c in f["condition"].cat.categories))))
+            frame["condition"] = frame["condition"].astype(
+                pd.CategoricalDtype(list(dict.fromkeys(c for f in frames for c in f["condition"].cat.categories)))
+            )
         return frame[["model", "arch", *(c for c in frame.columns if c not in ("model", "arch"))]]
 
     conditions = property(lambda self: self._concat("conditions"))

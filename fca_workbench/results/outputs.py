@@ -37,8 +37,9 @@ def refuse_foreign(path: Path, schema: str, validate=None) -> None:
     except (OSError, ValueError, jsonschema.ValidationError):  # unreadable, not JSON, not valid: not ours
         ours = False
     if not ours:
-        raise UserError(f"{path} exists and is not a {schema} file this workbench wrote; "
-                        "move it away or choose another --out")
+        raise UserError(
+            f"{path} exists and is not a {schema} file this workbench wrote; move it away or choose another --out"
+        )
 
 
 def mark_results(folder: Path) -> None:

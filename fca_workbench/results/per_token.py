@@ -25,11 +25,13 @@ def per_token_frame(per_token: dict, windows):
     names = list(per_token)
     values = torch.stack([per_token[name].float() for name in names], dim=-1).numpy()  # [N, T-1, C]
     n, t, c = values.shape
-    frame = pd.DataFrame({
-        "window": np.repeat(np.arange(n, dtype=np.int64), t),
-        "position": np.tile(np.arange(1, t + 1, dtype=np.int64), n),
-        "target_token": windows[:, 1:].reshape(-1).numpy().astype(np.int64),
-    })
+    frame = pd.DataFrame(
+        {
+            "window": np.repeat(np.arange(n, dtype=np.int64), t),
+            "position": np.tile(np.arange(1, t + 1, dtype=np.int64), n),
+            "target_token": windows[:, 1:].reshape(-1).numpy().astype(np.int64),
+        }
+    )
     return pd.concat([frame, pd.DataFrame(values.reshape(n * t, c), columns=names)], axis=1)
 
 

@@ -29,7 +29,9 @@ def format_report(audit: dict, width: int = 38) -> str:
         ("2. Assignment dependence", assignment_figures(audit), audit["verdict"]["assignment_dependence"]),
         ("3. Conditional execution", execution_figures(audit), audit["verdict"]["conditional_execution"]),
     ]
-    blocks = [[title, "-" * len(title), *figures, "", *textwrap.wrap(verdict, width)] for title, figures, verdict in columns]
+    blocks = [
+        [title, "-" * len(title), *figures, "", *textwrap.wrap(verdict, width)] for title, figures, verdict in columns
+    ]
     lines.append("")
     for row in itertools.zip_longest(*blocks, fillvalue=""):
         lines.append("  ".join(cell.ljust(width) for cell in row).rstrip())
@@ -68,14 +70,18 @@ def assignment_figures(audit: dict) -> list[str]:
 
 def execution_figures(audit: dict) -> list[str]:
     e = audit["execution"]
-    return [
-        f"{'blocks executed':24s}{e['blocks_executed']:>6d}/{e['blocks_total']}",
-        f"{'fraction executed':24s}{e['fraction_executed']:>10.3f}",
-        f"{'controller calls':24s}{e['controller_calls']:>10d}",
-        f"{'GFLOPs (one batch)':24s}{e['flops'] / 1e9:>10.2f}",
-        f"{'latency (ms)':24s}{e['latency_ms']:>10.1f}",
-        f"{'latency / ' + e.get('baseline', 'dense'):24s}{e['latency_ratio_vs_dense']:>10.2f}",
-    ] + expert_figures(e) + positive_control_figures(e.get("positive_control"))
+    return (
+        [
+            f"{'blocks executed':24s}{e['blocks_executed']:>6d}/{e['blocks_total']}",
+            f"{'fraction executed':24s}{e['fraction_executed']:>10.3f}",
+            f"{'controller calls':24s}{e['controller_calls']:>10d}",
+            f"{'GFLOPs (one batch)':24s}{e['flops'] / 1e9:>10.2f}",
+            f"{'latency (ms)':24s}{e['latency_ms']:>10.1f}",
+            f"{'latency / ' + e.get('baseline', 'dense'):24s}{e['latency_ratio_vs_dense']:>10.2f}",
+        ]
+        + expert_figures(e)
+        + positive_control_figures(e.get("positive_control"))
+    )
 
 
 def expert_figures(e: dict) -> list[str]:

@@ -42,8 +42,11 @@ def per_layer_tree(rows: list[dict]) -> dict:
 
 def summarise(audits: list[dict]) -> dict[str, dict]:
     """mean, sd (sample, n-1) and the per-seed values of every figure all audits share."""
-    figures = [{k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution") if a.get(k)}
-               | ({"per_layer": per_layer_tree(a["per_layer"])} if a.get("per_layer") else {}) for a in audits]
+    figures = [
+        {k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution") if a.get(k)}
+        | ({"per_layer": per_layer_tree(a["per_layer"])} if a.get("per_layer") else {})
+        for a in audits
+    ]
     leaves = [numeric_leaves(tree) for tree in figures]
     shared = sorted(set.intersection(*(set(l) for l in leaves)))
     return {
@@ -59,7 +62,10 @@ def summarise(audits: list[dict]) -> dict[str, dict]:
 
 def format_aggregate(summary: dict) -> str:
     figures = summary["figures"]
-    lines = [f"{len(summary['checkpoints'])} models ({', '.join(sorted(set(summary['archs'])))}): mean ± sd over seeds", ""]
+    lines = [
+        f"{len(summary['checkpoints'])} models ({', '.join(sorted(set(summary['archs'])))}): mean ± sd over seeds",
+        "",
+    ]
     for label, path in HEADLINE:
         if path in figures:
             f = figures[path]

@@ -4,7 +4,6 @@ The thresholds that turn figures into words are stated in the sentences themselv
 disagree with a verdict using the numbers beside it.
 """
 
-
 STATIC_RETENTION = 0.95  # a static profile retaining this much of the gap counts as "largely static"
 
 
