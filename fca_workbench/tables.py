@@ -12,10 +12,20 @@ import torch
 from fca_workbench.audit.capture import CoefficientCache, open_cache
 from fca_workbench.audit.interventions import static_profiles
 from fca_workbench.results.audit_tables import (
+    AUDIT_CONDITIONS,
+    CONDITION_COLUMNS,
+    CONTROL_COLUMNS,
+    DYNAMICS_COLUMNS,
+    EXECUTION_COLUMNS,
+    MUDD_CONDITIONS,
     RETENTION_PROFILES,
+    ROUTER_DYNAMICS_COLUMNS,
     VARIANCE_COLUMNS,
+    VARIANCE_PATHS,
     assignment_seed_table,
     assignment_table,
+    by_arch,
+    condition_rows,
     execution_seed_table,
     execution_table,
     model_name,
@@ -25,6 +35,8 @@ from fca_workbench.results.audit_tables import (
     positive_control_table,
     retention_seed_table,
     retention_table,
+    seed_rows,
+    seed_summary,
     training_dynamics_table,
     variation_seed_table,
     variation_table,
@@ -32,7 +44,7 @@ from fca_workbench.results.audit_tables import (
 )
 from fca_workbench.results.figures import layer_position_matrix, mimebundle, show, show_in, write_figure
 from fca_workbench.results.layout import cache_folder
-from fca_workbench.results.profiles import load_profiles
+from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles
 from fca_workbench.results.slots import routers, slot_labels
 from fca_workbench.results.tables import (
     Column,
@@ -46,12 +58,23 @@ from fca_workbench.results.tables import (
 )
 
 __all__ = [
-    "RETENTION_PROFILES",
-    "VARIANCE_COLUMNS",
+    "AUDIT_CONDITIONS",
+    "CONDITION_COLUMNS",
+    "CONTROL_COLUMNS",
+    "CoefficientCache",
     "Column",
+    "DYNAMICS_COLUMNS",
+    "EXECUTION_COLUMNS",
+    "MUDD_CONDITIONS",
+    "RETENTION_PROFILES",
+    "ROUTER_DYNAMICS_COLUMNS",
+    "VARIANCE_COLUMNS",
+    "VARIANCE_PATHS",
     "assignment_seed_table",
     "assignment_table",
+    "by_arch",
     "cache_folder",
+    "condition_rows",
     "execution_seed_table",
     "execution_table",
     "layer_position_matrix",
@@ -65,10 +88,14 @@ __all__ = [
     "per_layer_table",
     "position_means",
     "positive_control_table",
+    "profiles_from_tensors",
     "readable",
     "retention_seed_table",
     "retention_table",
     "routers",
+    "save_profiles",
+    "seed_rows",
+    "seed_summary",
     "show",
     "show_in",
     "slot_labels",

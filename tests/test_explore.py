@@ -91,7 +91,7 @@ def test_jsonschema_is_imported_without_the_slow_iri_checker():
     and the library stays importable afterwards."""
     code = (
         "import sys\n"
-        "from fca_workbench.schema import import_jsonschema\n"
+        "from fca_workbench.files import import_jsonschema\n"
         "jsonschema = import_jsonschema()\n"
         "assert 'rfc3987_syntax' not in sys.modules, 'imported'\n"
         "try:\n"
