@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from fca_workbench.errors import UserError
+from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
 
 
 def cmd_data_prepare(args) -> None:
@@ -91,7 +92,7 @@ def cmd_audit(args) -> None:
         audit = run_audit(audit_settings(args, args.checkpoint), out, ranks, args.lock_wait)
     if audit is not None:  # rank 0 alone reports
         print(format_report(audit))
-        print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
+        print(f"\nwrote {out / AUDIT_FILE} and {out / PER_TOKEN_CSV}")
 
 
 def cmd_audit_many(args) -> None:
@@ -104,7 +105,7 @@ def cmd_audit_many(args) -> None:
         summary = aggregate_audits([audit_settings(args, c) for c in args.checkpoints], out, ranks, args.lock_wait)
     if summary is not None:
         print(format_aggregate(summary))
-        print(f"\nwrote {out / 'audit_many.json'}")
+        print(f"\nwrote {out / AUDIT_MANY_FILE}")
 
 
 def cmd_reproduce(args) -> int:

@@ -1,15 +1,13 @@
 """The model families, registered with the Auto classes so ``from_pretrained`` resolves them offline."""
 
-from pathlib import Path
-
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from fca_workbench.errors import UserError
 from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel, head_nll, next_token_nll
 from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
 from fca_workbench.models.loading import load_weights, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
+from fca_workbench.resources import check_checkpoint
 
 __all__ = ["FAMILIES", "CoefficientLMOutput", "CoefficientModel", "head_nll", "load_model", "next_token_nll"]
 
@@ -32,11 +30,7 @@ def load_model(path, dtype=None) -> CoefficientModel:
     and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
     match the model exactly before anything is loaded (see ``fca_workbench.official``).
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise UserError(f"checkpoint folder not found: {folder}")
-    if not (folder / "config.json").is_file():
-        raise UserError(f"not a checkpoint folder (no config.json): {folder}")
+    folder = check_checkpoint(path)
     config = read_config(folder, FAMILIES)
     model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
     return load_weights(folder, model_class, config, dtype)

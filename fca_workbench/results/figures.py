@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from fca_workbench.results.layout import FIGURES_DIR
+
 
 def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
     """``[L, T]`` from per-layer ``[T, *slot]`` coefficients: each layer's mean over its slots per position."""
@@ -15,7 +17,7 @@ def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
 
 def write_figure(fig, out, name: str) -> Path:
     """Write ``out/figures/<name>.html``: interactive and offline (plotly.js is written once beside it)."""
-    folder = Path(out) / "figures"
+    folder = Path(out) / FIGURES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.html"
     fig.write_html(path, include_plotlyjs="directory", full_html=True)

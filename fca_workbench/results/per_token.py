@@ -7,11 +7,7 @@ import io
 
 import numpy as np
 
-PER_TOKEN_CSV = "per_token_nll.csv.gz"
-
-
-PER_TOKEN_PARQUET = "per_token_nll.parquet"
-
+from fca_workbench.results.layout import PER_TOKEN_CSV, PER_TOKEN_PARQUET
 
 PER_TOKEN_KEYS = ["window", "position", "target_token"]
 

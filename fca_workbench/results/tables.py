@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fca_workbench.files import write_atomic
+from fca_workbench.results.layout import TABLES_DIR
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def to_csv(table) -> str:
 
 def write_table(table, out) -> dict[str, Path]:
     """Write ``out/tables/<name>.{csv,md,tex}`` (each to a temporary name, then renamed); returns the paths."""
-    folder = Path(out) / "tables"
+    folder = Path(out) / TABLES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     texts = {"csv": to_csv(table), "md": to_markdown(table), "tex": to_latex(table)}
     paths = {ext: folder / f"{table.attrs['name']}.{ext}" for ext in texts}
