@@ -12,6 +12,7 @@ import io
 import json
 import shutil
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,13 +83,13 @@ def file_sha256(path: Path) -> str:
 SKIPPED = "rfc3987_syntax"
 
 
-def import_jsonschema():
+def import_jsonschema() -> types.ModuleType:
     """The ``jsonschema`` module (already imported, or imported now without ``rfc3987_syntax``)."""
     if "jsonschema" in sys.modules:
         return sys.modules["jsonschema"]
     refuse = SKIPPED not in sys.modules
     if refuse:
-        sys.modules[SKIPPED] = None  # an import of a None entry raises ImportError
+        sys.modules[SKIPPED] = None  # type: ignore[assignment]  # an import of a None entry raises ImportError
     try:
         return importlib.import_module("jsonschema")
     finally:

@@ -16,6 +16,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from fca_workbench.audit.capture import read_manifest
 from fca_workbench.audit.run import AuditSettings, run_audit
@@ -27,6 +28,11 @@ from fca_workbench.resources import check_checkpoint, checkpoints_dir, results_r
 from fca_workbench.results.figures import write_figure
 from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache
 from fca_workbench.results.tables import styled, write_table
+
+if TYPE_CHECKING:  # the notebooks' libraries, imported by the notebooks themselves
+    import pandas as pd
+    import plotly.graph_objects as go
+    from pandas.io.formats.style import Styler
 
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
 # Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
@@ -61,10 +67,11 @@ def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
 
 
 def provenance(settings: AuditSettings) -> dict:
+    """What an audit was computed from: its settings and the size and mtime of every input file."""
     return {"settings": asdict(settings), "inputs": _input_files(settings)}
 
 
-def shared_cache(cache_root, settings: AuditSettings) -> Path:
+def shared_cache(cache_root: str | Path, settings: AuditSettings) -> Path:
     """The coefficient cache folder of one checkpoint under the shared root, keyed by everything that
     changes its content (a stale key is still caught by the cache's own fingerprints)."""
     key = {
@@ -81,14 +88,16 @@ def shared_cache(cache_root, settings: AuditSettings) -> Path:
     return Path(cache_root).resolve() / f"{Path(settings.checkpoint).name}-{digest}"
 
 
-def read_json(path) -> dict | None:
+def read_json(path: str | Path) -> dict | None:
+    """A JSON file's content, or None when it is missing or incomplete (an audit to run again)."""
     try:
         return json.loads(Path(path).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
 
-def audit_is_current(settings: AuditSettings, folder) -> bool:
+def audit_is_current(settings: AuditSettings, folder: str | Path) -> bool:
+    """True when ``folder`` holds a finished audit of exactly these settings and inputs (``provenance``)."""
     folder = Path(folder)
     if read_json(folder / PROVENANCE_FILE) != provenance(settings) or read_json(folder / AUDIT_FILE) is None:
         return False
@@ -100,14 +109,14 @@ def audit_is_current(settings: AuditSettings, folder) -> bool:
     return bool(manifest and manifest["complete"])
 
 
-def ensure_audit(settings: AuditSettings, folder) -> dict:
+def ensure_audit(settings: AuditSettings, folder: str | Path) -> dict:
     """The audit of ``settings`` in ``folder``: read back when its provenance matches, else run."""
     folder = Path(folder)
     if audit_is_current(settings, folder):
-        return read_json(folder / AUDIT_FILE)
+        return cast(dict, read_json(folder / AUDIT_FILE))  # audit_is_current has read it
     before = provenance(settings)
     (folder / PROVENANCE_FILE).unlink(missing_ok=True)  # an audit interrupted from here on is never current
-    audit = run_audit(settings, folder)
+    audit = cast(dict, run_audit(settings, folder))  # one process: the audit always comes back
     write_atomic(folder / PROVENANCE_FILE, (json.dumps(before, indent=2) + "\n").encode())
     return audit
 
@@ -120,7 +129,7 @@ class NotebookRun:
     ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache``.
     """
 
-    checkpoints: list[str] | None = None
+    checkpoints: Any = None  # folders (or one); a list[str] of resolved folders after __post_init__
     eval_data: str | None = None
     calibration_data: str | None = None
     window: int | None = None
@@ -130,14 +139,14 @@ class NotebookRun:
     seed: int = 0
     batch_size: int | None = None
     per_layer: bool = True
-    out: str | None = None
-    audits: str | None = None
-    cache: str | None = None
+    out: Any = None  # str or None as given; a resolved Path after __post_init__, as audits and cache
+    audits: Any = None
+    cache: Any = None
     progress: bool = True
     _audits: list[dict] | None = field(default=None, repr=False)
     _explorers: dict = field(default_factory=dict, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if isinstance(self.checkpoints, (str, os.PathLike)):
             self.checkpoints = [self.checkpoints]
         self.checkpoints = [str(Path(c).resolve()) for c in (self.checkpoints or shipped_checkpoints())]
@@ -149,7 +158,8 @@ class NotebookRun:
         self.audits = Path(self.audits).resolve() if self.audits else self.out / AUDITS_DIR
         self.cache = Path(self.cache).resolve() if self.cache else (results_root() / CACHE_DIR)
 
-    def settings(self, checkpoint) -> AuditSettings:
+    def settings(self, checkpoint: str | Path) -> AuditSettings:
+        """The audit settings of ``checkpoint`` in this run, its coefficient cache under the shared root."""
         settings = AuditSettings(
             checkpoint=str(Path(checkpoint).resolve()),
             eval=str(Path(self.eval_data).resolve()) if self.eval_data else None,
@@ -164,11 +174,13 @@ class NotebookRun:
         )
         return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
 
-    def audit_dir(self, audit_or_checkpoint) -> Path:
+    def audit_dir(self, audit_or_checkpoint: dict | str | Path) -> Path:
+        """The folder of a checkpoint's audit (``<audits>/<checkpoint folder name>``)."""
         path = audit_or_checkpoint["model"]["path"] if isinstance(audit_or_checkpoint, dict) else audit_or_checkpoint
         return self.audits / Path(path).name
 
     def check(self) -> None:
+        """Refuse missing checkpoints and data files before any audit starts."""
         for checkpoint in self.checkpoints:
             check_checkpoint(checkpoint)
         for name in PATH_PARAMETERS:
@@ -188,7 +200,7 @@ class NotebookRun:
             ]
         return self._audits
 
-    def explorer(self, checkpoint):
+    def explorer(self, checkpoint: str | Path) -> Explorer:
         """``checkpoint`` opened for exploration (``explore.Explorer``: its eval capture, reused from the shared
         cache when an audit or an earlier explorer made it), when first asked for, then kept."""
         checkpoint = str(Path(checkpoint).resolve())
@@ -201,11 +213,12 @@ class NotebookRun:
         """The audit folders of this run's checkpoints whose ``audit.json`` is current for these settings."""
         return [self.audit_dir(c) for c in self.checkpoints if audit_is_current(self.settings(c), self.audit_dir(c))]
 
-    def write_table(self, table):
+    def write_table(self, table: pd.DataFrame) -> Styler:
         """Write a table (a ``tables`` DataFrame) as CSV, Markdown and LaTeX under ``<out>/tables``; returns its
         ``Styler``, which the notebook displays."""
         write_table(table, self.out)
         return styled(table)
 
-    def write_figure(self, fig, name: str) -> Path:
+    def write_figure(self, fig: go.Figure, name: str) -> Path:
+        """Write a figure as offline HTML under ``<out>/figures``."""
         return write_figure(fig, self.out, name)

@@ -3,7 +3,7 @@
 The notebooks in ``notebooks/`` hold presentation only. The audits they show are run once per checkpoint
 and settings into ``DIR/audits/<checkpoint>/`` and shared by every notebook of the run and by later runs
 (``notebook_run``: ``NotebookRun``, ``ensure_audit``). This module plans a run from its config, checks the
-kernel, executes the notebooks and writes the run's index.
+kernel, executes the notebooks (one at a time: ``notebook_execution``) and writes the run's index.
 
 Everything that can be checked before a notebook starts is checked first: the config's parameter names
 (against ``papermill.inspect_notebook``), the checkpoints, the data files, the output folder and the
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fca_workbench.audit.run import AuditSettings
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
+from fca_workbench.notebook_execution import KERNEL_NAME, NotebookJob, NotebookResult, ensure_kernel, run_notebook
 from fca_workbench.notebook_run import (
     DEFAULT_MAX_WINDOWS,
     PATH_PARAMETERS,
@@ -36,9 +36,16 @@ from fca_workbench.results import layout
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
 
 # the notebooks and README import these from here
-__all__ = ["DEFAULT_MAX_WINDOWS", "KERNEL_NAME", "NOTEBOOK_DIR", "NotebookRun", "ensure_audit", "shipped_checkpoints"]
+__all__ = [
+    "DEFAULT_MAX_WINDOWS",
+    "KERNEL_NAME",
+    "NOTEBOOK_DIR",
+    "NotebookRun",
+    "ensure_audit",
+    "ensure_kernel",
+    "shipped_checkpoints",
+]
 
-KERNEL_NAME = "fca-workbench"
 NOTEBOOK_DIR = shipped("notebooks")
 PER_LAYER_NOTEBOOK = "06_per_layer"
 AUDIT_NOTEBOOKS = (
@@ -70,7 +77,7 @@ RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
 CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
 
 
-def load_config(path) -> dict:
+def load_config(path: str | Path) -> dict:
     """A reproduce config: TOML or JSON with ``notebooks``, ``cache``, ``[parameters]`` (every notebook that
     declares a name gets it) and ``[notebook.<name>]`` (one notebook only)."""
     path = Path(path)
@@ -81,9 +88,9 @@ def load_config(path) -> dict:
         if path.suffix == ".json":
             config = json.loads(text)
         else:
-            try:
+            if sys.version_info >= (3, 11):
                 import tomllib
-            except ImportError:  # Python 3.10
+            else:
                 import tomli as tomllib
             config = tomllib.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -97,13 +104,6 @@ def load_config(path) -> dict:
             "notebook parameters go under [parameters])"
         )
     return config
-
-
-@dataclass
-class NotebookJob:
-    name: str
-    source: Path
-    parameters: dict
 
 
 @dataclass
@@ -132,7 +132,11 @@ def default_out() -> Path:
 
 
 def plan(
-    config: dict | None = None, out=None, overwrite: bool = False, config_path=None, notebook_dir: Path = NOTEBOOK_DIR
+    config: dict | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    config_path: str | Path | None = None,
+    notebook_dir: Path = NOTEBOOK_DIR,
 ) -> Plan:
     """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
     config = dict(config or {})
@@ -205,7 +209,9 @@ def plan(
             )
     cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
 
-    jobs, audits, first_user = [], {}, {}
+    jobs: list[NotebookJob] = []
+    audits: dict[str, AuditSettings] = {}
+    first_user: dict[str, str] = {}
     for stem, source in sources.items():
         params = {k: v for k, v in DEFAULT_PARAMETERS.items() if k in declared[stem]}
         params.update({k: v for k, v in shared.items() if k in declared[stem]})
@@ -236,85 +242,6 @@ def plan(
         jobs.append(NotebookJob(stem, source, params))
     ensure_kernel()
     return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite)
-
-
-def ensure_kernel(name: str = KERNEL_NAME) -> dict:
-    """The project's Jupyter kernel must run this very Python; install it into this environment if absent."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    manager = KernelSpecManager()
-    try:
-        spec = manager.get_kernel_spec(name)
-    except NoSuchKernel:
-        from ipykernel.kernelspec import install
-
-        install(kernel_name=name, display_name="Python (fca-workbench)", prefix=sys.prefix)
-        print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
-        spec = KernelSpecManager().get_kernel_spec(name)
-    python = spec.argv[0]
-    if os.path.isabs(python) and Path(python).parent.resolve() != Path(sys.executable).parent.resolve():
-        raise UserError(
-            f"the Jupyter kernel '{name}' runs {python}, not this environment's {sys.executable}; reinstall it "
-            f"with: {sys.executable} -m ipykernel install --prefix {sys.prefix} --name {name} "
-            f"(or remove the other one: jupyter kernelspec remove {name})"
-        )
-    return {"name": name, "python": python, "resource_dir": spec.resource_dir}
-
-
-@dataclass
-class NotebookResult:
-    name: str
-    ok: bool
-    seconds: float
-    output: Path
-    error: str | None = None
-    files: list[Path] = field(default_factory=list)
-
-
-def _snapshot(folder: Path) -> dict[Path, int]:
-    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
-
-
-def describe_failure(exc: Exception) -> str:
-    from papermill.exceptions import PapermillExecutionError
-
-    if isinstance(exc, PapermillExecutionError):
-        lines = [line for line in (exc.source or "").splitlines() if line.strip() and not line.startswith("#")]
-        first = lines[0].strip()[:80] if lines else ""
-        evalue = first_line(exc.evalue or "")
-        return f"cell {exc.cell_index} (In [{exc.exec_count}]: {first}) raised {exc.ename}: {evalue}"
-    return f"{type(exc).__name__}: {first_line(str(exc))}"
-
-
-def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
-    import papermill
-
-    output = out / layout.NOTEBOOKS_DIR / f"{job.name}.ipynb"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    before = _snapshot(out)
-    start = time.perf_counter()
-    error = None
-    try:
-        papermill.execute_notebook(
-            str(job.source),
-            str(output),
-            parameters=job.parameters,
-            kernel_name=KERNEL_NAME,
-            progress_bar=False,
-            log_output=False,
-            request_save_on_cell_execute=False,
-            cwd=str(output.parent),
-        )
-    except Exception as exc:  # a notebook's failure is reported, and the others still run
-        error = describe_failure(exc)
-    seconds = time.perf_counter() - start
-    after = _snapshot(out)
-    files = sorted(
-        p
-        for p, mtime in after.items()
-        if before.get(p) != mtime and p != output and out / layout.AUDITS_DIR not in p.parents
-    )
-    return NotebookResult(job.name, error is None, seconds, output, error, files)
 
 
 def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
@@ -435,8 +362,9 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
 
 
 def reproduce(
-    config_path=None, out=None, overwrite: bool = False, progress: bool = True
+    config_path: str | Path | None = None, out: str | Path | None = None, overwrite: bool = False, progress: bool = True
 ) -> tuple[Plan, list[NotebookResult]]:
+    """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
     config = load_config(config_path) if config_path else {}
     plan_ = plan(config, out, overwrite, config_path)
     return plan_, execute(plan_, progress)

@@ -70,7 +70,7 @@ def checkpoints_dir() -> Path:
     )
 
 
-def copy_checkpoints(source, into: Path) -> list[str]:
+def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
     ``into``, through a temporary sibling renamed at the end (``files.atomic_path``); returns the checkpoint
     names."""
@@ -116,5 +116,8 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
                 continue
             target = folder.joinpath(*relative)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with archive.extractfile(member) as stream, open(target, "wb") as out:
+            stream = archive.extractfile(member)  # a regular file's member always has one
+            if stream is None:
+                continue
+            with stream, open(target, "wb") as out:
                 shutil.copyfileobj(stream, out)

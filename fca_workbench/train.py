@@ -17,13 +17,15 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -52,7 +54,7 @@ TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two mom
 STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
 
 
-def read_hf_config(path) -> dict:
+def read_hf_config(path: str | Path) -> dict:
     """The fields of a transformers config JSON file; one that names remote code is refused."""
     path = Path(path)
     try:
@@ -72,7 +74,7 @@ def read_hf_config(path) -> dict:
     return fields
 
 
-def build_hf_model(fields: dict, tokenizer, window: int):
+def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> torch.nn.Module:
     """A transformers causal LM from config fields (see read_hf_config), sized to the shipped tokenizer.
 
     Vocabulary size and special-token ids default to the tokenizer's; its pad id is None, so no real
@@ -99,7 +101,7 @@ def build_hf_model(fields: dict, tokenizer, window: int):
     return AutoModelForCausalLM.from_config(config)
 
 
-def check_training_memory(build) -> None:
+def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
     """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
     runs on the meta device, which only counts the parameters."""
     check_memory(
@@ -110,7 +112,8 @@ def check_training_memory(build) -> None:
     )
 
 
-def build_model(settings: TrainSettings, tokenizer):
+def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """The untrained model of ``settings``: a workbench family, or a transformers config's causal LM."""
     if settings.hf_config is not None:
         torch.manual_seed(settings.seed)
         return build_hf_model(settings.hf_config, tokenizer, settings.window)
@@ -142,7 +145,10 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(model, settings: TrainSettings):
+def make_optimizer(
+    model: torch.nn.Module, settings: TrainSettings
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW (no weight decay on biases and norms) and its warmup + cosine schedule."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -166,7 +172,7 @@ def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> to
     return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
 
 
-def training_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def training_loss(model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", None)
     out = model(batch, **({"output_router_logits": True} if aux_coef is not None else {}))
@@ -175,13 +181,14 @@ def training_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return nll, nll if aux is None else nll + aux_coef * aux
 
 
-def autocast(device: str):
+def autocast(device: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; nothing on CPU (fp32 there)."""
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict | None:
+def train(settings: TrainSettings, out: str | Path, stop_after: int | None = None) -> dict | None:
     """Train (or resume) into ``out``; ``stop_after`` ends this invocation early, checkpointed.
 
     Returns the model card's figures when the run completes, None when it stopped early.
@@ -235,7 +242,7 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
 
 @torch.no_grad()
 def coefficient_summary(
-    model, windows: torch.Tensor, with_coefficients: bool = True, batch_size: int = 16
+    model: torch.nn.Module, windows: torch.Tensor, with_coefficients: bool = True, batch_size: int = 16
 ) -> tuple[float, float | None]:
     """Eval NLL and the mean within-(layer, slot) std of coefficients (a workbench family's) over the windows."""
     model.eval()
@@ -252,12 +259,19 @@ def coefficient_summary(
     return nll_sum / count, within_std
 
 
-def finish(out: Path, settings, model, tokenizer, log_rows: list[dict], audit: TrainingAudit | None = None) -> dict:
+def finish(
+    out: Path,
+    settings: TrainSettings,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    log_rows: list[dict],
+    audit: TrainingAudit | None = None,
+) -> dict:
     """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
-    model = model.float().cpu()
+    model = cast(PreTrainedModel, model.float().cpu())  # every family is a transformers PreTrainedModel
     windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
     eval_nll, within_std = coefficient_summary(model, windows, with_coefficients=settings.arch is not None)
-    card = {
+    card: dict[str, Any] = {
         "arch": settings.name,
         "params": sum(p.numel() for p in model.parameters()),
         "tokens_seen": int(log_rows[-1]["tokens_seen"]),

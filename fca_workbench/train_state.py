@@ -62,10 +62,12 @@ class TrainSettings:
 
     @property
     def name(self) -> str:
-        return self.arch or self.hf_config["model_type"]
+        if self.hf_config is None:
+            return str(self.arch)
+        return self.hf_config["model_type"]
 
 
-def run_folder(out) -> Path:
+def run_folder(out: str | Path) -> Path:
     """The run's folder, refused before any work when it is a file, a finished checkpoint, or holds
     files the finished checkpoint would replace that this trainer did not write (a user's README.md ...)."""
     out = output_folder(out)
@@ -107,7 +109,12 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
     return state
 
 
-def restore(state: dict | None, model, optimizer, scheduler) -> int:
+def restore(
+    state: dict | None,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> int:
     """Load a saved state into the freshly built run; returns the step to continue from."""
     if state is None:
         return 0
@@ -133,8 +140,15 @@ def write_log(out: Path, rows: list[dict]) -> None:
 
 
 def save_state(
-    out: Path, settings: TrainSettings, model, optimizer, scheduler, step: int, log_rows: list[dict]
+    out: Path,
+    settings: TrainSettings,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    step: int,
+    log_rows: list[dict],
 ) -> None:
+    """The run's whole state, atomically, then the log: an interrupted run resumes from this step."""
     state = {
         "settings": asdict(settings),
         "step": step,

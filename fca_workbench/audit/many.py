@@ -2,9 +2,10 @@
 
 import json
 from pathlib import Path
+from typing import cast
 
-from fca_workbench.audit.distributed import SINGLE
-from fca_workbench.audit.run import check_audit_out, run_audit
+from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
 from fca_workbench.results.layout import AUDIT_MANY_FILE
@@ -13,7 +14,7 @@ from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
 from fca_workbench.results.seeds import summarise
 
 
-def audit_names(checkpoints) -> list[str]:
+def audit_names(checkpoints: list[str]) -> list[str]:
     """One distinct folder name per checkpoint for its audit: the checkpoint's folder name, prefixed by
     its parent's where two share it (``a/fg``, ``b/fg`` -> ``a-fg``, ``b-fg``), numbered if still equal."""
     paths = [Path(c).resolve() for c in checkpoints]
@@ -27,7 +28,9 @@ def audit_names(checkpoints) -> list[str]:
     return names
 
 
-def aggregate_audits(settings_list, out, ranks=SINGLE, lock_wait: float = 0.0) -> dict | None:
+def aggregate_audits(
+    settings_list: list[AuditSettings], out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0
+) -> dict | None:
     """Audit every checkpoint into ``out/<name>`` (``audit_names``), then ``out/audit_many.json``; every
     output folder is checked before the first audit starts. Under torchrun (``ranks``) every audit is
     distributed and rank 0 alone writes the summary and returns it (the other ranks return None)."""
@@ -39,12 +42,13 @@ def aggregate_audits(settings_list, out, ranks=SINGLE, lock_wait: float = 0.0) -
     audits = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
     if not ranks.lead:
         return None
+    finished = cast(list[dict], audits)  # rank 0 gets every audit back
     summary = {
         "schema": AUDIT_MANY_SCHEMA,
-        "checkpoints": [a["model"]["path"] for a in audits],
+        "checkpoints": [a["model"]["path"] for a in finished],
         "audits": names,
-        "archs": [a["model"]["arch"] for a in audits],
-        "figures": summarise(audits),
+        "archs": [a["model"]["arch"] for a in finished],
+        "figures": summarise(finished),
     }
     write_atomic(out / AUDIT_MANY_FILE, (json.dumps(summary, indent=2) + "\n").encode())
     return summary

@@ -7,6 +7,7 @@ leaves in it.
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from fca_workbench.errors import UserError
@@ -14,7 +15,7 @@ from fca_workbench.files import import_jsonschema, write_atomic
 from fca_workbench.results.layout import RESULTS_MARKER
 
 
-def output_folder(out) -> Path:
+def output_folder(out: str | Path) -> Path:
     """``out`` resolved (so ``.`` has a name), refused when it exists and is not a folder."""
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
@@ -22,7 +23,7 @@ def output_folder(out) -> Path:
     return out
 
 
-def refuse_foreign(path: Path, schema: str, validate=None) -> None:
+def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], None] | None = None) -> None:
     """Refuse to replace ``path`` unless it is a JSON file of ``schema`` (and passes ``validate``)."""
     if not path.exists():
         return

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from fca_workbench.files import atomic_path
 
 
-def load_profiles(path) -> dict[str, list[torch.Tensor]]:
+def load_profiles(path: str | Path) -> dict[str, list[torch.Tensor]]:
     """Static profiles saved by the audit (``static_profiles.safetensors``), as ``static_profiles`` returns them."""
     from safetensors.torch import load_file
 
