@@ -1,7 +1,8 @@
 """Files the workbench writes and reads: atomic writes, content hashes, and JSON Schema validation.
 
-Every file is written through ``write_atomic`` (a temporary sibling, then a rename), so a crash never leaves
-a half-written result; tensors and files are identified by sha256 of exactly their bytes.
+Every file is written through ``write_atomic`` (bytes) or ``atomic_path`` (a writer that needs a path): a
+temporary sibling, then a rename, so a crash never leaves a half-written result; tensors and files are
+identified by sha256 of exactly their bytes.
 """
 
 import contextlib

@@ -22,6 +22,9 @@ from pathlib import Path
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
+
+# NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
+# README and tests import them from here
 from fca_workbench.notebook_execution import KERNEL_NAME, NotebookJob, NotebookResult, ensure_kernel, run_notebook
 from fca_workbench.notebook_run import (
     DEFAULT_MAX_WINDOWS,
@@ -34,17 +37,6 @@ from fca_workbench.notebook_run import (
 from fca_workbench.resources import shipped
 from fca_workbench.results import layout
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
-
-# the notebooks and README import these from here
-__all__ = [
-    "DEFAULT_MAX_WINDOWS",
-    "KERNEL_NAME",
-    "NOTEBOOK_DIR",
-    "NotebookRun",
-    "ensure_audit",
-    "ensure_kernel",
-    "shipped_checkpoints",
-]
 
 NOTEBOOK_DIR = shipped("notebooks")
 PER_LAYER_NOTEBOOK = "06_per_layer"

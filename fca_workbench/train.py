@@ -35,7 +35,7 @@ from fca_workbench.data.windows import load_windows, read_documents, token_strea
 from fca_workbench.errors import UserError, first_line, one_line
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.train_state import (
+from fca_workbench.train_state import (  # TrainSettings, CHECKPOINT_FILES, STATE_FILE: also imported from here
     CHECKPOINT_FILES,
     LOG_FILE,
     STATE_FILE,
@@ -47,8 +47,6 @@ from fca_workbench.train_state import (
     save_state,
 )
 from fca_workbench.training_audit import TrainingAudit, postfix
-
-__all__ = ["CHECKPOINT_FILES", "STATE_FILE", "TrainSettings", "read_hf_config", "train"]  # cli.py and tests
 
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
