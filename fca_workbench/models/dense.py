@@ -152,10 +152,10 @@ class GPTBackbone(CoefficientModel):
         return self.lm_head
 
     @property
-    def blocks(self) -> nn.ModuleList:
-        return self.h
+    def blocks(self) -> list[nn.Module]:
+        return list(self.h)
 
-    def latency_baseline(self):
+    def latency_baseline(self) -> tuple[str, nn.Module]:
         """What latency is compared with: a shape-matched Dense with random weights."""
         return "dense", shape_matched_dense(self)
 

@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fca_workbench.models.common import PositiveControl
 from fca_workbench.models.dense import Block, DenseConfig, GPTBackbone
+
+BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` gate
 
 
 class FeatureGateConfig(DenseConfig):
@@ -86,9 +89,16 @@ class FeatureGateForCausalLM(GPTBackbone):
     block_class = FeatureGateBlock
     arch = "featuregate"
 
-    def positive_control(self, calibration_windows: torch.Tensor):
-        """The copy that skips MLP rows below the median gate (``execution.positive_control``)."""
-        return positive_control(self, calibration_windows, quantile=0.5)
+    def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl:
+        """The copy that skips MLP rows below the median gate (``execution.positive_control``), and its
+        ``skip_threshold``."""
+        control = positive_control(self, calibration_windows, quantile=0.5)
+        return PositiveControl(control, {"skip_threshold": control.config.skip_threshold})
+
+    @classmethod
+    def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
+        """``attn g0`` / ``mlp g0``: the branch a gate scales and its channel group."""
+        return [f"{branch} g{g}" for branch in BRANCHES for g in range(slot_shape[1])]
 
     @property
     def controllers(self) -> list[nn.Module]:

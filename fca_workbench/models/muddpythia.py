@@ -59,6 +59,8 @@ from transformers import initialization as init
 from fca_workbench.models.common import CoefficientModel
 from fca_workbench.models.dense import shape_matched_dense
 
+DENSE_STREAMS = "qkvr"  # the streams every layer but the last mixes for the next block (``dense_type``)
+
 
 class MUDDPythiaConfig(PretrainedConfig):
     """The reference config: same field names, defaults and derived fields (``head_dim`` is recomputed)."""
@@ -92,7 +94,7 @@ class MUDDPythiaConfig(PretrainedConfig):
         dense: bool = True,
         dynamic_dense: bool = True,
         sepln: bool = True,
-        dense_type: str = "qkvr",
+        dense_type: str = DENSE_STREAMS,
         expand_last: bool = False,
         round64: bool = False,
         **kwargs,
@@ -143,7 +145,7 @@ class MUDDPythiaConfig(PretrainedConfig):
     def _check(self, tie_word_embeddings: bool) -> None:
         """Refuse configs this module does not build, instead of silently computing something else."""
         problems = []
-        if self.dense_type != "qkvr":
+        if self.dense_type != DENSE_STREAMS:
             problems.append(f"dense_type={self.dense_type!r} (only 'qkvr', the four q/k/v/r streams)")
         if not (self.dense and self.dynamic_dense):
             problems.append(f"dense={self.dense}, dynamic_dense={self.dynamic_dense} (both must be true)")
@@ -405,10 +407,10 @@ class MUDDPythiaForCausalLM(CoefficientModel):
         return self.output
 
     @property
-    def blocks(self) -> nn.ModuleList:
-        return self.layers
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers)
 
-    def latency_baseline(self):
+    def latency_baseline(self) -> tuple[str, nn.Module]:
         """What latency is compared with: a shape-matched Dense with random weights."""
         return "dense", shape_matched_dense(self)
 
@@ -419,6 +421,15 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
         return [(stream_count(self.config, i), i + 2) for i in range(self.config.n_layer)]
+
+    @classmethod
+    def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
+        """``stream←xj``: the weight of hidden state ``x_j`` (``x0`` the embeddings, ``xj`` block j-1's output)
+        in each stream the layer mixes: ``q``/``k``/``v``/``r`` for the next block, ``out`` for the head (the
+        last layer)."""
+        streams, sources = slot_shape
+        names = ("out",) if streams == 1 else DENSE_STREAMS
+        return [f"{names[c]}←x{j}" for c in range(streams) for j in range(sources)]
 
     @property
     def context_length(self) -> int:
