@@ -96,7 +96,10 @@ def test_only_featuregate_has_a_positive_control(featuregate):
     assert _dense().positive_control(_windows()) is None
     control = featuregate.positive_control(_windows(seed=1))
     assert control.model is not featuregate
-    assert control.settings == {"skip_threshold": control.model.config.skip_threshold} and control.settings["skip_threshold"]
+    assert (
+        control.settings == {"skip_threshold": control.model.config.skip_threshold}
+        and control.settings["skip_threshold"]
+    )
 
 
 def test_shape_matched_dense_copies_the_shapes(featuregate):

@@ -34,20 +34,35 @@ BASELINE_NAME = [  # ``execution.baseline``'s value in audit.json ("dense": the 
     # column, caption and report text that name that baseline: a field of the on-disk contract, read from the
     # audit, never a test of the model's family
     ("fca_workbench/results/audit_tables.py", '"dense"'),
-    ("fca_workbench/results/audit_tables.py", '"shape-matched Dense; for routers the static mixture, every expert run for every token)"'),
+    (
+        "fca_workbench/results/audit_tables.py",
+        '"shape-matched Dense; for routers the static mixture, every expert run for every token)"',
+    ),
     ("fca_workbench/results/audit_tables.py", '"latency / Dense (model)"'),
     ("fca_workbench/results/audit_tables.py", '"latency / Dense (control)"'),
-    ("fca_workbench/results/report.py", """f"{'latency / ' + e.get('baseline', 'dense'):24s}{e['latency_ratio_vs_dense']:>10.2f}\""""),
+    (
+        "fca_workbench/results/report.py",
+        """f"{'latency / ' + e.get('baseline', 'dense'):24s}{e['latency_ratio_vs_dense']:>10.2f}\"""",
+    ),
     ("fca_workbench/results/report.py", """f"{'  latency / Dense':24s}{control['latency_ratio_vs_dense']:>10.2f}\""""),
     ("fca_workbench/results/seeds.py", '"latency / Dense"'),
     ("fca_workbench/results/verdicts.py", '"dense"'),
     ("fca_workbench/results/verdicts.py", '"the shape-matched Dense"'),
-    ("fca_workbench/results/verdicts.py", """f"latency {e['latency_ratio_vs_dense']:.2f}× {BASELINES[e.get('baseline', 'dense')]}\""""),
+    (
+        "fca_workbench/results/verdicts.py",
+        """f"latency {e['latency_ratio_vs_dense']:.2f}× {BASELINES[e.get('baseline', 'dense')]}\"""",
+    ),
 ]
 PUBLISHED = [  # names and captions of the notebooks' tables as published (users and the README cite them)
-    ("fca_workbench/results/audit_tables.py", '"Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "'),
+    (
+        "fca_workbench/results/audit_tables.py",
+        '"Positive control: a FeatureGate copy that skips MLP rows whose gates fall below "',
+    ),
     ("fca_workbench/results/audit_tables.py", '"muddpythia_penalties"'),
-    ("fca_workbench/results/audit_tables.py", '"MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, 95% bootstrap CIs)"'),
+    (
+        "fca_workbench/results/audit_tables.py",
+        '"MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, 95% bootstrap CIs)"',
+    ),
 ]
 APP = [  # dashboards/app.py is the dashboard helper's (issue 22, item 4), who takes its family test of the
     # default checkpoint's folder name out; delete these once that lands
@@ -113,7 +128,9 @@ def test_native_families_are_controlled_stepping_models(make):
 
 def test_a_transformers_model_is_controlled_without_stepping(mixtral):
     assert isinstance(mixtral, ControlledModel) and not isinstance(mixtral, SteppingModel)
-    assert sweep_mode(mixtral) == FULL_FORWARD and not PrefixCache(mixtral, torch.zeros(1, 4, dtype=torch.long)).stepping
+    assert (
+        sweep_mode(mixtral) == FULL_FORWARD and not PrefixCache(mixtral, torch.zeros(1, 4, dtype=torch.long)).stepping
+    )
     name, baseline = mixtral.latency_baseline()
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
     assert name == "static_mixture" and isinstance(baseline, torch.nn.Module)
@@ -189,8 +206,8 @@ def test_no_family_name_or_router_key_in_the_core_or_the_ui():
             for line, text in code_tokens(path):
                 if (FAMILY_NAMES.search(text) or ROUTER_KEYS.search(text)) and (relative, text) not in ALLOWED:
                     found.append(f"{relative}:{line}: {text}")
-    assert not found, "family names or router keys in the core or UI (put them behind a protocol member):\n" + "\n".join(
-        found
+    assert not found, (
+        "family names or router keys in the core or UI (put them behind a protocol member):\n" + "\n".join(found)
     )
 
 

@@ -40,16 +40,18 @@ class TransformersControlled(nn.Module):
     def __init__(self, model: nn.Module, controllers: str | None = None):
         super().__init__()
         self.model: Any = model.eval()  # a transformers PreTrainedModel
-        if hasattr(model, "set_experts_implementation"):
+        set_experts = getattr(self.model, "set_experts_implementation", None)
+        if set_experts is not None:
             # eager loops over the experts a token uses: a zero-weight expert contributes exactly nothing,
             # so a static profile equal to the live routing replays bit-exactly (shared/moe-routing.md)
-            model.set_experts_implementation("eager")
+            set_experts("eager")
         found = find_controllers(model, controllers)
         self.controller_names = [name for name, _, _ in found]
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
-        self._flat: list[bool | None] = [None] * len(found)  # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
+        # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
+        self._flat: list[bool | None] = [None] * len(found)
         if found:
             with torch.no_grad():
                 _, values = self.capture_run(torch.zeros(PROBE_SHAPE, dtype=torch.long, device=self._device))

@@ -10,7 +10,7 @@ type makes the type checker check both implementations.
 """
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -127,7 +127,7 @@ class SteppingModel(Protocol):
 
 
 @contextlib.contextmanager
-def frozen(replacements: dict[nn.Module, object]) -> Iterator[None]:
+def frozen(replacements: dict[nn.Module, Callable[..., Any]]) -> Iterator[None]:
     """Install ``replacements[module]`` as each module's ``forward`` on the instance, so calling the module
     returns what the replacement returns and the module's own forward never runs (a forward hook could
     not do that: the module would still run). The previous forwards are put back on exit, also when an

@@ -287,7 +287,13 @@ def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
 
 @torch.no_grad()
 def capture(
-    model: ControlledModel, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture", ranks=SINGLE
+    model: ControlledModel,
+    windows: torch.Tensor,
+    folder,
+    batch_size: int = 16,
+    device="cpu",
+    desc="capture",
+    ranks=SINGLE,
 ) -> CoefficientCache:
     """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``.
 

@@ -97,7 +97,7 @@ def count_execution(model: ControlledModel, windows: torch.Tensor, batch_size: i
             forwards += 1
             present_rows += batch.numel() * len(branches)
 
-    result = {
+    result: dict[str, float] = {
         "blocks_total": len(blocks) * forwards,
         "blocks_executed": counts["blocks"],
         "controller_calls": counts["controllers"],
@@ -131,9 +131,9 @@ def _time_forward(model: Runnable, batch: torch.Tensor) -> float:
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end)
-    start = time.perf_counter()
+    began = time.perf_counter()
     model(batch)
-    return (time.perf_counter() - start) * 1000.0
+    return (time.perf_counter() - began) * 1000.0
 
 
 def _interleaved_latencies(models: list[Runnable], batch: torch.Tensor, repeats: int, warmup: int) -> list[float]:

@@ -73,7 +73,8 @@ def profiles_from_sums(sums: list[torch.Tensor] | None, windows: int) -> dict[st
     layer_mean = [p.mean(dim=0) for p in position_mean]
     layer_scalar = [p.mean() for p in position_mean]
     entries = [p.numel() for p in position_mean]
-    global_mean = sum(p.sum() for p in position_mean) / sum(entries)
+    total: torch.Tensor = sum(p.sum() for p in position_mean)  # type: ignore[assignment]  # tensors sum to a tensor
+    global_mean = total / sum(entries)
     return {
         "global_mean": [global_mean.float() for _ in position_mean],
         "layer_scalar": [s.float() for s in layer_scalar],

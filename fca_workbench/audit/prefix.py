@@ -93,7 +93,7 @@ class PrefixCache:
         self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer (None: no stepping)
         self.values = values  # per controller, the window's own (= ``correct``) values, e.g. a router's whole output
         self.nll = next_token_nll(logits, input_ids)  # [B, T-1], the live run (= ``correct``, bit-exact)
-        self.num_layers = len(states) - 1 if self.stepping else len(values)  # where an intervention can go
+        self.num_layers = len(values) if states is None else len(states) - 1  # where an intervention can go
 
     @property
     def coefficients(self) -> list[torch.Tensor]:

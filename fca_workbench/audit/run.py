@@ -275,13 +275,15 @@ def execution_figures(
     recorded with the settings that make it skip, so the report shows what a real saving would look like
     next to the model's own figures.
     """
-    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
-    audit_args = {"batch_size": settings.batch_size, "repeats": settings.latency_repeats}
-    execution = execution_audit(model, counted, **audit_args)
+    batch_size = settings.batch_size
+    assert batch_size is not None, "run_audit resolves the batch size before the execution audit"
+    counted = eval_windows[: EXECUTION_BATCHES * batch_size]
+    execution = execution_audit(model, counted, batch_size, settings.latency_repeats)
     execution["windows_counted"] = len(counted)
-    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * settings.batch_size])
+    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * batch_size])
     if control is not None:
-        execution["positive_control"] = {**execution_audit(control.model, counted, **audit_args), **control.settings}
+        figures = execution_audit(control.model, counted, batch_size, settings.latency_repeats)
+        execution["positive_control"] = {**figures, **control.settings}
     return execution
 
 

@@ -161,11 +161,8 @@ class SharedModel:
         return self.model.slot_labels(layer)
 
     def all_slot_labels(self) -> list[str]:
-        seen = OrderedDict()
-        for layer in range(self.num_layers):
-            for label in self.slot_labels(layer):
-                seen[label] = None
-        return list(seen)
+        """Every layer's slot names, each once, in order of first appearance."""
+        return list(dict.fromkeys(label for layer in range(self.num_layers) for label in self.slot_labels(layer)))
 
 
 # ------------------------------------------------------------------------------------------------------

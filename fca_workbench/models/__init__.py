@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import torch
-
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from fca_workbench.errors import UserError

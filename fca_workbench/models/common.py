@@ -147,7 +147,8 @@ class CoefficientModel(PreTrainedModel):
 
     def block_branches(self, index: int) -> list[nn.Module]:
         """The modules block ``index`` could skip per token (counted by the execution audit)."""
-        return list(self.blocks[index].branches())
+        block: Any = self.blocks[index]  # every native block has ``branches``
+        return list(block.branches())
 
     @property
     def controllers(self) -> list[nn.Module]:
