@@ -1,7 +1,7 @@
 """Loading any checkpoint folder as a controlled model (``fca_workbench.adapters.protocol``).
 
 Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUDDPythia layout) load
-strictly through ``fca_workbench.official``. Any other ``model_type`` that transformers knows is loaded with
+strictly through ``fca_workbench.models``. Any other ``model_type`` that transformers knows is loaded with
 ``AutoModelForCausalLM.from_pretrained`` from safetensors, locally, with no code from the folder unless the
 user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
 """
