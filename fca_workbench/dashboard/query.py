@@ -25,8 +25,11 @@ QUERY_NAMES = {
     "audit": "audit",
 }
 VIEWS = ("live", "results")
-SOURCES = ("window", "text")  # an eval window, or pasted text (which a link does not carry)
-ALL_LAYERS = "all"
+# the text a query runs on, as the choice shows it -> as a link names it (a link does not carry pasted text)
+SOURCES = {"eval window": "window", "pasted text": "text"}
+ALL_LAYERS = -1  # the layer choice "every layer at once": shown as ALL_LAYERS_LABEL, in a link layer=ALL_LAYERS_LINK
+ALL_LAYERS_LABEL = "all layers"
+ALL_LAYERS_LINK = "all"
 AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement
 
 
