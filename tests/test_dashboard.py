@@ -314,7 +314,6 @@ def test_changes_queued_after_the_write_block_was_lifted_are_sent():
 
     import panel.io.document as panel_document
     from bokeh.document import Document
-
     from panel_writes import fix_stranded_writes, sends_stranded_changes
 
     class Socket:  # what Panel writes to, through its hook for other kinds of socket
