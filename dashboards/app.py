@@ -25,15 +25,25 @@ import html
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when not run by ``panel serve``
 
 import panel as pn
+import param
 import views
 from panel_writes import fix_stranded_writes
 from results_view import ResultsView
 
-from fca_workbench.dashboard import MAX_PASTE_CHARS, MODELS, SESSIONS, SharedModel, release_memory, unload_idle_models
+from fca_workbench.dashboard import (
+    MAX_PASTE_CHARS,
+    MODELS,
+    SESSIONS,
+    Analysis,
+    SharedModel,
+    release_memory,
+    unload_idle_models,
+)
 from fca_workbench.dashboard.links import (
     DEFAULT_CONDITION,
     TEXT_SOURCE,
@@ -46,6 +56,7 @@ from fca_workbench.dashboard.links import (
     opening_view,
 )
 from fca_workbench.dashboard.query import ALL_LAYERS, ALL_LAYERS_LABEL, QUERY_NAMES, SOURCES, VIEWS, ViewQuery
+from fca_workbench.dashboard.results_folder import AuditEntry
 from fca_workbench.dashboard.serving import ServedSettings, Server, served_settings
 from fca_workbench.dashboard.serving import configure as configure_process
 from fca_workbench.dashboard.session import Document, LiveReplay, Updates
@@ -67,11 +78,12 @@ class DashboardApp:
         self.shown = 0  # updates shown, numbered on the page (``data-update``)
         self.syncing = False
         self.pending: dict = {}  # widget changes asked for by watchers, applied by ``sync_and_query``
-        self.analysis = None
+        self.analysis: Analysis | None = None
         # the URL's selection: read once here, checked against what the server has, then kept in step with the view
         self.link = ViewQuery()
-        if self.document.served:
-            pn.state.location.sync(self.link, QUERY_NAMES)
+        location = pn.state.location
+        if self.document.served and location is not None:
+            location.sync(self.link, QUERY_NAMES)
         self.pending_link: dict | None = self.link.requested()  # applied to the live widgets once the model is known
         self.link_notes: list[str] = []
         names = server.registry.names
@@ -135,7 +147,7 @@ class DashboardApp:
         self.slot_heat = views.FigurePane(None, css_classes=["fca-slot-heat"])
         self.heat_note = pn.pane.HTML("", css_classes=["fca-heat-note"])
         self.live_per_layer = views.FigurePane(None, css_classes=["fca-live-per-layer"], visible=False)
-        self.live_per_layer_entry = None
+        self.live_per_layer_entry: AuditEntry | None = None
         self.link_alert = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["fca-link-message"])
         self.results_view = ResultsView(server.results, on_change=self.publish, later=self.document.later)
 
@@ -211,7 +223,7 @@ class DashboardApp:
     # change sent from there can interleave on the websocket with a locked update's message. They note what
     # to change; ``sync_and_query`` applies it inside the document (``session.Document``).
 
-    def on_change(self, event) -> None:
+    def on_change(self, event: param.parameterized.Event) -> None:
         # A plain (not async) watcher: param calls it at once, so ``set_quietly`` really silences it.
         if self.syncing:
             return
@@ -224,11 +236,11 @@ class DashboardApp:
             self.results_view.activate()
         self.publish()
 
-    def on_analyse_text(self, event) -> None:
+    def on_analyse_text(self, event: object) -> None:
         self.pending["source"] = TEXT_SOURCE
         pn.state.execute(self.update)
 
-    def set_quietly(self, widget, attribute: str, value) -> None:
+    def set_quietly(self, widget: pn.widgets.Widget, attribute: str, value: Any) -> None:
         self.syncing = True
         try:
             setattr(widget, attribute, value)
@@ -258,7 +270,7 @@ class DashboardApp:
             donor=self.donor.value,
         )
 
-    def compute(self, selection: Selection, model: SharedModel):
+    def compute(self, selection: Selection, model: SharedModel) -> Analysis:
         return self.replay.compute(selection, model)
 
     def sync_and_query(self, model: SharedModel) -> Selection:
@@ -274,11 +286,11 @@ class DashboardApp:
                 self.set_quietly(self.heat_layer, "value", layer)
         return self.selection()
 
-    def finish(self, started: float, analysis, message: str | None) -> None:
+    def finish(self, started: float, analysis: Analysis | None, message: str | None) -> None:
         """Show the result (or the message) of the newest update."""
         self.main.loading = False
-        if message is not None:
-            self.show_error(message, started)
+        if analysis is None:
+            self.show_error(message or "", started)
         else:
             self.render(analysis, started)
         self.pending_link = None  # the link is applied (or was left for a checkpoint that failed to load)
@@ -291,7 +303,7 @@ class DashboardApp:
     def apply_link(self, model: SharedModel) -> None:
         """Put the link's selection into the live widgets (``links.linked``: each value checked against this
         checkpoint; one that does not fit leaves the default and a note)."""
-        requested, self.pending_link = self.pending_link, None
+        requested, self.pending_link = self.pending_link or {}, None
         values, notes = linked(requested, model, list(self.heat_slot.options), self.condition.value)
         self.link_notes += notes
         for name, value in values.items():
@@ -354,7 +366,7 @@ class DashboardApp:
             + (" <i>(the views below are from the last successful update)</i>" if self.analysis else "")
         )
 
-    def render(self, analysis, started: float) -> None:
+    def render(self, analysis: Analysis, started: float) -> None:
         self.analysis = analysis
         self.shown += 1
         self.alert.visible = False
@@ -378,7 +390,7 @@ class DashboardApp:
             f"update #{self.shown}: {elapsed:.0f} ms (compute {analysis.compute_ms:.0f} ms)</span>"
         )
 
-    def show_live_audit(self, entry) -> None:
+    def show_live_audit(self, entry: AuditEntry | None) -> None:
         """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes)."""
         if entry is self.live_per_layer_entry:
             return
@@ -387,7 +399,7 @@ class DashboardApp:
             None
             if entry is None
             else views.per_layer_heatmap(
-                per_layer_table([entry.audit]),
+                per_layer_table([entry.valid_audit]),
                 f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
                 "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
             )
@@ -401,7 +413,7 @@ class DashboardApp:
             pane.object = None
 
 
-def server_full_page():
+def server_full_page() -> pn.pane.Alert:
     return pn.pane.Alert(
         f"The FCA dashboard is full: {SESSIONS.maximum} sessions are open, the most this server takes at once. "
         "Please try again in a few minutes; closing a dashboard tab you no longer use frees its place.",
@@ -410,14 +422,14 @@ def server_full_page():
     )
 
 
-def create_app(server: Server):
+def create_app(server: Server) -> pn.viewable.Viewable:
     """One session's app, or the polite "server is full" page past ``--max-sessions``; frees that session's
     memory when the session ends."""
     if not SESSIONS.admit():
         return server_full_page()
     app = None
 
-    def destroyed(session_context) -> None:
+    def destroyed(session_context: object) -> None:
         SESSIONS.leave()
         if app is not None:
             app.close()
@@ -438,18 +450,20 @@ def configure(settings: ServedSettings) -> Server:
     return configure_process(settings)
 
 
-def serve(settings: ServedSettings, port: int = 5006, address: str = "127.0.0.1", show: bool = False, **kwargs):
+def serve(
+    settings: ServedSettings, port: int = 5006, address: str = "127.0.0.1", show: bool = False, **kwargs: Any
+) -> Any:
     """Serve the app (blocking). ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret,
     num_threads, ...). The default checkpoint is found before the first session; closed sessions are cleaned
     up within ~10 s."""
     server = configure(settings)
     server.default_checkpoint()
 
-    def session_app():
+    def session_app() -> pn.viewable.Viewable:
         return create_app(server)
 
     if kwargs.get("num_threads") is not None:
-        pn.config.nthreads = kwargs.pop("num_threads")
+        pn.config.nthreads = kwargs.pop("num_threads")  # type: ignore[misc]  # set through config's __setattr__
     kwargs.pop("num_threads", None)
     kwargs.setdefault("check_unused_sessions", 5000)
     kwargs.setdefault("unused_session_lifetime", 5000)

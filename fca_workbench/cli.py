@@ -139,6 +139,8 @@ def cmd_dashboard(args) -> None:
     load_registry(args.registry)  # a bad registry is a one-line error here, before any server starts
     settings = ServedSettings.from_args(args)
     spec = importlib.util.spec_from_file_location("fca_dashboard_app", app_path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"dashboard app at {app_path} cannot be loaded; reinstall the workbench")
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
     if args.allow_websocket_origin:

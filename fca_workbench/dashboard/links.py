@@ -37,7 +37,7 @@ class Selection:
     checkpoint: str
     source: str = WINDOW_SOURCE
     window: int | None = 0
-    text: str = ""
+    text: str | None = ""  # the pasted text (checked by ``live.pasted_input``)
     condition: str = DEFAULT_CONDITION
     layer: int | None = ALL_LAYERS
     seed: int | None = 0
@@ -99,7 +99,9 @@ class Fitted:
     condition_help: str
 
 
-def fitted(model: SharedModel, layer, heat_layer, slot, condition: str, source: str) -> Fitted:
+def fitted(
+    model: SharedModel, layer: int | None, heat_layer: int | None, slot: str | None, condition: str, source: str
+) -> Fitted:
     """The choices ``model`` offers; a current value it cannot show becomes the default (all layers, the nearest
     layer, the first slot, ``DEFAULT_CONDITION``)."""
     layers, heat_layers, slots = (
@@ -112,7 +114,7 @@ def fitted(model: SharedModel, layer, heat_layer, slot, condition: str, source: 
     last = len(model.eval_windows) - 1
     return Fitted(
         layers=layers,
-        layer=layer if layer in layers.values() else ALL_LAYERS,
+        layer=layer if layer is not None and layer in layers.values() else ALL_LAYERS,
         heat_layers=heat_layers,
         heat_layer=min(max(heat_layer or 0, 0), model.num_layers - 1),
         slots=slots,
@@ -171,7 +173,7 @@ def linked(requested: dict, model: SharedModel, slots: Sequence[str], condition:
     return {name: value for name, (value, _) in chosen.items()}, notes
 
 
-def link_of(view: str, selection: Selection, heat_slot, heat_layer, audit) -> dict:
+def link_of(view: str, selection: Selection, heat_slot: str | None, heat_layer: int | None, audit: str | None) -> dict:
     """The values of ``query.ViewQuery`` (the URL) for the view shown."""
     return dict(
         view=view,

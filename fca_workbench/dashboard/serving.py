@@ -79,7 +79,7 @@ def served_settings(argv: Sequence[str], environ: Mapping[str, str] = os.environ
     defaults = ServedSettings()
     parser = argparse.ArgumentParser(prog="panel serve dashboards/app.py --args")
 
-    def default(name: str):
+    def default(name: str) -> object:
         return environ.get(ENVIRONMENT[name], getattr(defaults, name))
 
     parser.add_argument("--registry", default=default("registry"))
