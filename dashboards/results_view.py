@@ -207,10 +207,9 @@ class ResultsView:
         if self.results is None:  # no results folder: no entries to download
             return None
         try:
-            return io.BytesIO(self.results.read_bytes(entry, AUDIT_FILE))
-        except (UserError, OSError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else exc  # an OSError's text names the server's path
-            self.show_error(f"{entry.name}/{AUDIT_FILE} cannot be read now: {reason}")
+            return io.BytesIO(self.results.download(entry, AUDIT_FILE))
+        except UserError as exc:
+            self.show_error(str(exc))
             return None
 
 

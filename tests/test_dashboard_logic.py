@@ -442,3 +442,25 @@ def test_cli_dashboard_namespace_has_every_served_setting():
     args = build_parser().parse_args(["dashboard"])
     fields = set(ServedSettings.__dataclass_fields__)
     assert fields <= set(vars(args)) and isinstance(args, argparse.Namespace)
+
+
+def test_a_download_that_cannot_be_read_names_the_entry_never_the_server_path(tmp_path):
+    from fca_workbench.dashboard.results_folder import ResultsFolder
+
+    (tmp_path / "audit-x").mkdir()
+    (tmp_path / "audit-x" / "audit.json").write_text("{}")
+    results = ResultsFolder(tmp_path)
+    [entry] = results.scan()
+    assert results.download(entry, "audit.json") == b"{}"
+    (tmp_path / "audit-x" / "audit.json").unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (tmp_path / "audit-x" / "audit.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(UserError) as error:
+        results.download(entry, "audit.json")
+    assert (
+        str(error.value)
+        == "audit-x/audit.json cannot be read now: audit-x/audit.json is a link: only files inside the results folder are read"
+    )
+    (tmp_path / "audit-x" / "audit.json").unlink()
+    with pytest.raises(UserError, match=r"^audit-x/audit.json cannot be read now: audit-x/audit.json is not a file$"):
+        results.download(entry, "audit.json")

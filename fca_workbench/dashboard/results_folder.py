@@ -161,6 +161,15 @@ class ResultsFolder:
         with os.fdopen(descriptor, "rb") as handle:
             return handle.read()
 
+    def download(self, entry: AuditEntry, filename: str) -> bytes:
+        """``read_bytes`` for the browser: a file that cannot be read now is a ``UserError`` naming the entry's
+        file, never the server's path (an ``OSError``'s own text would)."""
+        try:
+            return self.read_bytes(entry, filename)
+        except (UserError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else exc
+            raise UserError(f"{entry.name}/{filename} cannot be read now: {reason}") from None
+
     def audits_of(self, shared: AuditedModel) -> list[AuditEntry]:
         """Valid audits of a loaded checkpoint (a ``SharedModel``) by its fingerprint, newest first. Cheap checks
         (arch, parameter count) come before any hashing."""
