@@ -64,12 +64,7 @@ PUBLISHED = [  # names and captions of the notebooks' tables as published (users
         '"MUDDPythia: cross-input and token-shuffle penalties (ΔNLL vs correct, 95% bootstrap CIs)"',
     ),
 ]
-APP = [  # dashboards/app.py is the dashboard helper's (issue 22, item 4), who takes its family test of the
-    # default checkpoint's folder name out; delete these once that lands
-    ("dashboards/app.py", '"featuregate-s0"'),
-    ("dashboards/app.py", '"featuregate"'),
-]
-ALLOWED = set(BASELINE_NAME + PUBLISHED + APP)
+ALLOWED = set(BASELINE_NAME + PUBLISHED)
 
 
 def _featuregate():
