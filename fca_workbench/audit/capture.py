@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
-from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, write_atomic
@@ -287,7 +287,13 @@ def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
 
 @torch.no_grad()
 def capture(
-    model, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture", ranks=SINGLE
+    model: ControlledModel,
+    windows: torch.Tensor,
+    folder,
+    batch_size: int = 16,
+    device="cpu",
+    desc="capture",
+    ranks=SINGLE,
 ) -> CoefficientCache:
     """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``.
 

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock
 from fca_workbench.audit.capture import capture, model_fingerprint, shard_count
@@ -180,6 +181,7 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
                 "params": sum(p.numel() for p in model.parameters()),
                 "fingerprint": eval_cache.manifest["model_fingerprint"],
                 "controllers": list(model.controller_names),
+                "slot_labels": [model.slot_labels(i) for i in range(len(model.controller_names))],
             },
             "data": {
                 "eval": data_summary(eval_path, eval_windows),
@@ -259,22 +261,25 @@ def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:
     return accumulator.result() if ranks.lead else None
 
 
-def execution_figures(model, eval_windows, calib_windows, settings: AuditSettings) -> dict:
+def execution_figures(
+    model: ControlledModel, eval_windows: torch.Tensor, calib_windows: torch.Tensor, settings: AuditSettings
+) -> dict:
     """Execution counted on the first batches (a full extra pass would add nothing), latency vs the model's
     baseline (a shape-matched Dense; for routers the static mixture, every expert run for every token).
 
-    Where the model has a positive control (FeatureGate: MLP skipped below the median gate), it is audited
-    the same way, so the report shows what a real saving would look like next to the model's own figures.
+    Where the model has a positive control (a copy that really skips work), it is audited the same way and
+    recorded with the settings that make it skip, so the report shows what a real saving would look like
+    next to the model's own figures.
     """
-    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
-    audit_args = {"batch_size": settings.batch_size, "repeats": settings.latency_repeats}
-    execution = execution_audit(model, counted, **audit_args)
+    batch_size = settings.batch_size
+    assert batch_size is not None, "run_audit resolves the batch size before the execution audit"
+    counted = eval_windows[: EXECUTION_BATCHES * batch_size]
+    execution = execution_audit(model, counted, batch_size, settings.latency_repeats)
     execution["windows_counted"] = len(counted)
-    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * settings.batch_size])
+    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * batch_size])
     if control is not None:
-        control_figures = execution_audit(control, counted, **audit_args)
-        control_figures["skip_threshold"] = control.config.skip_threshold
-        execution["positive_control"] = control_figures
+        figures = execution_audit(control.model, counted, batch_size, settings.latency_repeats)
+        execution["positive_control"] = {**figures, **control.settings}
     return execution
 
 

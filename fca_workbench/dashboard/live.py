@@ -59,8 +59,6 @@ CONDITION_HELP = {
     "layer_mean_topk": "routers: each layer's k experts with the largest mean gate, for every token (calibration)",
 }
 SEEDED = ("cross_input", "token_shuffle")
-FG_BRANCHES = ("attn", "mlp")
-MUDD_STREAMS = ("q", "k", "v", "r")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -158,24 +156,13 @@ class SharedModel:
         return int(self.derangements(seed)[window_index or 0])
 
     def slot_labels(self, layer: int) -> list[str]:
-        """Names of layer ``layer``'s flattened slots, shared across layers where the slot means the same."""
-        shape = self.slot_shapes[layer]
-        if self.arch == "featuregate":
-            return [f"{FG_BRANCHES[b]} g{g}" for b in range(shape[0]) for g in range(shape[1])]
-        if self.arch == "muddpythia":
-            last = layer == self.num_layers - 1
-            streams = ("out",) if last else MUDD_STREAMS
-            return [f"{streams[c]}←x{j}" for c in range(shape[0]) for j in range(shape[1])]
-        if self.top_k[layer] is not None:  # a router's coefficient is its dense gate: one slot per expert
-            return [f"expert {e}" for e in range(shape[0])]
-        return [f"slot {i}" for i in range(int(np.prod(shape)))]
+        """Names of layer ``layer``'s flattened slots, as the model declares them (``audit.json``'s
+        ``model.slot_labels``), shared across layers where the slot means the same."""
+        return self.model.slot_labels(layer)
 
     def all_slot_labels(self) -> list[str]:
-        seen = OrderedDict()
-        for layer in range(self.num_layers):
-            for label in self.slot_labels(layer):
-                seen[label] = None
-        return list(seen)
+        """Every layer's slot names, each once, in order of first appearance."""
+        return list(dict.fromkeys(label for layer in range(self.num_layers) for label in self.slot_labels(layer)))
 
 
 # ------------------------------------------------------------------------------------------------------

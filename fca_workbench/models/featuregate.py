@@ -15,7 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fca_workbench.models.common import PositiveControl
 from fca_workbench.models.dense import Block, DenseConfig, GPTBackbone
+
+BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` gate
 
 
 class FeatureGateConfig(DenseConfig):
@@ -47,7 +50,7 @@ class GateController(nn.Module):
         super().__init__()
         self.groups = config.gate_groups
         self.proj = nn.Linear(config.n_embd, 2 * config.gate_groups)
-        self.proj.init_scale = 0.0  # gates start at exactly 1
+        self.proj.init_scale = 0.0  # type: ignore[assignment]  # read by ``_init_weights``: gates start at exactly 1
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.proj(F.rms_norm(h, (h.shape[-1],)))
@@ -65,7 +68,7 @@ class FeatureGateBlock(Block):
         self.controller = GateController(config)
         self.config = config  # read at call time, so setting config.skip_threshold takes effect at once
 
-    def forward(self, h: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:  # type: ignore[override]  # gated
         width = h.shape[-1]
         h = h + expand_groups(gates[..., 0, :], width) * self.attn_branch(h)
         return h + self.gated_mlp(h, gates[..., 1, :])
@@ -86,9 +89,16 @@ class FeatureGateForCausalLM(GPTBackbone):
     block_class = FeatureGateBlock
     arch = "featuregate"
 
-    def positive_control(self, calibration_windows: torch.Tensor):
-        """The copy that skips MLP rows below the median gate (``execution.positive_control``)."""
-        return positive_control(self, calibration_windows, quantile=0.5)
+    def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl:
+        """The copy that skips MLP rows below the median gate (``execution.positive_control``), and its
+        ``skip_threshold``."""
+        control = positive_control(self, calibration_windows, quantile=0.5)
+        return PositiveControl(control, {"skip_threshold": control.config.skip_threshold})
+
+    @classmethod
+    def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
+        """``attn g0`` / ``mlp g0``: the branch a gate scales and its channel group."""
+        return [f"{branch} g{g}" for branch in BRANCHES for g in range(slot_shape[1])]
 
     @property
     def controllers(self) -> list[nn.Module]:
@@ -125,7 +135,7 @@ def positive_control(
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must lie in [0, 1], got {quantile}")
     model.eval()
-    maxima = []
+    maxima: list[torch.Tensor] = []
     with torch.no_grad():
         for batch in calibration_windows.split(batch_size):
             out = model(batch.to(model.device), return_coefficients=True)
