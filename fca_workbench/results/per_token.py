@@ -63,7 +63,7 @@ def per_token_files(per_token: dict, windows) -> dict[str, bytes]:
 
 def _has_pyarrow() -> bool:
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow  # noqa: F401  (only whether it is installed)
     except ImportError:
         return False
     return True
