@@ -23,7 +23,7 @@ LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are n
 
 def shipped(name: str) -> Path:
     """The folder ``data``, ``notebooks`` or ``dashboards``: bundled in the wheel, else the checkout's."""
-    bundled = files("fca_workbench").joinpath("shipped", name)
+    bundled = files("fca_workbench").joinpath("shipped").joinpath(name)
     return Path(str(bundled)) if bundled.is_dir() else CHECKOUT / name
 
 
@@ -99,5 +99,7 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
                 continue
             target = folder.joinpath(*relative)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with archive.extractfile(member) as stream, open(target, "wb") as out:
+            stream = archive.extractfile(member)
+            assert stream is not None  # member.isfile()
+            with stream, open(target, "wb") as out:
                 shutil.copyfileobj(stream, out)

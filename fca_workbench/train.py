@@ -88,7 +88,10 @@ class TrainSettings:
 
     @property
     def name(self) -> str:
-        return self.arch or self.hf_config["model_type"]
+        if self.arch:
+            return self.arch
+        assert self.hf_config is not None  # __post_init__: exactly one of the two
+        return self.hf_config["model_type"]
 
 
 def read_hf_config(path) -> dict:

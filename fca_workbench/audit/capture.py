@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -152,7 +153,7 @@ class CoefficientCache:
     def _read(self, key: str, indices: torch.Tensor) -> torch.Tensor:
         """Rows ``indices`` of one stored tensor, in the order asked for, opening each shard once."""
         shards = indices // self.shard_size
-        out = None
+        out: torch.Tensor | None = None
         for shard in shards.unique().tolist():
             positions = (shards == shard).nonzero().squeeze(1)
             try:
@@ -163,6 +164,7 @@ class CoefficientCache:
             if out is None:
                 out = rows.new_empty((len(indices), *rows.shape[1:]))
             out[positions] = rows
+        assert out is not None, "no rows asked for"
         return out
 
     def coefficients(self, indices) -> list[torch.Tensor]:
@@ -295,7 +297,7 @@ def capture(
     one process numbers them; rank 0 alone prepares and completes the manifest."""
     folder = Path(folder)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": CACHE_FORMAT,
         "model_fingerprint": model_fingerprint(model),
         "data_fingerprint": fingerprint_tensor(windows),

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -92,9 +93,12 @@ class Ranks:
         tuples) joined in rank order along dim 0; None on the other ranks."""
         if self.world_size == 1:
             return part
-        parts = [None] * self.world_size if self.lead else None
+        if not self.lead:
+            torch.distributed.gather_object(part, None, dst=0)
+            return None
+        parts: list[Any] = [None] * self.world_size
         torch.distributed.gather_object(part, parts, dst=0)
-        return _join(parts) if self.lead else None
+        return _join(parts)
 
     def from_lead(self, value):
         """Rank 0's ``value`` (anything picklable), on every rank."""
@@ -108,7 +112,7 @@ class Ranks:
         """The smallest ``value`` any rank has (e.g. the batch size that fits every GPU)."""
         if self.world_size == 1:
             return value
-        values = [None] * self.world_size
+        values: list[int] = [value] * self.world_size
         torch.distributed.all_gather_object(values, value)
         return min(values)
 
@@ -117,7 +121,7 @@ class Ranks:
         (fingerprints of the model and data, the settings); computed only when there are other ranks."""
         if self.world_size == 1:
             return
-        everyone = [None] * self.world_size
+        everyone: list[dict] = [{}] * self.world_size
         torch.distributed.all_gather_object(everyone, facts())
         for rank, theirs in enumerate(everyone[1:], 1):
             for key, value in everyone[0].items():

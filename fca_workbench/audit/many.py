@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import cast
 
 from fca_workbench.audit.distributed import SINGLE
 from fca_workbench.audit.run import check_audit_out, run_audit
@@ -35,9 +36,10 @@ def aggregate_audits(settings_list, out, ranks=SINGLE, lock_wait: float = 0.0) -
     names = audit_names([settings.checkpoint for settings in settings_list])
     for name in names:
         check_audit_out(out / name)
-    audits = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
+    runs = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
     if not ranks.lead:
         return None
+    audits = cast(list[dict], runs)  # run_audit returns the audit on rank 0
     summary = {
         "schema": AUDIT_MANY_SCHEMA,
         "checkpoints": [a["model"]["path"] for a in audits],

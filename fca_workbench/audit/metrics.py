@@ -44,7 +44,8 @@ def _ci95(boot: torch.Tensor) -> list[float]:
 def mean_ci(window_values: torch.Tensor, counts: torch.Tensor) -> tuple[float, float, float]:
     """(mean, lo, hi): the plain mean and the percentile-bootstrap 95% interval."""
     point = torch.as_tensor(window_values, dtype=_F64).mean().item()
-    return (point, *_ci95(bootstrap_means(window_values, counts)))
+    lo, hi = _ci95(bootstrap_means(window_values, counts))
+    return point, lo, hi
 
 
 def condition_figures(

@@ -13,7 +13,7 @@ def official_config_dict(config, dtype: torch.dtype) -> dict:
     """``config`` as the releases write it: the official fields only, ``auto_map`` included."""
     import transformers
 
-    out = {}
+    out: dict[str, object] = {}
     for key in OFFICIAL_1P4B_CONFIG:
         if key == "architectures":
             out[key] = ["MUDDPythia"]
@@ -68,7 +68,9 @@ def _split_evenly(keys: list[str], shards: int, state: dict) -> list[list[str]]:
     """Consecutive groups of keys of about equal bytes (at most ``shards``, none empty)."""
     shards = max(1, min(shards, len(keys)))
     total = sum(state[k].numel() * state[k].element_size() for k in keys)
-    groups, current, filled = [], [], 0
+    groups: list[list[str]] = []
+    current: list[str] = []
+    filled = 0
     for key in keys:
         current.append(key)
         filled += state[key].numel() * state[key].element_size()
