@@ -52,7 +52,7 @@ def checkpoints_dir() -> Path:
     )
 
 
-def copy_checkpoints(source, into: Path) -> list[str]:
+def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
     ``into``, through a temporary sibling renamed at the end; returns the checkpoint names."""
     if source is None:

@@ -5,11 +5,12 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from fca_workbench.models.loading import CONFIG_FILE, OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
 
 
-def official_config_dict(config, dtype: torch.dtype) -> dict:
+def official_config_dict(config: PretrainedConfig, dtype: torch.dtype) -> dict:
     """``config`` as the releases write it: the official fields only, ``auto_map`` included."""
     import transformers
 
@@ -28,7 +29,13 @@ def official_config_dict(config, dtype: torch.dtype) -> dict:
     return out
 
 
-def save_official(model, folder, weights: str = "safetensors", shards: int = 1, tokenizer=None) -> Path:
+def save_official(
+    model: PreTrainedModel,
+    folder: str | Path,
+    weights: str = "safetensors",
+    shards: int = 1,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> Path:
     """Write ``model`` in the official layout: ``config.json`` with ``auto_map``, then the weights as
     ``model.safetensors`` / ``pytorch_model.bin`` (``shards`` > 1: numbered shards plus the index file)."""
     if weights not in ("safetensors", "bin"):
