@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from fca_workbench.errors import UserError
 from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel, head_nll, next_token_nll
@@ -13,7 +13,7 @@ from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausa
 
 __all__ = ["FAMILIES", "CoefficientLMOutput", "CoefficientModel", "head_nll", "load_model", "next_token_nll"]
 
-FAMILIES = {
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[CoefficientModel]]] = {
     "dense": (DenseConfig, DenseForCausalLM),
     "featuregate": (FeatureGateConfig, FeatureGateForCausalLM),
     "muddpythia": (MUDDPythiaConfig, MUDDPythiaForCausalLM),
