@@ -9,12 +9,17 @@ import ipaddress
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fca_workbench.errors import UserError
 
+if TYPE_CHECKING:  # the commands import what they run when they run (a fast `fca --help`)
+    from fca_workbench.audit.run import AuditSettings
 
-def cmd_data_prepare(args) -> None:
+
+def cmd_data_prepare(args: argparse.Namespace) -> None:
     from fca_workbench.data.corpus import prepare_corpus
 
     summary = prepare_corpus(Path(args.sdist) if args.sdist else None, args.vocab_size)
@@ -22,7 +27,7 @@ def cmd_data_prepare(args) -> None:
         print(f"{split:12s} {len(info['works']):3d} works {info['tokens']:>9,} tokens  sha256 {info['sha256'][:16]}")
 
 
-def cmd_data_checkpoints(args) -> None:
+def cmd_data_checkpoints(args: argparse.Namespace) -> None:
     from fca_workbench.resources import CHECKPOINTS_ENV, copy_checkpoints
 
     names = copy_checkpoints(args.source, Path(args.into))
@@ -32,7 +37,7 @@ def cmd_data_checkpoints(args) -> None:
     )
 
 
-def cmd_train(args) -> None:
+def cmd_train(args: argparse.Namespace) -> None:
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
     shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
@@ -61,7 +66,7 @@ def cmd_train(args) -> None:
         print(f"saved {args.out}: eval NLL {card['eval_nll']}, coefficient std {card['within_layer_coefficient_std']}")
 
 
-def audit_settings(args, checkpoint: str):
+def audit_settings(args: argparse.Namespace, checkpoint: str) -> AuditSettings:
     from fca_workbench.audit.run import AuditSettings
 
     return AuditSettings(
@@ -81,7 +86,7 @@ def audit_settings(args, checkpoint: str):
     )
 
 
-def cmd_audit(args) -> None:
+def cmd_audit(args: argparse.Namespace) -> None:
     from fca_workbench.audit.distributed import process_group
     from fca_workbench.audit.run import default_out, run_audit
     from fca_workbench.results.report import format_report
@@ -94,7 +99,7 @@ def cmd_audit(args) -> None:
         print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
 
 
-def cmd_audit_many(args) -> None:
+def cmd_audit_many(args: argparse.Namespace) -> None:
     from fca_workbench.audit.distributed import process_group
     from fca_workbench.audit.many import aggregate_audits
     from fca_workbench.results.seeds import format_aggregate
@@ -107,7 +112,7 @@ def cmd_audit_many(args) -> None:
         print(f"\nwrote {out / 'audit_many.json'}")
 
 
-def cmd_reproduce(args) -> int:
+def cmd_reproduce(args: argparse.Namespace) -> int:
     from fca_workbench.reproduce import reproduce
 
     plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
@@ -126,7 +131,7 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
-def dashboard_secret(value, file, variable: str, flag: str) -> str | None:
+def dashboard_secret(value: str | None, file: str | None, variable: str, flag: str) -> str | None:
     """A secret from ``--flag VALUE``, else ``--flag-file FILE``, else the environment variable ``variable``."""
     if value:
         print(
@@ -146,7 +151,7 @@ def dashboard_secret(value, file, variable: str, flag: str) -> str | None:
     return os.environ.get(variable) or None
 
 
-def basic_auth_option(args) -> str | None:
+def basic_auth_option(args: argparse.Namespace) -> str | None:
     """Panel's ``basic_auth``: the path of a JSON credentials file (Panel reads it at each login), or the
     shared password (from the flag, a file holding it, or ``FCA_BASIC_AUTH``)."""
     value, file = args.basic_auth, args.basic_auth_file
@@ -170,7 +175,7 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def serving_auth(args) -> dict:
+def serving_auth(args: argparse.Namespace) -> dict:
     """Panel's ``basic_auth``/``cookie_secret`` options, refusing to serve a network without authentication
     (unless ``--no-auth``) and a password without the secret that signs its login cookie."""
     basic_auth = basic_auth_option(args)
@@ -191,7 +196,7 @@ def serving_auth(args) -> dict:
     return {"basic_auth": basic_auth, "cookie_secret": cookie_secret} if basic_auth else {}
 
 
-def cmd_dashboard(args) -> None:
+def cmd_dashboard(args: argparse.Namespace) -> None:
     """Serve ``dashboards/app.py`` (the checkout's, or the copy bundled in the wheel)."""
     import importlib.util
 
@@ -230,7 +235,7 @@ def cmd_dashboard(args) -> None:
     )
 
 
-def add_audit_options(parser) -> None:
+def add_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
     parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
@@ -438,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 DISTRIBUTED_COMMANDS = ("audit", "audit-many")  # the commands that run under torchrun
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
