@@ -66,7 +66,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"saved {args.out}: eval NLL {card['eval_nll']}, coefficient std {card['within_layer_coefficient_std']}")
 
 
-def audit_settings(args: argparse.Namespace, checkpoint: str) -> AuditSettings:
+def audit_settings(args: argparse.Namespace, checkpoint: str) -> "AuditSettings":
     from fca_workbench.audit.run import AuditSettings
 
     return AuditSettings(

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -191,9 +193,7 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(
-    model: torch.nn.Module, settings: TrainSettings
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Optimizer, LRScheduler]:
     """AdamW (no weight decay on biases and norms) with the warm-up and cosine schedule of ``lr_factor``."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -330,12 +330,7 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
     return state
 
 
-def restore(
-    state: dict | None,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> int:
+def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler) -> int:
     """Load a saved state into the freshly built run; returns the step to continue from."""
     if state is None:
         return 0
@@ -364,8 +359,8 @@ def save_state(
     out: Path,
     settings: TrainSettings,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
     step: int,
     log_rows: list[dict],
 ) -> None:
