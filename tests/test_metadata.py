@@ -79,3 +79,20 @@ def test_the_transformers_bound_is_the_major_version_whose_apis_the_code_calls()
     transformers = next(r for r in requirements() if r.name == "transformers")
     assert floor(transformers) >= Version("5")
     assert installed("transformers") >= floor(transformers)
+
+
+def test_the_checks_are_configured_once_and_run_by_the_test_script():
+    """Lint, format and type settings live in pyproject.toml alone; pre-commit runs the dev extra's pinned tools
+    from .venv (a hook repository's own pin would drift from them); scripts/test.sh fails on each check."""
+    assert [
+        n for n in ("mypy.ini", ".mypy.ini", "setup.cfg", "ruff.toml", ".ruff.toml", ".flake8") if (REPO / n).exists()
+    ] == []
+    hooks = (REPO / ".pre-commit-config.yaml").read_text()
+    assert "rev:" not in hooks and hooks.count("repo: local") == 1
+    assert all(f"entry: .venv/bin/{tool}" in hooks for tool in ("ruff check", "ruff format --check", "mypy"))
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert "set -euo pipefail" in script
+    checks = ["ruff check", "ruff format --check", "bin/mypy", "mkdocs build --strict", "-m pytest"]
+    assert sorted(checks, key=script.index) == checks  # every check before the tests
+    dev = {Requirement(r).name: Requirement(r) for r in PROJECT["optional-dependencies"]["dev"]}
+    assert all(str(dev[tool].specifier).startswith("==") for tool in ("ruff", "mypy"))  # one verdict everywhere
