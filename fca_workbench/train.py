@@ -187,6 +187,7 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
+    """The learning rate's multiplier at ``step``: linear warm-up, then cosine decay to a tenth."""
     if step < settings.warmup:
         return (step + 1) / settings.warmup
     progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
@@ -207,10 +208,12 @@ def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Opt
 
 
 def step_seed(settings: TrainSettings, step: int) -> int:
+    """The batch seed of ``step``: a resumed run draws the same batches an uninterrupted one would."""
     return settings.seed * 1_000_003 + step
 
 
 def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
+    """``batch_size`` random windows of the token stream, drawn from ``step_seed`` alone."""
     if len(stream) <= settings.window:
         raise UserError(f"training text has {len(stream)} tokens, not more than one window of {settings.window}")
     generator = torch.Generator().manual_seed(step_seed(settings, step))
@@ -341,6 +344,7 @@ def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, sc
 
 
 def read_log(out: Path, step: int) -> list[dict]:
+    """The training log's rows up to ``step``: those a resumed run keeps (later ones were not checkpointed)."""
     path = out / LOG_FILE
     if not path.is_file():
         return []

@@ -98,6 +98,7 @@ def model_fingerprint(model: Any) -> str:
 
 
 def library_versions() -> dict:
+    """The versions the cache was written with, recorded in its manifest."""
     import safetensors
     import transformers
 

@@ -36,10 +36,12 @@ CALIBRATION_WORKS = ("othello", "tempest", "as_you_like_it", "henry_v")
 
 
 def split_path(split: str) -> Path:
+    """The shipped corpus file of ``split`` (``train``, ``calibration`` or ``eval``)."""
     return CORPUS_DIR / f"{split}.jsonl.gz"
 
 
 def split_of(work: str) -> str:
+    """The split a work belongs to: whole works, so no text is shared between splits."""
     if work in EVAL_WORKS:
         return "eval"
     if work in CALIBRATION_WORKS:

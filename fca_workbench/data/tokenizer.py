@@ -13,6 +13,8 @@ EOS = "<|endoftext|>"
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
+    """A byte-level BPE on ``texts`` (every byte in its alphabet, so no text is ever unknown); EOS is its one
+    special token."""
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()

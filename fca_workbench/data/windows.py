@@ -38,6 +38,7 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def parse_jsonl(text: str, path: Path) -> list[str]:
+    """The ``text`` field of each non-blank line; a line that is not such a record is a one-line ``UserError``."""
     documents = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
