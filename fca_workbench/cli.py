@@ -6,13 +6,18 @@ tracebacks.
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fca_workbench.errors import UserError
 from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
 
+if TYPE_CHECKING:  # the commands import what they run when they run (a fast `fca --help`)
+    from fca_workbench.audit.run import AuditSettings
 
-def cmd_data_prepare(args) -> None:
+
+def cmd_data_prepare(args: argparse.Namespace) -> None:
     from fca_workbench.data.corpus import prepare_corpus
 
     summary = prepare_corpus(Path(args.sdist) if args.sdist else None, args.vocab_size)
@@ -20,7 +25,7 @@ def cmd_data_prepare(args) -> None:
         print(f"{split:12s} {len(info['works']):3d} works {info['tokens']:>9,} tokens  sha256 {info['sha256'][:16]}")
 
 
-def cmd_data_checkpoints(args) -> None:
+def cmd_data_checkpoints(args: argparse.Namespace) -> None:
     from fca_workbench.resources import CHECKPOINTS_ENV, copy_checkpoints
 
     names = copy_checkpoints(args.source, Path(args.into))
@@ -30,7 +35,7 @@ def cmd_data_checkpoints(args) -> None:
     )
 
 
-def cmd_train(args) -> None:
+def cmd_train(args: argparse.Namespace) -> None:
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
     shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
@@ -59,7 +64,7 @@ def cmd_train(args) -> None:
         print(f"saved {args.out}: eval NLL {card['eval_nll']}, coefficient std {card['within_layer_coefficient_std']}")
 
 
-def audit_settings(args, checkpoint: str):
+def audit_settings(args: argparse.Namespace, checkpoint: str) -> "AuditSettings":
     from fca_workbench.audit.run import AuditSettings
 
     return AuditSettings(
@@ -79,7 +84,7 @@ def audit_settings(args, checkpoint: str):
     )
 
 
-def cmd_audit(args) -> None:
+def cmd_audit(args: argparse.Namespace) -> None:
     from fca_workbench.audit.distributed import process_group
     from fca_workbench.audit.run import default_out, run_audit
     from fca_workbench.results.report import format_report
@@ -92,7 +97,7 @@ def cmd_audit(args) -> None:
         print(f"\nwrote {out / AUDIT_FILE} and {out / PER_TOKEN_CSV}")
 
 
-def cmd_audit_many(args) -> None:
+def cmd_audit_many(args: argparse.Namespace) -> None:
     from fca_workbench.audit.distributed import process_group
     from fca_workbench.audit.many import aggregate_audits
     from fca_workbench.results.seeds import format_aggregate
@@ -105,7 +110,7 @@ def cmd_audit_many(args) -> None:
         print(f"\nwrote {out / AUDIT_MANY_FILE}")
 
 
-def cmd_reproduce(args) -> int:
+def cmd_reproduce(args: argparse.Namespace) -> int:
     from fca_workbench.reproduce import reproduce
 
     plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
@@ -124,7 +129,7 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
-def cmd_dashboard(args) -> None:
+def cmd_dashboard(args: argparse.Namespace) -> None:
     """Serve ``dashboards/app.py`` (the checkout's, or the copy bundled in the wheel)."""
     import importlib.util
 
@@ -154,7 +159,7 @@ def cmd_dashboard(args) -> None:
     app.serve(settings, port=args.port, address=args.address, **options)
 
 
-def add_audit_options(parser) -> None:
+def add_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
     parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
@@ -362,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 DISTRIBUTED_COMMANDS = ("audit", "audit-many")  # the commands that run under torchrun
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 

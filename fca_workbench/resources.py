@@ -41,7 +41,7 @@ def check_checkpoint(path: str | Path) -> Path:
 
 def shipped(name: str) -> Path:
     """The folder ``data``, ``notebooks`` or ``dashboards``: bundled in the wheel, else the checkout's."""
-    bundled = files("fca_workbench").joinpath("shipped", name)
+    bundled = files("fca_workbench").joinpath("shipped").joinpath(name)
     return Path(str(bundled)) if bundled.is_dir() else CHECKOUT / name
 
 
@@ -116,8 +116,7 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
                 continue
             target = folder.joinpath(*relative)
             target.parent.mkdir(parents=True, exist_ok=True)
-            stream = archive.extractfile(member)  # a regular file's member always has one
-            if stream is None:
-                continue
+            stream = archive.extractfile(member)
+            assert stream is not None  # member.isfile()
             with stream, open(target, "wb") as out:
                 shutil.copyfileobj(stream, out)

@@ -20,10 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -72,7 +74,7 @@ def read_hf_config(path: str | Path) -> dict:
     return fields
 
 
-def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> torch.nn.Module:
+def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> PreTrainedModel:
     """A transformers causal LM from config fields (see read_hf_config), sized to the shipped tokenizer.
 
     Vocabulary size and special-token ids default to the tokenizer's; its pad id is None, so no real
@@ -110,8 +112,8 @@ def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
     )
 
 
-def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
-    """The untrained model of ``settings``: a workbench family, or a transformers config's causal LM."""
+def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """The untrained model ``settings`` describe, seeded, sized to ``tokenizer`` and checked to fit in memory."""
     if settings.hf_config is not None:
         torch.manual_seed(settings.seed)
         return build_hf_model(settings.hf_config, tokenizer, settings.window)
@@ -137,16 +139,15 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
+    """The learning rate's multiplier at ``step``: linear warm-up, then cosine decay to a tenth."""
     if step < settings.warmup:
         return (step + 1) / settings.warmup
     progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(
-    model: torch.nn.Module, settings: TrainSettings
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW (no weight decay on biases and norms) and its warmup + cosine schedule."""
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Optimizer, LRScheduler]:
+    """AdamW (no weight decay on biases and norms) with the warm-up and cosine schedule of ``lr_factor``."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -159,10 +160,12 @@ def make_optimizer(
 
 
 def step_seed(settings: TrainSettings, step: int) -> int:
+    """The batch seed of ``step``: a resumed run draws the same batches an uninterrupted one would."""
     return settings.seed * 1_000_003 + step
 
 
 def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
+    """``batch_size`` random windows of the token stream, drawn from ``step_seed`` alone."""
     if len(stream) <= settings.window:
         raise UserError(f"training text has {len(stream)} tokens, not more than one window of {settings.window}")
     generator = torch.Generator().manual_seed(step_seed(settings, step))
@@ -180,7 +183,7 @@ def training_loss(model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Te
 
 
 def autocast(device: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; nothing on CPU (fp32 there)."""
+    """bf16 autocast on CUDA (the speed of a GPU run); on the CPU, full precision."""
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -194,7 +197,9 @@ def train(settings: TrainSettings, out: str | Path, stop_after: int | None = Non
     out = run_folder(out)
     state = read_state(out, settings)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
-    model = build_model(settings, tokenizer).to(settings.device)  # a bad config fails before the corpus is read
+    model = build_model(settings, tokenizer)  # a bad config fails before the corpus is read
+    # transformers types PreTrainedModel.to as the unbound nn.Module.to (functools.wraps), self included
+    model.to(settings.device)  # type: ignore[arg-type]
     stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     optimizer, scheduler = make_optimizer(model, settings)
     step = restore(state, model, optimizer, scheduler)
@@ -260,13 +265,13 @@ def coefficient_summary(
 def finish(
     out: Path,
     settings: TrainSettings,
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     log_rows: list[dict],
     audit: TrainingAudit | None = None,
 ) -> dict:
     """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
-    model = cast(PreTrainedModel, model.float().cpu())  # every family is a transformers PreTrainedModel
+    model = model.float().cpu()
     windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
     eval_nll, within_std = coefficient_summary(model, windows, with_coefficients=settings.arch is not None)
     card: dict[str, Any] = {

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import atomic_path, write_atomic
@@ -62,8 +64,9 @@ class TrainSettings:
 
     @property
     def name(self) -> str:
-        if self.hf_config is None:
-            return str(self.arch)
+        if self.arch:
+            return self.arch
+        assert self.hf_config is not None  # __post_init__: exactly one of the two
         return self.hf_config["model_type"]
 
 
@@ -109,12 +112,7 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
     return state
 
 
-def restore(
-    state: dict | None,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> int:
+def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler) -> int:
     """Load a saved state into the freshly built run; returns the step to continue from."""
     if state is None:
         return 0
@@ -125,6 +123,7 @@ def restore(
 
 
 def read_log(out: Path, step: int) -> list[dict]:
+    """The training log's rows up to ``step``: those a resumed run keeps (later ones were not checkpointed)."""
     path = out / LOG_FILE
     if not path.is_file():
         return []
@@ -143,12 +142,12 @@ def save_state(
     out: Path,
     settings: TrainSettings,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
     step: int,
     log_rows: list[dict],
 ) -> None:
-    """The run's whole state, atomically, then the log: an interrupted run resumes from this step."""
+    """Everything a resumed run needs to continue exactly where this one stopped, written atomically."""
     state = {
         "settings": asdict(settings),
         "step": step,

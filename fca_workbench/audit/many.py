@@ -1,6 +1,7 @@
 """``fca audit-many``: audit independently trained seeds and report every figure as mean ± sd."""
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -14,7 +15,7 @@ from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
 from fca_workbench.results.seeds import summarise
 
 
-def audit_names(checkpoints: list[str]) -> list[str]:
+def audit_names(checkpoints: Sequence[str | Path]) -> list[str]:
     """One distinct folder name per checkpoint for its audit: the checkpoint's folder name, prefixed by
     its parent's where two share it (``a/fg``, ``b/fg`` -> ``a-fg``, ``b-fg``), numbered if still equal."""
     paths = [Path(c).resolve() for c in checkpoints]
@@ -29,7 +30,7 @@ def audit_names(checkpoints: list[str]) -> list[str]:
 
 
 def aggregate_audits(
-    settings_list: list[AuditSettings], out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0
+    settings_list: Sequence[AuditSettings], out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0
 ) -> dict | None:
     """Audit every checkpoint into ``out/<name>`` (``audit_names``), then ``out/audit_many.json``; every
     output folder is checked before the first audit starts. Under torchrun (``ranks``) every audit is
@@ -39,16 +40,16 @@ def aggregate_audits(
     names = audit_names([settings.checkpoint for settings in settings_list])
     for name in names:
         check_audit_out(out / name)
-    audits = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
+    runs = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
     if not ranks.lead:
         return None
-    finished = cast(list[dict], audits)  # rank 0 gets every audit back
+    audits = cast(list[dict], runs)  # run_audit returns the audit on rank 0
     summary = {
         "schema": AUDIT_MANY_SCHEMA,
-        "checkpoints": [a["model"]["path"] for a in finished],
+        "checkpoints": [a["model"]["path"] for a in audits],
         "audits": names,
-        "archs": [a["model"]["arch"] for a in finished],
-        "figures": summarise(finished),
+        "archs": [a["model"]["arch"] for a in audits],
+        "figures": summarise(audits),
     }
     write_atomic(out / AUDIT_MANY_FILE, (json.dumps(summary, indent=2) + "\n").encode())
     return summary

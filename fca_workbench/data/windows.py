@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.errors import UserError
 
 
-def read_documents(path) -> list[str]:
+def read_documents(path: str | Path) -> list[str]:
     """Documents from a UTF-8 text file (one document) or JSONL of ``{"text": ...}``, optionally gzipped."""
     path = Path(path)
     if not path.is_file():
@@ -37,6 +38,7 @@ def read_documents(path) -> list[str]:
 
 
 def parse_jsonl(text: str, path: Path) -> list[str]:
+    """The ``text`` field of each non-blank line; a line that is not such a record is a one-line ``UserError``."""
     documents = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -51,7 +53,7 @@ def parse_jsonl(text: str, path: Path) -> list[str]:
     return documents
 
 
-def token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
+def token_stream(tokenizer: PreTrainedTokenizerBase, documents: list[str]) -> torch.Tensor:
     """All documents' tokens end to end, each followed by EOS so windows can cross document borders."""
     ids = []
     for doc in documents:
@@ -70,7 +72,9 @@ def make_windows(stream: torch.Tensor, window: int) -> torch.Tensor:
     return stream[: count * window].view(count, window)
 
 
-def load_windows(path, tokenizer, window: int, max_windows: int | None = None) -> torch.Tensor:
+def load_windows(
+    path: str | Path, tokenizer: PreTrainedTokenizerBase, window: int, max_windows: int | None = None
+) -> torch.Tensor:
     """The text's windows; ``max_windows`` of them spread evenly over it (``even_sample``) when given."""
     windows = make_windows(token_stream(tokenizer, read_documents(path)), window)
     return windows if max_windows is None else windows[even_sample(len(windows), max_windows)]

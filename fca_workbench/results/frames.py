@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PA
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 
-if TYPE_CHECKING:  # pandas is imported when a table is first asked for
+if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
 
 CONDITION_COLUMNS = ["nll", "ci95_lo", "ci95_hi", "delta", "delta_ci95_lo", "delta_ci95_hi"]
@@ -199,7 +200,7 @@ def load_audit(path: str | Path) -> AuditResults:
     return AuditResults(path)
 
 
-def load_audits(paths: str | Path | list[str | Path]) -> AuditCollection:
+def load_audits(paths: str | Path | Iterable[str | Path]) -> AuditCollection:
     """Several audits: a list of folders / ``audit.json`` paths, or one folder holding audit folders (e.g. a
     ``fca reproduce`` run's ``audits/``) or being one."""
     if isinstance(paths, (str, Path)):

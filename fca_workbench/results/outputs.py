@@ -23,7 +23,7 @@ def output_folder(out: str | Path) -> Path:
     return out
 
 
-def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], None] | None = None) -> None:
+def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], object] | None = None) -> None:
     """Refuse to replace ``path`` unless it is a JSON file of ``schema`` (and passes ``validate``)."""
     if not path.exists():
         return

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pandas and torch are imported when a table is built, never 
 PER_TOKEN_KEYS = ["window", "position", "target_token"]
 
 
-def per_token_frame(per_token: dict, windows: torch.Tensor) -> pd.DataFrame:
+def per_token_frame(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> pd.DataFrame:
     """Wide table: one row per predicted token (window, position, target token), one float32 NLL column per
     condition, built from the ``[N, T-1]`` tensors in one step."""
     import pandas as pd
@@ -53,7 +53,7 @@ def per_token_parquet(frame: pd.DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def per_token_files(per_token: dict, windows: torch.Tensor) -> dict[str, bytes]:
+def per_token_files(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> dict[str, bytes]:
     """``per_token_nll.csv.gz`` and, when pyarrow is installed, ``per_token_nll.parquet``."""
     frame = per_token_frame(per_token, windows)
     files = {PER_TOKEN_CSV: per_token_csv(frame)}
@@ -64,7 +64,7 @@ def per_token_files(per_token: dict, windows: torch.Tensor) -> dict[str, bytes]:
 
 def _has_pyarrow() -> bool:
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow  # noqa: F401  (only whether it is installed)
     except ImportError:
         return False
     return True
