@@ -262,7 +262,7 @@ class MultiwayDynamicDenseBlock(nn.Module):
         self.w1 = nn.Linear(config.dim, hidden, bias=False)
         self.act = nn.GELU()
         self.w2 = nn.Linear(hidden, self.C * self.L, bias=False)
-        self.w1.init_std = config.dim**-0.5  # type: ignore[assignment]  # read by _init_weights: fan-in normal, as the JAX trainer
+        self.w1.init_std = config.dim**-0.5  # read by _init_weights: fan-in normal, as the JAX trainer
         self.w2.init_std = 0.0  # type: ignore[assignment]  # read by _init_weights: starts silent (dense_bs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
