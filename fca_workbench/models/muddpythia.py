@@ -444,7 +444,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
             )
         return self._rope_tables[device][:length]
 
-    # Explicit layer stepping (used by ``fca_workbench.prefix``). Because of the dense connections, the state
+    # Explicit layer stepping (used by ``fca_workbench.audit.prefix``). Because of the dense connections, the state
     # before layer l is the list of every hidden state so far, ``[x_0, ..., x_l]`` (embeddings first); the
     # q/k/v/r streams of layer l are re-mixed from it with ``A_{l-1}``. ``run_blocks`` repeats ``forward``'s
     # ops in the same order, so ``head(run_blocks(embed(x), 0, c)[0])`` equals ``forward``'s logits exactly.
