@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from fca_workbench.errors import UserError
+from fca_workbench.results.conditions import conditions_epilog
 
 
 def cmd_data_prepare(args) -> None:
@@ -331,7 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(func=cmd_train)
 
-    audit = commands.add_parser("audit", help="audit one checkpoint: variation, assignment, execution")
+    audit = commands.add_parser(
+        "audit",
+        help="audit one checkpoint: variation, assignment, execution",
+        epilog=conditions_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     audit.add_argument("checkpoint")
     add_audit_options(audit)
     audit.add_argument("--cache", default=None, help="coefficient cache folder (default: OUT/cache)")

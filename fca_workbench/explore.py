@@ -20,7 +20,7 @@ from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
 from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
-from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
+from fca_workbench.results.conditions import CONDITIONS, PROFILE_CONDITIONS, ROUTING_CONDITIONS
 from fca_workbench.results.tables import Column, make_table
 
 
@@ -56,7 +56,7 @@ class Explorer:
         return calibration_profiles(calibration)
 
     def _assign(self, condition: str, layer: int | None):
-        static = condition in STATIC_PROFILES + ROUTING_CONDITIONS
+        static = condition in PROFILE_CONDITIONS
         return ConditionCoefficients(
             condition, self.cache, self.profiles if static else None, self.settings.seed, layer
         )

@@ -26,14 +26,12 @@ from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic
+from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.outputs import output_folder, refuse_foreign
 from fca_workbench.results.per_token import per_token_files
 from fca_workbench.results.profiles import save_profiles
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 from fca_workbench.results.verdicts import verdicts
-
-RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
-
 
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
@@ -120,6 +118,13 @@ def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tupl
 def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
 
+    The line, step by step: capture the eval and calibration coefficients (``capture_split``); the calibration
+    set's static profiles (``conditions.calibration_profiles``); frozen replay of every eval window under every
+    condition (``replay_every_condition``); from the per-window NLLs, every condition's NLL and ΔNLL and the
+    profiles' gap retention (``replay_figures``); the variance decomposition and variation of the eval
+    coefficients (``spread_figures``); execution counted on the first batches and timed (``execution_figures``,
+    ``execution.expert_execution``). The mini-audit (``mini.py``) runs these same steps on fewer windows.
+
     With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``).
     ``ranks`` (``distributed.process_group``, under torchrun): each rank captures and replays its share of the
     shards; rank 0 gathers per-window results, computes the figures, writes the outputs and returns the audit
@@ -139,24 +144,21 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             profiles = calibration_profiles(calib_cache, ranks.share(calib_cache.num_shards()), ranks.sum)
         conditions = replay_conditions(profiles) if has_controller else ("unperturbed",)
         per_token = ranks.gather(
-            {
-                condition: replay_nll(
-                    model,
-                    eval_windows,
-                    eval_cache,
-                    condition,
-                    profiles,
-                    settings.seed,
-                    device=settings.device,
-                    shards=share,
-                )
-                for condition in tqdm(conditions, desc="replay", unit="condition")
-            }
+            replay_every_condition(
+                model,
+                eval_windows,
+                eval_cache,
+                tqdm(conditions, desc="replay", unit="condition"),
+                profiles,
+                settings.seed,
+                settings.device,
+                share,
+            )
         )
         spread = coefficient_spread(eval_cache, ranks)
         counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
         if settings.per_layer:
-            swept = [c for c in conditions if c not in ("unperturbed", "correct")]
+            swept = [c for c in conditions if c in INTERVENTIONS]
             sweep = (
                 ranks.gather(
                     per_layer_window_nll(
@@ -170,7 +172,6 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             return None
         if has_controller:
             save_profiles(out / "static_profiles.safetensors", profiles)
-        window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
@@ -185,14 +186,8 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
                 "calibration": data_summary(calib_path, calib_windows),
             },
             "settings": {**asdict(settings), "world_size": ranks.world_size},
-            "conditions": condition_figures(
-                window_nll, counts, reference="correct" if has_controller else "unperturbed"
-            ),
-            "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES}
-            if has_controller
-            else {},
-            "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
-            "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
+            **replay_figures(per_token, counts, has_controller),
+            **spread_figures(spread),
             "execution": {
                 **execution_figures(model, eval_windows, calib_windows, settings),
                 **expert_execution(model, eval_cache),
@@ -205,6 +200,38 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
         audit["verdict"] = verdicts(audit)
         write_outputs(out, audit, per_token, eval_windows)
         return audit
+
+
+def replay_every_condition(
+    model, windows: torch.Tensor, cache, conditions, profiles, seed: int, device, shards=None
+) -> dict[str, torch.Tensor]:
+    """Per condition, the per-token NLL ``[N, T-1]`` of the frozen replay (``replay.replay_nll``), in the order
+    ``conditions`` (any iterable: ``run_audit`` passes a progress bar) gives them."""
+    return {
+        condition: replay_nll(model, windows, cache, condition, profiles, seed, device=device, shards=shards)
+        for condition in conditions
+    }
+
+
+def replay_figures(per_token: dict[str, torch.Tensor], counts: torch.Tensor, has_controller: bool = True) -> dict:
+    """``conditions`` (NLL and ΔNLL against ``correct``, or ``unperturbed`` without a controller, with bootstrap
+    CIs) and ``retention`` (gap retention of every replayed profile the vocabulary reports) of ``audit.json``,
+    from the per-token NLLs of every replayed condition."""
+    window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
+    reference = "correct" if has_controller else "unperturbed"
+    profiles = retention_profiles(window_nll) if has_controller else ()
+    return {
+        "conditions": condition_figures(window_nll, counts, reference=reference),
+        "retention": {p: gap_retention(window_nll, p, counts) for p in profiles},
+    }
+
+
+def spread_figures(spread: dict | None) -> dict:
+    """``variance`` and ``variation`` of ``audit.json`` from ``coefficient_spread`` (None: no coefficients)."""
+    return {
+        "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
+        "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
+    }
 
 
 def cache_root(settings: AuditSettings, out) -> Path:

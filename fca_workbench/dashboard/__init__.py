@@ -9,10 +9,8 @@ app only presents.
 """
 
 from fca_workbench.dashboard.live import (
-    CONDITION_HELP,
     DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
-    SEEDED,
     Analysis,
     DashboardSession,
     SharedModel,
@@ -32,6 +30,7 @@ from fca_workbench.dashboard.pool import (
     release_memory,
     unload_idle_models,
 )
+from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
 
 __all__ = [
     "CONDITION_HELP",
