@@ -45,7 +45,8 @@ def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], 
     """The static profiles of per-layer coefficient batches (``interventions.profile_sums``), with the routing
     profiles of the routers ``top_k`` names (``routing_top_k``); ``total`` as in ``calibration_profiles``."""
     sums, windows = profile_sums(batches)
-    profiles = profiles_from_sums([total(s) for s in sums], int(total(torch.tensor(windows))))
+    totals = None if sums is None else [total(s) for s in sums]
+    profiles = profiles_from_sums(totals, int(total(torch.tensor(windows))))
     return with_routing_profiles(profiles, top_k)
 
 

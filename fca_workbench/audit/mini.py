@@ -1,9 +1,10 @@
 """The mini-audit: the audit's replay figures on a few fixed windows, cheap enough to repeat while a model trains.
 
-It keeps the audit's core (capture, frozen replay under every condition, gap retention, variance decomposition)
-on M evenly spread eval and calibration windows (``data.windows.even_sample``, as ``--max-windows`` picks them) in a temporary cache, and drops what does not change with the
-weights' values (execution counting, latency); for routers it keeps the fraction of expert evaluations run,
-which the captured routing gives for free.
+It runs ``run_audit``'s own steps (capture, calibration profiles, frozen replay under every condition, replay
+and spread figures) on M evenly spread eval and calibration windows (``data.windows.even_sample``, as
+``--max-windows`` picks them) in a temporary cache, so it reports only figures ``audit.json`` has, equal to an
+audit's on the same windows. It drops what does not change with the weights' values (execution counting,
+latency); for routers it keeps the fraction of expert evaluations run, which the captured routing gives for free.
 """
 
 import math
@@ -48,12 +49,12 @@ class MiniAudit:
         seed: int = 0,
         batch_size: int = 16,
         resamples: int = 200,
-    ):
+    ) -> None:
         self.eval_windows, self.calib_windows = eval_windows, calib_windows
         self.seed, self.batch_size, self.resamples = seed, batch_size, resamples
 
     @classmethod
-    def from_splits(cls, tokenizer, window: int, count: int, eval_path=None, calib_path=None, **options):
+    def from_splits(cls, tokenizer, window: int, count: int, eval_path=None, calib_path=None, **options) -> "MiniAudit":
         """M evenly spread windows of the eval and calibration texts (default: the shipped splits)."""
         if count < 2:
             raise UserError(f"--audit-windows must be at least 2 (cross-input needs two windows), got {count}")

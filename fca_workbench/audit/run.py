@@ -170,7 +170,7 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             )
         if not ranks.lead:
             return None
-        if has_controller:
+        if profiles is not None:
             save_profiles(out / "static_profiles.safetensors", profiles)
         audit = {
             "schema": AUDIT_SCHEMA,

@@ -76,7 +76,9 @@ class SharedModel:
         self.calibration_windows = calibration_windows
         self.results = results
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.profiles_source = None  # set with the profiles: which audit they came from, or how they were computed
+        self.profiles_source: str | None = (
+            None  # set with the profiles: which audit they came from, or how they were computed
+        )
         self._fingerprint: str | None = None
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         # per controller, a router's k (from a two-token capture), which adds the routing conditions
@@ -88,7 +90,7 @@ class SharedModel:
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.lock = threading.Lock()
         self.serial = next(_LOADS)
-        self._profiles = None
+        self._profiles: dict[str, list[torch.Tensor]] | None = None
         self._profiles_lock = threading.Lock()
         # one derangement per seed the Seed box was set to: a bounded LRU, not one per seed ever asked for
         self.derangements = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(

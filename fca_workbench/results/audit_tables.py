@@ -44,7 +44,7 @@ def _dig(tree, path: str):
     return tree
 
 
-def seed_summary(audits: list[dict], paths) -> dict[str, dict]:
+def seed_summary(audits: list[dict], paths) -> dict[str, dict | None]:
     """Mean ± sd (and n) over several audits of each dotted path, straight from ``aggregate.summarise``."""
     figures = summarise(audits)
     return {path: {**figures[path], "n": len(audits)} if path in figures else None for path in paths}
