@@ -20,7 +20,7 @@ from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
 from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
-from fca_workbench.results.conditions import CONDITIONS, PROFILE_CONDITIONS, ROUTING_CONDITIONS
+from fca_workbench.results.conditions import PROFILE_CONDITIONS, model_conditions
 from fca_workbench.results.tables import Column, make_table
 
 
@@ -42,7 +42,7 @@ class Explorer:
         self.arch = self.model.arch
         self.slot_shapes = [tuple(s) for s in self.cache.manifest["slot_shapes"]]
         self.routers = [k is not None for k in routing_top_k(self.cache.values(torch.arange(1)))]
-        self.conditions = CONDITIONS + (ROUTING_CONDITIONS if any(self.routers) else ())
+        self.conditions = model_conditions(any(self.routers))
 
     @property
     def num_layers(self) -> int:

@@ -23,10 +23,10 @@ from fca_workbench.audit.interventions import (
 )
 from fca_workbench.results.conditions import (
     BASELINES,
-    CONDITIONS,
     INTERVENTIONS,
     PROFILE_CONDITIONS,
     ROUTING_CONDITIONS,
+    model_conditions,
 )
 
 Values = list[dict[str, torch.Tensor]]  # per controller, its cached outputs by name (``COEFFICIENT`` first)
@@ -52,7 +52,7 @@ def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], 
 
 def replay_conditions(profiles) -> tuple[str, ...]:
     """Every condition a model's audit replays: section 4's, plus the routing ones its profiles allow."""
-    return CONDITIONS + tuple(c for c in ROUTING_CONDITIONS if profiles and c in profiles)
+    return model_conditions(bool(profiles) and any(c in profiles for c in ROUTING_CONDITIONS))
 
 
 def assigned_values(

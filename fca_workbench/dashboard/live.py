@@ -37,10 +37,9 @@ from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor
 from fca_workbench.results.conditions import (
     BASELINES,
-    CONDITIONS,
     PROFILE_CONDITIONS,
-    ROUTING_CONDITIONS,
     SEEDED,
+    model_conditions,
 )
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
@@ -85,7 +84,7 @@ class SharedModel:
         with torch.no_grad():
             self.top_k = routing_top_k(self.model.capture_run(self.eval_windows[:1, :2])[1])
         routed = any(k is not None for k in self.top_k)
-        self.conditions = CONDITIONS + (ROUTING_CONDITIONS if routed else ())
+        self.conditions = model_conditions(routed)
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.lock = threading.Lock()

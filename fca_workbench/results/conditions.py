@@ -86,6 +86,12 @@ HEADLINE_CONDITIONS = tuple(c.name for c in VOCABULARY if c.headline)
 CONDITION_HELP = {c.name: c.help for c in VOCABULARY}
 
 
+def model_conditions(routed: bool) -> tuple[str, ...]:
+    """Every condition a model with a controller replays: section 4's, and the routing ones when ``routed``
+    (some controller is a top-k router)."""
+    return CONDITIONS + (ROUTING_CONDITIONS if routed else ())
+
+
 def retention_profiles(conditions) -> tuple[str, ...]:
     """The profiles whose gap retention is reported for a model that replays ``conditions``."""
     return tuple(p for p in RETAINED if p in conditions)
