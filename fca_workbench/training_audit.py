@@ -30,7 +30,7 @@ class AuditLog:
 
     def __init__(self, folder, resume_step: int):
         self.path = Path(folder) / AUDIT_LOG
-        self.rows = []
+        self.rows: list[dict] = []
         if self.path.is_file():
             with self.path.open() as handle:
                 self.rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= resume_step]

@@ -195,7 +195,7 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
         }
         audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
         if settings.per_layer:
-            audit["per_layer"] = per_layer_rows(*sweep, counts)
+            audit["per_layer"] = per_layer_rows(sweep[0], sweep[1], counts)
             audit["settings"]["per_layer_mode"] = sweep_mode(model)
         audit["verdict"] = verdicts(audit)
         write_outputs(out, audit, per_token, eval_windows)
@@ -250,6 +250,13 @@ def with_batch_size(
     return replace(settings, batch_size=ranks.smallest(fitted))
 
 
+def fitted_batch_size(settings: AuditSettings) -> int:
+    """The settings' windows per batch, which ``with_batch_size`` fills in before anything is captured."""
+    if settings.batch_size is None:
+        raise ValueError("the batch size is fitted (with_batch_size) before anything is captured or counted")
+    return settings.batch_size
+
+
 def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out, ranks: Ranks = SINGLE):
     """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured (each rank its share),
     resumed, or reused when a finished capture of the same model and windows is there."""
@@ -257,7 +264,7 @@ def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSetti
         model,
         windows,
         cache_root(settings, out) / split,
-        batch_size=settings.batch_size,
+        batch_size=fitted_batch_size(settings),
         device=settings.device,
         desc=f"capture {split}",
         ranks=ranks,
@@ -277,7 +284,8 @@ def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, cali
         }
     )
     sets = {"eval": eval_windows, "calibration": calib_windows}
-    ranks.check_shards({name: shard_count(len(w), settings.batch_size) for name, w in sets.items() if w is not None})
+    size = fitted_batch_size(settings)
+    ranks.check_shards({name: shard_count(len(w), size) for name, w in sets.items() if w is not None})
 
 
 def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:
@@ -297,13 +305,13 @@ def execution_figures(model, eval_windows, calib_windows, settings: AuditSetting
     Where the model has a positive control (FeatureGate: MLP skipped below the median gate), it is audited
     the same way, so the report shows what a real saving would look like next to the model's own figures.
     """
-    counted = eval_windows[: EXECUTION_BATCHES * settings.batch_size]
-    audit_args = {"batch_size": settings.batch_size, "repeats": settings.latency_repeats}
-    execution = execution_audit(model, counted, **audit_args)
+    size = fitted_batch_size(settings)
+    counted = eval_windows[: EXECUTION_BATCHES * size]
+    execution = execution_audit(model, counted, batch_size=size, repeats=settings.latency_repeats)
     execution["windows_counted"] = len(counted)
-    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * settings.batch_size])
+    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * size])
     if control is not None:
-        control_figures = execution_audit(control, counted, **audit_args)
+        control_figures = execution_audit(control, counted, batch_size=size, repeats=settings.latency_repeats)
         control_figures["skip_threshold"] = control.config.skip_threshold
         execution["positive_control"] = control_figures
     return execution

@@ -42,7 +42,9 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
     )
 
 
-def per_layer_window_nll(model, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None):
+def per_layer_window_nll(
+    model, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None
+) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor]:
     """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, in the model's sweep mode;
     with ``shards`` (one rank's share), of those shards' windows only."""
     if sweep_mode(model) == PREFIX:
