@@ -4,7 +4,7 @@ The one place that turns a condition name, a coefficient cache and the calibrati
 the audit, the sweep, the mini-audit, the explorer and the dashboard all go through it.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -30,9 +30,16 @@ from fca_workbench.results.conditions import (
 )
 
 Values = list[dict[str, torch.Tensor]]  # per controller, its cached outputs by name (``COEFFICIENT`` first)
+Profiles = dict[str, list[torch.Tensor]]  # per profile name, one tensor per layer (``interventions.static_profiles``)
+Total = Callable[[torch.Tensor], torch.Tensor]  # a sum over the processes that each read part of a set
 
 
-def calibration_profiles(cache: CoefficientCache, shards=None, total=lambda t: t) -> dict[str, list[torch.Tensor]]:
+def same(tensor: torch.Tensor) -> torch.Tensor:
+    """The total of one process alone: its own sum."""
+    return tensor
+
+
+def calibration_profiles(cache: CoefficientCache, shards: Iterable[int] | None = None, total: Total = same) -> Profiles:
     """The static profiles of a calibration capture, plus ``layer_mean_topk`` when it holds routers (their
     cached ``top_k_index`` gives k).
 
@@ -41,7 +48,7 @@ def calibration_profiles(cache: CoefficientCache, shards=None, total=lambda t: t
     return profiles_of(cache.batches(shards), routing_top_k(cache.values(torch.arange(1))), total)
 
 
-def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], total=lambda t: t) -> dict:
+def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], total: Total = same) -> Profiles:
     """The static profiles of per-layer coefficient batches (``interventions.profile_sums``), with the routing
     profiles of the routers ``top_k`` names (``routing_top_k``); ``total`` as in ``calibration_profiles``."""
     sums, windows = profile_sums(batches)
@@ -50,17 +57,17 @@ def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], 
     return with_routing_profiles(profiles, top_k)
 
 
-def replay_conditions(profiles) -> tuple[str, ...]:
+def replay_conditions(profiles: Profiles | None) -> tuple[str, ...]:
     """Every condition a model's audit replays: section 4's, plus the routing ones its profiles allow."""
-    return model_conditions(bool(profiles) and any(c in profiles for c in ROUTING_CONDITIONS))
+    return model_conditions(any(c in (profiles or {}) for c in ROUTING_CONDITIONS))
 
 
 def assigned_values(
     condition: str,
     own: Values,
     donor: Values | None,
-    profiles: dict | None,
-    slot_shapes,
+    profiles: Profiles | None,
+    slot_shapes: Sequence[tuple[int, ...]],
     window_indices: torch.Tensor,
     seed: int,
     layer: int | None = None,
@@ -100,7 +107,12 @@ class ConditionCoefficients:
     """
 
     def __init__(
-        self, condition: str, cache: CoefficientCache, profiles=None, seed: int = 0, layer: int | None = None
+        self,
+        condition: str,
+        cache: CoefficientCache,
+        profiles: Profiles | None = None,
+        seed: int = 0,
+        layer: int | None = None,
     ) -> None:
         if condition in PROFILE_CONDITIONS and (profiles is None or condition not in profiles):
             raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
@@ -123,7 +135,7 @@ class ConditionCoefficients:
         )
 
 
-def values_on(values: Values, device, dtype) -> Values:
+def values_on(values: Values, device: torch.device | str, dtype: torch.dtype) -> Values:
     """Values moved to ``device``, coefficients cast to the model's ``dtype`` (the rest of a controller's
     output keeps the dtype it was captured in, so replaying it is exact)."""
     return [

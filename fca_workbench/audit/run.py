@@ -5,17 +5,19 @@ the same line runs on every rank, each on its share of the shards (``distributed
 """
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock
-from fca_workbench.audit.capture import capture, model_fingerprint, shard_count
-from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
+from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint, shard_count
+from fca_workbench.audit.conditions import Profiles, calibration_profiles, replay_conditions
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.execution import execution_audit, expert_execution
 from fca_workbench.audit.metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
@@ -61,11 +63,11 @@ class AuditSettings:
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
 
-def default_out(checkpoint) -> Path:
+def default_out(checkpoint: str | Path) -> Path:
     return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
 
 
-def check_audit_out(out) -> Path:
+def check_audit_out(out: str | Path) -> Path:
     """The audit's output folder, refused before any work when it is a file or holds an ``audit.json``
     this workbench did not write (anything that is not a valid ``fca-audit/1`` audit)."""
     out = output_folder(out)
@@ -101,7 +103,9 @@ def load_audit_model(settings: AuditSettings):
     return model, tokenizer
 
 
-def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tuple[Path, torch.Tensor]:
+def audit_windows(
+    settings: AuditSettings, split: str, model, tokenizer: PreTrainedTokenizerBase
+) -> tuple[Path, torch.Tensor]:
     """The text file of ``split`` (``eval`` or ``calibration``: the settings' own, else the shipped split) and
     its windows of ``settings.window`` tokens (default: min(256, the model's context))."""
     window = settings.window or min(256, model.context_length)
@@ -115,7 +119,7 @@ def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tupl
     return path, windows
 
 
-def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
+def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
 
     The line, step by step: capture the eval and calibration coefficients (``capture_split``); the calibration
@@ -203,7 +207,14 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
 
 
 def replay_every_condition(
-    model, windows: torch.Tensor, cache, conditions, profiles, seed: int, device, shards=None
+    model,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    conditions: Iterable[str],
+    profiles: Profiles | None,
+    seed: int,
+    device: torch.device | str,
+    shards: Iterable[int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per condition, the per-token NLL ``[N, T-1]`` of the frozen replay (``replay.replay_nll``), in the order
     ``conditions`` (any iterable: ``run_audit`` passes a progress bar) gives them."""
@@ -234,13 +245,17 @@ def spread_figures(spread: dict | None) -> dict:
     }
 
 
-def cache_root(settings: AuditSettings, out) -> Path:
+def cache_root(settings: AuditSettings, out: str | Path | None) -> Path:
     """The coefficient caches' folder: the settings' ``cache``, else ``<out>/cache`` beside audit.json."""
-    return Path(settings.cache) if settings.cache else Path(out) / "cache"
+    if settings.cache:
+        return Path(settings.cache)
+    if out is None:
+        raise ValueError("the coefficient caches need settings.cache or an output folder")
+    return Path(out) / "cache"
 
 
 def with_batch_size(
-    settings: AuditSettings, model, eval_windows: torch.Tensor, out, ranks: Ranks = SINGLE
+    settings: AuditSettings, model, eval_windows: torch.Tensor, out: str | Path | None, ranks: Ranks = SINGLE
 ) -> AuditSettings:
     """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``; under
     torchrun the smallest any rank can fit, so every rank cuts the same shards)."""
@@ -257,7 +272,14 @@ def fitted_batch_size(settings: AuditSettings) -> int:
     return settings.batch_size
 
 
-def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out, ranks: Ranks = SINGLE):
+def capture_split(
+    model,
+    windows: torch.Tensor,
+    split: str,
+    settings: AuditSettings,
+    out: str | Path | None,
+    ranks: Ranks = SINGLE,
+) -> CoefficientCache:
     """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured (each rank its share),
     resumed, or reused when a finished capture of the same model and windows is there."""
     return capture(
@@ -271,7 +293,13 @@ def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSetti
     )
 
 
-def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, calib_windows) -> None:
+def check_ranks(
+    ranks: Ranks,
+    model,
+    settings: AuditSettings,
+    eval_windows: torch.Tensor,
+    calib_windows: torch.Tensor | None,
+) -> None:
     """Before anything is written: every rank has the same model, windows and settings (paths aside: nodes
     may mount them differently), and at least one shard of each set it captures (``calib_windows`` None:
     no calibration capture)."""
@@ -288,7 +316,7 @@ def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, cali
     ranks.check_shards({name: shard_count(len(w), size) for name, w in sets.items() if w is not None})
 
 
-def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:
+def coefficient_spread(cache: CoefficientCache, ranks: Ranks = SINGLE) -> dict | None:
     """Variance decomposition and variation of the cached eval coefficients, one shard at a time (each rank
     its share, the sums added up over the ranks); None on ranks other than 0."""
     accumulator = VarianceAccumulator(origin=[c[0, 0] for c in cache.coefficients([0])])
@@ -298,7 +326,7 @@ def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:
     return accumulator.result() if ranks.lead else None
 
 
-def execution_figures(model, eval_windows, calib_windows, settings: AuditSettings) -> dict:
+def execution_figures(model, eval_windows: torch.Tensor, calib_windows: torch.Tensor, settings: AuditSettings) -> dict:
     """Execution counted on the first batches (a full extra pass would add nothing), latency vs the model's
     baseline (a shape-matched Dense; for routers the static mixture, every expert run for every token).
 

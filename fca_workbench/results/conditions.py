@@ -5,6 +5,7 @@ the tables, the dashboard and the CLI all use these, and only these, spellings. 
 names the workbench needs is derived below from ``VOCABULARY``; nothing else spells two names together.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 LIVE, OWN, REASSIGNMENT, PROFILE = "live", "own", "reassignment", "profile"
@@ -92,7 +93,7 @@ def model_conditions(routed: bool) -> tuple[str, ...]:
     return CONDITIONS + (ROUTING_CONDITIONS if routed else ())
 
 
-def retention_profiles(conditions) -> tuple[str, ...]:
+def retention_profiles(conditions: Iterable[str]) -> tuple[str, ...]:
     """The profiles whose gap retention is reported for a model that replays ``conditions``."""
     return tuple(p for p in RETAINED if p in conditions)
 
