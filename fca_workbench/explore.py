@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,13 +24,16 @@ from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import PROFILE_CONDITIONS, model_conditions
 from fca_workbench.results.tables import Column, make_table
 
+if TYPE_CHECKING:  # pandas is imported where a table is made
+    import pandas as pd
+
 
 class Explorer:
     """A model, its eval windows and their coefficient cache, loaded once. Coefficients and NLLs come from
     the core (``ConditionCoefficients`` of ``replay``, the cache, ``next_token_nll``), window by window, with
     the settings' seed, exactly as the audit replays them."""
 
-    def __init__(self, settings: AuditSettings):
+    def __init__(self, settings: AuditSettings) -> None:
         if settings.cache is None:
             raise ValueError("the explorer needs settings.cache: the folder its captures are shared in")
         self.name = Path(settings.checkpoint).name
@@ -82,7 +86,7 @@ class Explorer:
         )
         return next_token_nll(self.model.replay_run(batch, values), batch)[0].float().cpu()
 
-    def window_table(self, condition: str, window: int, layer: int | None = None):
+    def window_table(self, condition: str, window: int, layer: int | None = None) -> pd.DataFrame:
         """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""
         correct = self.token_nll("correct", window)
         other = self.token_nll(condition, window, layer)

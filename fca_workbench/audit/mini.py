@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.loading import controlled_view
 from fca_workbench.audit.capture import capture
@@ -27,7 +29,7 @@ from fca_workbench.results.conditions import INTERVENTIONS
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")
 
 
-def has_controller(model) -> bool:
+def has_controller(model: nn.Module) -> bool:
     """Whether the mini-audit can audit ``model`` (a workbench model or any transformers causal LM)."""
     with controlled_view(model) as view:
         return bool(view.controllers)
@@ -54,7 +56,15 @@ class MiniAudit:
         self.seed, self.batch_size, self.resamples = seed, batch_size, resamples
 
     @classmethod
-    def from_splits(cls, tokenizer, window: int, count: int, eval_path=None, calib_path=None, **options) -> "MiniAudit":
+    def from_splits(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        window: int,
+        count: int,
+        eval_path: str | Path | None = None,
+        calib_path: str | Path | None = None,
+        **options: int,
+    ) -> "MiniAudit":
         """M evenly spread windows of the eval and calibration texts (default: the shipped splits)."""
         if count < 2:
             raise UserError(f"--audit-windows must be at least 2 (cross-input needs two windows), got {count}")
@@ -68,7 +78,7 @@ class MiniAudit:
             chosen[what] = windows[even_sample(len(windows), count)]
         return cls(chosen["eval"], chosen["calibration"], **options)
 
-    def __call__(self, model) -> dict[str, float]:
+    def __call__(self, model: nn.Module) -> dict[str, float]:
         """The figures, in the order of ``audit_log.csv``'s columns: ``run_audit``'s own steps (capture,
         profiles, replay of every condition, replay and spread figures, expert execution) on these windows."""
         with controlled_view(model) as view:

@@ -25,7 +25,7 @@ from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import model_fingerprint
-from fca_workbench.audit.conditions import assigned_values, profiles_of, values_on
+from fca_workbench.audit.conditions import Values, assigned_values, profiles_of, values_on
 from fca_workbench.audit.interventions import derangement, routing_top_k
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
@@ -314,7 +314,17 @@ class DashboardSession:
         """Drop the prefix caches of ``shared`` (being unloaded), which hold its model."""
         self.prefixes.discard(lambda key: key[0] == shared.serial)
 
-    def condition_values(self, name, shared, text, prefix, condition, seed, donor, layer=None) -> list[dict]:
+    def condition_values(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        prefix: PrefixCache,
+        condition: str,
+        seed: int,
+        donor: int | None,
+        layer: int | None = None,
+    ) -> Values:
         """Per controller, the values ``condition`` assigns to this window (``audit.conditions.assigned_values``,
         as the audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
         if condition not in shared.conditions:
@@ -335,7 +345,17 @@ class DashboardSession:
         parameter = next(shared.model.parameters())
         return values_on(values, parameter.device, parameter.dtype)
 
-    def replay(self, name, shared, text, prefix, condition, layer, seed, donor) -> np.ndarray:
+    def replay(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        prefix: PrefixCache,
+        condition: str,
+        layer: int | None,
+        seed: int,
+        donor: int | None,
+    ) -> np.ndarray:
         """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session."""
         key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
         with self._mutex:

@@ -4,16 +4,22 @@ Windows are the unit of batching, reassignment and bootstrap throughout the work
 downstream sees a ``LongTensor [N, window]``.
 """
 
+from __future__ import annotations
+
 import gzip
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # the tokenizer's type only: importing transformers here would slow every import of data
+    from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.errors import UserError
 
 
-def read_documents(path) -> list[str]:
+def read_documents(path: str | Path) -> list[str]:
     """Documents from a UTF-8 text file (one document) or JSONL of ``{"text": ...}``, optionally gzipped."""
     path = Path(path)
     if not path.is_file():
@@ -51,7 +57,7 @@ def parse_jsonl(text: str, path: Path) -> list[str]:
     return documents
 
 
-def token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
+def token_stream(tokenizer: PreTrainedTokenizerBase, documents: list[str]) -> torch.Tensor:
     """All documents' tokens end to end, each followed by EOS so windows can cross document borders."""
     ids = []
     for doc in documents:
@@ -70,7 +76,9 @@ def make_windows(stream: torch.Tensor, window: int) -> torch.Tensor:
     return stream[: count * window].view(count, window)
 
 
-def load_windows(path, tokenizer, window: int, max_windows: int | None = None) -> torch.Tensor:
+def load_windows(
+    path: str | Path, tokenizer: PreTrainedTokenizerBase, window: int, max_windows: int | None = None
+) -> torch.Tensor:
     """The text's windows; ``max_windows`` of them spread evenly over it (``even_sample``) when given."""
     windows = make_windows(token_stream(tokenizer, read_documents(path)), window)
     return windows if max_windows is None else windows[even_sample(len(windows), max_windows)]

@@ -16,7 +16,7 @@ HEADLINE = (
 )
 
 
-def numeric_leaves(tree, prefix: str = "") -> dict[str, float]:
+def numeric_leaves(tree: dict, prefix: str = "") -> dict[str, float]:
     """Every scalar number in a nested audit dict, keyed by its dotted path (lists are left out)."""
     leaves = {}
     for key, value in tree.items():
