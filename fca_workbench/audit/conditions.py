@@ -34,12 +34,14 @@ Profiles = dict[str, list[torch.Tensor]]  # per profile name, one tensor per lay
 Total = Callable[[torch.Tensor], torch.Tensor]  # a sum over the processes that each read part of a set
 
 
-def same(tensor: torch.Tensor) -> torch.Tensor:
+def one_process(tensor: torch.Tensor) -> torch.Tensor:
     """The total of one process alone: its own sum."""
     return tensor
 
 
-def calibration_profiles(cache: CoefficientCache, shards: Iterable[int] | None = None, total: Total = same) -> Profiles:
+def calibration_profiles(
+    cache: CoefficientCache, shards: Iterable[int] | None = None, total: Total = one_process
+) -> Profiles:
     """The static profiles of a calibration capture, plus ``layer_mean_topk`` when it holds routers (their
     cached ``top_k_index`` gives k).
 
@@ -48,7 +50,7 @@ def calibration_profiles(cache: CoefficientCache, shards: Iterable[int] | None =
     return profiles_of(cache.batches(shards), routing_top_k(cache.values(torch.arange(1))), total)
 
 
-def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], total: Total = same) -> Profiles:
+def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], total: Total = one_process) -> Profiles:
     """The static profiles of per-layer coefficient batches (``interventions.profile_sums``), with the routing
     profiles of the routers ``top_k`` names (``routing_top_k``); ``total`` as in ``calibration_profiles``."""
     sums, windows = profile_sums(batches)
