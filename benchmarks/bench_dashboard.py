@@ -114,8 +114,8 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
             coefficients = restrict_to_layer(intervened[condition], prefix.coefficients, layer)
             if repeat == 0:  # exactness, once per layer
                 assert torch.equal(prefix.logits(coefficients, layer), model(ids, coefficients=coefficients).logits)
-            t_full = timed_ms(lambda: model(ids, coefficients=coefficients))
-            t_prefix = timed_ms(lambda: prefix.logits(coefficients, layer))
+            t_full = timed_ms(lambda c=coefficients: model(ids, coefficients=c))
+            t_prefix = timed_ms(lambda c=coefficients, l=layer: prefix.logits(c, l))
             full.append(t_full)
             cached.append(t_prefix)
             per_layer[layer]["full"].append(t_full)
@@ -125,7 +125,9 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
         layer = repeat % shared.num_layers
         condition = conditions[repeat % len(conditions)]
         session.results.clear()  # recompute, as after a widget change
-        updates.append(timed_ms(lambda: session.analyse(name, shared, text, condition, layer, seed=repeat)))
+        updates.append(
+            timed_ms(lambda c=condition, l=layer, r=repeat: session.analyse(name, shared, text, c, l, seed=r))
+        )
     result.update(
         {
             "full_forward": percentiles(full),
@@ -205,7 +207,7 @@ class Client:
             if not self.full:
                 self.status = self.widgets["fca-status"]
                 self.session.document.callbacks.send_event(DocumentReady())  # what a browser sends once drawn
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.error = exc
             self.ready.set()
             return
@@ -288,9 +290,9 @@ def dashboard_server(names: list[str], registry: Registry, calibration_windows, 
                 try:  # a static file: a page would open a session
                     with urllib.request.urlopen(url + "static/js/bokeh.min.js", timeout=5):
                         break
-                except OSError:
+                except OSError as error:
                     if server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("dashboard server did not start:\n" + log_path.read_text())
+                        raise RuntimeError("dashboard server did not start:\n" + log_path.read_text()) from error
                     time.sleep(0.5)
             yield server, url, log_path
         finally:
@@ -393,7 +395,7 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
         rng = random.Random(index)
         try:
             client = Client(url)
-        except Exception as exc:  # noqa: BLE001  (counted, not fatal)
+        except Exception as exc:  # counted, not fatal
             with lock:
                 errors.append(f"session {index} could not connect: {exc!r}")
             return

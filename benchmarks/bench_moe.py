@@ -63,15 +63,14 @@ def main() -> None:
         return [{COEFFICIENT: p} for p in profile]
 
     baseline_name, baseline = model.latency_baseline()
+    layer_mean, layer_mean_topk = static("layer_mean"), static("layer_mean_topk")
     operations = {
         "plain forward": lambda: model(batch),
         "capture (capture_run)": lambda: model.capture_run(batch),
         "replay correct": lambda: model.replay_run(batch, values),
         "replay cross_input": lambda: model.replay_run(batch, donors),
-        "replay layer_mean (static mixture of the profile)": (
-            lambda v=static("layer_mean"): model.replay_run(batch, v)
-        ),
-        "replay layer_mean_topk": (lambda v=static("layer_mean_topk"): model.replay_run(batch, v)),
+        "replay layer_mean (static mixture of the profile)": lambda: model.replay_run(batch, layer_mean),
+        "replay layer_mean_topk": lambda: model.replay_run(batch, layer_mean_topk),
         f"{baseline_name} (execution baseline: every expert for every token)": lambda: baseline(batch),
     }
     for operation in operations.values():  # warm-up

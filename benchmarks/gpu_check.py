@@ -33,15 +33,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 from fca_workbench.audit.budget import audit_batch_size, window_bytes
-from fca_workbench.audit.capture import capture, model_fingerprint  # noqa: E402
-from fca_workbench.audit.replay import replay_nll  # noqa: E402
-from fca_workbench.models import load_model  # noqa: E402
+from fca_workbench.audit.capture import capture, model_fingerprint
+from fca_workbench.audit.replay import replay_nll
+from fca_workbench.models import load_model
 from fca_workbench.models.loading import CODE_FILES_NAMED_BY_AUTO_MAP, OFFICIAL_1P4B_CONFIG
-from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM  # noqa: E402
+from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 from fca_workbench.models.official_layout import save_official
 
 TINY_OVERRIDES = dict(

@@ -11,25 +11,26 @@ import functools
 import html
 import io
 from collections import OrderedDict
+from collections.abc import Callable
 
 import panel as pn
 import views
 
 from fca_workbench import tables
-from fca_workbench.dashboard.results_folder import AUDIT_FILE, audit_tables
+from fca_workbench.dashboard.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, audit_tables
 from fca_workbench.errors import UserError
 
 RENDERED_KEPT = 32  # audits whose tables and figure are kept rendered, per process
 _RENDERED: OrderedDict = OrderedDict()
 
 
-def rendered(entry) -> tuple[list, dict | None]:
+def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
     """An audit's tables as (name, caption, HTML, CSV) and its per-layer figure, made once per version of its
     audit.json and shared by the sessions of the process."""
     if entry.version in _RENDERED:
         _RENDERED.move_to_end(entry.version)
         return _RENDERED[entry.version]
-    made = audit_tables(entry.audit)
+    made = audit_tables(entry.valid_audit)
     parts = [
         (
             t.attrs["name"],
@@ -56,7 +57,12 @@ def rendered(entry) -> tuple[list, dict | None]:
 class ResultsView:
     """The list of audits (with a message for each one that cannot be shown) and the selected audit."""
 
-    def __init__(self, results, on_change=None, later=lambda fn: fn()):
+    def __init__(
+        self,
+        results: ResultsFolder | None,
+        on_change: Callable[[], None] | None = None,
+        later: Callable[[Callable[[], None]], None] = lambda fn: fn(),
+    ) -> None:
         self.results = results  # a ResultsFolder, or None when the server has no results folder
         self.on_change = on_change  # called after the shown audit changed (the app puts it in the URL)
         self.later = later  # runs a change of the page inside the session's document (the app's ``later``)
@@ -82,7 +88,7 @@ class ResultsView:
         )
         self.scan()
 
-    def scan(self):
+    def scan(self) -> None:
         """List the audits found now; keep the selection if it is still there."""
         entries = self.results.scan() if self.results is not None else []
         shown = {entry.label: entry.name for entry in entries if entry.audit is not None}
@@ -101,35 +107,35 @@ class ResultsView:
             note = f"{len(shown)} audit(s) in the results folder '{html.escape(self.results.root.name)}'."
         items = "".join(
             f"<li class='fca-results-problem' data-entry='{html.escape(entry.name)}'>"
-            f"<b>{html.escape(entry.name)}</b>: {html.escape(entry.problem)}</li>"
+            f"<b>{html.escape(entry.name)}</b>: {html.escape(entry.problem or '')}</li>"
             for entry in problems
         )
         self.problems.object = f"<div class='fca-results-note'>{note}</div>" + (f"<ul>{items}</ul>" if items else "")
         self.show()
 
-    def choose(self, name) -> str | None:
+    def choose(self, name: object) -> str | None:
         """Show the audit called ``name`` (from a link); a message when there is none such."""
         if name in self.select.options.values():
             self.select.value = name
             return None
         return f"the link's audit={str(name)[:60]!r} is not an audit of the results folder; showing the first one"
 
-    def activate(self):
+    def activate(self) -> None:
         """The view is shown: draw the selected audit from now on."""
         if not self.active:
             self.active = True
             self.show()
 
-    def show(self):
+    def show(self) -> None:
         """Draw the selected audit (once the view is shown) and tell the app, which keeps the URL in step."""
         if self.active:
             self.draw(self.select.value)
         if self.on_change is not None:
             self.on_change()
 
-    def draw(self, name):
+    def draw(self, name: str | None) -> None:
         self.message.visible = False
-        if name is None:
+        if name is None or self.results is None:
             self.header.object = ""
             self.downloads.objects, self.tables.objects = [], []
             self.heatmap.object, self.heatmap.visible = None, False
@@ -139,12 +145,12 @@ class ResultsView:
         except UserError as exc:
             self.show_error(str(exc))
 
-    def show_error(self, message: str):
+    def show_error(self, message: str) -> None:
         self.message.object = html.escape(message)
         self.message.visible = True
 
-    def render(self, entry):
-        audit = entry.audit
+    def render(self, entry: AuditEntry) -> None:
+        audit = entry.valid_audit
         settings, data = audit["settings"], audit["data"]["eval"]
         rows = [
             ("model", f"{entry.model_name} ({audit['model']['arch']}, {audit['model']['params']:,} parameters)"),
@@ -196,15 +202,16 @@ class ResultsView:
         self.heatmap.object = figure
         self.heatmap.visible = figure is not None
 
-    def audit_bytes(self, entry):
+    def audit_bytes(self, entry: AuditEntry) -> io.BytesIO | None:
         """audit.json as it is on disk now (read again, links refused again)."""
+        if self.results is None:  # no results folder: no entries to download
+            return None
         try:
-            return io.BytesIO(self.results.read_bytes(entry, AUDIT_FILE))
-        except (UserError, OSError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else exc  # an OSError's text names the server's path
-            self.show_error(f"{entry.name}/{AUDIT_FILE} cannot be read now: {reason}")
+            return io.BytesIO(self.results.download(entry, AUDIT_FILE))
+        except UserError as exc:
+            self.show_error(str(exc))
             return None
 
 
-def text_bytes(text: str):
+def text_bytes(text: str) -> io.BytesIO:
     return io.BytesIO(text.encode())

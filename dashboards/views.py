@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import html
 import types
+from typing import Any
 
 import numpy as np
+import pandas as pd
 import panel as pn
+
+from fca_workbench.dashboard import Analysis
 
 
 class FigurePane(pn.pane.Plotly):
@@ -69,7 +73,7 @@ def _title(text: str, x: float, y: float) -> dict:
     )
 
 
-def delta_figure(analysis) -> dict:
+def delta_figure(analysis: Analysis) -> dict:
     """Per-token ΔNLL (bars) above the NLL of ``correct`` and of the intervention (lines).
 
     Figures are plain plotly dicts: building ``go.Figure`` objects validates every property and costs
@@ -138,14 +142,12 @@ def _heatmaps(original, intervened, diff, y_labels, title) -> dict:
         (intervened, VALUE_SCALE, lo, hi, "intervened"),
         (diff, DIFF_SCALE, -span, span, "difference"),
     )
-    data, layout = (
-        [],
-        dict(
-            height=max(260, 40 + 14 * len(y_labels)),
-            margin=dict(l=70, r=30, t=60, b=40),
-            title=dict(text=title, font=dict(size=14)),
-            annotations=[],
-        ),
+    data: list[dict] = []
+    layout: dict[str, Any] = dict(
+        height=max(260, 40 + 14 * len(y_labels)),
+        margin=dict(l=70, r=30, t=60, b=40),
+        title=dict(text=title, font=dict(size=14)),
+        annotations=[],
     )
     for index, ((values, scale, zmin, zmax, name), domain) in enumerate(zip(panels, domains), start=1):
         suffix = "" if index == 1 else str(index)
@@ -174,19 +176,19 @@ def _heatmaps(original, intervened, diff, y_labels, title) -> dict:
     return dict(data=data, layout=layout)
 
 
-def layer_heatmap(analysis, slot: str) -> dict:
+def layer_heatmap(analysis: Analysis, slot: str) -> dict:
     original, intervened, diff = analysis.layer_position(slot)
     labels = [f"layer {i}" for i in range(original.shape[0])]
     return _heatmaps(original, intervened, diff, labels, f"layer × position, slot {slot}")
 
 
-def slot_heatmap(analysis, layer: int) -> dict:
+def slot_heatmap(analysis: Analysis, layer: int) -> dict:
     original, intervened, diff = analysis.slot_position(layer)
     return _heatmaps(original, intervened, diff, analysis.slot_labels[layer], f"slot × position, layer {layer}")
 
 
-def summary_html(analysis) -> str:
-    def fmt(value, signed=False):
+def summary_html(analysis: Analysis) -> str:
+    def fmt(value: object, signed: bool = False) -> str:
         if value is None:
             return "—"
         if isinstance(value, float):
@@ -222,7 +224,7 @@ def summary_html(analysis) -> str:
     return f"<table class='fca-summary'>{body}</table>" + (f"<ul class='fca-notes'>{notes}</ul>" if notes else "")
 
 
-def per_layer_heatmap(table, title: str) -> dict:
+def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
     """The per-layer sweep (``tables.per_layer_table`` of one audit) as a layer × condition heatmap of ΔNLL."""
     conditions = list(dict.fromkeys(table["condition"]))  # the audit's order
     grids = {

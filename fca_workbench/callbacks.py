@@ -13,7 +13,10 @@ W&B, ...). A callback cannot do this by editing the ``logs`` of its own ``on_log
     trainer.add_callback(FCACallback(trainer, MiniAudit.from_splits(tokenizer, 256, 16), every=100))
 """
 
-from transformers import TrainerCallback
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from fca_workbench.audit.mini import MiniAudit
 
@@ -22,24 +25,43 @@ class FCACallback(TrainerCallback):
     """Run ``audit`` every ``every`` optimizer steps and/or after each evaluation; log ``<prefix><figure>``."""
 
     def __init__(
-        self, trainer, audit: MiniAudit, every: int | None = None, at_evaluate: bool = False, prefix: str = "fca/"
-    ):
+        self,
+        trainer: Trainer,
+        audit: MiniAudit,
+        every: int | None = None,
+        at_evaluate: bool = False,
+        prefix: str = "fca/",
+    ) -> None:
         if every is None and not at_evaluate:
             raise ValueError("FCACallback needs every=N steps, at_evaluate=True, or both")
         if every is not None and every < 1:
             raise ValueError(f"every must be a positive number of steps, got {every}")
         self.trainer, self.audit, self.every, self.at_evaluate, self.prefix = trainer, audit, every, at_evaluate, prefix
-        self.audited_step = None
+        self.audited_step: int | None = None
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
         if self.every and state.global_step % self.every == 0:
             self.log_audit(state, model)
 
-    def on_evaluate(self, args, state, control, model=None, **kwargs):
+    def on_evaluate(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: torch.nn.Module | None = None,
+        **kwargs: Any,
+    ) -> None:
         if self.at_evaluate:
             self.log_audit(state, model)
 
-    def log_audit(self, state, model) -> None:
+    def log_audit(self, state: TrainerState, model: torch.nn.Module | None) -> None:
         """One audit per step: an evaluation at an already audited step logs nothing new."""
         if self.audited_step == state.global_step:
             return

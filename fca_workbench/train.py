@@ -19,13 +19,17 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -88,10 +92,13 @@ class TrainSettings:
 
     @property
     def name(self) -> str:
-        return self.arch or self.hf_config["model_type"]
+        if self.arch:
+            return self.arch
+        assert self.hf_config is not None  # __post_init__: exactly one of the two
+        return self.hf_config["model_type"]
 
 
-def read_hf_config(path) -> dict:
+def read_hf_config(path: str | Path) -> dict:
     """The fields of a transformers config JSON file; one that names remote code is refused."""
     path = Path(path)
     try:
@@ -115,7 +122,7 @@ def one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def build_hf_model(fields: dict, tokenizer, window: int):
+def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> PreTrainedModel:
     """A transformers causal LM from config fields (see read_hf_config), sized to the shipped tokenizer.
 
     Vocabulary size and special-token ids default to the tokenizer's; its pad id is None, so no real
@@ -142,7 +149,7 @@ def build_hf_model(fields: dict, tokenizer, window: int):
     return AutoModelForCausalLM.from_config(config)
 
 
-def check_training_memory(build) -> None:
+def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
     """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
     runs on the meta device, which only counts the parameters."""
     check_memory(
@@ -153,7 +160,8 @@ def check_training_memory(build) -> None:
     )
 
 
-def build_model(settings: TrainSettings, tokenizer):
+def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """The untrained model ``settings`` describe, seeded, sized to ``tokenizer`` and checked to fit in memory."""
     if settings.hf_config is not None:
         torch.manual_seed(settings.seed)
         return build_hf_model(settings.hf_config, tokenizer, settings.window)
@@ -179,13 +187,15 @@ def build_model(settings: TrainSettings, tokenizer):
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
+    """The learning rate's multiplier at ``step``: linear warm-up, then cosine decay to a tenth."""
     if step < settings.warmup:
         return (step + 1) / settings.warmup
     progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def make_optimizer(model, settings: TrainSettings):
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Optimizer, LRScheduler]:
+    """AdamW (no weight decay on biases and norms) with the warm-up and cosine schedule of ``lr_factor``."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -198,10 +208,12 @@ def make_optimizer(model, settings: TrainSettings):
 
 
 def step_seed(settings: TrainSettings, step: int) -> int:
+    """The batch seed of ``step``: a resumed run draws the same batches an uninterrupted one would."""
     return settings.seed * 1_000_003 + step
 
 
 def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
+    """``batch_size`` random windows of the token stream, drawn from ``step_seed`` alone."""
     if len(stream) <= settings.window:
         raise UserError(f"training text has {len(stream)} tokens, not more than one window of {settings.window}")
     generator = torch.Generator().manual_seed(step_seed(settings, step))
@@ -209,7 +221,7 @@ def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> to
     return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
 
 
-def training_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def training_loss(model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", None)
     out = model(batch, **({"output_router_logits": True} if aux_coef is not None else {}))
@@ -218,13 +230,14 @@ def training_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return nll, nll if aux is None else nll + aux_coef * aux
 
 
-def autocast(device: str):
+def autocast(device: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (the speed of a GPU run); on the CPU, full precision."""
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict | None:
+def train(settings: TrainSettings, out: str | Path, stop_after: int | None = None) -> dict | None:
     """Train (or resume) into ``out``; ``stop_after`` ends this invocation early, checkpointed.
 
     Returns the model card's figures when the run completes, None when it stopped early.
@@ -232,7 +245,9 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     out = run_folder(out)
     state = read_state(out, settings)
     tokenizer = load_tokenizer(TOKENIZER_DIR)
-    model = build_model(settings, tokenizer).to(settings.device)  # a bad config fails before the corpus is read
+    model = build_model(settings, tokenizer)  # a bad config fails before the corpus is read
+    # transformers types PreTrainedModel.to as the unbound nn.Module.to (functools.wraps), self included
+    model.to(settings.device)  # type: ignore[arg-type]
     stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
     optimizer, scheduler = make_optimizer(model, settings)
     step = restore(state, model, optimizer, scheduler)
@@ -276,7 +291,7 @@ def train(settings: TrainSettings, out, stop_after: int | None = None) -> dict |
     return finish(out, settings, model, tokenizer, log_rows, audit)
 
 
-def run_folder(out) -> Path:
+def run_folder(out: str | Path) -> Path:
     """The run's folder, refused before any work when it is a file, a finished checkpoint, or holds
     files the finished checkpoint would replace that this trainer did not write (a user's README.md ...)."""
     out = output_folder(out)
@@ -318,7 +333,7 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
     return state
 
 
-def restore(state: dict | None, model, optimizer, scheduler) -> int:
+def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler) -> int:
     """Load a saved state into the freshly built run; returns the step to continue from."""
     if state is None:
         return 0
@@ -329,6 +344,7 @@ def restore(state: dict | None, model, optimizer, scheduler) -> int:
 
 
 def read_log(out: Path, step: int) -> list[dict]:
+    """The training log's rows up to ``step``: those a resumed run keeps (later ones were not checkpointed)."""
     path = out / LOG_FILE
     if not path.is_file():
         return []
@@ -343,7 +359,16 @@ def write_log(out: Path, rows: list[dict]) -> None:
     write_atomic(out / LOG_FILE, ("\n".join(lines) + "\n").encode())
 
 
-def save_state(out: Path, settings, model, optimizer, scheduler, step: int, log_rows: list[dict]) -> None:
+def save_state(
+    out: Path,
+    settings: TrainSettings,
+    model: torch.nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
+    step: int,
+    log_rows: list[dict],
+) -> None:
+    """Everything a resumed run needs to continue exactly where this one stopped, written atomically."""
     state = {
         "settings": asdict(settings),
         "step": step,
@@ -359,7 +384,7 @@ def save_state(out: Path, settings, model, optimizer, scheduler, step: int, log_
 
 @torch.no_grad()
 def coefficient_summary(
-    model, windows: torch.Tensor, with_coefficients: bool = True, batch_size: int = 16
+    model: torch.nn.Module, windows: torch.Tensor, with_coefficients: bool = True, batch_size: int = 16
 ) -> tuple[float, float | None]:
     """Eval NLL and the mean within-(layer, slot) std of coefficients (a workbench family's) over the windows."""
     model.eval()
@@ -376,12 +401,19 @@ def coefficient_summary(
     return nll_sum / count, within_std
 
 
-def finish(out: Path, settings, model, tokenizer, log_rows: list[dict], audit: TrainingAudit | None = None) -> dict:
+def finish(
+    out: Path,
+    settings: TrainSettings,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    log_rows: list[dict],
+    audit: TrainingAudit | None = None,
+) -> dict:
     """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
     model = model.float().cpu()
     windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
     eval_nll, within_std = coefficient_summary(model, windows, with_coefficients=settings.arch is not None)
-    card = {
+    card: dict[str, Any] = {
         "arch": settings.name,
         "params": sum(p.numel() for p in model.parameters()),
         "tokens_seen": int(log_rows[-1]["tokens_seen"]),

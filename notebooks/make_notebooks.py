@@ -8,14 +8,12 @@ it) and holds presentation only: audits, tables' numbers and coefficients all co
 """
 
 import json
-import sys
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fca_workbench.reproduce import DEFAULT_MAX_WINDOWS, KERNEL_NAME  # noqa: E402
+from fca_workbench.reproduce import DEFAULT_MAX_WINDOWS, KERNEL_NAME
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,7 +8,7 @@ python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install --quiet torch==2.13.0
-.venv/bin/python -m pip install --quiet -e ".[test]"  # [test] includes [notebooks]
+.venv/bin/python -m pip install --quiet -e ".[test,dev,docs]"  # [test] includes [notebooks]
 # The named Jupyter kernel `fca reproduce` (papermill's kernel_name) and JupyterLab use: this venv's Python,
 # registered inside the venv itself, so every clone has its own and none shadows another.
 .venv/bin/python -m ipykernel install --prefix "$PWD/.venv" --name fca-workbench \

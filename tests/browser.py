@@ -25,7 +25,7 @@ CHROMIUM_ARGS = [
 def require_browser() -> None:
     """Skip the test when Playwright or Chromium is missing (``scripts/setup.sh`` installs both); under CI, fail."""
     try:
-        import playwright.sync_api  # noqa: F401
+        import playwright.sync_api  # noqa: F401  (only whether it is installed)
 
         missing = (
             None if Path(CHROMIUM).exists() else f"{CHROMIUM} is missing (scripts/setup.sh installs Debian's chromium)"

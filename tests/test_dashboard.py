@@ -314,8 +314,7 @@ def test_changes_queued_after_the_write_block_was_lifted_are_sent():
 
     import panel.io.document as panel_document
     from bokeh.document import Document
-
-    from fca_workbench.dashboard.panel_writes import fix_stranded_writes, sends_stranded_changes
+    from panel_writes import fix_stranded_writes, sends_stranded_changes
 
     class Socket:  # what Panel writes to, through its hook for other kinds of socket
         pass
@@ -495,7 +494,8 @@ def test_link_values_are_checked_before_they_reach_a_widget():
 
 
 def _dashboard_args(monkeypatch, *argv):
-    from fca_workbench.cli import build_parser, serving_auth
+    from fca_workbench.cli import build_parser
+    from fca_workbench.dashboard.serving import serving_auth
 
     for variable in ("FCA_BASIC_AUTH", "FCA_COOKIE_SECRET"):
         monkeypatch.delenv(variable, raising=False)
@@ -543,7 +543,8 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
     assert "visible" not in capsys.readouterr().err  # nothing secret was on the command line
     monkeypatch.setenv("FCA_BASIC_AUTH", "from-env")
     monkeypatch.setenv("FCA_COOKIE_SECRET", "secret-from-env")
-    from fca_workbench.cli import build_parser, serving_auth
+    from fca_workbench.cli import build_parser
+    from fca_workbench.dashboard.serving import serving_auth
 
     assert serving_auth(build_parser().parse_args(["dashboard", "--address", "0.0.0.0"])) == {
         "basic_auth": "from-env",

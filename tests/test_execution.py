@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fca_workbench.audit.execution import branch_modules, count_execution, count_flops, execution_audit, measure_latency
+from fca_workbench.audit.execution import count_execution, count_flops, execution_audit, measure_latency
 from fca_workbench.models import DenseConfig, DenseForCausalLM, FeatureGateConfig, FeatureGateForCausalLM
 from fca_workbench.models.dense import shape_matched_dense
 from fca_workbench.models.featuregate import positive_control
@@ -57,10 +57,9 @@ def test_unmodified_models_execute_everything(make, controllers_per_forward):
     assert counts["fraction_executed"] == 1.0
 
 
-def test_unknown_blocks_fall_back_to_block_level_counting():
+def test_native_blocks_declare_their_branches():
     model = _dense()
-    assert branch_modules(torch.nn.Linear(2, 2)) == []
-    assert branch_modules(model.blocks[0]) == [model.blocks[0].attn, model.blocks[0].mlp]
+    assert model.block_branches(0) == [model.blocks[0].attn, model.blocks[0].mlp]
 
 
 def test_positive_control_skips_about_the_quantile(featuregate, control):
@@ -93,8 +92,14 @@ def test_zero_threshold_reproduces_the_base_exactly(featuregate):
     assert count_execution(zero, batch, batch_size=BATCH)["fraction_executed"] == 1.0
 
 
-def test_only_featuregate_has_a_positive_control():
+def test_only_featuregate_has_a_positive_control(featuregate):
     assert _dense().positive_control(_windows()) is None
+    control = featuregate.positive_control(_windows(seed=1))
+    assert control.model is not featuregate
+    assert (
+        control.settings == {"skip_threshold": control.model.config.skip_threshold}
+        and control.settings["skip_threshold"]
+    )
 
 
 def test_shape_matched_dense_copies_the_shapes(featuregate):

@@ -237,7 +237,10 @@ def windows(n=200, seed=0):
     """Per-window NLLs with a large shared between-window spread, as real eval windows have."""
     gen = torch.Generator().manual_seed(seed)
     base = 4.0 + torch.randn(n, generator=gen, dtype=torch.float64)
-    small = lambda: 0.01 * torch.randn(n, generator=gen, dtype=torch.float64)  # noqa: E731
+
+    def small():
+        return 0.01 * torch.randn(n, generator=gen, dtype=torch.float64)
+
     return {
         "correct": base,
         "global_mean": base + 0.5 + small(),

@@ -178,6 +178,7 @@ def test_constant_routing_costs_nothing_and_counts_k_over_e(tmp_path, tokenizer)
     for name in ("cross_input", "token_shuffle", "layer_mean", "layer_mean_topk"):
         assert abs(conditions[name]["delta"]) < 1e-6, name
     assert result["model"]["controllers"] == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+    assert result["model"]["slot_labels"] == [["expert 0", "expert 1", "expert 2", "expert 3"]] * 2
     execution = result["execution"]
     assert execution["expert_fraction_executed"] == 2 / 4
     assert execution["experts"]["fraction_executed"] == [0.5, 0.5]

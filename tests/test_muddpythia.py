@@ -336,7 +336,7 @@ def _load_reference(folder: str):
     """Import the reference's modeling file; it needs einops only for one rearrange, so shim it if absent."""
     if "einops" not in sys.modules:
         try:
-            import einops  # noqa: F401
+            import einops  # noqa: F401  (only whether it is installed)
         except ImportError:
             shim = types.ModuleType("einops")
 

@@ -157,6 +157,7 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     }
     # every module of the package, subpackages included (a subpackage missing from pyproject's list is not)
     expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "fca_workbench").rglob("*.py")}
+    expected.add("fca_workbench/py.typed")  # the package's annotations are for its users' type checkers too
     assert len(expected) >= 6 + 2 + 3 + 2 and expected <= names, sorted(expected - names)
     assert not [n for n in names if "checkpoints" in n or n.endswith(".safetensors")]
     assert dist.wheel.stat().st_size < 5 * 2**20
@@ -166,7 +167,7 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     )
     assert metadata["Version"] == fca_workbench.__version__ and metadata["License-Expression"] == "MIT"
     assert metadata.get_all("Project-URL") and len(metadata.get_all("Classifier")) >= 5
-    assert {"notebooks", "test", "bench"} <= set(metadata.get_all("Provides-Extra"))
+    assert {"notebooks", "test", "dev", "docs", "bench"} <= set(metadata.get_all("Provides-Extra"))
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
     with tarfile.open(dist.sdist) as sdist:

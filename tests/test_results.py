@@ -327,5 +327,5 @@ def test_bad_folders_are_one_line_errors(audits, tmp_path):
     results = fca_workbench.load_audit(damaged)  # the figures load; the per-token file fails when asked for
     assert len(results.conditions) == len(CONDITIONS)
     with pytest.raises(UserError, match="cannot be read") as error:
-        results.per_token
+        _ = results.per_token
     assert "\n" not in str(error.value)

@@ -65,7 +65,7 @@ def direct_figures(model, windows: torch.Tensor) -> tuple[float, float]:
 
 
 @pytest.fixture(scope="module")
-def whole_run(small_text, tmp_path_factory):  # noqa: F811
+def whole_run(small_text, tmp_path_factory):  # noqa: F811  (small_text: the fixture imported above)
     """One uninterrupted tiny run with mini-audits, shared by the tests that read it (none writes into it):
     its settings, folder and model card."""
     settings = tiny_settings("featuregate", small_text, **AUDIT)
@@ -149,9 +149,9 @@ def direct_static_topk(model, eval_windows: torch.Tensor, calib_windows: torch.T
         top = (total / calib_windows.numel()).float().topk(k)
         weights, experts = top.values / top.values.sum(), top.indices
 
-        def static(hidden, weights=weights, experts=experts):
+        def static(hidden, weights=weights, experts=experts, width=router.weight.shape[0]):
             rows = hidden.reshape(-1, hidden.shape[-1]).shape[0]
-            return torch.zeros(rows, router.weight.shape[0]), weights.expand(rows, k), experts.expand(rows, k)
+            return torch.zeros(rows, width), weights.expand(rows, k), experts.expand(rows, k)
 
         router.forward = static
     try:
@@ -161,7 +161,7 @@ def direct_static_topk(model, eval_windows: torch.Tensor, calib_windows: torch.T
             del router.forward
 
 
-def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_mini_audit(small_text, tmp_path):  # noqa: F811
+def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_mini_audit(small_text, tmp_path):  # noqa: F811  (the fixture imported above)
     settings = hf_settings(tmp_path, "mixtral", small_text, steps=4, audit_every=2, audit_windows=4, save_every=10)
     train(settings, tmp_path / "run")
     rows = audit_rows(tmp_path / "run")
@@ -284,7 +284,7 @@ LLAMA = "LLAMA_CONFIG"  # replaced by the path of a tiny llama config: a transfo
         ),
     ],
 )
-def test_bad_audit_settings_are_refused_in_one_line_before_training(flags, message, small_text, tmp_path, capsys):  # noqa: F811
+def test_bad_audit_settings_are_refused_in_one_line_before_training(flags, message, small_text, tmp_path, capsys):  # noqa: F811  (the fixture imported above)
     moe_only = ("num_local_experts", "num_experts_per_tok")
     llama = write_config(
         tmp_path, model_type="llama", **{k: v for k, v in TINY_HF_CONFIGS["mixtral"].items() if k not in moe_only}

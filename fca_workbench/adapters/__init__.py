@@ -1,4 +1,5 @@
-"""Any checkpoint as a controlled model: the protocol the core speaks, controller kinds, the transformers adapter.
+"""Any checkpoint as a controlled model: the protocol the core speaks (``ControlledModel``, ``SteppingModel``),
+controller kinds, the transformers adapter.
 
 Native folders load strictly through ``fca_workbench.models``; any other ``model_type`` that transformers knows
 is loaded from local safetensors and wrapped in ``TransformersControlled`` (``loading.load_controlled``).
@@ -7,11 +8,13 @@ is loaded from local safetensors and wrapped in ``TransformersControlled`` (``lo
 from fca_workbench.adapters.hf import TransformersControlled, find_controllers
 from fca_workbench.adapters.kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind
 from fca_workbench.adapters.loading import controlled_view, load_controlled, load_transformers
-from fca_workbench.adapters.protocol import COEFFICIENT, frozen
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel, frozen
 
 __all__ = [
     "COEFFICIENT",
+    "ControlledModel",
     "ControllerKind",
+    "SteppingModel",
     "TransformersControlled",
     "class_suffix",
     "controlled_view",

@@ -7,18 +7,20 @@ exactly once per forward (checked), which holds for the MoE families of transfor
 """
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import nn
 
-from fca_workbench.adapters.kinds import KINDS, tensor_kind
-from fca_workbench.adapters.protocol import COEFFICIENT, frozen
+from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
+from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.errors import UserError
+from fca_workbench.models.common import PositiveControl, check_window
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
 
 
-def find_controllers(model: nn.Module, pattern: str | None = None):
+def find_controllers(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module, ControllerKind]]:
     """``[(name, module, kind)]``: the modules a kind claims, or those ``pattern`` names (whole path)."""
     kinds = [tensor_kind(pattern)] if pattern is not None else KINDS
     found = []
@@ -33,34 +35,34 @@ def find_controllers(model: nn.Module, pattern: str | None = None):
 
 
 class TransformersControlled(nn.Module):
-    """A transformers causal LM seen through the protocol (``fca_workbench.adapters.protocol``)."""
-
-    supports_stepping = False
+    """A transformers causal LM seen through the protocol (``ControlledModel``; no layer stepping)."""
 
     def __init__(self, model: nn.Module, controllers: str | None = None):
         super().__init__()
-        self.model = model.eval()
-        if hasattr(model, "set_experts_implementation"):
+        self.model: Any = model.eval()  # a transformers PreTrainedModel
+        set_experts = getattr(self.model, "set_experts_implementation", None)
+        if set_experts is not None:
             # eager loops over the experts a token uses: a zero-weight expert contributes exactly nothing,
             # so a static profile equal to the live routing replays bit-exactly (shared/moe-routing.md)
-            model.set_experts_implementation("eager")
+            set_experts("eager")
         found = find_controllers(model, controllers)
         self.controller_names = [name for name, _, _ in found]
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
-        self.coefficient_slot_shapes = []
-        self._flat = [None] * len(found)  # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
+        self.coefficient_slot_shapes: list[tuple[int, ...]] = []
+        # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
+        self._flat: list[bool | None] = [None] * len(found)
         if found:
             with torch.no_grad():
                 _, values = self.capture_run(torch.zeros(PROBE_SHAPE, dtype=torch.long, device=self._device))
             self.coefficient_slot_shapes = [tuple(v[COEFFICIENT].shape[2:]) for v in values]
 
     @property
-    def _device(self):
+    def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @property
-    def config(self):
+    def config(self) -> Any:
         return self.model.config
 
     @property
@@ -88,14 +90,18 @@ class TransformersControlled(nn.Module):
                 return list(module)
         return []
 
-    def forward(self, input_ids: torch.Tensor, **kwargs):
+    def block_branches(self, index: int) -> list[nn.Module]:
+        """None known: a foreign decoder layer says nothing of which submodules it could skip per token."""
+        return []
+
+    def slot_labels(self, index: int) -> list[str]:
+        return self.kinds[index].slot_labels(self.coefficient_slot_shapes[index])
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         return self.model(input_ids=input_ids, use_cache=False, **kwargs)
 
-    def check_inputs(self, input_ids: torch.Tensor, values=None) -> None:
-        if input_ids.shape[1] > self.context_length:
-            raise ValueError(
-                f"window of {input_ids.shape[1]} tokens is longer than the model's context of {self.context_length}"
-            )
+    def check_inputs(self, input_ids: torch.Tensor, coefficients: list[torch.Tensor] | None = None) -> None:
+        check_window(input_ids, self.context_length, self.coefficient_slot_shapes, coefficients)
 
     def _once(self, index: int, calls: list[int]) -> None:
         calls[index] += 1
@@ -104,10 +110,11 @@ class TransformersControlled(nn.Module):
                 f"controller {self.controller_names[index]} runs more than once per forward; the adapter cannot replay it"
             )
 
-    def capture_run(self, input_ids: torch.Tensor):
+    def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[Values]]:
         """Logits and each controller's whole output, batch-first, recorded by forward hooks."""
         batch, length = input_ids.shape
-        values, calls = [None] * len(self._controllers), [0] * len(self._controllers)
+        values: list[Any] = [None] * len(self._controllers)
+        calls = [0] * len(self._controllers)
 
         def record(index):
             def hook(module, args, kwargs, output):
@@ -144,7 +151,7 @@ class TransformersControlled(nn.Module):
         """The leading shape of controller ``index``'s outputs for ``batch`` × ``length`` tokens."""
         return (batch * length,) if self._flat[index] else (batch, length)
 
-    def replay_run(self, input_ids: torch.Tensor, values) -> torch.Tensor:
+    def replay_run(self, input_ids: torch.Tensor, values: list[Values]) -> torch.Tensor:
         """Logits with every controller replaced by its values (``frozen``): no controller executes."""
         calls = [0] * len(self._controllers)
         lead = [self._lead(i, *input_ids.shape) for i in range(len(self._controllers))]
@@ -159,26 +166,35 @@ class TransformersControlled(nn.Module):
         with frozen({module: replacement(i) for i, module in enumerate(self._controllers)}):
             return self(input_ids).logits
 
-    def expert_counts(self, index: int, value):
+    def expert_counts(self, index: int, value: Values) -> torch.Tensor | None:
         experts = self.kinds[index].experts
         return None if experts is None else experts(value)
 
-    def latency_baseline(self):
-        """The static mixture: the same model with every expert run for every token (each router frozen to a
-        uniform gate over its experts; other controllers live)."""
-        routers = [i for i, kind in enumerate(self.kinds) if kind.experts is not None]
+    def latency_baseline(self) -> tuple[str, nn.Module]:
+        """The static mixture (``StaticMixture``)."""
+        return "static_mixture", StaticMixture(self)
 
-        def uniform(index, batch, length):
-            experts = self.coefficient_slot_shapes[index][0]
-            gate = torch.full((batch, length, experts), 1.0 / experts, device=self._device)
-            output = self.kinds[index].to_output({COEFFICIENT: gate}, self._lead(index, batch, length))
-            return lambda *args, **kwargs: output
-
-        def static_mixture(input_ids):
-            with frozen({self._controllers[i]: uniform(i, *input_ids.shape) for i in routers}):
-                return self(input_ids)
-
-        return "static_mixture", static_mixture
-
-    def positive_control(self, calibration_windows: torch.Tensor):
+    def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl | None:
         return None
+
+
+class StaticMixture(nn.Module):
+    """The same model with every expert run for every token: each router frozen to a uniform gate over its
+    experts, other controllers live (a router model's latency baseline)."""
+
+    def __init__(self, controlled: TransformersControlled):
+        super().__init__()
+        self.controlled = controlled
+
+    def _uniform(self, index: int, batch: int, length: int) -> Any:
+        controlled = self.controlled
+        experts = controlled.coefficient_slot_shapes[index][0]
+        gate = torch.full((batch, length, experts), 1.0 / experts, device=controlled._device)
+        output = controlled.kinds[index].to_output({COEFFICIENT: gate}, controlled._lead(index, batch, length))
+        return lambda *args, **kwargs: output
+
+    def forward(self, input_ids: torch.Tensor) -> Any:
+        controlled = self.controlled
+        routers = [i for i, kind in enumerate(controlled.kinds) if kind.experts is not None]
+        with frozen({controlled.controllers[i]: self._uniform(i, *input_ids.shape) for i in routers}):
+            return controlled(input_ids)

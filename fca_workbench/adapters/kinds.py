@@ -3,6 +3,9 @@ the cache keeps (``"coefficient"`` plus the rest of the output), and how values 
 return during replay. Adding a family is one ``ControllerKind``; capture and replay exist once
 (``fca_workbench.adapters.hf``).
 
+A kind owns its output's keys: the core learns a router's k from ``top_k`` and names a controller's slots
+with its ``slot_labels``, never by reading those keys itself.
+
 Every output tensor's leading dimensions are the controller input's (``[B·T]`` flattened or ``[B, T]``);
 values are kept batch-first ``[B, T, ...]`` and reshaped back to the input's layout on replay.
 """
@@ -16,8 +19,10 @@ from torch import nn
 
 from fca_workbench.adapters.protocol import COEFFICIENT
 from fca_workbench.errors import UserError
+from fca_workbench.models.common import index_slot_labels
 
 ROUTER_OUTPUT = ("router_logits", "top_k_weights", "top_k_index")
+TOP_K_INDEX = ROUTER_OUTPUT[2]  # [B, T, k]: the experts each token is routed to
 
 
 @dataclass(frozen=True)
@@ -25,20 +30,24 @@ class ControllerKind:
     """``find(name, module)``: is this module a controller of this kind. ``to_values(output, batch_first)``:
     the output as named batch-first tensors (``batch_first(t)`` reshapes one tensor). ``to_output(values,
     lead)``: the output to return for inputs with leading shape ``lead``. ``experts(values)``: evaluations
-    per expert; None for controllers that select no experts."""
+    per expert; None for controllers that select no experts. ``slot_labels(slot_shape)``: the names of a
+    coefficient's flattened slots."""
 
     name: str
     find: Callable[[str, nn.Module], bool]
     to_values: Callable
     to_output: Callable
     experts: Callable | None = None
+    slot_labels: Callable[[tuple[int, ...]], list[str]] = index_slot_labels
 
 
-def class_suffix(*suffixes: str):
+def class_suffix(*suffixes: str) -> Callable[[str, nn.Module], bool]:
+    """A ``find`` that claims modules whose class name ends with one of ``suffixes``."""
     return lambda name, module: type(module).__name__.endswith(suffixes)
 
 
-def name_pattern(pattern: str):
+def name_pattern(pattern: str) -> Callable[[str, nn.Module], bool]:
+    """A ``find`` that claims modules whose whole path matches ``pattern``."""
     compiled = re.compile(pattern)
     return lambda name, module: compiled.fullmatch(name) is not None
 
@@ -82,13 +91,30 @@ def _router_output(values, lead):
 
 
 def _router_experts(values):
-    if "top_k_index" not in values:
+    if TOP_K_INDEX not in values:
         return None
-    return torch.bincount(values["top_k_index"].flatten().cpu(), minlength=values[COEFFICIENT].shape[-1])
+    return torch.bincount(values[TOP_K_INDEX].flatten().cpu(), minlength=values[COEFFICIENT].shape[-1])
+
+
+def expert_slot_labels(slot_shape: tuple[int, ...]) -> list[str]:
+    """A router's coefficient is its dense gate: one slot per expert, ``expert 0``, ..."""
+    return [f"expert {e}" for e in range(slot_shape[0])]
+
+
+def top_k(values: dict[str, torch.Tensor]) -> int | None:
+    """The k of the router whose captured ``values`` these are (the width of its top-k index); None for a
+    controller that routes to no experts, or values holding only a coefficient."""
+    index = values.get(TOP_K_INDEX)
+    return None if index is None else index.shape[-1]
 
 
 TOP_K_ROUTER = ControllerKind(
-    "top_k_router", class_suffix("TopKRouter", "TopkRouter"), _router_values, _router_output, _router_experts
+    "top_k_router",
+    class_suffix("TopKRouter", "TopkRouter"),
+    _router_values,
+    _router_output,
+    _router_experts,
+    expert_slot_labels,
 )
 SHARED_EXPERT_GATE = ControllerKind(
     "shared_expert_gate", name_pattern(r".*\.shared_expert_gate"), _tensor_values, _tensor_output

@@ -1,24 +1,30 @@
 """Loading any checkpoint folder as a controlled model (``fca_workbench.adapters.protocol``).
 
 Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUDDPythia layout) load
-strictly through ``fca_workbench.official``. Any other ``model_type`` that transformers knows is loaded with
+strictly through ``fca_workbench.models``. Any other ``model_type`` that transformers knows is loaded with
 ``AutoModelForCausalLM.from_pretrained`` from safetensors, locally, with no code from the folder unless the
 user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
 """
 
 import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from fca_workbench.adapters.hf import TransformersControlled
+from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.errors import UserError
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
 
 
-def load_controlled(path, dtype=None, controllers: str | None = None, trust_remote_code: bool = False):
+def load_controlled(
+    path: str | Path, dtype: torch.dtype | None = None, controllers: str | None = None, trust_remote_code: bool = False
+) -> ControlledModel:
     """The model in ``path`` as a controlled model; every way the folder can be wrong is a one-line UserError.
 
     ``controllers``: a regex naming the controller modules of a foreign model (whole module paths); None:
@@ -42,7 +48,7 @@ def load_controlled(path, dtype=None, controllers: str | None = None, trust_remo
 
 
 @contextlib.contextmanager
-def controlled_view(model):
+def controlled_view(model: Any) -> Iterator[ControlledModel]:
     """``model`` seen through the protocol for the duration of the block: a workbench model as it is, a
     transformers model (one being trained, say) wrapped in ``TransformersControlled``. Wrapping switches the
     model to eval mode and the eager experts; both are put back on exit, so training goes on as before."""
@@ -61,7 +67,7 @@ def controlled_view(model):
         model.train(was_training)
 
 
-def load_transformers(folder: Path, raw: dict, dtype, trust_remote_code: bool):
+def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_remote_code: bool) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained`` from local safetensors; remote code only when asked."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING

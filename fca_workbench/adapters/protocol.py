@@ -1,39 +1,133 @@
 """The controlled-model protocol: the one interface the core (capture, replay, metrics, execution, audit,
 dashboard) speaks to, whatever the model family.
 
-A controlled model is a ``torch.nn.Module`` (parameters, ``config``, ``to``, ``eval``; calling it runs the
-live model) with:
-
-* ``arch``: the family (``featuregate``, ..., or a transformers ``model_type``);
-* ``controllers`` / ``controller_names``: the controller modules and their paths (``audit.json``
-  ``model.controllers``); entry i of every per-controller list below belongs to controller i;
-* ``coefficient_slot_shapes``: per controller, the shape of one token's coefficient (FeatureGate
-  ``[2, G]``, MUDDPythia ``[C, i+2]``, a router's dense gate ``[E]``);
-* ``context_length`` and ``blocks`` (the per-layer modules, counted by the execution audit);
-* ``capture_run(input_ids) -> (logits, values)``: one unperturbed forward; ``values[i]`` is a dict of
-  batch-first tensors ``[B, T, ...]``: ``"coefficient"`` (what statistics and static profiles use) plus
-  whatever else the controller's output holds (a router's whole output), so that replaying them is exact;
-* ``replay_run(input_ids, values) -> logits``: the frozen forward, no controller executed. A value holding
-  only ``"coefficient"`` (a static profile) is turned into an output by the controller's kind;
-* ``expert_counts(i, value)``: evaluations per expert in ``value`` (routers), else None;
-* ``latency_baseline() -> (name, model or forward callable)`` and ``positive_control(calibration_windows)``
-  (a copy that really skips work, or None) for the execution audit;
-* ``supports_stepping`` and, where True, ``embed`` / ``run_blocks`` / ``head`` / ``resume_layer`` /
-  ``check_inputs`` for prefix reuse (``fca_workbench.prefix``).
-
-The native families implement it through their seam (``CoefficientModel``); ``TransformersControlled``
-implements it for any ``transformers`` causal LM by replacing controllers' ``forward`` (``frozen``).
+``ControlledModel`` is what the core needs of every model; ``SteppingModel`` is layer stepping, a separate
+capability the core asks for with ``isinstance(model, SteppingModel)`` (prefix reuse, the per-layer sweep).
+The native families implement both through their seam (``fca_workbench.models.CoefficientModel``);
+``TransformersControlled`` implements ``ControlledModel`` for any ``transformers`` causal LM by replacing
+controllers' ``forward`` (``frozen``). Both protocols are runtime-checkable, and ``load_controlled``'s return
+type makes the type checker check both implementations.
 """
 
 import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import nn
+
+from fca_workbench.models.common import PositiveControl
 
 COEFFICIENT = "coefficient"
 
+Values = dict[str, torch.Tensor]  # one controller's values: ``"coefficient"`` plus the rest of its output
+
+
+@runtime_checkable
+class ControlledModel(Protocol):
+    """A ``torch.nn.Module`` (``parameters``, ``eval``; calling it runs the live model) with controllers.
+
+    Entry i of every per-controller list belongs to controller i."""
+
+    @property
+    def arch(self) -> str:
+        """The family (``audit.json`` ``model.arch``): a native family's name or a transformers ``model_type``."""
+        ...
+
+    @property
+    def config(self) -> Any:
+        """The model's configuration (a transformers ``PretrainedConfig``)."""
+        ...
+
+    @property
+    def controllers(self) -> list[nn.Module]:
+        """The controller modules."""
+        ...
+
+    @property
+    def controller_names(self) -> list[str]:
+        """The controllers' module paths (``audit.json`` ``model.controllers``)."""
+        ...
+
+    @property
+    def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
+        """Per controller, the shape of one token's coefficient (FeatureGate ``[2, G]``, MUDDPythia
+        ``[C, i+2]``, a router's dense gate ``[E]``)."""
+        ...
+
+    @property
+    def context_length(self) -> int:
+        """The longest window the model takes."""
+        ...
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The per-layer modules, counted by the execution audit."""
+        ...
+
+    def block_branches(self, index: int) -> list[nn.Module]:
+        """The modules block ``index`` could skip per token; [] where only whole blocks are counted."""
+        ...
+
+    def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[Values]]:
+        """``(logits, values)`` of one unperturbed forward; ``values[i]`` holds batch-first tensors
+        ``[B, T, ...]``: ``"coefficient"`` (what statistics and static profiles use) plus whatever else the
+        controller's output holds (a router's whole output), so that replaying them is exact."""
+        ...
+
+    def replay_run(self, input_ids: torch.Tensor, values: list[Values]) -> torch.Tensor:
+        """Logits of the frozen forward, no controller executed. A value holding only ``"coefficient"`` (a
+        static profile) is turned into an output by the controller's kind."""
+        ...
+
+    def check_inputs(self, input_ids: torch.Tensor, coefficients: list[torch.Tensor] | None = None) -> None:
+        """Raise ValueError for a window longer than the context or coefficients of the wrong shape."""
+        ...
+
+    def expert_counts(self, index: int, value: Values) -> torch.Tensor | None:
+        """Evaluations per expert in controller ``index``'s ``value`` (routers), else None."""
+        ...
+
+    def latency_baseline(self) -> tuple[str, nn.Module]:
+        """What the execution audit times the model against: its name (``execution.baseline``) and a module
+        whose call takes ``input_ids`` (a shape-matched Dense, the static mixture of a router model)."""
+        ...
+
+    def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl | None:
+        """A copy that really skips work and the settings that make it skip, or None."""
+        ...
+
+    def slot_labels(self, index: int) -> list[str]:
+        """Names of controller ``index``'s flattened slots, as its family or controller kind declares them
+        (``audit.json`` ``model.slot_labels``)."""
+        ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def eval(self) -> Any: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class SteppingModel(Protocol):
+    """Layer stepping (``fca_workbench.audit.prefix``): ``embed`` gives the state before layer 0, ``run_blocks``
+    continues from the state before any layer, ``head`` turns its output into logits, and ``resume_layer(l)``
+    is the first layer whose input state a change of ``coefficients[l]`` can alter."""
+
+    def embed(self, input_ids: torch.Tensor) -> Any: ...
+
+    def run_blocks(
+        self, state: Any, start: int, coefficients: list[torch.Tensor] | None = None, keep_states: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[Any] | None]: ...
+
+    def head(self, h: torch.Tensor) -> torch.Tensor: ...
+
+    def resume_layer(self, layer: int) -> int: ...
+
 
 @contextlib.contextmanager
-def frozen(replacements: dict[nn.Module, object]):
+def frozen(replacements: dict[nn.Module, Callable[..., Any]]) -> Iterator[None]:
     """Install ``replacements[module]`` as each module's ``forward`` on the instance, so calling the module
     returns what the replacement returns and the module's own forward never runs (a forward hook could
     not do that: the module would still run). The previous forwards are put back on exit, also when an
@@ -42,7 +136,7 @@ def frozen(replacements: dict[nn.Module, object]):
     try:
         for module, forward in replacements.items():
             saved.append((module, module.__dict__.get("forward")))
-            module.forward = forward
+            module.forward = forward  # an instance attribute shadows the method
         yield
     finally:
         for module, previous in reversed(saved):

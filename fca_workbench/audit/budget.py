@@ -6,6 +6,7 @@ less a reserve, on CPU it is fixed (a CPU gains no speed from a bigger batch).
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ SIZE_FIELDS = {
 }
 
 
-def model_sizes(model) -> dict[str, int]:
+def model_sizes(model: Any) -> dict[str, int]:
     """Width, layers, heads, vocabulary and FFN width of any controlled model, read from its config by the
     names the workbench's families and transformers use (layers: the protocol's ``blocks`` if the config
     names none; FFN: ``intermediate_size``, at least 4 × width)."""
@@ -52,7 +53,7 @@ def model_sizes(model) -> dict[str, int]:
     return sizes
 
 
-def window_bytes(model, window: int) -> int:
+def window_bytes(model: Any, window: int) -> int:
     """An upper estimate of the GPU memory one window of ``window`` tokens needs in a no-grad forward plus
     the NLL of its logits, from the model's sizes (``model_sizes``; the large tensors only):
 
@@ -72,7 +73,7 @@ def window_bytes(model, window: int) -> int:
     return int(activations + attention + logits)
 
 
-def audit_batch_size(model, window: int, device, cache: Path | None = None) -> int:
+def audit_batch_size(model: Any, window: int, device: str | torch.device, cache: Path | None = None) -> int:
     """Windows per batch when the user gave none: a finished or partial capture's shard size when
     ``cache`` holds one (so a rerun can reuse it), 16 on CPU, and on CUDA as many windows as fit in the
     free GPU memory (``torch.cuda.mem_get_info``, less the weights if they are not on the GPU yet and a
@@ -93,7 +94,7 @@ def audit_batch_size(model, window: int, device, cache: Path | None = None) -> i
     return max(1, min(MAX_BATCH_SIZE, fits))
 
 
-def conditions_per_pass(model, batch: torch.Tensor, conditions: int, device) -> int:
+def conditions_per_pass(model: Any, batch: torch.Tensor, conditions: int, device: str | torch.device) -> int:
     """Conditions resumed together at one layer: on CUDA as many as the free memory holds next to the kept
     states (``official.window_bytes`` per window, as the audit's batch size is fitted); elsewhere one, since
     a CPU gains no speed from a bigger batch and only holds more memory."""

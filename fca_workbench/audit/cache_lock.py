@@ -5,22 +5,24 @@ same shards and manifests at once. The second waits up to ``--lock-wait`` second
 then stops with one line before it has written anything. Under torchrun rank 0 holds the lock for all ranks.
 """
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from fca_workbench.audit.distributed import SINGLE, EveryRankError
+from fca_workbench.audit.distributed import SINGLE, EveryRankError, Ranks
 
 LOCK_FILE = ".fca-audit.lock"
 
 
-def lock_path(cache_root) -> Path:
+def lock_path(cache_root: str | Path) -> Path:
+    """The lock file inside the cache folder (it travels with the folder, wherever it is mounted)."""
     return Path(cache_root) / LOCK_FILE
 
 
 @contextmanager
-def cache_lock(cache_root, wait: float = 0.0, ranks=SINGLE):
+def cache_lock(cache_root: str | Path, wait: float = 0.0, ranks: Ranks = SINGLE) -> Iterator[None]:
     """Hold the cache folder's lock (rank 0 for every rank) while the body runs; ``EveryRankError`` on every
     rank when another audit holds it for longer than ``wait`` seconds."""
     lock, refused = None, None

@@ -17,7 +17,9 @@ about, not papering over with a silent recapture.
 import hashlib
 import json
 import re
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -25,12 +27,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
-from fca_workbench.adapters.protocol import COEFFICIENT
-from fca_workbench.audit.distributed import SINGLE
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
+from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, write_atomic
 from fca_workbench.models import next_token_nll
 
+Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
 CACHE_FORMAT = "fca-coefficient-cache/2"
 
 
@@ -81,7 +84,7 @@ MANIFEST_SCHEMA = {
 }
 
 
-def model_fingerprint(model) -> str:
+def model_fingerprint(model: Any) -> str:
     """sha256 over the config and every weight, so any change to the model changes it; not over where it was
     loaded from (the config's ``_name_or_path``), so one checkpoint reached by two spellings of its path, or
     from two nodes that mount it differently, shares its caches."""
@@ -95,6 +98,7 @@ def model_fingerprint(model) -> str:
 
 
 def library_versions() -> dict:
+    """The versions the cache was written with, recorded in its manifest."""
     import safetensors
     import transformers
 
@@ -152,7 +156,7 @@ class CoefficientCache:
     def _read(self, key: str, indices: torch.Tensor) -> torch.Tensor:
         """Rows ``indices`` of one stored tensor, in the order asked for, opening each shard once."""
         shards = indices // self.shard_size
-        out = None
+        out: torch.Tensor | None = None
         for shard in shards.unique().tolist():
             positions = (shards == shard).nonzero().squeeze(1)
             try:
@@ -163,13 +167,14 @@ class CoefficientCache:
             if out is None:
                 out = rows.new_empty((len(indices), *rows.shape[1:]))
             out[positions] = rows
+        assert out is not None, "no rows asked for"
         return out
 
-    def coefficients(self, indices) -> list[torch.Tensor]:
+    def coefficients(self, indices: Indices) -> list[torch.Tensor]:
         indices = torch.as_tensor(indices, dtype=torch.long)
         return [self._read(f"layer_{layer}", indices) for layer in range(self.num_layers)]
 
-    def values(self, indices) -> list[dict[str, torch.Tensor]]:
+    def values(self, indices: Indices) -> list[dict[str, torch.Tensor]]:
         """Per controller, everything captured for ``indices``: ``"coefficient"`` plus the rest of the
         controller's output (e.g. a router's whole output), each ``[B, T, ...]``, as the model made it."""
         indices = torch.as_tensor(indices, dtype=torch.long)
@@ -186,17 +191,17 @@ class CoefficientCache:
             for layer, coefficient in enumerate(self.coefficients(indices))
         ]
 
-    def nll(self, indices) -> torch.Tensor:
+    def nll(self, indices: Indices) -> torch.Tensor:
         return self._read("nll", torch.as_tensor(indices, dtype=torch.long))
 
-    def shard_indices(self, shards=None):
+    def shard_indices(self, shards: Iterable[int] | None = None) -> Iterator[torch.Tensor]:
         """The window indices of each shard in turn (of ``shards`` only, e.g. one rank's share): the batching
         capture used."""
         for shard in range(self.num_shards()) if shards is None else shards:
             start = shard * self.shard_size
             yield torch.arange(start, min(start + self.shard_size, self.num_windows))
 
-    def batches(self, shards=None):
+    def batches(self, shards: Iterable[int] | None = None) -> Iterator[list[torch.Tensor]]:
         """Per-layer coefficients shard by shard: memory bounded by one shard."""
         for indices in self.shard_indices(shards):
             yield self.coefficients(indices)
@@ -235,7 +240,7 @@ def read_manifest(folder: Path) -> dict | None:
     return manifest
 
 
-def open_cache(folder) -> CoefficientCache:
+def open_cache(folder: str | Path) -> CoefficientCache:
     """A finished capture, checked: manifest well-formed and complete, every shard at its size and hash."""
     folder = Path(folder)
     manifest = read_manifest(folder)
@@ -248,7 +253,7 @@ def open_cache(folder) -> CoefficientCache:
     return cache
 
 
-def remove_unclaimed_shards(folder: Path, claimed) -> None:
+def remove_unclaimed_shards(folder: Path, claimed: Collection[str]) -> None:
     """Delete shard files no manifest claims: another capture's, or written just before a crash."""
     if folder.is_dir():
         for path in folder.iterdir():
@@ -287,7 +292,13 @@ def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
 
 @torch.no_grad()
 def capture(
-    model, windows: torch.Tensor, folder, batch_size: int = 16, device="cpu", desc="capture", ranks=SINGLE
+    model: ControlledModel,
+    windows: torch.Tensor,
+    folder: str | Path,
+    batch_size: int = 16,
+    device: str | torch.device = "cpu",
+    desc: str = "capture",
+    ranks: Ranks = SINGLE,
 ) -> CoefficientCache:
     """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``.
 
@@ -295,7 +306,7 @@ def capture(
     one process numbers them; rank 0 alone prepares and completes the manifest."""
     folder = Path(folder)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": CACHE_FORMAT,
         "model_fingerprint": model_fingerprint(model),
         "data_fingerprint": fingerprint_tensor(windows),

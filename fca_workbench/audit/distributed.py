@@ -10,15 +10,17 @@ group, and every collective is the identity, so a single-process audit runs exac
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from fca_workbench.errors import UserError
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+T = TypeVar("T")
 
 
 class EveryRankError(UserError):
@@ -87,16 +89,19 @@ class Ranks:
         torch.distributed.all_reduce(total)
         return total.to(tensor.device)
 
-    def gather(self, part):
+    def gather(self, part: Any) -> Any:
         """On rank 0, every rank's ``part`` (tensors holding the rows of its share, alone or in dicts and
         tuples) joined in rank order along dim 0; None on the other ranks."""
         if self.world_size == 1:
             return part
-        parts = [None] * self.world_size if self.lead else None
+        if not self.lead:
+            torch.distributed.gather_object(part, None, dst=0)
+            return None
+        parts: list[Any] = [None] * self.world_size
         torch.distributed.gather_object(part, parts, dst=0)
-        return _join(parts) if self.lead else None
+        return _join(parts)
 
-    def from_lead(self, value):
+    def from_lead(self, value: T) -> T:
         """Rank 0's ``value`` (anything picklable), on every rank."""
         if self.world_size == 1:
             return value
@@ -108,7 +113,7 @@ class Ranks:
         """The smallest ``value`` any rank has (e.g. the batch size that fits every GPU)."""
         if self.world_size == 1:
             return value
-        values = [None] * self.world_size
+        values: list[int] = [value] * self.world_size
         torch.distributed.all_gather_object(values, value)
         return min(values)
 
@@ -117,7 +122,7 @@ class Ranks:
         (fingerprints of the model and data, the settings); computed only when there are other ranks."""
         if self.world_size == 1:
             return
-        everyone = [None] * self.world_size
+        everyone: list[dict] = [{}] * self.world_size
         torch.distributed.all_gather_object(everyone, facts())
         for rank, theirs in enumerate(everyone[1:], 1):
             for key, value in everyone[0].items():
@@ -149,7 +154,7 @@ def quiet_progress_bars() -> None:
 
 
 @contextmanager
-def process_group(device: str = "cpu"):
+def process_group(device: str = "cpu") -> Iterator[Ranks]:
     """This process's ``Ranks``: under torchrun, joined to the others for the duration (gloo on CPU, NCCL
     with ``--device cuda`` on ``cuda:LOCAL_RANK``); outside it, ``SINGLE`` and no process group."""
     if not under_torchrun():

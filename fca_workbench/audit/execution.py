@@ -16,18 +16,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.audit.capture import CoefficientCache
 
-def branch_modules(block: nn.Module) -> list[nn.Module]:
-    """The modules whose calls a block could skip per token; [] means only block-level counting.
-
-    Explicit on purpose: a family is counted at branch level only once its block says which of its
-    submodules are the branches (a ``branches()`` method, as the native blocks have).
-    """
-    branches = getattr(block, "branches", None)
-    return list(branches()) if callable(branches) else []
+Runnable = nn.Module | ControlledModel  # what is counted and timed: a model, its baseline, a positive control
 
 
-def _device(model: nn.Module) -> torch.device:
+def _device(model: Runnable) -> torch.device:
     return next(model.parameters()).device
 
 
@@ -62,13 +57,13 @@ def _counting_hooks(modules: list[nn.Module], on_call):
             handle.remove()
 
 
-def count_execution(model: nn.Module, windows: torch.Tensor, batch_size: int = 16) -> dict:
+def count_execution(model: ControlledModel, windows: torch.Tensor, batch_size: int = 16) -> dict:
     """Run unperturbed inference over ``windows [N, T]`` and count what actually executed.
 
     - ``blocks_total``: blocks present per forward × forwards (one forward per batch of ``batch_size``);
       ``blocks_executed``: block forward calls observed.
     - ``controller_calls``: controller forward calls (0 for Dense).
-    - ``branch_tokens_total``: token-rows present at each branch module (``branch_modules``) summed over
+    - ``branch_tokens_total``: token-rows present at each branch module (``model.block_branches``) summed over
       blocks and forwards, i.e. B·T per branch per forward; ``branch_tokens_executed``: token-rows that
       actually entered a branch module.
     - ``fraction_executed``: branch_tokens_executed / branch_tokens_total where branches are known,
@@ -76,9 +71,9 @@ def count_execution(model: nn.Module, windows: torch.Tensor, batch_size: int = 1
     """
     model.eval()
     blocks = list(model.blocks)
-    branches = [module for block in blocks for module in branch_modules(block)]
+    branches = [module for index in range(len(blocks)) for module in model.block_branches(index)]
     controllers = list(model.controllers)
-    counts = {"blocks": 0, "controllers": 0, "rows": 0}
+    counts = dict.fromkeys(("blocks", "controllers", "rows"), 0)
 
     def count(key):
         def on_call(module, args, kwargs):
@@ -102,7 +97,7 @@ def count_execution(model: nn.Module, windows: torch.Tensor, batch_size: int = 1
             forwards += 1
             present_rows += batch.numel() * len(branches)
 
-    result = {
+    result: dict[str, float] = {
         "blocks_total": len(blocks) * forwards,
         "blocks_executed": counts["blocks"],
         "controller_calls": counts["controllers"],
@@ -116,20 +111,17 @@ def count_execution(model: nn.Module, windows: torch.Tensor, batch_size: int = 1
     return result
 
 
-def count_flops(model, windows_batch: torch.Tensor, device=None) -> int:
-    """FLOPs of one unperturbed forward of the batch (``model``: a module, or a forward callable on
-    ``device``), as ``torch.utils.flop_counter`` counts them (matmuls and attention; a skipped row's
-    matmuls are simply absent)."""
-    if isinstance(model, nn.Module):
-        model.eval()
-        device = _device(model)
+def count_flops(model: Runnable, windows_batch: torch.Tensor) -> int:
+    """FLOPs of one unperturbed forward of the batch, as ``torch.utils.flop_counter`` counts them (matmuls
+    and attention; a skipped row's matmuls are simply absent)."""
+    model.eval()
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
-        model(windows_batch.to(device))
+        model(windows_batch.to(_device(model)))
     return int(counter.get_total_flops())
 
 
-def _time_forward(model: nn.Module, batch: torch.Tensor) -> float:
+def _time_forward(model: Runnable, batch: torch.Tensor) -> float:
     """Milliseconds of one forward: CUDA events around it on GPU (kernels are asynchronous), else wall time."""
     if batch.is_cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -139,19 +131,18 @@ def _time_forward(model: nn.Module, batch: torch.Tensor) -> float:
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end)
-    start = time.perf_counter()
+    began = time.perf_counter()
     model(batch)
-    return (time.perf_counter() - start) * 1000.0
+    return (time.perf_counter() - began) * 1000.0
 
 
-def _interleaved_latencies(models: list, batch: torch.Tensor, repeats: int, warmup: int) -> list[float]:
-    """Median forward latency (ms) of each model (or forward callable), repeats interleaved (a, b, a, b, ...)
-    so that load drifting on a shared machine hits every model alike."""
+def _interleaved_latencies(models: list[Runnable], batch: torch.Tensor, repeats: int, warmup: int) -> list[float]:
+    """Median forward latency (ms) of each model, repeats interleaved (a, b, a, b, ...) so that load drifting
+    on a shared machine hits every model alike."""
     for model in models:
-        if isinstance(model, nn.Module):
-            model.eval()
+        model.eval()
     batch = batch.to(_device(models[0]))
-    times = [[] for _ in models]
+    times: list[list[float]] = [[] for _ in models]
     with torch.no_grad():
         for _ in range(warmup):
             for model in models:
@@ -162,46 +153,42 @@ def _interleaved_latencies(models: list, batch: torch.Tensor, repeats: int, warm
     return [statistics.median(samples) for samples in times]
 
 
-def measure_latency(model: nn.Module, batch: torch.Tensor, repeats: int = 10, warmup: int = 2) -> float:
+def measure_latency(model: Runnable, batch: torch.Tensor, repeats: int = 10, warmup: int = 2) -> float:
     """Median milliseconds of a no-grad forward of ``batch``, after ``warmup`` untimed forwards."""
     return _interleaved_latencies([model], batch, repeats, warmup)[0]
 
 
-def execution_audit(
-    model: nn.Module, windows: torch.Tensor, batch_size: int = 16, repeats: int = 10, dense: nn.Module | None = None
-) -> dict:
+def execution_audit(model: ControlledModel, windows: torch.Tensor, batch_size: int = 16, repeats: int = 10) -> dict:
     """The ``execution`` section of ``audit.json``: counts over all windows; FLOPs and latency on the first
-    ``batch_size`` windows, latency measured against ``dense`` (default: the model's ``latency_baseline``,
-    a fresh shape-matched Dense for the native families, the static mixture for routers) in the same call
-    on the same batch."""
+    ``batch_size`` windows, latency measured against the model's ``latency_baseline`` (a fresh shape-matched
+    Dense for the native families, the static mixture for routers) in the same call on the same batch."""
     result = count_execution(model, windows, batch_size)
     batch = windows[:batch_size]
-    baseline = "dense"
-    if dense is None:
-        baseline, dense = model.latency_baseline()
-    latency, dense_latency = _interleaved_latencies([model, dense], batch, repeats, warmup=2)
+    baseline, baseline_model = model.latency_baseline()
+    latency, baseline_latency = _interleaved_latencies([model, baseline_model], batch, repeats, warmup=2)
     return {
         "baseline": baseline,
-        "baseline_flops": count_flops(dense, batch, device=_device(model)),
+        "baseline_flops": count_flops(baseline_model, batch),
         "blocks_total": result["blocks_total"],
         "blocks_executed": result["blocks_executed"],
         "fraction_executed": result["fraction_executed"],
         "controller_calls": result["controller_calls"],
         "flops": count_flops(model, batch),
         "latency_ms": latency,
-        "dense_latency_ms": dense_latency,
-        "latency_ratio_vs_dense": latency / dense_latency,
+        "dense_latency_ms": baseline_latency,  # audit.json names the baseline's latency so, whatever the baseline
+        "latency_ratio_vs_dense": latency / baseline_latency,
         "branch_tokens_total": result["branch_tokens_total"],
         "branch_tokens_executed": result["branch_tokens_executed"],
     }
 
 
-def expert_execution(model, cache) -> dict:
+def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
     """For models whose controllers select experts (routers), from the cached routing of every eval window
     (no extra forward): ``expert_fraction_executed`` = expert evaluations run / (tokens × experts), overall
     and per router (k/E for top-k), and each router's per-expert load (tokens routed to the expert / tokens).
     Empty for models without routers."""
-    counts, tokens = {}, 0
+    counts: dict[int, torch.Tensor] = {}
+    tokens = 0
     if not model.controllers:
         return {}
     for indices in cache.shard_indices():

@@ -8,6 +8,8 @@ from typing import TypeVar
 
 import torch
 
+from fca_workbench.adapters.kinds import top_k
+
 Layer = TypeVar("Layer")  # what one layer holds: its coefficients, or a controller's values by name
 
 
@@ -75,7 +77,8 @@ def profiles_from_sums(sums: list[torch.Tensor] | None, windows: int) -> dict[st
     layer_mean = [p.mean(dim=0) for p in position_mean]
     layer_scalar = [p.mean() for p in position_mean]
     entries = [p.numel() for p in position_mean]
-    global_mean = sum(p.sum() for p in position_mean) / sum(entries)
+    total: torch.Tensor = sum(p.sum() for p in position_mean)  # type: ignore[assignment]  # tensors sum to a tensor
+    global_mean = total / sum(entries)
     return {
         "global_mean": [global_mean.float() for _ in position_mean],
         "layer_scalar": [s.float() for s in layer_scalar],
@@ -101,8 +104,8 @@ def layer_mean_topk(layer_mean: list[torch.Tensor], top_k: list[int | None]) -> 
 
 
 def routing_top_k(values: list[dict]) -> list[int | None]:
-    """Per controller, a router's k (the width of its cached ``top_k_index``); None for other controllers."""
-    return [value["top_k_index"].shape[-1] if "top_k_index" in value else None for value in values]
+    """Per controller, a router's k (its kind's ``top_k`` of the captured values); None for other controllers."""
+    return [top_k(value) for value in values]
 
 
 def with_routing_profiles(profiles: dict, top_k: list[int | None]) -> dict:

@@ -1,10 +1,12 @@
 """``fca audit-many``: audit independently trained seeds and report every figure as mean ± sd."""
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
-from fca_workbench.audit.distributed import SINGLE
-from fca_workbench.audit.run import check_audit_out, run_audit
+from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
 from fca_workbench.results.outputs import output_folder, refuse_foreign
@@ -12,7 +14,7 @@ from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
 from fca_workbench.results.seeds import summarise
 
 
-def audit_names(checkpoints) -> list[str]:
+def audit_names(checkpoints: Sequence[str | Path]) -> list[str]:
     """One distinct folder name per checkpoint for its audit: the checkpoint's folder name, prefixed by
     its parent's where two share it (``a/fg``, ``b/fg`` -> ``a-fg``, ``b-fg``), numbered if still equal."""
     paths = [Path(c).resolve() for c in checkpoints]
@@ -26,7 +28,9 @@ def audit_names(checkpoints) -> list[str]:
     return names
 
 
-def aggregate_audits(settings_list, out, ranks=SINGLE, lock_wait: float = 0.0) -> dict | None:
+def aggregate_audits(
+    settings_list: Sequence[AuditSettings], out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0
+) -> dict | None:
     """Audit every checkpoint into ``out/<name>`` (``audit_names``), then ``out/audit_many.json``; every
     output folder is checked before the first audit starts. Under torchrun (``ranks``) every audit is
     distributed and rank 0 alone writes the summary and returns it (the other ranks return None)."""
@@ -35,9 +39,10 @@ def aggregate_audits(settings_list, out, ranks=SINGLE, lock_wait: float = 0.0) -
     names = audit_names([settings.checkpoint for settings in settings_list])
     for name in names:
         check_audit_out(out / name)
-    audits = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
+    runs = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
     if not ranks.lead:
         return None
+    audits = cast(list[dict], runs)  # run_audit returns the audit on rank 0
     summary = {
         "schema": AUDIT_MANY_SCHEMA,
         "checkpoints": [a["model"]["path"] for a in audits],

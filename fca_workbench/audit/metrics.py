@@ -7,6 +7,8 @@ Everything is computed in float64 and returned as plain Python floats so it can 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 _F64 = torch.float64
@@ -44,7 +46,8 @@ def _ci95(boot: torch.Tensor) -> list[float]:
 def mean_ci(window_values: torch.Tensor, counts: torch.Tensor) -> tuple[float, float, float]:
     """(mean, lo, hi): the plain mean and the percentile-bootstrap 95% interval."""
     point = torch.as_tensor(window_values, dtype=_F64).mean().item()
-    return (point, *_ci95(bootstrap_means(window_values, counts)))
+    lo, hi = _ci95(bootstrap_means(window_values, counts))
+    return point, lo, hi
 
 
 def condition_figures(
@@ -131,7 +134,7 @@ class _LayerStats:
         self.pos[:t] += torch.stack([d.sum(0), (d * d).sum(0)], dim=1).cpu()
         self.win[offset : offset + b] += torch.stack([d.sum(1), (d * d).sum(1)], dim=1).cpu()
 
-    def slots(self):
+    def slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per slot: count [S], mean [S] and within-slot SS [S]."""
         n = self.pos_n.sum().expand_as(self.shift)
         s, sq = self.pos.sum(0)
@@ -149,7 +152,7 @@ class VarianceAccumulator:
         token's. Accumulators that share it (one per process, each on part of the windows) can be combined."""
         self.layers: list[_LayerStats] = [_LayerStats(o.detach()) for o in origin] if origin is not None else []
 
-    def combine(self, total, windows: int) -> None:
+    def combine(self, total: Callable[[torch.Tensor], torch.Tensor], windows: int) -> None:
         """Sums over every process's windows: ``total`` adds a tensor up over the processes (e.g.
         ``distributed.Ranks.sum``); ``windows`` is the number of all of them."""
         for stats in self.layers:

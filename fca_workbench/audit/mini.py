@@ -88,9 +88,9 @@ class MiniAudit:
                 )
             device = next(view.parameters()).device
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
-                options = {"batch_size": self.batch_size, "device": device}
-                eval_cache = capture(view, self.eval_windows, Path(tmp) / "eval", desc="audit eval", **options)
-                calib_cache = capture(view, self.calib_windows, Path(tmp) / "calib", desc="audit calib", **options)
+                folder, size = Path(tmp), self.batch_size
+                eval_cache = capture(view, self.eval_windows, folder / "eval", size, device, desc="audit eval")
+                calib_cache = capture(view, self.calib_windows, folder / "calib", size, device, desc="audit calib")
                 profiles = calibration_profiles(calib_cache)
                 conditions = replay_conditions(profiles)
                 per_token = replay_every_condition(

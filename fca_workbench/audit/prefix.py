@@ -7,7 +7,7 @@ starts from the kept state before ``model.resume_layer(l)`` (l for Dense and Fea
 MUDDPythia, whose coefficient of layer l only mixes outputs that already exist) and gives exactly the logits
 of a full ``model(input_ids, coefficients=...)`` forward: the same ops on the same tensors.
 
-A model without layer stepping (``supports_stepping`` False: a transformers model through its adapter) keeps
+A model without layer stepping (not a ``SteppingModel``: a transformers model through its adapter) keeps
 no states; its one-layer and all-layer replays are the protocol's full frozen forward,
 ``model.replay_run(input_ids, values)``, with the window's own cached values at every other controller.
 
@@ -23,7 +23,7 @@ from contextlib import nullcontext
 
 import torch
 
-from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel
 from fca_workbench.models import head_nll, next_token_nll
 
 
@@ -64,27 +64,36 @@ class PrefixCache:
     """
 
     @torch.no_grad()
-    def __init__(self, model, input_ids: torch.Tensor, lock=None, coefficients: list[torch.Tensor] | None = None):
+    def __init__(
+        self,
+        model: ControlledModel,
+        input_ids: torch.Tensor,
+        lock=None,
+        coefficients: list[torch.Tensor] | None = None,
+    ):
         """``coefficients`` (layer-stepping models only): None keeps the live run (controllers running); the
         cached ``correct`` list keeps the frozen run instead, so every later replay repeats exactly the
         arithmetic of a frozen forward (the per-layer sweep's reference)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         self.model, self.input_ids, self.lock = model, input_ids, lock or nullcontext()
-        self.stepping = bool(model.supports_stepping)
-        if coefficients is not None and not self.stepping:
+        # the model's layer stepping, None for a model without it (asked once, here)
+        self.stepper: SteppingModel | None = model if isinstance(model, SteppingModel) else None
+        self.stepping = self.stepper is not None
+        if coefficients is not None and self.stepper is None:
             raise ValueError("a frozen prefix run needs a model with layer stepping")
         model.check_inputs(input_ids, coefficients)
         with self.lock:
-            if self.stepping:
-                output, used, states = model.run_blocks(model.embed(input_ids), 0, coefficients, keep_states=True)
-                logits, values = model.head(output), [{COEFFICIENT: c.detach()} for c in used]
+            if self.stepper is not None:
+                stepper = self.stepper
+                output, used, states = stepper.run_blocks(stepper.embed(input_ids), 0, coefficients, keep_states=True)
+                logits, values = stepper.head(output), [{COEFFICIENT: c.detach()} for c in used]
             else:
                 (logits, values), states = model.capture_run(input_ids), None
         self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer (None: no stepping)
         self.values = values  # per controller, the window's own (= ``correct``) values, e.g. a router's whole output
         self.nll = next_token_nll(logits, input_ids)  # [B, T-1], the live run (= ``correct``, bit-exact)
-        self.num_layers = len(states) - 1 if self.stepping else len(values)  # where an intervention can go
+        self.num_layers = len(values) if states is None else len(states) - 1  # where an intervention can go
 
     @property
     def coefficients(self) -> list[torch.Tensor]:
@@ -101,7 +110,7 @@ class PrefixCache:
             return 0
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is out of range: the model has {self.num_layers} layers")
-        return self.model.resume_layer(layer) if self.stepping else 0
+        return 0 if self.stepper is None else self.stepper.resume_layer(layer)
 
     @torch.no_grad()
     def logits(self, values, layer: int | None = None, copies: int = 1) -> torch.Tensor:
@@ -114,7 +123,7 @@ class PrefixCache:
         concatenated along the batch dimension (``[copies * B, T, *slot]``); they resume from the one kept
         state as one batch.
         """
-        return self._replay(values, layer, copies, lambda output: self.model.head(output))
+        return self._replay(values, layer, copies)
 
     @torch.no_grad()
     def replay_nll(self, values, layer: int | None = None, copies: int = 1) -> torch.Tensor:
@@ -127,21 +136,21 @@ class PrefixCache:
         return self._replay(values, layer, copies, lambda output: head_nll(self.model, output, input_ids))
 
     def _replay(self, values, layer, copies, finish=None):
-        """The frozen replay's logits (no layer stepping), or ``finish`` of its last state (layer stepping),
-        under ``lock``."""
+        """The frozen replay's logits, or with layer stepping ``finish`` of its last state (default: the
+        head's logits), under ``lock``."""
         values = as_values(values)
         start = self.start_for(layer)
-        if not self.stepping:
+        if self.stepper is None:
             if copies != 1:
                 raise ValueError("batched variants need a model with layer stepping")
-            self.model.check_inputs(self.input_ids, values)
+            self.model.check_inputs(self.input_ids, [value[COEFFICIENT] for value in values])
             with self.lock:
                 return self.model.replay_run(self.input_ids, values)
         coefficients = [value[COEFFICIENT] for value in values]
         self.model.check_inputs(repeat_batch(self.input_ids, copies), coefficients)
         with self.lock:
-            output, _, _ = self.model.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
-            return finish(output)
+            output, _, _ = self.stepper.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
+            return self.stepper.head(output) if finish is None else finish(output)
 
     def replay_nll_many(self, variants: list[list[torch.Tensor]], layer: int) -> torch.Tensor:
         """Per-token NLL ``[K, B, T-1]`` of K coefficient lists that differ from the window's own at ``layer``

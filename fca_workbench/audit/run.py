@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock
 from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint, shard_count
@@ -184,6 +185,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
                 "params": sum(p.numel() for p in model.parameters()),
                 "fingerprint": eval_cache.manifest["model_fingerprint"],
                 "controllers": list(model.controller_names),
+                "slot_labels": [model.slot_labels(i) for i in range(len(model.controller_names))],
             },
             "data": {
                 "eval": data_summary(eval_path, eval_windows),
@@ -326,22 +328,24 @@ def coefficient_spread(cache: CoefficientCache, ranks: Ranks = SINGLE) -> dict |
     return accumulator.result() if ranks.lead else None
 
 
-def execution_figures(model, eval_windows: torch.Tensor, calib_windows: torch.Tensor, settings: AuditSettings) -> dict:
+def execution_figures(
+    model: ControlledModel, eval_windows: torch.Tensor, calib_windows: torch.Tensor, settings: AuditSettings
+) -> dict:
     """Execution counted on the first batches (a full extra pass would add nothing), latency vs the model's
     baseline (a shape-matched Dense; for routers the static mixture, every expert run for every token).
 
-    Where the model has a positive control (FeatureGate: MLP skipped below the median gate), it is audited
-    the same way, so the report shows what a real saving would look like next to the model's own figures.
+    Where the model has a positive control (a copy that really skips work), it is audited the same way and
+    recorded with the settings that make it skip, so the report shows what a real saving would look like
+    next to the model's own figures.
     """
-    size = fitted_batch_size(settings)
-    counted = eval_windows[: EXECUTION_BATCHES * size]
-    execution = execution_audit(model, counted, batch_size=size, repeats=settings.latency_repeats)
+    batch_size = fitted_batch_size(settings)
+    counted = eval_windows[: EXECUTION_BATCHES * batch_size]
+    execution = execution_audit(model, counted, batch_size, settings.latency_repeats)
     execution["windows_counted"] = len(counted)
-    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * size])
+    control = model.positive_control(calib_windows[: EXECUTION_BATCHES * batch_size])
     if control is not None:
-        control_figures = execution_audit(control, counted, batch_size=size, repeats=settings.latency_repeats)
-        control_figures["skip_threshold"] = control.config.skip_threshold
-        execution["positive_control"] = control_figures
+        figures = execution_audit(control.model, counted, batch_size, settings.latency_repeats)
+        execution["positive_control"] = {**figures, **control.settings}
     return execution
 
 

@@ -7,13 +7,14 @@ Prefix reuse: per batch of windows, one frozen pass with the cached ``correct`` 
 before every layer (``prefix.PrefixCache``); each (layer, condition) resumes from
 ``model.resume_layer(layer)``, so the layers before it are never recomputed, and the conditions at one layer
 run from that state as one batch where memory allows. Memory is bounded by one batch's states. A model
-without layer stepping (``supports_stepping`` false) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
+without layer stepping (not a ``SteppingModel``) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
 Both modes give the rows of full one-layer replays (tested within 1e-6).
 """
 
 import torch
 from tqdm.auto import tqdm
 
+from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.interventions import restrict_to_layer
@@ -24,9 +25,9 @@ from fca_workbench.audit.replay import replay_nll
 PREFIX, FULL_FORWARD = "prefix", "full_forward"
 
 
-def sweep_mode(model) -> str:
+def sweep_mode(model: ControlledModel) -> str:
     """``prefix`` for models with the layer-stepping API, else ``full_forward`` (recorded in ``settings``)."""
-    return PREFIX if getattr(model, "supports_stepping", False) else FULL_FORWARD
+    return PREFIX if isinstance(model, SteppingModel) else FULL_FORWARD
 
 
 def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, device="cpu", group=None) -> list[dict]:
@@ -43,7 +44,7 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
 
 
 def per_layer_window_nll(
-    model, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None
+    model: ControlledModel, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None
 ) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor]:
     """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, in the model's sweep mode;
     with ``shards`` (one rank's share), of those shards' windows only."""
@@ -70,8 +71,10 @@ def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device,
     assigners = {c: ConditionCoefficients(c, cache, profiles, seed) for c in conditions}
     dtype = next(model.parameters()).dtype
     model.eval()
-    parts = {(layer, c): [] for layer in range(cache.num_layers) for c in conditions}
-    correct = []
+    parts: dict[tuple[int, str], list[torch.Tensor]] = {
+        (layer, c): [] for layer in range(cache.num_layers) for c in conditions
+    }
+    correct: list[torch.Tensor] = []
     for indices in tqdm(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
         batch = windows[indices].to(device)
         own = [c.to(device=device, dtype=dtype) for c in cache.coefficients(indices)]

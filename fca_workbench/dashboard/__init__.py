@@ -1,11 +1,15 @@
-"""The dashboard's view model: every number the Panel app (``dashboards/app.py``) shows comes from here; the
-app only presents.
+"""The dashboard's view model: every number the Panel app (``dashboards/app.py``) shows comes from here, and
+every rule of what it may show; the app only builds widgets and layouts. Nothing here imports Panel (the fix of
+Panel's write queue, ``dashboards/panel_writes.py``, lives with the app).
 
 - ``pool``: what the server process holds for every session (checkpoint registry, model pool, session cap);
+- ``serving``: the server's settings (``fca dashboard`` and ``panel serve`` alike), its authentication options,
+  and the ``Server`` every session uses (its checkpoints, the one shown first, errors that name no folder);
 - ``live``: the live replay view (one checkpoint, one window, one intervention, per token);
-- ``results_folder``: the finished audits of the results folder (listing, tables, downloads, static profiles);
+- ``session``: one session's update protocol (generations, the document's callbacks) and live replay;
+- ``links``: the live view's selection fitted to a checkpoint, a link applied to it, the link of the view shown;
 - ``query``: the view's selection as URL query values, checked against what the server can show;
-- ``panel_writes``: a fix for Panel's queue of websocket writes, which could leave a session's last change unsent.
+- ``results_folder``: the finished audits of the results folder (listing, tables, downloads, static profiles).
 """
 
 from fca_workbench.dashboard.live import (

@@ -45,8 +45,6 @@ from fca_workbench.results.conditions import (
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
 DERANGEMENTS_KEPT = 64  # per model: the cross_input derangements of the most recently used seeds
-FG_BRANCHES = ("attn", "mlp")
-MUDD_STREAMS = ("q", "k", "v", "r")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -148,24 +146,13 @@ class SharedModel:
         return int(self.derangements(seed)[window_index or 0])
 
     def slot_labels(self, layer: int) -> list[str]:
-        """Names of layer ``layer``'s flattened slots, shared across layers where the slot means the same."""
-        shape = self.slot_shapes[layer]
-        if self.arch == "featuregate":
-            return [f"{FG_BRANCHES[b]} g{g}" for b in range(shape[0]) for g in range(shape[1])]
-        if self.arch == "muddpythia":
-            last = layer == self.num_layers - 1
-            streams = ("out",) if last else MUDD_STREAMS
-            return [f"{streams[c]}←x{j}" for c in range(shape[0]) for j in range(shape[1])]
-        if self.top_k[layer] is not None:  # a router's coefficient is its dense gate: one slot per expert
-            return [f"expert {e}" for e in range(shape[0])]
-        return [f"slot {i}" for i in range(int(np.prod(shape)))]
+        """Names of layer ``layer``'s flattened slots, as the model declares them (``audit.json``'s
+        ``model.slot_labels``), shared across layers where the slot means the same."""
+        return self.model.slot_labels(layer)
 
     def all_slot_labels(self) -> list[str]:
-        seen = OrderedDict()
-        for layer in range(self.num_layers):
-            for label in self.slot_labels(layer):
-                seen[label] = None
-        return list(seen)
+        """Every layer's slot names, each once, in order of first appearance."""
+        return list(dict.fromkeys(label for layer in range(self.num_layers) for label in self.slot_labels(layer)))
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -10,10 +10,12 @@ import json
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fca_workbench.dashboard.live import DashboardSession, SharedModel
+from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.errors import UserError
 from fca_workbench.resources import checkpoints_dir
 
@@ -35,7 +37,7 @@ class Registry:
         return cls({p.name: p for p in folders})
 
     @classmethod
-    def from_file(cls, path) -> Registry:
+    def from_file(cls, path: str | Path) -> Registry:
         """A JSON file ``{"name": "folder", ...}``; relative folders are relative to the file's own folder."""
         path = Path(path)
         if not path.is_file():
@@ -64,7 +66,7 @@ class Registry:
         return self.entries[name]
 
 
-def load_registry(path=None) -> Registry:
+def load_registry(path: str | Path | None = None) -> Registry:
     registry = Registry.from_file(path) if path else Registry.shipped()
     if not registry.entries:
         raise UserError(f"no checkpoints to serve: none finished in {checkpoints_dir()}; pass --registry FILE")
@@ -89,17 +91,23 @@ class ModelPool:
     so the memory of an unloaded model is really freed even while a forgotten tab stays open.
     """
 
-    def __init__(self, idle_seconds: float = DEFAULT_MODEL_IDLE_SECONDS, clock=time.monotonic):
+    def __init__(
+        self, idle_seconds: float = DEFAULT_MODEL_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.idle_seconds, self.clock = idle_seconds, clock
         self._models: dict[tuple, SharedModel] = {}
         self._users: dict[tuple, int] = {}
         self._last_used: dict[tuple, float] = {}
         self._loading: dict[tuple, threading.Lock] = {}
-        self._sessions = weakref.WeakSet()
+        self._sessions: weakref.WeakSet[DashboardSession] = weakref.WeakSet()
         self._mutex = threading.Lock()
 
     def acquire(
-        self, folder, calibration_windows: int | None = None, eval_windows: int | None = None, results=None
+        self,
+        folder: str | Path,
+        calibration_windows: int | None = None,
+        eval_windows: int | None = None,
+        results: ResultsFolder | None = None,
     ) -> SharedModel:
         """The shared model of ``folder``, loaded on first use (a failed load is not kept); in use until
         ``release``. ``results``: the ``ResultsFolder`` whose audits may serve its static profiles."""
@@ -155,7 +163,7 @@ class ModelPool:
 class SessionLimit:
     """At most ``maximum`` sessions open at once in the process (0: no limit)."""
 
-    def __init__(self, maximum: int = DEFAULT_MAX_SESSIONS):
+    def __init__(self, maximum: int = DEFAULT_MAX_SESSIONS) -> None:
         self.maximum, self.open = maximum, 0
         self._mutex = threading.Lock()
 
@@ -176,7 +184,7 @@ MODELS = ModelPool()  # process-wide: ``panel serve`` runs the app's script once
 SESSIONS = SessionLimit()
 
 
-def unload_idle_models() -> list[Path]:
+def unload_idle_models() -> None:
     """``MODELS.unload_idle`` as one callable for the whole process: Panel's ``schedule_task`` keeps the first
     task of a name and warns at every session that brings another callable (a bound method is new each time)."""
-    return MODELS.unload_idle()
+    MODELS.unload_idle()

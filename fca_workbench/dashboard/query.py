@@ -8,6 +8,9 @@ gives a note and the default view, never a broken page.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import param
 
 # parameter of ViewQuery -> name in the URL query
@@ -25,8 +28,11 @@ QUERY_NAMES = {
     "audit": "audit",
 }
 VIEWS = ("live", "results")
-SOURCES = ("window", "text")  # an eval window, or pasted text (which a link does not carry)
-ALL_LAYERS = "all"
+# the text a query runs on, as the choice shows it -> as a link names it (a link does not carry pasted text)
+SOURCES = {"eval window": "window", "pasted text": "text"}
+ALL_LAYERS = -1  # the layer choice "every layer at once": shown as ALL_LAYERS_LABEL, in a link layer=ALL_LAYERS_LINK
+ALL_LAYERS_LABEL = "all layers"
+ALL_LAYERS_LINK = "all"
 AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement
 
 
@@ -55,7 +61,7 @@ def _shown(key: str, value) -> str:
     return f"{QUERY_NAMES[key]}={text[:60]}"
 
 
-def choose(requested: dict, key: str, allowed, default, why: str):
+def choose(requested: dict, key: str, allowed: Iterable, default: Any, why: str) -> tuple[Any, str | None]:
     """``(value, message)``: the link's value for ``key`` when it is one of ``allowed``, else ``default`` and a
     message naming the value, ``why`` (e.g. "is not a checkpoint of this server") and what is shown instead."""
     if key not in requested:
@@ -66,7 +72,9 @@ def choose(requested: dict, key: str, allowed, default, why: str):
     return default, f"the link's {_shown(key, value)} {why}; showing {default!r} instead"
 
 
-def choose_index(requested: dict, key: str, low: int, high: int, default, shown: str | None = None):
+def choose_index(
+    requested: dict, key: str, low: int, high: int, default: Any, shown: str | None = None
+) -> tuple[Any, str | None]:
     """``(value, message)``: the link's integer for ``key`` when ``low <= value <= high``, else ``default``
     (called ``shown`` in the message, when its value alone would not say what it means)."""
     if key not in requested:

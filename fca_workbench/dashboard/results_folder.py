@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from fca_workbench import tables
 from fca_workbench.errors import UserError
@@ -27,6 +28,19 @@ PROFILES_FILE = "static_profiles.safetensors"
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
 PRUNED = {"cache", "tables", "figures", "notebooks", "__pycache__"}  # hold no audit.json, may hold many files
 PARSED_KEPT = 256  # parsed audit.json files kept per process, keyed by (path, mtime, size)
+
+
+class AuditedModel(Protocol):
+    """What finding a model's audits needs of it (a ``live.SharedModel``): cheap checks, then the fingerprint."""
+
+    @property
+    def arch(self) -> str: ...
+
+    @property
+    def params(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -41,13 +55,20 @@ class AuditEntry:
     version: tuple = ()  # (path, mtime, size) of its audit.json: what was read, to cache what is made of it
 
     @property
+    def valid_audit(self) -> dict:
+        """The audit of a valid entry; a ``UserError`` with its problem for one that cannot be shown."""
+        if self.audit is None:
+            raise UserError(f"{self.name}: {self.problem}")
+        return self.audit
+
+    @property
     def label(self) -> str:
         """How a valid entry is listed: its name, model and architecture."""
-        return f"{self.name} ({tables.model_name(self.audit)}, {self.audit['model']['arch']})"
+        return f"{self.name} ({self.model_name}, {self.valid_audit['model']['arch']})"
 
     @property
     def model_name(self) -> str:
-        return tables.model_name(self.audit)
+        return tables.model_name(self.valid_audit)
 
 
 def audit_tables(audit: dict) -> list:
@@ -66,7 +87,7 @@ def audit_tables(audit: dict) -> list:
 class ResultsFolder:
     """The audits under ``root``, rescanned on ``scan``; parsed files are kept while unchanged."""
 
-    def __init__(self, root):
+    def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
         self._parsed: OrderedDict = OrderedDict()
         self._entries: dict[str, AuditEntry] = {}
@@ -87,7 +108,7 @@ class ResultsFolder:
             self._entries = {entry.name: entry for entry in found}
         return found
 
-    def entry(self, name) -> AuditEntry:
+    def entry(self, name: object) -> AuditEntry:
         """The entry of the last scan called ``name``; anything else is a ``UserError``."""
         with self._mutex:
             entry = self._entries.get(name) if isinstance(name, str) else None
@@ -100,6 +121,7 @@ class ResultsFolder:
 
     def _entry(self, folder: Path) -> AuditEntry:
         name = self._name(folder)
+        key: tuple = ()
         try:
             path = self.inside(folder / AUDIT_FILE)
             stat = path.stat()
@@ -139,7 +161,16 @@ class ResultsFolder:
         with os.fdopen(descriptor, "rb") as handle:
             return handle.read()
 
-    def audits_of(self, shared) -> list[AuditEntry]:
+    def download(self, entry: AuditEntry, filename: str) -> bytes:
+        """``read_bytes`` for the browser: a file that cannot be read now is a ``UserError`` naming the entry's
+        file, never the server's path (an ``OSError``'s own text would)."""
+        try:
+            return self.read_bytes(entry, filename)
+        except (UserError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else exc
+            raise UserError(f"{entry.name}/{filename} cannot be read now: {reason}") from None
+
+    def audits_of(self, shared: AuditedModel) -> list[AuditEntry]:
         """Valid audits of a loaded checkpoint (a ``SharedModel``) by its fingerprint, newest first. Cheap checks
         (arch, parameter count) come before any hashing."""
         matching = []
@@ -152,13 +183,15 @@ class ResultsFolder:
         return sorted(matching, key=lambda e: (e.folder / AUDIT_FILE).stat().st_mtime_ns, reverse=True)
 
 
-def matching_profiles(results: ResultsFolder, shared, calibration_fingerprint: str):
+def matching_profiles(
+    results: ResultsFolder, shared: AuditedModel, calibration_fingerprint: str
+) -> tuple[AuditEntry, dict] | None:
     """(entry, profiles) of the newest audit of this model whose calibration windows have this fingerprint
     and that saved its static profiles; None when there is none."""
     from safetensors.torch import load
 
     for entry in results.audits_of(shared):
-        if entry.audit["data"]["calibration"].get("fingerprint") != calibration_fingerprint:
+        if entry.valid_audit["data"]["calibration"].get("fingerprint") != calibration_fingerprint:
             continue
         try:
             data = results.read_bytes(entry, PROFILES_FILE)
@@ -168,6 +201,6 @@ def matching_profiles(results: ResultsFolder, shared, calibration_fingerprint: s
     return None
 
 
-def per_layer_audit(results: ResultsFolder, shared) -> AuditEntry | None:
+def per_layer_audit(results: ResultsFolder, shared: AuditedModel) -> AuditEntry | None:
     """The newest audit of this checkpoint with a per-layer sweep, if any."""
-    return next((entry for entry in results.audits_of(shared) if entry.audit.get("per_layer")), None)
+    return next((entry for entry in results.audits_of(shared) if entry.valid_audit.get("per_layer")), None)

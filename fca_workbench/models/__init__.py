@@ -2,18 +2,35 @@
 
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from fca_workbench.errors import UserError
-from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel, head_nll, next_token_nll
+from fca_workbench.models.common import (
+    CoefficientLMOutput,
+    CoefficientModel,
+    PositiveControl,
+    head_nll,
+    index_slot_labels,
+    next_token_nll,
+)
 from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
 from fca_workbench.models.loading import load_weights, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 
-__all__ = ["FAMILIES", "CoefficientLMOutput", "CoefficientModel", "head_nll", "load_model", "next_token_nll"]
+__all__ = [
+    "FAMILIES",
+    "CoefficientLMOutput",
+    "CoefficientModel",
+    "PositiveControl",
+    "family_slot_labels",
+    "head_nll",
+    "load_model",
+    "next_token_nll",
+]
 
-FAMILIES = {
+FAMILIES: dict[str, tuple[type[PretrainedConfig], type[CoefficientModel]]] = {
     "dense": (DenseConfig, DenseForCausalLM),
     "featuregate": (FeatureGateConfig, FeatureGateForCausalLM),
     "muddpythia": (MUDDPythiaConfig, MUDDPythiaForCausalLM),
@@ -24,7 +41,15 @@ for _config_class, _model_class in FAMILIES.values():
     AutoModelForCausalLM.register(_config_class, _model_class, exist_ok=True)
 
 
-def load_model(path, dtype=None) -> CoefficientModel:
+def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
+    """The slot names family ``arch`` declares for a coefficient of ``slot_shape`` (generic ``slot i`` for an
+    arch that is no native family): what ``model.slot_labels`` records, for readers that have only the arch
+    (audits written before it was recorded)."""
+    family = FAMILIES.get(arch)
+    return family[1].slot_labels_for(tuple(slot_shape)) if family else index_slot_labels(tuple(slot_shape))
+
+
+def load_model(path: str | Path, dtype: torch.dtype | None = None) -> CoefficientModel:
     """Load a checkpoint folder strictly, turning every way it can be broken into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is

@@ -5,7 +5,9 @@ When ``coefficients`` is given, each layer uses exactly that tensor and no contr
 what makes frozen-controller replay possible without hooks.
 """
 
+import itertools
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,43 @@ class CoefficientLMOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     coefficients: list[torch.Tensor] | None = None
+
+
+class PositiveControl(NamedTuple):
+    """A copy of a model that really skips work (``positive_control``), and the settings that make it skip,
+    recorded beside its figures in ``audit.json`` ``execution.positive_control``."""
+
+    model: "CoefficientModel"
+    settings: dict[str, Any]
+
+
+def index_slot_labels(slot_shape: tuple[int, ...]) -> list[str]:
+    """Generic names of a coefficient's flattened slots, ``slot 0`` (or ``slot 0,1`` for a shape of several
+    dimensions), for controllers whose slots no family or kind names."""
+    if len(slot_shape) == 1:
+        return [f"slot {i}" for i in range(slot_shape[0])]
+    return ["slot " + ",".join(map(str, index)) for index in itertools.product(*(range(n) for n in slot_shape))]
+
+
+def check_window(
+    input_ids: torch.Tensor,
+    context_length: int,
+    slot_shapes: list[tuple[int, ...]],
+    coefficients: list[torch.Tensor] | None = None,
+) -> None:
+    """Refuse windows longer than the context and coefficient lists of the wrong shape, loudly (what every
+    implementation's ``check_inputs`` checks)."""
+    batch, length = input_ids.shape
+    if length > context_length:
+        raise ValueError(f"window of {length} tokens is longer than the model's context of {context_length}")
+    if coefficients is None:
+        return
+    if len(coefficients) != len(slot_shapes):
+        raise ValueError(f"expected coefficients for {len(slot_shapes)} layers, got {len(coefficients)}")
+    for layer, (tensor, slot) in enumerate(zip(coefficients, slot_shapes)):
+        expected = (batch, length, *slot)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"coefficients of layer {layer} have shape {tuple(tensor.shape)}, expected {expected}")
 
 
 def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -63,14 +102,16 @@ def head_nll(model, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tens
 class CoefficientModel(PreTrainedModel):
     """Base class of the workbench's families: the seam's checks and bookkeeping live here once.
 
-    Subclasses provide ``arch``, ``blocks`` (the per-layer modules), ``controllers`` (the modules that emit
-    coefficients; empty for Dense), ``coefficient_slot_shapes`` and ``context_length``. Through the seam
-    they implement the controlled-model protocol (``fca_workbench.adapters.protocol``) directly.
+    Subclasses provide ``arch``, ``blocks`` (the per-layer modules, each with a ``branches()`` method),
+    ``controllers`` (the modules that emit coefficients; empty for Dense), ``coefficient_slot_shapes``,
+    ``context_length``, ``latency_baseline``, the layer stepping (``embed`` / ``run_blocks`` / ``head`` /
+    ``resume_layer``) and, where their slots have names, ``slot_labels_for``. Through the seam they implement
+    the controlled-model protocol (``fca_workbench.adapters.protocol``: ``ControlledModel`` and
+    ``SteppingModel``) directly.
     """
 
     supports_gradient_checkpointing = False
     arch = ""  # the family's name in ``FAMILIES`` and ``audit.json``
-    supports_stepping = True  # embed / run_blocks / head / resume_layer
 
     @property
     def controller_names(self) -> list[str]:
@@ -87,13 +128,27 @@ class CoefficientModel(PreTrainedModel):
         """Logits of the frozen forward with each layer's ``values[l]["coefficient"]``; no controller runs."""
         return self(input_ids, coefficients=[v["coefficient"] for v in values]).logits
 
-    def expert_counts(self, index: int, value) -> None:
+    def expert_counts(self, index: int, value: dict[str, torch.Tensor]) -> None:
         """Per-expert evaluations of controller ``index``: the native controllers select no experts."""
         return None
 
-    def positive_control(self, calibration_windows: torch.Tensor):
+    def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl | None:
         """A copy that really skips work, audited beside the model; None where the family has none."""
         return None
+
+    @classmethod
+    def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
+        """The family's names of a coefficient's flattened slots (one per entry, in ``flatten`` order)."""
+        return index_slot_labels(slot_shape)
+
+    def slot_labels(self, index: int) -> list[str]:
+        """Names of controller ``index``'s flattened slots (``audit.json`` ``model.slot_labels``)."""
+        return self.slot_labels_for(self.coefficient_slot_shapes[index])
+
+    def block_branches(self, index: int) -> list[nn.Module]:
+        """The modules block ``index`` could skip per token (counted by the execution audit)."""
+        block: Any = self.blocks[index]  # every native block has ``branches``
+        return list(block.branches())
 
     @property
     def controllers(self) -> list[nn.Module]:
@@ -107,20 +162,16 @@ class CoefficientModel(PreTrainedModel):
     def context_length(self) -> int:
         raise NotImplementedError
 
-    def check_inputs(self, input_ids: torch.Tensor, coefficients) -> None:
+    def check_inputs(self, input_ids: torch.Tensor, coefficients: list[torch.Tensor] | None = None) -> None:
         """Refuse windows longer than the context and coefficient lists of the wrong shape, loudly."""
-        batch, length = input_ids.shape
-        if length > self.context_length:
-            raise ValueError(f"window of {length} tokens is longer than the model's context of {self.context_length}")
-        if coefficients is None:
-            return
-        shapes = self.coefficient_slot_shapes
-        if len(coefficients) != len(shapes):
-            raise ValueError(f"expected coefficients for {len(shapes)} layers, got {len(coefficients)}")
-        for layer, (tensor, slot) in enumerate(zip(coefficients, shapes)):
-            expected = (batch, length, *slot)
-            if tuple(tensor.shape) != expected:
-                raise ValueError(f"coefficients of layer {layer} have shape {tuple(tensor.shape)}, expected {expected}")
+        check_window(input_ids, self.context_length, self.coefficient_slot_shapes, coefficients)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        raise NotImplementedError
+
+    def latency_baseline(self) -> tuple[str, nn.Module]:
+        raise NotImplementedError
 
     def lm_output(self, logits, input_ids, labels, coefficients, return_coefficients) -> CoefficientLMOutput:
         loss = None

@@ -5,6 +5,7 @@ its attention/MLP/block modules are reused by FeatureGate so the two differ only
 """
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,7 @@ class DenseConfig(PretrainedConfig):
         self.block_size = block_size
         self.mlp_ratio = mlp_ratio
         self.initializer_range = initializer_range
-        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg]  # a config kwarg the stubs omit
 
     @classmethod
     def from_sizes(cls, vocab_size, layers, width, heads, window, gate_groups=None):
@@ -59,7 +60,7 @@ class DenseConfig(PretrainedConfig):
 def residual_projection(width_in: int, width_out: int, n_layer: int) -> nn.Linear:
     """GPT-2's scaled init of residual projections keeps the residual stream's scale depth-independent."""
     proj = nn.Linear(width_in, width_out)
-    proj.init_scale = 1 / math.sqrt(2 * n_layer)
+    proj.init_scale = 1 / math.sqrt(2 * n_layer)  # type: ignore[assignment]  # a plain attribute, read by ``_init_weights``
     return proj
 
 
@@ -116,7 +117,7 @@ class Block(nn.Module):
 class GPTBackbone(CoefficientModel):
     """Embeddings, a stack of blocks, final norm and tied LM head: what Dense and FeatureGate share."""
 
-    block_class = Block
+    block_class: type[nn.Module] = Block
     _tied_weights_keys = {"lm_head.weight": "wte.weight"}
 
     def __init__(self, config):
@@ -152,10 +153,10 @@ class GPTBackbone(CoefficientModel):
         return self.lm_head
 
     @property
-    def blocks(self) -> nn.ModuleList:
-        return self.h
+    def blocks(self) -> list[nn.Module]:
+        return list(self.h)
 
-    def latency_baseline(self):
+    def latency_baseline(self) -> tuple[str, nn.Module]:
         """What latency is compared with: a shape-matched Dense with random weights."""
         return "dense", shape_matched_dense(self)
 
@@ -193,12 +194,13 @@ class GPTBackbone(CoefficientModel):
         """
         if not 0 <= start <= len(self.h):
             raise ValueError(f"start layer {start} is out of range 0..{len(self.h)}")
-        h, used, states = state, [], [state] if keep_states else None
+        h, used = state, []
+        states = [state] if keep_states else None
         for layer in range(start, len(self.h)):
             h, coefficient = self.block_step(layer, h, coefficients)
             if coefficient is not None:
                 used.append(coefficient)
-            if keep_states:
+            if states is not None:
                 states.append(h)
         return h, used, states
 
@@ -215,11 +217,12 @@ class DenseForCausalLM(GPTBackbone):
         return self.lm_output(self.head(h), input_ids, labels, [], return_coefficients)
 
 
-def shape_matched_dense(model: nn.Module) -> DenseForCausalLM:
+def shape_matched_dense(model: CoefficientModel) -> DenseForCausalLM:
     """A randomly initialised Dense with the model's vocab, depth, width, heads and context.
 
     Latency only depends on shapes, so random weights are enough; it lands on the model's device and dtype.
     """
     parameter = next(model.parameters())
-    dense = DenseForCausalLM(DenseConfig.from_sizes(**model.config.sizes()))
-    return dense.to(device=parameter.device, dtype=parameter.dtype).eval()
+    sizes: Any = model.config.sizes  # every native family's config has ``sizes``
+    dense = DenseForCausalLM(DenseConfig.from_sizes(**sizes()))
+    return dense.to(device=parameter.device, dtype=parameter.dtype).eval()  # type: ignore[call-arg]  # wrapped ``to``

@@ -9,13 +9,17 @@ below it skip the MLP branch (gather/scatter), so the execution audit has a real
 """
 
 import copy
+from typing import cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fca_workbench.models.common import PositiveControl
 from fca_workbench.models.dense import Block, DenseConfig, GPTBackbone
+
+BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` gate
 
 
 class FeatureGateConfig(DenseConfig):
@@ -47,7 +51,7 @@ class GateController(nn.Module):
         super().__init__()
         self.groups = config.gate_groups
         self.proj = nn.Linear(config.n_embd, 2 * config.gate_groups)
-        self.proj.init_scale = 0.0  # gates start at exactly 1
+        self.proj.init_scale = 0.0  # type: ignore[assignment]  # read by ``_init_weights``: gates start at exactly 1
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.proj(F.rms_norm(h, (h.shape[-1],)))
@@ -65,7 +69,7 @@ class FeatureGateBlock(Block):
         self.controller = GateController(config)
         self.config = config  # read at call time, so setting config.skip_threshold takes effect at once
 
-    def forward(self, h: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:  # type: ignore[override]  # gated
         width = h.shape[-1]
         h = h + expand_groups(gates[..., 0, :], width) * self.attn_branch(h)
         return h + self.gated_mlp(h, gates[..., 1, :])
@@ -86,13 +90,24 @@ class FeatureGateForCausalLM(GPTBackbone):
     block_class = FeatureGateBlock
     arch = "featuregate"
 
-    def positive_control(self, calibration_windows: torch.Tensor):
-        """The copy that skips MLP rows below the median gate (``execution.positive_control``)."""
-        return positive_control(self, calibration_windows, quantile=0.5)
+    def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl:
+        """The copy that skips MLP rows below the median gate (``execution.positive_control``), and its
+        ``skip_threshold``."""
+        control = positive_control(self, calibration_windows, quantile=0.5)
+        return PositiveControl(control, {"skip_threshold": control.config.skip_threshold})
+
+    @classmethod
+    def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
+        """``attn g0`` / ``mlp g0``: the branch a gate scales and its channel group."""
+        return [f"{branch} g{g}" for branch in BRANCHES for g in range(slot_shape[1])]
+
+    @property
+    def gated_blocks(self) -> list[FeatureGateBlock]:
+        return cast(list[FeatureGateBlock], list(self.h))
 
     @property
     def controllers(self) -> list[nn.Module]:
-        return [block.controller for block in self.h]
+        return [block.controller for block in self.gated_blocks]
 
     @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
@@ -100,7 +115,7 @@ class FeatureGateForCausalLM(GPTBackbone):
 
     def block_step(self, layer, h, coefficients):
         """One gated block for ``run_blocks``: the same ops as one step of ``forward``'s loop."""
-        block = self.h[layer]
+        block = self.gated_blocks[layer]
         gates = block.controller(h) if coefficients is None else coefficients[layer]
         return block(h, gates), gates
 
@@ -108,7 +123,7 @@ class FeatureGateForCausalLM(GPTBackbone):
         self.check_inputs(input_ids, coefficients)
         h = self.embed(input_ids)
         used = []
-        for layer, block in enumerate(self.h):
+        for layer, block in enumerate(self.gated_blocks):
             gates = block.controller(h) if coefficients is None else coefficients[layer]
             used.append(gates)
             h = block(h, gates)
@@ -125,7 +140,7 @@ def positive_control(
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"quantile must lie in [0, 1], got {quantile}")
     model.eval()
-    maxima = []
+    maxima: list[torch.Tensor] = []
     with torch.no_grad():
         for batch in calibration_windows.split(batch_size):
             out = model(batch.to(model.device), return_coefficients=True)

@@ -7,7 +7,10 @@ absurd; then the parameter count the sizes imply (counted on a model built on th
 allocates nothing) is checked against the memory this machine has available.
 """
 
+from collections.abc import Callable
+
 import psutil
+import torch
 
 from fca_workbench.errors import UserError
 
@@ -40,7 +43,7 @@ HF_SIZE_LIMITS = {
 }
 
 
-def check_sizes(config, source: str, limits: dict = SIZE_LIMITS, none_allowed: bool = False) -> None:
+def check_sizes(config: object, source: str, limits: dict = SIZE_LIMITS, none_allowed: bool = False) -> None:
     """Refuse a size field that is not a whole number in 1..its limit, naming the field. ``none_allowed``: a
     field may be None (transformers configs leave some so, for a default derived from others)."""
     fields = vars(config)
@@ -52,10 +55,8 @@ def check_sizes(config, source: str, limits: dict = SIZE_LIMITS, none_allowed: b
             raise UserError(f"{source}: {field}={value!r} is out of range (a whole number from 1 to {limit:,})")
 
 
-def parameters_on_meta(build) -> int:
+def parameters_on_meta(build: Callable[[], torch.nn.Module]) -> int:
     """The parameter count of the module ``build()`` makes, built on the meta device (allocating nothing)."""
-    import torch
-
     with torch.device("meta"):
         return sum(p.numel() for p in build().parameters())
 

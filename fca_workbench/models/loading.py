@@ -29,12 +29,17 @@ import json
 import math
 import re
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar, cast
 
 import torch
+from transformers import PretrainedConfig, PreTrainedModel
 
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.models.limits import check_memory, check_sizes
+
+Model = TypeVar("Model", bound=PreTrainedModel)
 
 CONFIG_FILE = "config.json"
 
@@ -133,7 +138,9 @@ MUDDPYTHIA_CACHE_KEYS = re.compile(r"^(layers\.\d+\.attention\.kv_cache\.[kv]_ca
 NAMED_KEYS = 5  # how many keys of each kind an error names
 
 
-def read_config(folder: Path, families: dict):
+def read_config(
+    folder: Path, families: Mapping[str, tuple[type[PretrainedConfig], type[PreTrainedModel]]]
+) -> PretrainedConfig:
     """The checkpoint's config as the workbench's own config class, ``auto_map`` dropped, never followed.
 
     ``families``: arch -> (config class, model class), the registry of ``fca_workbench.models``.
@@ -267,7 +274,9 @@ def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {key: tuple(value.shape) for key, value in state.items()}
 
 
-def expected_shapes(model_class, config) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+def expected_shapes(
+    model_class: type[PreTrainedModel], config: PretrainedConfig
+) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     """Every state-dict key the model has, with its shape, and the keys a checkpoint may leave out (tied)."""
     with torch.device("meta"):
         model = model_class(config)
@@ -279,7 +288,9 @@ def expected_shapes(model_class, config) -> tuple[dict[str, tuple[int, ...]], se
     return shapes, optional
 
 
-def check_weights(folder: Path, model_class, config, dtype: torch.dtype) -> Path:
+def check_weights(
+    folder: Path, model_class: type[PreTrainedModel], config: PretrainedConfig, dtype: torch.dtype
+) -> Path:
     """Check the model fits in memory in ``dtype``, then compare the stored names and shapes with the
     model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
@@ -309,12 +320,12 @@ def check_weights(folder: Path, model_class, config, dtype: torch.dtype) -> Path
     return path
 
 
-def load_weights(folder: Path, model_class, config, dtype):
+def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfig, dtype: torch.dtype | None) -> Model:
     """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
     dtype = dtype or torch.float32
     path = check_weights(folder, model_class, config, dtype)
     try:
-        model, info = model_class.from_pretrained(
+        loaded = model_class.from_pretrained(
             folder,
             config=config,
             dtype=dtype,
@@ -323,6 +334,7 @@ def load_weights(folder: Path, model_class, config, dtype):
             weights_only=True,
             output_loading_info=True,
         )
+        model, info = cast(tuple[Model, dict[str, list]], loaded)  # output_loading_info: (model, info)
     except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
         raise UserError(f"corrupt or missing weights in {folder}: {first_line(exc)}") from None
     leftovers = {

@@ -59,6 +59,8 @@ from transformers import initialization as init
 from fca_workbench.models.common import CoefficientModel
 from fca_workbench.models.dense import shape_matched_dense
 
+DENSE_STREAMS = "qkvr"  # the streams every layer but the last mixes for the next block (``dense_type``)
+
 
 class MUDDPythiaConfig(PretrainedConfig):
     """The reference config: same field names, defaults and derived fields (``head_dim`` is recomputed)."""
@@ -92,7 +94,7 @@ class MUDDPythiaConfig(PretrainedConfig):
         dense: bool = True,
         dynamic_dense: bool = True,
         sepln: bool = True,
-        dense_type: str = "qkvr",
+        dense_type: str = DENSE_STREAMS,
         expand_last: bool = False,
         round64: bool = False,
         **kwargs,
@@ -122,7 +124,7 @@ class MUDDPythiaConfig(PretrainedConfig):
         self.expand_last = expand_last
         self.round64 = round64
         self._check(tie_word_embeddings)
-        super().__init__(
+        super().__init__(  # type: ignore[call-arg]  # config kwargs the stubs omit
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,
@@ -143,7 +145,7 @@ class MUDDPythiaConfig(PretrainedConfig):
     def _check(self, tie_word_embeddings: bool) -> None:
         """Refuse configs this module does not build, instead of silently computing something else."""
         problems = []
-        if self.dense_type != "qkvr":
+        if self.dense_type != DENSE_STREAMS:
             problems.append(f"dense_type={self.dense_type!r} (only 'qkvr', the four q/k/v/r streams)")
         if not (self.dense and self.dynamic_dense):
             problems.append(f"dense={self.dense}, dynamic_dense={self.dynamic_dense} (both must be true)")
@@ -239,7 +241,7 @@ def stream_count(config: MUDDPythiaConfig, lidx: int) -> int:
 def mix_streams(hiddens: list[torch.Tensor], coefficient: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``stream_c = sum_j A[:, :, c, j] * hiddens[j]``; ``A`` is ``[B, T, C, L]`` with L = len(hiddens)."""
     return tuple(
-        sum(coefficient[:, :, c, j, None] * hidden for j, hidden in enumerate(hiddens))
+        sum(coefficient[:, :, c, j, None] * hidden for j, hidden in enumerate(hiddens))  # type: ignore[misc]
         for c in range(coefficient.shape[2])
     )
 
@@ -260,8 +262,8 @@ class MultiwayDynamicDenseBlock(nn.Module):
         self.w1 = nn.Linear(config.dim, hidden, bias=False)
         self.act = nn.GELU()
         self.w2 = nn.Linear(hidden, self.C * self.L, bias=False)
-        self.w1.init_std = config.dim**-0.5  # fan-in normal, as the JAX trainer
-        self.w2.init_std = 0.0  # starts silent: the coefficient starts at dense_bs
+        self.w1.init_std = config.dim**-0.5  # read by _init_weights: fan-in normal, as the JAX trainer
+        self.w2.init_std = 0.0  # type: ignore[assignment]  # read by _init_weights: starts silent (dense_bs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dw = self.w2(self.act(self.w1(self.norm(x))))
@@ -280,7 +282,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.dim, config.n_local_heads * config.head_dim, bias=True)
         self.wv = nn.Linear(config.dim, config.n_local_heads * config.head_dim, bias=True)
         self.wo = nn.Linear(config.dim, config.dim, bias=True)
-        self.wo.init_scale = 1 / math.sqrt(2 * config.n_layer)
+        self.wo.init_scale = 1 / math.sqrt(2 * config.n_layer)  # type: ignore[assignment]  # read by _init_weights
         self.scale_factor = 1 / math.sqrt(self.head_dim)
         self.rotary_ndims = int(self.head_dim * config.rotary_pct)
         self.use_qk_norm = config.use_qk_norm
@@ -311,7 +313,7 @@ class FeedForward(nn.Module):
         width = ffn_width(config, lidx)
         self.w1 = nn.Linear(config.dim, width, bias=config.use_linear_bias)
         self.w2 = nn.Linear(width, config.dim, bias=config.use_linear_bias)
-        self.w2.init_scale = 1 / math.sqrt(2 * config.n_layer)
+        self.w2.init_scale = 1 / math.sqrt(2 * config.n_layer)  # type: ignore[assignment]  # read by _init_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.gelu(self.w1(x)))
@@ -351,6 +353,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     """The reference ``MUDDPythia`` with the coefficient seam; state-dict keys are the checkpoint's."""
 
     config_class = MUDDPythiaConfig
+    config: MUDDPythiaConfig
     arch = "muddpythia"
     _no_split_modules = ["TransformerBlock"]
     # decode caches the reference can attach at inference; never weights, so a checkpoint holding them loads
@@ -405,10 +408,10 @@ class MUDDPythiaForCausalLM(CoefficientModel):
         return self.output
 
     @property
-    def blocks(self) -> nn.ModuleList:
-        return self.layers
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers)
 
-    def latency_baseline(self):
+    def latency_baseline(self) -> tuple[str, nn.Module]:
         """What latency is compared with: a shape-matched Dense with random weights."""
         return "dense", shape_matched_dense(self)
 
@@ -419,6 +422,15 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
         return [(stream_count(self.config, i), i + 2) for i in range(self.config.n_layer)]
+
+    @classmethod
+    def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
+        """``stream←xj``: the weight of hidden state ``x_j`` (``x0`` the embeddings, ``xj`` block j-1's output)
+        in each stream the layer mixes: ``q``/``k``/``v``/``r`` for the next block, ``out`` for the head (the
+        last layer)."""
+        streams, sources = slot_shape
+        names = ("out",) if streams == 1 else DENSE_STREAMS
+        return [f"{names[c]}←x{j}" for c in range(streams) for j in range(sources)]
 
     @property
     def context_length(self) -> int:
@@ -473,14 +485,15 @@ class MUDDPythiaForCausalLM(CoefficientModel):
             streams = hiddens[0]
         else:
             streams = mix_streams(hiddens, self.complete_coefficient(start - 1, hiddens[-1], coefficients))
-        used, states = [], [list(hiddens)] if keep_states else None
+        used = []
+        states = [list(hiddens)] if keep_states else None
         for i in range(start, n_layer):
             x = self.layers[i](streams, rope, mask)
             hiddens.append(x)
             coefficient = self.complete_coefficient(i, x, coefficients)
             used.append(coefficient)
             streams = mix_streams(hiddens, coefficient)
-            if keep_states:
+            if states is not None:
                 states.append(list(hiddens))
         return streams[0], used, states
 

@@ -5,15 +5,16 @@ import json
 from pathlib import Path
 
 import torch
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from fca_workbench.models.loading import CONFIG_FILE, OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
 
 
-def official_config_dict(config, dtype: torch.dtype) -> dict:
+def official_config_dict(config: PretrainedConfig, dtype: torch.dtype) -> dict:
     """``config`` as the releases write it: the official fields only, ``auto_map`` included."""
     import transformers
 
-    out = {}
+    out: dict[str, object] = {}
     for key in OFFICIAL_1P4B_CONFIG:
         if key == "architectures":
             out[key] = ["MUDDPythia"]
@@ -28,7 +29,13 @@ def official_config_dict(config, dtype: torch.dtype) -> dict:
     return out
 
 
-def save_official(model, folder, weights: str = "safetensors", shards: int = 1, tokenizer=None) -> Path:
+def save_official(
+    model: PreTrainedModel,
+    folder: str | Path,
+    weights: str = "safetensors",
+    shards: int = 1,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> Path:
     """Write ``model`` in the official layout: ``config.json`` with ``auto_map``, then the weights as
     ``model.safetensors`` / ``pytorch_model.bin`` (``shards`` > 1: numbered shards plus the index file)."""
     if weights not in ("safetensors", "bin"):
@@ -68,7 +75,9 @@ def _split_evenly(keys: list[str], shards: int, state: dict) -> list[list[str]]:
     """Consecutive groups of keys of about equal bytes (at most ``shards``, none empty)."""
     shards = max(1, min(shards, len(keys)))
     total = sum(state[k].numel() * state[k].element_size() for k in keys)
-    groups, current, filled = [], [], 0
+    groups: list[list[str]] = []
+    current: list[str] = []
+    filled = 0
     for key in keys:
         current.append(key)
         filled += state[key].numel() * state[key].element_size()

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # imported when a figure is drawn, not by `import fca_workbench`
+    import ipywidgets
+    import plotly.graph_objects as go
 
 
 def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
@@ -13,7 +18,7 @@ def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([m.flatten(1).mean(1) for m in means])
 
 
-def write_figure(fig, out, name: str) -> Path:
+def write_figure(fig: go.Figure, out: str | Path, name: str) -> Path:
     """Write ``out/figures/<name>.html``: interactive and offline (plotly.js is written once beside it)."""
     folder = Path(out) / "figures"
     folder.mkdir(parents=True, exist_ok=True)
@@ -22,13 +27,13 @@ def write_figure(fig, out, name: str) -> Path:
     return path
 
 
-def show(fig) -> None:
+def show(fig: go.Figure) -> None:
     """Display a figure in the notebook as a plotly MIME bundle (rendered by JupyterLab; keeps the executed
     notebooks small, the self-contained copy is the HTML file)."""
     fig.show(renderer="plotly_mimetype")
 
 
-def mimebundle(fig) -> dict:
+def mimebundle(fig: go.Figure) -> dict:
     """A figure as the plotly MIME bundle JupyterLab renders (plain JSON)."""
     import plotly.io as pio
 
@@ -38,7 +43,7 @@ def mimebundle(fig) -> dict:
     }
 
 
-def show_in(output, *figs) -> None:
+def show_in(output: ipywidgets.Output, *figs: go.Figure) -> None:
     """Replace an ``ipywidgets.Output``'s content with the figures in one step. Setting its ``outputs`` from
     the kernel (rather than printing inside ``with output:``) also keeps papermill/nbclient from blocking
     on the widget's capture messages (jupyter/nbclient#312)."""

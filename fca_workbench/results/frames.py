@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +19,9 @@ from fca_workbench.errors import UserError
 from fca_workbench.files import import_jsonschema
 from fca_workbench.results.per_token import PER_TOKEN_CSV, PER_TOKEN_KEYS, PER_TOKEN_PARQUET, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
+
+if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
+    import pandas as pd
 
 CONDITION_COLUMNS = ["nll", "ci95_lo", "ci95_hi", "delta", "delta_ci95_lo", "delta_ci95_hi"]
 
@@ -45,7 +50,7 @@ EXECUTION_COLUMNS = list(EXECUTION_DTYPES)
 PER_LAYER_COLUMNS = ["nll", "delta", "delta_ci95_lo", "delta_ci95_hi"]
 
 
-def read_audit_json(path) -> tuple[dict, Path]:
+def read_audit_json(path: str | Path) -> tuple[dict, Path]:
     """The audit dict and its folder; a missing, truncated or foreign file is a one-line ``UserError``."""
     path = Path(path)
     if path.is_dir():
@@ -87,7 +92,7 @@ class AuditResults:
         return f"<AuditResults {self.name} ({self.model['arch']}) from {self.folder}>"
 
     @functools.cached_property
-    def conditions(self):
+    def conditions(self) -> pd.DataFrame:
         """One row per condition: NLL with its 95% CI, ΔNLL against the reference with its 95% CI."""
         rows = [
             (name, f["nll"], *f["ci95"], f["delta"], *f["delta_ci95"]) for name, f in self.audit["conditions"].items()
@@ -95,20 +100,20 @@ class AuditResults:
         return _frame(rows, "condition", CONDITION_COLUMNS)
 
     @functools.cached_property
-    def retention(self):
+    def retention(self) -> pd.DataFrame:
         """One row per static profile: share of the Correct-to-GlobalMean gap retained, with its 95% CI."""
         rows = [(name, r["value"], *_split_ci(r["ci95"])) for name, r in self.audit["retention"].items()]
         return _frame(rows, "profile", RETENTION_COLUMNS)
 
     @functools.cached_property
-    def variance(self):
+    def variance(self) -> pd.DataFrame:
         """One row (none for a model without coefficients): R² of the static structure, within-std, CV."""
         figures = {**(self.audit["variance"] or {}), **(self.audit["variation"] or {})}
         rows = [tuple(figures.get(k) for k in VARIANCE_COLUMNS)] if self.audit["variance"] else []
         return _numbers(rows, VARIANCE_COLUMNS)
 
     @functools.cached_property
-    def execution(self):
+    def execution(self) -> pd.DataFrame:
         """One row for the model, and one for its positive control when the audit has one (``run``)."""
         import pandas as pd
 
@@ -118,7 +123,7 @@ class AuditResults:
         return pd.DataFrame(rows).astype({"run": "str", **{k: EXECUTION_DTYPES[k] for k in EXECUTION_COLUMNS}})
 
     @functools.cached_property
-    def per_layer(self):
+    def per_layer(self) -> pd.DataFrame | None:
         """One row per (layer, condition) of a per-layer sweep; ``None`` when the audit has none."""
         if self.audit.get("per_layer") is None:
             return None
@@ -128,7 +133,7 @@ class AuditResults:
         return frame
 
     @functools.cached_property
-    def per_token(self):
+    def per_token(self) -> pd.DataFrame:
         """Tidy: one row per (window, position, condition) with the target token and its NLL (Parquet's exact
         float32 values when present, else the CSV's 6 decimals)."""
         import pandas as pd
@@ -187,14 +192,14 @@ class AuditCollection:
     per_token = property(lambda self: self._concat("per_token"))
 
 
-def load_audit(path) -> AuditResults:
+def load_audit(path: str | Path) -> AuditResults:
     """An audit folder (or its ``audit.json``) as DataFrames: ``.conditions``, ``.retention``, ``.variance``,
     ``.execution``, ``.per_layer`` (when swept), ``.per_token`` (read lazily); ``.model``, ``.data``,
     ``.settings``, ``.verdicts`` as in ``audit.json``."""
     return AuditResults(path)
 
 
-def load_audits(paths) -> AuditCollection:
+def load_audits(paths: str | Path | Iterable[str | Path]) -> AuditCollection:
     """Several audits: a list of folders / ``audit.json`` paths, or one folder holding audit folders (e.g. a
     ``fca reproduce`` run's ``audits/``) or being one."""
     if isinstance(paths, (str, Path)):

@@ -7,6 +7,7 @@ leaves in it.
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from fca_workbench.errors import UserError
@@ -15,7 +16,7 @@ from fca_workbench.files import import_jsonschema, write_atomic
 RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder
 
 
-def output_folder(out) -> Path:
+def output_folder(out: str | Path) -> Path:
     """``out`` resolved (so ``.`` has a name), refused when it exists and is not a folder."""
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
@@ -23,7 +24,7 @@ def output_folder(out) -> Path:
     return out
 
 
-def refuse_foreign(path: Path, schema: str, validate=None) -> None:
+def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], object] | None = None) -> None:
     """Refuse to replace ``path`` unless it is a JSON file of ``schema`` (and passes ``validate``)."""
     if not path.exists():
         return

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import gzip
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # both imported when a file is written or read, not by `import fca_workbench`
+    import pandas as pd
+    import torch
 
 PER_TOKEN_CSV = "per_token_nll.csv.gz"
 
@@ -16,7 +21,7 @@ PER_TOKEN_PARQUET = "per_token_nll.parquet"
 PER_TOKEN_KEYS = ["window", "position", "target_token"]
 
 
-def per_token_frame(per_token: dict, windows):
+def per_token_frame(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> pd.DataFrame:
     """Wide table: one row per predicted token (window, position, target token), one float32 NLL column per
     condition, built from the ``[N, T-1]`` tensors in one step."""
     import pandas as pd
@@ -35,7 +40,7 @@ def per_token_frame(per_token: dict, windows):
     return pd.concat([frame, pd.DataFrame(values.reshape(n * t, c), columns=names)], axis=1)
 
 
-def per_token_csv(frame) -> bytes:
+def per_token_csv(frame: pd.DataFrame) -> bytes:
     """The wide table as gzip CSV at 6 decimals, mtime 0: the same NLLs always give the same bytes. Level 1:
     on the full eval set level 9 took as long as formatting the text, for a file 9% smaller."""
     text = frame.to_csv(index=False, float_format="%.6f", lineterminator="\n")
@@ -45,14 +50,14 @@ def per_token_csv(frame) -> bytes:
     return buffer.getvalue()
 
 
-def per_token_parquet(frame) -> bytes:
+def per_token_parquet(frame: pd.DataFrame) -> bytes:
     """The wide table as Parquet, the float32 NLLs exact (needs pyarrow: the ``parquet`` extra)."""
     buffer = io.BytesIO()
     frame.to_parquet(buffer, index=False)
     return buffer.getvalue()
 
 
-def per_token_files(per_token: dict, windows) -> dict[str, bytes]:
+def per_token_files(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> dict[str, bytes]:
     """``per_token_nll.csv.gz`` and, when pyarrow is installed, ``per_token_nll.parquet``."""
     frame = per_token_frame(per_token, windows)
     files = {PER_TOKEN_CSV: per_token_csv(frame)}
@@ -63,7 +68,7 @@ def per_token_files(per_token: dict, windows) -> dict[str, bytes]:
 
 def _has_pyarrow() -> bool:
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow  # noqa: F401  (only whether it is installed)
     except ImportError:
         return False
     return True

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 
-def load_profiles(path) -> dict[str, list[torch.Tensor]]:
+def load_profiles(path: str | Path) -> dict[str, list[torch.Tensor]]:
     """Static profiles saved by the audit (``static_profiles.safetensors``), as ``static_profiles`` returns them."""
     from safetensors.torch import load_file
 

@@ -1,22 +1,32 @@
-"""Readable names of a controller's coefficient slots, for tables, heatmaps and the dashboard."""
+"""Readable names of a controller's coefficient slots, for tables, heatmaps and the dashboard.
+
+The names are declared once, by each model family (``slot_labels_for``) and each controller kind
+(``ControllerKind.slot_labels``); an audit records its model's in ``model.slot_labels``. What is here only
+reads them.
+"""
 
 from __future__ import annotations
 
+from fca_workbench.adapters.kinds import expert_slot_labels
+from fca_workbench.models import family_slot_labels
+
 
 def slot_labels(slot_shape, arch: str, router: bool = False) -> list[str]:
-    """Readable names of a layer's slots: FeatureGate ``attn g0``/``mlp g0``, MUDDPythia ``q←0`` (stream ← source),
-    a router's dense gate ``expert 0``, ..."""
-    import itertools
+    """The names of a layer's flattened slots from its shape and the model's ``arch`` (for readers that hold
+    no model and no recorded labels: the explorer, audits written before ``model.slot_labels``): a router's
+    dense gate ``expert 0``, ..., else what the family declares (generic ``slot i`` for other archs)."""
+    shape = tuple(slot_shape)
+    return expert_slot_labels(shape) if router else family_slot_labels(arch, shape)
 
-    if router:
-        return [f"expert {e}" for e in range(slot_shape[0])]
-    if arch == "featuregate" and len(slot_shape) == 2 and slot_shape[0] == 2:
-        return [f"{branch} g{g}" for branch in ("attn", "mlp") for g in range(slot_shape[1])]
-    if arch == "muddpythia" and len(slot_shape) == 2:
-        streams = "qkvr" if slot_shape[0] == 4 else "r" if slot_shape[0] == 1 else None
-        if streams:
-            return [f"{s}←{j}" for s in streams for j in range(slot_shape[1])]
-    return [",".join(map(str, idx)) for idx in itertools.product(*(range(n) for n in slot_shape))]
+
+def audit_slot_labels(audit: dict, layer: int, slot_shape) -> list[str]:
+    """Controller ``layer``'s slot names as the audit recorded them (``model.slot_labels``), else derived
+    from its shape (``slot_labels``)."""
+    recorded = audit["model"].get("slot_labels")
+    if recorded is not None:
+        return list(recorded[layer])
+    router = routers(audit)
+    return slot_labels(slot_shape, audit["model"]["arch"], layer < len(router) and router[layer])
 
 
 def routers(audit: dict) -> list[bool]:

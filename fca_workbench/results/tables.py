@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fca_workbench.files import write_atomic
+
+if TYPE_CHECKING:  # imported when a table is built, not by `import fca_workbench`
+    import pandas as pd
+    from pandas.io.formats.style import Styler
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,11 @@ class Column:
         return "Int64" if self.form == "value" and (self.integer or self.kind == "int") else "float64"
 
 
-def make_table(name: str, caption: str, columns: list[Column], rows: list[dict]):
+def make_table(name: str, caption: str, columns: list[Column], rows: list[dict]) -> pd.DataFrame:
     """The exact DataFrame of a table: one column per part of each ``Column``, ``None`` as missing."""
     import pandas as pd
 
-    def parts(column: Column, value) -> list:
+    def parts(column: Column, value: Any) -> list:
         if column.form == "ci":
             return list(value) if value is not None else [None, None]
         if column.form == "msd":
@@ -58,7 +63,7 @@ def make_table(name: str, caption: str, columns: list[Column], rows: list[dict])
     return frame
 
 
-def readable(table):
+def readable(table: pd.DataFrame) -> pd.DataFrame:
     """The table as text for reading: CIs as ``[lo, hi]``, mean ± sd, percentages and signs, the columns'
     headers; ``n/a`` where a figure is missing."""
     import pandas as pd
@@ -67,12 +72,12 @@ def readable(table):
     return pd.DataFrame(cells, dtype="str")
 
 
-def styled(table):
+def styled(table: pd.DataFrame) -> Styler:
     """What a notebook shows: the readable table as a pandas ``Styler`` with its caption, without the index."""
     return readable(table).style.hide(axis="index").set_caption(table.attrs["caption"])
 
 
-def to_markdown(table) -> str:
+def to_markdown(table: pd.DataFrame) -> str:
     """The caption in bold, then a pipe table (``DataFrame.to_markdown``; numbers right-aligned)."""
     align = ["left" if c.kind == "text" else "right" for c in table.attrs["columns"]]
     cells = readable(table).map(lambda text: text.replace("|", "\\|"))  # a token may hold a pipe
@@ -84,7 +89,7 @@ def to_markdown(table) -> str:
 _TEX = {"±": r"$\pm$", "Δ": r"$\Delta$", "×": r"$\times$", "²": r"$^2$", "←": r"$\leftarrow$"}
 
 
-def to_latex(table) -> str:
+def to_latex(table: pd.DataFrame) -> str:
     """A booktabs ``table`` float (``Styler.to_latex``), caption and ``tab:<name>`` label."""
     spec = "".join("l" if c.kind == "text" else "r" for c in table.attrs["columns"])
     styler = readable(table).style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
@@ -118,12 +123,12 @@ def _escape_tex(text: str) -> str:
     return "".join(special.get(char, char) for char in text)
 
 
-def to_csv(table) -> str:
+def to_csv(table: pd.DataFrame) -> str:
     """The table's exact values as CSV (full precision; a CI as ``<key>_lo`` / ``<key>_hi``)."""
     return table.to_csv(index=False, lineterminator="\n")
 
 
-def write_table(table, out) -> dict[str, Path]:
+def write_table(table: pd.DataFrame, out: str | Path) -> dict[str, Path]:
     """Write ``out/tables/<name>.{csv,md,tex}`` (each to a temporary name, then renamed); returns the paths."""
     folder = Path(out) / "tables"
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""A fix for Panel's queue of websocket writes, installed once per dashboard process.
+"""A fix for Panel's queue of websocket writes, installed once per dashboard process (``app.configure``). It
+lives with the Panel app: the view model (``fca_workbench.dashboard``) never imports Panel.
 
 While a write of a session is still in flight, Panel (1.9.4) queues that session's next document changes in
 ``panel.io.document._WRITE_MSGS`` and starts a task, ``_dispatch_msgs``, which sends them while
@@ -15,22 +16,26 @@ message per change, 22% more server CPU per update in ``benchmarks/bench_dashboa
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import panel.io.document as panel_document
 
 QUEUE = ("_dispatch_msgs", "_WRITE_MSGS", "_WRITE_BLOCK")  # the parts of Panel this fix relies on
 
 
-def sends_stranded_changes(dispatch):
+def sends_stranded_changes(
+    dispatch: Callable[[Any], Coroutine[Any, Any, Any]],
+) -> Callable[[Any], Coroutine[Any, Any, Any]]:
     """``dispatch`` (Panel's ``_dispatch_msgs``) that also sends changes queued after the write block was lifted."""
 
     @functools.wraps(dispatch)
-    async def dispatch_queued(doc):
+    async def dispatch_queued(doc: Any) -> Any:
         if doc not in panel_document._WRITE_BLOCK and panel_document._WRITE_MSGS.get(doc):
             panel_document._WRITE_BLOCK[doc] = True
         return await dispatch(doc)
 
-    dispatch_queued.sends_stranded_changes = True
+    dispatch_queued.sends_stranded_changes = True  # type: ignore[attr-defined]  # the mark of an installed fix
     return dispatch_queued
 
 

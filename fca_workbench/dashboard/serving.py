@@ -1,0 +1,227 @@
+"""What one dashboard server serves, however it was started: ``fca dashboard`` (cli.py) or
+``panel serve dashboards/app.py --args ...`` (the app's own settings, also read from ``FCA_*`` variables).
+
+``ServedSettings`` is the one description of those settings and their checks; ``configure`` applies them to the
+process (registry, model pool, session cap, torch threads) and returns the ``Server`` every session of the
+process uses: which checkpoints it offers, which one a session shows first, and each checkpoint's shared model
+with errors that name the checkpoint, never the server's folder. The serving options (``serving_auth``: Panel's
+``basic_auth`` and ``cookie_secret``) refuse to serve a network without authentication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import json
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fca_workbench.dashboard.live import SharedModel
+from fca_workbench.dashboard.pool import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MODEL_IDLE_SECONDS,
+    MODELS,
+    SESSIONS,
+    Registry,
+    load_registry,
+)
+from fca_workbench.dashboard.results_folder import ResultsFolder
+from fca_workbench.errors import UserError
+
+# ServedSettings field -> the variable ``panel serve`` reads it from when ``--args`` does not give it
+ENVIRONMENT = {
+    "registry": "FCA_REGISTRY",
+    "calibration_windows": "FCA_CALIBRATION_WINDOWS",
+    "torch_threads": "FCA_TORCH_THREADS",
+    "max_sessions": "FCA_MAX_SESSIONS",
+    "model_idle_seconds": "FCA_MODEL_IDLE_SECONDS",
+    "results": "FCA_RESULTS",
+}
+
+
+@dataclass(frozen=True)
+class ServedSettings:
+    """The registry file (None: the shipped checkpoints), calibration windows for the static profiles (None:
+    all), torch threads (1 keeps small models fast when several sessions share the CPU; 0: torch's own
+    choice), the most sessions open at once and the idle time after which a model is unloaded (0: no limit,
+    never), and the results folder whose audits the results view lists (None or "": none)."""
+
+    registry: str | None = None
+    calibration_windows: int | None = None
+    torch_threads: int = 1
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    model_idle_seconds: float = DEFAULT_MODEL_IDLE_SECONDS
+    results: str | None = "results"
+
+    def __post_init__(self) -> None:
+        for flag in ("max_sessions", "model_idle_seconds"):
+            value = getattr(self, flag)
+            if value < 0:
+                raise UserError(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit), got {value}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServedSettings:
+        """The settings an argparse namespace gives (a value it leaves None keeps the default)."""
+        given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in given.items() if value is not None})
+
+
+def served_settings(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> ServedSettings:
+    """``panel serve dashboards/app.py --args ...``: each setting from ``--args``, else its ``FCA_*`` variable
+    (``ENVIRONMENT``), else the default; arguments it does not know are left to Panel."""
+    defaults = ServedSettings()
+    parser = argparse.ArgumentParser(prog="panel serve dashboards/app.py --args")
+
+    def default(name: str) -> object:
+        return environ.get(ENVIRONMENT[name], getattr(defaults, name))
+
+    parser.add_argument("--registry", default=default("registry"))
+    parser.add_argument("--calibration-windows", type=int, default=default("calibration_windows"))
+    parser.add_argument("--torch-threads", type=int, default=default("torch_threads"))
+    parser.add_argument("--max-sessions", type=int, default=default("max_sessions"))
+    parser.add_argument("--model-idle-seconds", type=float, default=default("model_idle_seconds"))
+    parser.add_argument("--results", default=default("results"))
+    args, _ = parser.parse_known_args(list(argv))
+    args.calibration_windows = args.calibration_windows or None  # 0 or empty: every calibration window
+    return ServedSettings.from_args(args)
+
+
+@dataclass
+class Server:
+    """What every session of the process is served: the registry's checkpoints, each one's shared model (from
+    ``MODELS``, with these calibration windows and this results folder) and the one a session shows first."""
+
+    registry: Registry
+    calibration_windows: int | None = None
+    results: ResultsFolder | None = None
+    _default: str | None = field(default=None, init=False, repr=False)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def acquire(self, name: str) -> SharedModel:
+        """The process-wide model of checkpoint ``name`` (loaded once, shared read-only by all sessions), in use
+        until ``release``. A load error names the checkpoint, never the server's folder."""
+        folder = self.registry.folder(name)
+        try:
+            return MODELS.acquire(folder, calibration_windows=self.calibration_windows, results=self.results)
+        except UserError as exc:
+            shown = str(exc).replace(str(folder), f"'{name}'")
+            raise UserError(f"checkpoint '{name}' cannot be used: {shown}") from None
+
+    def release(self, model: SharedModel) -> None:
+        MODELS.release(model)
+
+    def default_checkpoint(self) -> str:
+        """The first checkpoint of the registry whose model has a controller (the live view shows coefficients),
+        else the first; found once (loading models in registry order until one has one), then kept."""
+        with self._mutex:
+            if self._default is None:
+                self._default = next((name for name in self.registry.names if self._has_controller(name)), None)
+                self._default = self._default or self.registry.names[0]
+            return self._default
+
+    def _has_controller(self, name: str) -> bool:
+        try:
+            model = self.acquire(name)
+        except UserError:  # a checkpoint that cannot be loaded is not the default; picking it shows why
+            return False
+        try:
+            return model.has_coefficients
+        finally:
+            self.release(model)
+
+
+_SERVERS: dict[tuple, Server] = {}  # per process: ``panel serve`` configures once per session, with the same settings
+_SERVERS_MUTEX = threading.Lock()
+
+
+def configure(settings: ServedSettings) -> Server:
+    """Apply ``settings`` to the process (session cap, model idle time, torch threads) and return its ``Server``;
+    the same settings give the same ``Server`` again (its default checkpoint is found once)."""
+    registry = load_registry(settings.registry)
+    SESSIONS.maximum = settings.max_sessions
+    MODELS.idle_seconds = settings.model_idle_seconds
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    results = ResultsFolder(settings.results) if settings.results else None
+    key = (tuple(registry.entries.items()), settings.calibration_windows, results and results.root)
+    with _SERVERS_MUTEX:
+        if key not in _SERVERS:
+            _SERVERS[key] = Server(registry, settings.calibration_windows, results)
+        return _SERVERS[key]
+
+
+# ------------------------------------------------------------------------------------------------ authentication
+
+
+def dashboard_secret(value: str | None, file: str | None, variable: str, flag: str) -> str | None:
+    """A secret from ``--flag VALUE``, else ``--flag-file FILE``, else the environment variable ``variable``."""
+    if value:
+        print(
+            f"fca dashboard: warning: {flag} on the command line is visible to every user in `ps`; "
+            f"use {flag}-file FILE or {variable}",
+            file=sys.stderr,
+        )
+        return value
+    if file:
+        try:
+            value = Path(file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise UserError(f"{flag}-file {file} cannot be read: {reason}") from None
+        if not value:
+            raise UserError(f"{flag}-file {file} is empty")
+        return value
+    return os.environ.get(variable) or None
+
+
+def basic_auth_option(args: argparse.Namespace) -> str | None:
+    """Panel's ``basic_auth``: the path of a JSON credentials file (Panel reads it at each login), or the
+    shared password (from the flag, a file holding it, or ``FCA_BASIC_AUTH``)."""
+    value, file = args.basic_auth, args.basic_auth_file
+    if value and Path(value).is_file():  # ``--basic-auth credentials.json``: nothing secret in `ps`
+        value, file = None, value
+    if file:
+        try:
+            if isinstance(json.loads(Path(file).read_text(encoding="utf-8")), dict):
+                return str(file)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            pass  # not credentials: the file holds the password (a read error is reported next)
+    return dashboard_secret(value, file, "FCA_BASIC_AUTH", "--basic-auth")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether only this machine can reach ``address``."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a host name (or "" = every interface): assume the network can reach it
+        return False
+
+
+def serving_auth(args: argparse.Namespace) -> dict:
+    """Panel's ``basic_auth``/``cookie_secret`` options, refusing to serve a network without authentication
+    (unless ``--no-auth``) and a password without the secret that signs its login cookie."""
+    basic_auth = basic_auth_option(args)
+    cookie_secret = dashboard_secret(
+        args.cookie_secret, args.cookie_secret_file, "FCA_COOKIE_SECRET", "--cookie-secret"
+    )
+    if basic_auth and args.no_auth:
+        raise UserError("--no-auth contradicts --basic-auth (or FCA_BASIC_AUTH): choose one")
+    if basic_auth and not cookie_secret:
+        raise UserError(
+            "--basic-auth needs a --cookie-secret (or --cookie-secret-file, FCA_COOKIE_SECRET) to sign its login cookie"
+        )
+    if not basic_auth and not args.no_auth and not is_loopback(args.address):
+        raise UserError(
+            f"--address {args.address} lets the network reach the dashboard: give --basic-auth-file "
+            "FILE (or FCA_BASIC_AUTH) with --cookie-secret-file FILE (or FCA_COOKIE_SECRET), or --no-auth"
+        )
+    return {"basic_auth": basic_auth, "cookie_secret": cookie_secret} if basic_auth else {}

@@ -1,0 +1,98 @@
+"""The dependency bounds in pyproject.toml are true: every one has a lower bound, the installed packages (the
+versions the suite runs against) satisfy it, none is below what an installed dependency itself requires of
+another, and the transformers bound is the major version whose APIs the code calls."""
+
+import sys
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def requirements() -> list[Requirement]:
+    """The project's requirements and its extras' (an extra's reference to the project itself aside)."""
+    listed = [*PROJECT["dependencies"], *(r for extra in PROJECT["optional-dependencies"].values() for r in extra)]
+    return [r for r in map(Requirement, listed) if canonicalize_name(r.name) != canonicalize_name(PROJECT["name"])]
+
+
+def applies(requirement: Requirement) -> bool:
+    """Whether the requirement holds on this Python (markers such as ``python_version < '3.11'``)."""
+    return requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+
+
+def floor(requirement: Requirement) -> Version | None:
+    bounds = [Version(s.version) for s in requirement.specifier if s.operator in (">=", "==", "~=")]
+    return max(bounds) if bounds else None
+
+
+def installed(name: str) -> Version | None:
+    try:
+        return Version(distribution(name).version)
+    except PackageNotFoundError:
+        return None
+
+
+def test_every_requirement_has_a_lower_bound():
+    assert [str(r) for r in requirements() if floor(r) is None] == []
+
+
+def test_the_installed_packages_satisfy_every_bound():
+    core = {canonicalize_name(Requirement(r).name) for r in PROJECT["dependencies"]}
+    checked = 0
+    for requirement in filter(applies, requirements()):
+        version = installed(requirement.name)
+        if version is None:
+            assert canonicalize_name(requirement.name) not in core, f"{requirement.name} is not installed"
+            continue  # an extra this environment does not install (bench, mutation)
+        assert requirement.specifier.contains(version, prereleases=True), f"{requirement} but {version} installed"
+        checked += 1
+    assert checked >= len(core) + 10
+
+
+def test_no_bound_is_below_what_an_installed_dependency_requires_of_another():
+    ours = {canonicalize_name(r.name): floor(r) for r in requirements()}
+    low = []
+    for requirement in filter(applies, requirements()):
+        if installed(requirement.name) is None:
+            continue
+        for theirs in map(Requirement, distribution(requirement.name).requires or []):
+            name = canonicalize_name(theirs.name)
+            needed = floor(theirs)
+            if name in ours and applies(theirs) and needed is not None and ours[name] < needed:
+                low.append(f"{name}>={ours[name]}, but {requirement.name} needs {theirs}")
+    assert low == []
+
+
+def test_the_transformers_bound_is_the_major_version_whose_apis_the_code_calls():
+    code = "\n".join(path.read_text() for path in (REPO / "fca_workbench").rglob("*.py"))
+    assert "from transformers import initialization" in code and "set_experts_implementation" in code  # 5.x APIs
+    transformers = next(r for r in requirements() if r.name == "transformers")
+    assert floor(transformers) >= Version("5")
+    assert installed("transformers") >= floor(transformers)
+
+
+def test_the_checks_are_configured_once_and_run_by_the_test_script():
+    """Lint, format and type settings live in pyproject.toml alone; pre-commit runs the dev extra's pinned tools
+    from .venv (a hook repository's own pin would drift from them); scripts/test.sh fails on each check."""
+    assert [
+        n for n in ("mypy.ini", ".mypy.ini", "setup.cfg", "ruff.toml", ".ruff.toml", ".flake8") if (REPO / n).exists()
+    ] == []
+    hooks = (REPO / ".pre-commit-config.yaml").read_text()
+    assert "rev:" not in hooks and hooks.count("repo: local") == 1
+    assert all(f"entry: .venv/bin/{tool}" in hooks for tool in ("ruff check", "ruff format --check", "mypy"))
+    script = (REPO / "scripts" / "test.sh").read_text()
+    assert "set -euo pipefail" in script
+    checks = ["ruff check", "ruff format --check", "bin/mypy", "mkdocs build --strict", "-m pytest"]
+    assert sorted(checks, key=script.index) == checks  # every check before the tests
+    dev = {Requirement(r).name: Requirement(r) for r in PROJECT["optional-dependencies"]["dev"]}
+    assert all(str(dev[tool].specifier).startswith("==") for tool in ("ruff", "mypy"))  # one verdict everywhere
