@@ -19,6 +19,7 @@ from fca_workbench.models import load_model
 from fca_workbench.results.conditions import (
     ALL_CONDITIONS,
     INTERVENTIONS,
+    REASSIGNMENTS,
     RETAINED,
     VOCABULARY,
     conditions_epilog,
@@ -80,7 +81,7 @@ def test_the_scan_finds_a_spelled_collection(tmp_path):
 
 def test_every_condition_has_help_and_the_cli_lists_it():
     assert list(CONDITION_HELP) == list(ALL_CONDITIONS) and all(CONDITION_HELP.values())
-    assert set(SEEDED) < set(INTERVENTIONS)
+    assert REASSIGNMENTS == SEEDED == ("cross_input", "token_shuffle") and set(SEEDED) < set(INTERVENTIONS)
     audit_help = build_parser()._subparsers._group_actions[0].choices["audit"].format_help()
     assert conditions_epilog() in audit_help
     for condition in VOCABULARY:

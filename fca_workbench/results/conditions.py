@@ -69,7 +69,6 @@ VOCABULARY = (
         retention=True,
     ),
 )
-BY_NAME = {c.name: c for c in VOCABULARY}
 
 ALL_CONDITIONS = tuple(c.name for c in VOCABULARY)  # every name audit.json may hold, in report order
 CONDITIONS = tuple(c.name for c in VOCABULARY if not c.routers_only)  # section 4's: every model with a controller
