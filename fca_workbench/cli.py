@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench.errors import UserError
+from fca_workbench.results.conditions import conditions_epilog
 from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
 
 if TYPE_CHECKING:  # the commands import what they run when they run (a fast `fca --help`)
@@ -260,7 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(func=cmd_train)
 
-    audit = commands.add_parser("audit", help="audit one checkpoint: variation, assignment, execution")
+    audit = commands.add_parser(
+        "audit",
+        help="audit one checkpoint: variation, assignment, execution",
+        epilog=conditions_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     audit.add_argument("checkpoint")
     add_audit_options(audit)
     audit.add_argument("--cache", default=None, help="coefficient cache folder (default: OUT/cache)")

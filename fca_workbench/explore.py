@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,8 +21,11 @@ from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
 from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
-from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
+from fca_workbench.results.conditions import PROFILE_CONDITIONS, model_conditions
 from fca_workbench.results.tables import Column, make_table
+
+if TYPE_CHECKING:  # pandas is imported where a table is made
+    import pandas as pd
 
 
 class Explorer:
@@ -29,7 +33,7 @@ class Explorer:
     the core (``ConditionCoefficients`` of ``replay``, the cache, ``next_token_nll``), window by window, with
     the settings' seed, exactly as the audit replays them."""
 
-    def __init__(self, settings: AuditSettings):
+    def __init__(self, settings: AuditSettings) -> None:
         if settings.cache is None:
             raise ValueError("the explorer needs settings.cache: the folder its captures are shared in")
         self.name = Path(settings.checkpoint).name
@@ -42,7 +46,7 @@ class Explorer:
         self.arch = self.model.arch
         self.slot_shapes = [tuple(s) for s in self.cache.manifest["slot_shapes"]]
         self.routers = [k is not None for k in routing_top_k(self.cache.values(torch.arange(1)))]
-        self.conditions = CONDITIONS + (ROUTING_CONDITIONS if any(self.routers) else ())
+        self.conditions = model_conditions(any(self.routers))
 
     @property
     def num_layers(self) -> int:
@@ -56,7 +60,7 @@ class Explorer:
         return calibration_profiles(calibration)
 
     def _assign(self, condition: str, layer: int | None):
-        static = condition in STATIC_PROFILES + ROUTING_CONDITIONS
+        static = condition in PROFILE_CONDITIONS
         return ConditionCoefficients(
             condition, self.cache, self.profiles if static else None, self.settings.seed, layer
         )
@@ -82,7 +86,7 @@ class Explorer:
         )
         return next_token_nll(self.model.replay_run(batch, values), batch)[0].float().cpu()
 
-    def window_table(self, condition: str, window: int, layer: int | None = None):
+    def window_table(self, condition: str, window: int, layer: int | None = None) -> pd.DataFrame:
         """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""
         correct = self.token_nll("correct", window)
         other = self.token_nll(condition, window, layer)

@@ -13,6 +13,9 @@ import io
 import time
 from pathlib import Path
 
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
 from fca_workbench.audit.mini import MiniAudit, has_controller
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
@@ -28,9 +31,9 @@ class AuditLog:
     Columns: ``step``, ``audit_seconds``, then the mini-audit's figures in its order (routers add theirs).
     """
 
-    def __init__(self, folder, resume_step: int):
+    def __init__(self, folder: str | Path, resume_step: int) -> None:
         self.path = Path(folder) / AUDIT_LOG
-        self.rows = []
+        self.rows: list[dict] = []
         if self.path.is_file():
             with self.path.open() as handle:
                 self.rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= resume_step]
@@ -52,11 +55,18 @@ class AuditLog:
 class TrainingAudit:
     """``fca train --audit-every N``: the mini-audit every N steps and at the end, logged to ``audit_log.csv``."""
 
-    def __init__(self, audit: MiniAudit, every: int, last_step: int, log: AuditLog):
+    def __init__(self, audit: MiniAudit, every: int, last_step: int, log: AuditLog) -> None:
         self.audit, self.every, self.last_step, self.log = audit, every, last_step, log
 
     @classmethod
-    def for_run(cls, settings, model, tokenizer, folder, resume_step: int):
+    def for_run(
+        cls,
+        settings,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        folder: str | Path,
+        resume_step: int,
+    ) -> "TrainingAudit | None":
         """None without ``audit_every``; every bad setting is a one-line UserError before training starts."""
         if settings.audit_every is None:
             return None
@@ -73,7 +83,7 @@ class TrainingAudit:
         )
         return cls(audit, settings.audit_every, settings.steps, AuditLog(folder, resume_step))
 
-    def maybe_run(self, model, step: int) -> dict | None:
+    def maybe_run(self, model: nn.Module, step: int) -> dict | None:
         """Audit at multiples of N and at the run's last step; returns the new row, or None."""
         if step % self.every and step != self.last_step:
             return None
@@ -104,7 +114,7 @@ def postfix(row: dict) -> dict:
 TRAINING_DYNAMICS_DIR = shipped("data") / "training_dynamics"  # the shipped study, in a checkout or a wheel
 
 
-def load_training_run(folder) -> dict:
+def load_training_run(folder: str | Path) -> dict:
     """A training run's logs as DataFrames: ``audit`` (``audit_log.csv``), ``train`` (``train_log.csv``) and its
     model card (None while the run is unfinished: the logs are then partial)."""
     import json
@@ -123,7 +133,7 @@ def load_training_run(folder) -> dict:
     }
 
 
-def load_training_runs(folders=None) -> list[dict]:
+def load_training_runs(folders: str | Path | list | None = None) -> list[dict]:
     """Several runs (default: the shipped ``data/training_dynamics/*``), in folder-name order."""
     folders = folders or sorted(p for p in TRAINING_DYNAMICS_DIR.iterdir() if (p / AUDIT_LOG).is_file())
     return [load_training_run(f) for f in ([folders] if isinstance(folders, (str, Path)) else folders)]

@@ -43,7 +43,7 @@ class TransformersControlled(nn.Module):
         set_experts = getattr(self.model, "set_experts_implementation", None)
         if set_experts is not None:
             # eager loops over the experts a token uses: a zero-weight expert contributes exactly nothing,
-            # so a static profile equal to the live routing replays bit-exactly (shared/moe-routing.md)
+            # so a static profile equal to the live routing replays bit-exactly (docs/guides/foreign-models.md)
             set_experts("eager")
         found = find_controllers(model, controllers)
         self.controller_names = [name for name, _, _ in found]

@@ -136,11 +136,11 @@ def frozen(replacements: dict[nn.Module, Callable[..., Any]]) -> Iterator[None]:
     try:
         for module, forward in replacements.items():
             saved.append((module, module.__dict__.get("forward")))
-            module.forward = forward  # type: ignore[method-assign]  # an instance attribute shadows the method
+            module.forward = forward  # an instance attribute shadows the method
         yield
     finally:
         for module, previous in reversed(saved):
             if previous is None:
                 module.__dict__.pop("forward", None)
             else:
-                module.forward = previous  # type: ignore[method-assign]
+                module.forward = previous

@@ -4,6 +4,8 @@ The one place that turns a condition name, a coefficient cache and the calibrati
 the audit, the sweep, the mini-audit, the explorer and the dashboard all go through it.
 """
 
+from collections.abc import Callable, Iterable, Sequence
+
 import torch
 
 from fca_workbench.adapters.protocol import COEFFICIENT
@@ -19,65 +21,123 @@ from fca_workbench.audit.interventions import (
     shuffle_positions,
     with_routing_profiles,
 )
-from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
+from fca_workbench.results.conditions import (
+    BASELINES,
+    INTERVENTIONS,
+    PROFILE_CONDITIONS,
+    ROUTING_CONDITIONS,
+    model_conditions,
+)
+
+Values = list[dict[str, torch.Tensor]]  # per controller, its cached outputs by name (``COEFFICIENT`` first)
+Profiles = dict[str, list[torch.Tensor]]  # per profile name, one tensor per layer (``interventions.static_profiles``)
+Total = Callable[[torch.Tensor], torch.Tensor]  # a sum over the processes that each read part of a set
 
 
-def calibration_profiles(cache: CoefficientCache, shards=None, total=lambda t: t) -> dict[str, list[torch.Tensor]]:
+def one_process(tensor: torch.Tensor) -> torch.Tensor:
+    """The total of one process alone: its own sum."""
+    return tensor
+
+
+def calibration_profiles(
+    cache: CoefficientCache, shards: Iterable[int] | None = None, total: Total = one_process
+) -> Profiles:
     """The static profiles of a calibration capture, plus ``layer_mean_topk`` when it holds routers (their
     cached ``top_k_index`` gives k).
 
     ``shards``: only these shards are read; ``total``: adds a sum up over the processes that read the others
     (``distributed.Ranks.sum``), so every process gets the profiles of the whole calibration set."""
-    sums, windows = profile_sums(cache.batches(shards))
-    profiles = profiles_from_sums([total(s) for s in sums], int(total(torch.tensor(windows))))
-    return with_routing_profiles(profiles, routing_top_k(cache.values(torch.arange(1))))
+    return profiles_of(cache.batches(shards), routing_top_k(cache.values(torch.arange(1))), total)
 
 
-def replay_conditions(profiles) -> tuple[str, ...]:
+def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], total: Total = one_process) -> Profiles:
+    """The static profiles of per-layer coefficient batches (``interventions.profile_sums``), with the routing
+    profiles of the routers ``top_k`` names (``routing_top_k``); ``total`` as in ``calibration_profiles``."""
+    sums, windows = profile_sums(batches)
+    totals = None if sums is None else [total(s) for s in sums]
+    profiles = profiles_from_sums(totals, int(total(torch.tensor(windows))))
+    return with_routing_profiles(profiles, top_k)
+
+
+def replay_conditions(profiles: Profiles | None) -> tuple[str, ...]:
     """Every condition a model's audit replays: section 4's, plus the routing ones its profiles allow."""
-    return CONDITIONS + tuple(c for c in ROUTING_CONDITIONS if profiles and c in profiles)
+    return model_conditions(any(c in (profiles or {}) for c in ROUTING_CONDITIONS))
+
+
+def assigned_values(
+    condition: str,
+    own: Values,
+    donor: Values | None,
+    profiles: Profiles | None,
+    slot_shapes: Sequence[tuple[int, ...]],
+    window_indices: torch.Tensor,
+    seed: int,
+    layer: int | None = None,
+) -> Values:
+    """Per controller, the values ``condition`` assigns to windows ``window_indices`` (design.md section 4),
+    at ``layer`` only (the other layers keep their own) or everywhere (``layer`` None).
+
+    ``own``: the windows' cached values ``[B, T, ...]``; ``donor``: the donor windows' (``cross_input`` only;
+    a longer donor is cut to the windows' length: causal, so a prefix's values are its own); ``profiles``:
+    the calibration profiles (profile conditions only). The baselines, ``cross_input`` and ``token_shuffle``
+    move everything cached (a router's whole output); a static profile is a coefficient only. Seeded choices
+    depend on (seed, window index) alone, so a window gets the same values however windows are batched."""
+    batch, length = own[0][COEFFICIENT].shape[:2]
+    if condition in BASELINES:
+        return own
+    if condition == "cross_input":
+        if donor is None:
+            raise ValueError("cross_input needs the donor windows' values")
+        intervened = [{name: t[:, :length] for name, t in value.items()} for value in donor]
+    elif condition == "token_shuffle":
+        permutations = position_permutations(window_indices, length, seed)
+        intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in own]
+    elif condition in PROFILE_CONDITIONS:
+        if profiles is None or condition not in profiles:
+            raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
+        intervened = [{COEFFICIENT: c} for c in broadcast_profile(profiles[condition], slot_shapes, batch, length)]
+    else:
+        raise ValueError(f"unknown replay condition '{condition}'")
+    return intervened if layer is None else restrict_to_layer(intervened, own, layer)
 
 
 class ConditionCoefficients:
-    """Builds the coefficients a condition assigns to any batch of eval windows.
+    """The values a condition assigns to any batch of eval windows, read from a coefficient cache.
 
-    Seeded choices (the cross-input derangement, the per-window shuffles) are fixed once per condition,
-    so a window gets the same coefficients however the windows are batched.
+    The seeded cross-input derangement is fixed once per condition, so a window gets the same values however
+    the windows are batched.
     """
 
-    def __init__(self, condition: str, cache: CoefficientCache, profiles=None, seed: int = 0, layer: int | None = None):
-        profile_names = STATIC_PROFILES + ROUTING_CONDITIONS
-        if condition in profile_names and (profiles is None or condition not in profiles):
+    def __init__(
+        self,
+        condition: str,
+        cache: CoefficientCache,
+        profiles: Profiles | None = None,
+        seed: int = 0,
+        layer: int | None = None,
+    ) -> None:
+        if condition in PROFILE_CONDITIONS and (profiles is None or condition not in profiles):
             raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
-        if condition not in profile_names and condition not in ("correct", "cross_input", "token_shuffle"):
+        if condition not in (*INTERVENTIONS, "correct"):
             raise ValueError(f"unknown replay condition '{condition}'")
         self.condition, self.cache, self.profiles, self.seed, self.layer = condition, cache, profiles, seed, layer
         self.donors = derangement(cache.num_windows, seed) if condition == "cross_input" else None
+        self.slot_shapes = [tuple(s) for s in cache.manifest["slot_shapes"]]
 
     def __call__(self, indices: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, the coefficients ``[B, T, *slot]`` the condition assigns."""
         return [value[COEFFICIENT] for value in self.values(indices)]
 
-    def values(self, indices: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Per controller, the values replayed: ``correct``, ``cross_input`` and ``token_shuffle`` move
-        everything cached (a router's whole output); a static profile is a coefficient only."""
-        correct = self.cache.values(indices)
-        batch, length = correct[0][COEFFICIENT].shape[:2]
-        if self.condition == "correct":
-            intervened = correct
-        elif self.condition == "cross_input":
-            intervened = self.cache.values(self.donors[indices])
-        elif self.condition == "token_shuffle":
-            permutations = position_permutations(indices, length, self.seed)
-            intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in correct]
-        else:
-            slot_shapes = [tuple(s) for s in self.cache.manifest["slot_shapes"]]
-            profile = broadcast_profile(self.profiles[self.condition], slot_shapes, batch, length)
-            intervened = [{COEFFICIENT: c} for c in profile]
-        return intervened if self.layer is None else restrict_to_layer(intervened, correct, self.layer)
+    def values(self, indices: torch.Tensor) -> Values:
+        """Per controller, the values replayed (``assigned_values``)."""
+        donor = self.cache.values(self.donors[indices]) if self.donors is not None else None
+        own = self.cache.values(indices)
+        return assigned_values(
+            self.condition, own, donor, self.profiles, self.slot_shapes, indices, self.seed, self.layer
+        )
 
 
-def values_on(values: list[dict[str, torch.Tensor]], device, dtype) -> list[dict[str, torch.Tensor]]:
+def values_on(values: Values, device: torch.device | str, dtype: torch.dtype) -> Values:
     """Values moved to ``device``, coefficients cast to the model's ``dtype`` (the rest of a controller's
     output keeps the dtype it was captured in, so replaying it is exact)."""
     return [

@@ -4,9 +4,13 @@ Each takes per-layer, batch-first coefficient tensors ``[B, T, *slot]`` (or the 
 and returns new ones; none touches a model. Randomness always comes from an explicit seed.
 """
 
+from typing import TypeVar
+
 import torch
 
 from fca_workbench.adapters.kinds import top_k
+
+Layer = TypeVar("Layer")  # what one layer holds: its coefficients, or a controller's values by name
 
 
 def derangement(n: int, seed: int) -> torch.Tensor:
@@ -123,7 +127,7 @@ def broadcast_profile(profile: list[torch.Tensor], slot_shapes, batch: int, leng
     return out
 
 
-def restrict_to_layer(intervened: list[torch.Tensor], correct: list[torch.Tensor], layer: int) -> list[torch.Tensor]:
+def restrict_to_layer(intervened: list[Layer], correct: list[Layer], layer: int) -> list[Layer]:
     """Apply an intervention at one layer only; every other layer keeps its correct coefficients."""
     if not 0 <= layer < len(correct):
         raise ValueError(f"layer {layer} is out of range: the model has {len(correct)} layers")

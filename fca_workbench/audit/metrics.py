@@ -1,4 +1,4 @@
-"""Figures of an audit (design.md §5): bootstrap CIs over windows, gap retention, and the
+"""Figures of an audit (docs/concepts.md): bootstrap CIs over windows, gap retention, and the
 variance decomposition / variation of the coefficients.
 
 Everything is computed in float64 and returned as plain Python floats so it can go straight into
@@ -143,7 +143,7 @@ class _LayerStats:
 
 class VarianceAccumulator:
     """Streams the eval set's coefficients batch by batch (they do not fit in memory for big
-    models) and reports how much of their variance static structure explains (design.md §5):
+    models) and reports how much of their variance static structure explains (docs/concepts.md):
     R² = 1 − SS_within / SS_total over all entries of all layers pooled, for the groupings layer;
     layer×slot; layer×slot×position; layer×slot×window. What is left is token content."""
 

@@ -1,46 +1,35 @@
 """The mini-audit: the audit's replay figures on a few fixed windows, cheap enough to repeat while a model trains.
 
-It keeps the audit's core (capture, frozen replay under every condition, gap retention, variance decomposition)
-on M evenly spread eval and calibration windows in a temporary cache, and drops what does not change with the
-weights' values (execution counting, latency); for routers it keeps the fraction of expert evaluations run,
-which the captured routing gives for free.
+It runs ``run_audit``'s own steps (capture, calibration profiles, frozen replay under every condition, replay
+and spread figures) on M evenly spread eval and calibration windows (``data.windows.even_sample``, as
+``--max-windows`` picks them) in a temporary cache, so it reports only figures ``audit.json`` has, equal to an
+audit's on the same windows. It drops what does not change with the weights' values (execution counting,
+latency); for routers it keeps the fraction of expert evaluations run, which the captured routing gives for free.
 """
 
 import math
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.loading import controlled_view
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
 from fca_workbench.audit.execution import expert_execution
-from fca_workbench.audit.metrics import bootstrap_counts, condition_figures, gap_retention
-from fca_workbench.audit.replay import replay_nll
-from fca_workbench.audit.run import RETENTION_PROFILES, coefficient_spread
+from fca_workbench.audit.metrics import bootstrap_counts
+from fca_workbench.audit.run import coefficient_spread, replay_every_condition, replay_figures, spread_figures
 from fca_workbench.data.corpus import split_path
-from fca_workbench.data.windows import load_windows
+from fca_workbench.data.windows import even_sample, load_windows
 from fca_workbench.errors import UserError
-from fca_workbench.results.conditions import ROUTING_CONDITIONS
+from fca_workbench.results.conditions import INTERVENTIONS
 
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")
 
 
-def evenly_spread(windows: torch.Tensor, count: int, what: str) -> torch.Tensor:
-    """``count`` windows spread evenly over the whole set (np.linspace), not its first plays only."""
-    if count < 2:
-        raise UserError(f"--audit-windows must be at least 2 (cross-input needs two windows), got {count}")
-    if len(windows) < count:
-        raise UserError(
-            f"the {what} set gives {len(windows)} windows of {windows.shape[1]} tokens, "
-            f"fewer than --audit-windows {count}"
-        )
-    return windows[np.linspace(0, len(windows) - 1, count).round().astype(int)]
-
-
-def has_controller(model) -> bool:
+def has_controller(model: nn.Module) -> bool:
     """Whether the mini-audit can audit ``model`` (a workbench model or any transformers causal LM)."""
     with controlled_view(model) as view:
         return bool(view.controllers)
@@ -62,21 +51,36 @@ class MiniAudit:
         seed: int = 0,
         batch_size: int = 16,
         resamples: int = 200,
-    ):
+    ) -> None:
         self.eval_windows, self.calib_windows = eval_windows, calib_windows
         self.seed, self.batch_size, self.resamples = seed, batch_size, resamples
 
     @classmethod
-    def from_splits(cls, tokenizer, window: int, count: int, eval_path=None, calib_path=None, **options):
+    def from_splits(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        window: int,
+        count: int,
+        eval_path: str | Path | None = None,
+        calib_path: str | Path | None = None,
+        **options: int,
+    ) -> "MiniAudit":
         """M evenly spread windows of the eval and calibration texts (default: the shipped splits)."""
+        if count < 2:
+            raise UserError(f"--audit-windows must be at least 2 (cross-input needs two windows), got {count}")
         chosen = {}
         for what, path in (("eval", eval_path), ("calibration", calib_path)):
             windows = load_windows(Path(path) if path else split_path(what), tokenizer, window)
-            chosen[what] = evenly_spread(windows, count, what)
+            if len(windows) < count:
+                raise UserError(
+                    f"the {what} set gives {len(windows)} windows of {window} tokens, fewer than --audit-windows {count}"
+                )
+            chosen[what] = windows[even_sample(len(windows), count)]
         return cls(chosen["eval"], chosen["calibration"], **options)
 
-    def __call__(self, model) -> dict[str, float]:
-        """The figures, in the order of ``audit_log.csv``'s columns."""
+    def __call__(self, model: nn.Module) -> dict[str, float]:
+        """The figures, in the order of ``audit_log.csv``'s columns: ``run_audit``'s own steps (capture,
+        profiles, replay of every condition, replay and spread figures, expert execution) on these windows."""
         with controlled_view(model) as view:
             if not view.controllers:
                 raise UserError(
@@ -84,43 +88,45 @@ class MiniAudit:
                 )
             device = next(view.parameters()).device
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
-                options = {"batch_size": self.batch_size, "device": device}
-                eval_cache = capture(view, self.eval_windows, Path(tmp) / "eval", desc="audit eval", **options)
-                calib_cache = capture(view, self.calib_windows, Path(tmp) / "calib", desc="audit calib", **options)
+                folder, size = Path(tmp), self.batch_size
+                eval_cache = capture(view, self.eval_windows, folder / "eval", size, device, desc="audit eval")
+                calib_cache = capture(view, self.calib_windows, folder / "calib", size, device, desc="audit calib")
                 profiles = calibration_profiles(calib_cache)
-                replayed = [c for c in replay_conditions(profiles) if c not in ("unperturbed", "correct")]
-                window_nll = {
-                    condition: replay_nll(
-                        view, self.eval_windows, eval_cache, condition, profiles, self.seed, device=device
-                    )
-                    .double()
-                    .mean(dim=1)
-                    for condition in ("correct", *replayed)
-                }
+                conditions = replay_conditions(profiles)
+                per_token = replay_every_condition(
+                    view, self.eval_windows, eval_cache, conditions, profiles, self.seed, device
+                )
                 spread = coefficient_spread(eval_cache)
                 experts = expert_execution(view, eval_cache)
         counts = bootstrap_counts(len(self.eval_windows), self.resamples, self.seed)
-        conditions = condition_figures(window_nll, counts)
-        figures = {"nll_correct": conditions["correct"]["nll"]}
-        for condition in replayed:
-            c = conditions[condition]
-            figures.update(
-                {
-                    f"delta_{condition}": c["delta"],
-                    f"delta_{condition}_lo": c["delta_ci95"][0],
-                    f"delta_{condition}_hi": c["delta_ci95"][1],
-                }
-            )
-        for profile in (*RETENTION_PROFILES, *(c for c in ROUTING_CONDITIONS if c in profiles)):
-            r = gap_retention(window_nll, profile, counts)
-            figures.update(
-                {
-                    f"retention_{profile}": r["value"],
-                    f"retention_{profile}_lo": r["ci95"][0],
-                    f"retention_{profile}_hi": r["ci95"][1],
-                }
-            )
-        figures.update({key: spread[key] for key in SPREAD_KEYS})
-        if "expert_fraction_executed" in experts:
-            figures["expert_fraction_executed"] = experts["expert_fraction_executed"]
-        return {key: math.nan if value is None else float(value) for key, value in figures.items()}
+        return log_row({**replay_figures(per_token, counts), **spread_figures(spread), "execution": experts})
+
+
+def log_row(audit: dict) -> dict[str, float]:
+    """The mini-audit's columns of ``audit_log.csv`` from its audit figures (``audit.json``'s names, flat):
+    the correct NLL, every intervention's ΔNLL with its CI, every retention with its CI, the spread figures
+    and, for routers, the fraction of expert evaluations run."""
+    conditions = audit["conditions"]
+    figures = {"nll_correct": conditions["correct"]["nll"]}
+    for condition in (c for c in conditions if c in INTERVENTIONS):
+        c = conditions[condition]
+        figures.update(
+            {
+                f"delta_{condition}": c["delta"],
+                f"delta_{condition}_lo": c["delta_ci95"][0],
+                f"delta_{condition}_hi": c["delta_ci95"][1],
+            }
+        )
+    for profile, r in audit["retention"].items():
+        figures.update(
+            {
+                f"retention_{profile}": r["value"],
+                f"retention_{profile}_lo": r["ci95"][0],
+                f"retention_{profile}_hi": r["ci95"][1],
+            }
+        )
+    spread = {**audit["variance"], **audit["variation"]}
+    figures.update({key: spread[key] for key in SPREAD_KEYS})
+    if "expert_fraction_executed" in audit["execution"]:
+        figures["expert_fraction_executed"] = audit["execution"]["expert_fraction_executed"]
+    return {key: math.nan if value is None else float(value) for key, value in figures.items()}

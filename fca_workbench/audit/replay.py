@@ -4,11 +4,13 @@ Because every coefficient comes from the cache, which was filled before any inte
 here measures assignment dependence only: the controller never sees a perturbed hidden state.
 """
 
+from collections.abc import Iterable
+
 import torch
 from tqdm.auto import tqdm
 
 from fca_workbench.audit.capture import CoefficientCache
-from fca_workbench.audit.conditions import ConditionCoefficients, values_on
+from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
 from fca_workbench.models import next_token_nll
 
 
@@ -18,11 +20,11 @@ def replay_nll(
     windows: torch.Tensor,
     cache: CoefficientCache,
     condition: str,
-    profiles=None,
+    profiles: Profiles | None = None,
     seed: int = 0,
     layer: int | None = None,
-    device="cpu",
-    shards=None,
+    device: torch.device | str = "cpu",
+    shards: Iterable[int] | None = None,
 ) -> torch.Tensor:
     """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (``unperturbed``: the live run); with
     ``shards`` (one rank's share), of those shards' windows only.

@@ -5,18 +5,20 @@ the same line runs on every rank, each on its share of the shards (``distributed
 """
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock
-from fca_workbench.audit.capture import capture, model_fingerprint, shard_count
-from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
+from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint, shard_count
+from fca_workbench.audit.conditions import Profiles, calibration_profiles, replay_conditions
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.execution import execution_audit, expert_execution
 from fca_workbench.audit.metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
@@ -27,15 +29,13 @@ from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic
+from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import output_folder, refuse_foreign
 from fca_workbench.results.per_token import per_token_files
 from fca_workbench.results.profiles import save_profiles
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 from fca_workbench.results.verdicts import verdicts
-
-RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
-
 
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
@@ -65,11 +65,11 @@ class AuditSettings:
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
 
-def default_out(checkpoint) -> Path:
+def default_out(checkpoint: str | Path) -> Path:
     return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
 
 
-def check_audit_out(out) -> Path:
+def check_audit_out(out: str | Path) -> Path:
     """The audit's output folder, refused before any work when it is a file or holds an ``audit.json``
     this workbench did not write (anything that is not a valid ``fca-audit/1`` audit)."""
     out = output_folder(out)
@@ -105,7 +105,9 @@ def load_audit_model(settings: AuditSettings):
     return model, tokenizer
 
 
-def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tuple[Path, torch.Tensor]:
+def audit_windows(
+    settings: AuditSettings, split: str, model, tokenizer: PreTrainedTokenizerBase
+) -> tuple[Path, torch.Tensor]:
     """The text file of ``split`` (``eval`` or ``calibration``: the settings' own, else the shipped split) and
     its windows of ``settings.window`` tokens (default: min(256, the model's context))."""
     window = settings.window or min(256, model.context_length)
@@ -119,8 +121,15 @@ def audit_windows(settings: AuditSettings, split: str, model, tokenizer) -> tupl
     return path, windows
 
 
-def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
+def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
+
+    The line, step by step: capture the eval and calibration coefficients (``capture_split``); the calibration
+    set's static profiles (``conditions.calibration_profiles``); frozen replay of every eval window under every
+    condition (``replay_every_condition``); from the per-window NLLs, every condition's NLL and ΔNLL and the
+    profiles' gap retention (``replay_figures``); the variance decomposition and variation of the eval
+    coefficients (``spread_figures``); execution counted on the first batches and timed (``execution_figures``,
+    ``execution.expert_execution``). The mini-audit (``mini.py``) runs these same steps on fewer windows.
 
     With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``).
     ``ranks`` (``distributed.process_group``, under torchrun): each rank captures and replays its share of the
@@ -141,24 +150,21 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             profiles = calibration_profiles(calib_cache, ranks.share(calib_cache.num_shards()), ranks.sum)
         conditions = replay_conditions(profiles) if has_controller else ("unperturbed",)
         per_token = ranks.gather(
-            {
-                condition: replay_nll(
-                    model,
-                    eval_windows,
-                    eval_cache,
-                    condition,
-                    profiles,
-                    settings.seed,
-                    device=settings.device,
-                    shards=share,
-                )
-                for condition in tqdm(conditions, desc="replay", unit="condition")
-            }
+            replay_every_condition(
+                model,
+                eval_windows,
+                eval_cache,
+                tqdm(conditions, desc="replay", unit="condition"),
+                profiles,
+                settings.seed,
+                settings.device,
+                share,
+            )
         )
         spread = coefficient_spread(eval_cache, ranks)
         counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
         if settings.per_layer:
-            swept = [c for c in conditions if c not in ("unperturbed", "correct")]
+            swept = [c for c in conditions if c in INTERVENTIONS]
             sweep = (
                 ranks.gather(
                     per_layer_window_nll(
@@ -170,9 +176,8 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
             )
         if not ranks.lead:
             return None
-        if has_controller:
+        if profiles is not None:
             save_profiles(out / PROFILES_FILE, profiles)
-        window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
@@ -188,14 +193,8 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
                 "calibration": data_summary(calib_path, calib_windows),
             },
             "settings": {**asdict(settings), "world_size": ranks.world_size},
-            "conditions": condition_figures(
-                window_nll, counts, reference="correct" if has_controller else "unperturbed"
-            ),
-            "retention": {p: gap_retention(window_nll, p, counts) for p in RETENTION_PROFILES}
-            if has_controller
-            else {},
-            "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
-            "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
+            **replay_figures(per_token, counts, has_controller),
+            **spread_figures(spread),
             "execution": {
                 **execution_figures(model, eval_windows, calib_windows, settings),
                 **expert_execution(model, eval_cache),
@@ -203,15 +202,54 @@ def run_audit(settings: AuditSettings, out, ranks: Ranks = SINGLE, lock_wait: fl
         }
         audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
         if settings.per_layer:
-            audit["per_layer"] = per_layer_rows(*sweep, counts)
+            audit["per_layer"] = per_layer_rows(sweep[0], sweep[1], counts)
             audit["settings"]["per_layer_mode"] = sweep_mode(model)
         audit["verdict"] = verdicts(audit)
         write_outputs(out, audit, per_token, eval_windows)
         return audit
 
 
+def replay_every_condition(
+    model,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    conditions: Iterable[str],
+    profiles: Profiles | None,
+    seed: int,
+    device: torch.device | str,
+    shards: Iterable[int] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per condition, the per-token NLL ``[N, T-1]`` of the frozen replay (``replay.replay_nll``), in the order
+    ``conditions`` (any iterable: ``run_audit`` passes a progress bar) gives them."""
+    return {
+        condition: replay_nll(model, windows, cache, condition, profiles, seed, device=device, shards=shards)
+        for condition in conditions
+    }
+
+
+def replay_figures(per_token: dict[str, torch.Tensor], counts: torch.Tensor, has_controller: bool = True) -> dict:
+    """``conditions`` (NLL and ΔNLL against ``correct``, or ``unperturbed`` without a controller, with bootstrap
+    CIs) and ``retention`` (gap retention of every replayed profile the vocabulary reports) of ``audit.json``,
+    from the per-token NLLs of every replayed condition."""
+    window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
+    reference = "correct" if has_controller else "unperturbed"
+    profiles = retention_profiles(window_nll) if has_controller else ()
+    return {
+        "conditions": condition_figures(window_nll, counts, reference=reference),
+        "retention": {p: gap_retention(window_nll, p, counts) for p in profiles},
+    }
+
+
+def spread_figures(spread: dict | None) -> dict:
+    """``variance`` and ``variation`` of ``audit.json`` from ``coefficient_spread`` (None: no coefficients)."""
+    return {
+        "variance": None if spread is None else {k: spread[k] for k in VARIANCE_KEYS},
+        "variation": None if spread is None else {k: spread[k] for k in VARIATION_KEYS},
+    }
+
+
 def with_batch_size(
-    settings: AuditSettings, model, eval_windows: torch.Tensor, out, ranks: Ranks = SINGLE
+    settings: AuditSettings, model, eval_windows: torch.Tensor, out: str | Path | None, ranks: Ranks = SINGLE
 ) -> AuditSettings:
     """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``; under
     torchrun the smallest any rank can fit, so every rank cuts the same shards)."""
@@ -221,21 +259,41 @@ def with_batch_size(
     return replace(settings, batch_size=ranks.smallest(fitted))
 
 
-def capture_split(model, windows: torch.Tensor, split: str, settings: AuditSettings, out, ranks: Ranks = SINGLE):
+def fitted_batch_size(settings: AuditSettings) -> int:
+    """The settings' windows per batch, which ``with_batch_size`` fills in before anything is captured."""
+    if settings.batch_size is None:
+        raise ValueError("the batch size is fitted (with_batch_size) before anything is captured or counted")
+    return settings.batch_size
+
+
+def capture_split(
+    model,
+    windows: torch.Tensor,
+    split: str,
+    settings: AuditSettings,
+    out: str | Path | None,
+    ranks: Ranks = SINGLE,
+) -> CoefficientCache:
     """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured (each rank its share),
     resumed, or reused when a finished capture of the same model and windows is there."""
     return capture(
         model,
         windows,
         split_cache(settings.cache, out, split),
-        batch_size=settings.batch_size,
+        batch_size=fitted_batch_size(settings),
         device=settings.device,
         desc=f"capture {split}",
         ranks=ranks,
     )
 
 
-def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, calib_windows) -> None:
+def check_ranks(
+    ranks: Ranks,
+    model,
+    settings: AuditSettings,
+    eval_windows: torch.Tensor,
+    calib_windows: torch.Tensor | None,
+) -> None:
     """Before anything is written: every rank has the same model, windows and settings (paths aside: nodes
     may mount them differently), and at least one shard of each set it captures (``calib_windows`` None:
     no calibration capture)."""
@@ -248,10 +306,11 @@ def check_ranks(ranks: Ranks, model, settings: AuditSettings, eval_windows, cali
         }
     )
     sets = {"eval": eval_windows, "calibration": calib_windows}
-    ranks.check_shards({name: shard_count(len(w), settings.batch_size) for name, w in sets.items() if w is not None})
+    size = fitted_batch_size(settings)
+    ranks.check_shards({name: shard_count(len(w), size) for name, w in sets.items() if w is not None})
 
 
-def coefficient_spread(cache, ranks: Ranks = SINGLE) -> dict | None:
+def coefficient_spread(cache: CoefficientCache, ranks: Ranks = SINGLE) -> dict | None:
     """Variance decomposition and variation of the cached eval coefficients, one shard at a time (each rank
     its share, the sums added up over the ranks); None on ranks other than 0."""
     accumulator = VarianceAccumulator(origin=[c[0, 0] for c in cache.coefficients([0])])
@@ -271,8 +330,7 @@ def execution_figures(
     recorded with the settings that make it skip, so the report shows what a real saving would look like
     next to the model's own figures.
     """
-    batch_size = settings.batch_size
-    assert batch_size is not None, "run_audit resolves the batch size before the execution audit"
+    batch_size = fitted_batch_size(settings)
     counted = eval_windows[: EXECUTION_BATCHES * batch_size]
     execution = execution_audit(model, counted, batch_size, settings.latency_repeats)
     execution["windows_counted"] = len(counted)

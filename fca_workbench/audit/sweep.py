@@ -45,7 +45,7 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
 
 def per_layer_window_nll(
     model: ControlledModel, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None
-) -> tuple[dict, torch.Tensor]:
+) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor]:
     """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, in the model's sweep mode;
     with ``shards`` (one rank's share), of those shards' windows only."""
     if sweep_mode(model) == PREFIX:
@@ -71,8 +71,10 @@ def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device,
     assigners = {c: ConditionCoefficients(c, cache, profiles, seed) for c in conditions}
     dtype = next(model.parameters()).dtype
     model.eval()
-    parts = {(layer, c): [] for layer in range(cache.num_layers) for c in conditions}
-    correct = []
+    parts: dict[tuple[int, str], list[torch.Tensor]] = {
+        (layer, c): [] for layer in range(cache.num_layers) for c in conditions
+    }
+    correct: list[torch.Tensor] = []
     for indices in tqdm(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
         batch = windows[indices].to(device)
         own = [c.to(device=device, dtype=dtype) for c in cache.coefficients(indices)]

@@ -13,10 +13,8 @@ Panel's write queue, ``dashboards/panel_writes.py``, lives with the app).
 """
 
 from fca_workbench.dashboard.live import (
-    CONDITION_HELP,
     DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
-    SEEDED,
     Analysis,
     DashboardSession,
     SharedModel,
@@ -36,6 +34,7 @@ from fca_workbench.dashboard.pool import (
     release_memory,
     unload_idle_models,
 )
+from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
 
 __all__ = [
     "CONDITION_HELP",

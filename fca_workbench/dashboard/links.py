@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fca_workbench.dashboard.live import CONDITION_HELP, SEEDED, SharedModel, TextInput, pasted_input, window_input
+from fca_workbench.dashboard.live import SharedModel, TextInput, pasted_input, window_input
 from fca_workbench.dashboard.query import (
     ALL_LAYERS,
     ALL_LAYERS_LABEL,
@@ -23,6 +23,7 @@ from fca_workbench.dashboard.query import (
     choose_index,
 )
 from fca_workbench.errors import UserError
+from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
 
 MAX_SEED = 2**31 - 1
 DEFAULT_CONDITION = "token_shuffle"  # what the live view shows first, and wherever a checkpoint lacks the one chosen

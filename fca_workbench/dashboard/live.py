@@ -23,17 +23,10 @@ import torch
 
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import model_fingerprint
-from fca_workbench.audit.interventions import (
-    broadcast_profile,
-    derangement,
-    position_permutations,
-    restrict_to_layer,
-    routing_top_k,
-    shuffle_positions,
-    static_profiles,
-    with_routing_profiles,
-)
+from fca_workbench.audit.conditions import Values, assigned_values, profiles_of, values_on
+from fca_workbench.audit.interventions import derangement, routing_top_k
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 from fca_workbench.dashboard.results_folder import matching_profiles
@@ -42,23 +35,16 @@ from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor
-from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS, STATIC_PROFILES
+from fca_workbench.results.conditions import (
+    BASELINES,
+    PROFILE_CONDITIONS,
+    SEEDED,
+    model_conditions,
+)
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
 DERANGEMENTS_KEPT = 64  # per model: the cross_input derangements of the most recently used seeds
-CONDITION_HELP = {
-    "unperturbed": "the live model, controller running",
-    "correct": "the window's own coefficients, replayed with the controller off",
-    "cross_input": "another eval window's coefficients (donor: seeded derangement, or the donor you pick)",
-    "token_shuffle": "the window's own coefficients, positions permuted by one seeded permutation",
-    "global_mean": "one scalar: the mean of every coefficient over the calibration set",
-    "layer_scalar": "one scalar per layer (calibration mean)",
-    "layer_mean": "the static layerwise profile: per layer and slot (calibration mean)",
-    "layer_position_mean": "per layer, slot and position (calibration mean)",
-    "layer_mean_topk": "routers: each layer's k experts with the largest mean gate, for every token (calibration)",
-}
-SEEDED = ("cross_input", "token_shuffle")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -87,19 +73,21 @@ class SharedModel:
         self.calibration_windows = calibration_windows
         self.results = results
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.profiles_source = None  # set with the profiles: which audit they came from, or how they were computed
+        self.profiles_source: str | None = (
+            None  # set with the profiles: which audit they came from, or how they were computed
+        )
         self._fingerprint: str | None = None
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         # per controller, a router's k (from a two-token capture), which adds the routing conditions
         with torch.no_grad():
             self.top_k = routing_top_k(self.model.capture_run(self.eval_windows[:1, :2])[1])
         routed = any(k is not None for k in self.top_k)
-        self.conditions = CONDITIONS + (ROUTING_CONDITIONS if routed else ())
+        self.conditions = model_conditions(routed)
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.lock = threading.Lock()
         self.serial = next(_LOADS)
-        self._profiles = None
+        self._profiles: dict[str, list[torch.Tensor]] | None = None
         self._profiles_lock = threading.Lock()
         # one derangement per seed the Seed box was set to: a bounded LRU, not one per seed ever asked for
         self.derangements = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(
@@ -121,7 +109,7 @@ class SharedModel:
                 found = None
                 if self.results is not None and self.has_coefficients:
                     found = matching_profiles(self.results, self, fingerprint_tensor(windows))
-                needed = {c for c in self.conditions if c in STATIC_PROFILES + ROUTING_CONDITIONS}
+                needed = {c for c in self.conditions if c in PROFILE_CONDITIONS}
                 if found is not None and needed <= set(found[1]):
                     entry, self._profiles = found
                     self.profiles_source = (
@@ -130,13 +118,15 @@ class SharedModel:
                     )
                     return self._profiles
 
-                def batches():
-                    for start in range(0, len(windows), 16):
-                        with self.lock:
-                            _, values = self.model.capture_run(windows[start : start + 16])
-                        yield [value["coefficient"].float() for value in values]
+                size = audit_batch_size(self.model, self.window, next(self.model.parameters()).device)
 
-                self._profiles = with_routing_profiles(static_profiles(batches()), self.top_k)
+                def batches():
+                    for start in range(0, len(windows), size):
+                        with self.lock:
+                            _, values = self.model.capture_run(windows[start : start + size])
+                        yield [value[COEFFICIENT] for value in values]
+
+                self._profiles = profiles_of(batches(), self.top_k)
                 unmatched = " (no audit in the results folder matches this checkpoint and calibration data)"
                 self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
                     unmatched if self.results is not None else ""
@@ -311,28 +301,48 @@ class DashboardSession:
         """Drop the prefix caches of ``shared`` (being unloaded), which hold its model."""
         self.prefixes.discard(lambda key: key[0] == shared.serial)
 
-    def condition_values(self, name, shared, text, prefix, condition, seed, donor) -> list[dict]:
-        """Per controller, the values ``condition`` assigns to this window at every layer (design.md section
-        4): ``correct``, ``cross_input`` and ``token_shuffle`` move everything cached (a router's whole
-        output); a static profile is a coefficient only."""
-        correct = prefix.values
-        length = text.ids.shape[1]
-        if condition in ("correct", "unperturbed"):
-            return correct
+    def condition_values(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        prefix: PrefixCache,
+        condition: str,
+        seed: int,
+        donor: int | None,
+        layer: int | None = None,
+    ) -> Values:
+        """Per controller, the values ``condition`` assigns to this window (``audit.conditions.assigned_values``,
+        as the audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
+        if condition not in shared.conditions:
+            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(shared.conditions)}")
+        donor_values = None
         if condition == "cross_input":
-            donor_cache = self.prefix(name, shared, window_input(shared, donor))
-            # causal: a prefix's own values
-            return [{key: t[:, :length] for key, t in value.items()} for value in donor_cache.values]
-        if condition == "token_shuffle":
-            permutations = position_permutations(torch.tensor([text.window_index or 0]), length, seed)
-            return [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in correct]
-        if condition in shared.conditions:
-            dtype = correct[0][COEFFICIENT].dtype
-            profile = broadcast_profile(shared.profiles()[condition], shared.slot_shapes, 1, length)
-            return [{COEFFICIENT: p.to(dtype)} for p in profile]
-        raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(shared.conditions)}")
+            donor_values = self.prefix(name, shared, window_input(shared, donor)).values
+        values = assigned_values(
+            condition,
+            prefix.values,
+            donor_values,
+            shared.profiles() if condition in PROFILE_CONDITIONS else None,
+            shared.slot_shapes,
+            torch.tensor([text.window_index or 0]),
+            seed,
+            layer,
+        )
+        parameter = next(shared.model.parameters())
+        return values_on(values, parameter.device, parameter.dtype)
 
-    def replay(self, name, shared, text, prefix, condition, layer, seed, donor) -> np.ndarray:
+    def replay(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        prefix: PrefixCache,
+        condition: str,
+        layer: int | None,
+        seed: int,
+        donor: int | None,
+    ) -> np.ndarray:
         """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session."""
         key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
         with self._mutex:
@@ -342,9 +352,7 @@ class DashboardSession:
         if condition == "unperturbed" or not shared.has_coefficients:
             nll = prefix.nll[0].numpy()
         else:
-            values = self.condition_values(name, shared, text, prefix, condition, seed, donor)
-            if layer is not None:
-                values = restrict_to_layer(values, prefix.values, layer)
+            values = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
             nll = prefix.replay_nll(values, layer)[0].numpy()
         with self._mutex:
             self.results[key] = nll
@@ -388,14 +396,12 @@ class DashboardSession:
         prefix = self.prefix(name, shared, text)
         nll_correct = prefix.nll[0].double().numpy()
         nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
-        if shared.has_coefficients and condition not in ("correct", "unperturbed"):
-            intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor)
-            if layer is not None:
-                intervened = restrict_to_layer(intervened, prefix.values, layer)
+        if shared.has_coefficients and condition not in BASELINES:
+            intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
         else:
             intervened = prefix.values
         retention = nll_gm = None
-        if condition in STATIC_PROFILES + ROUTING_CONDITIONS and shared.has_coefficients:
+        if condition in PROFILE_CONDITIONS and shared.has_coefficients:
             gm = self.replay(name, shared, text, prefix, "global_mean", layer, 0, None).astype(np.float64)
             nll_gm = float(gm.mean())
             per_window = {

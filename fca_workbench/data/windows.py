@@ -4,12 +4,18 @@ Windows are the unit of batching, reassignment and bootstrap throughout the work
 downstream sees a ``LongTensor [N, window]``.
 """
 
+from __future__ import annotations
+
 import gzip
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # the tokenizer's type only: importing transformers here would slow every import of data
+    from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.errors import UserError
 

@@ -55,7 +55,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None) -> Coefficien
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
     and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
-    match the model exactly before anything is loaded (see ``fca_workbench.official``).
+    match the model exactly before anything is loaded (see ``fca_workbench.models.loading``).
     """
     folder = check_checkpoint(path)
     config = read_config(folder, FAMILIES)

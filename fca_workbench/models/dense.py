@@ -171,7 +171,7 @@ class GPTBackbone(CoefficientModel):
     def head(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(h))
 
-    # Explicit layer stepping (used by ``fca_workbench.prefix``): ``embed`` gives the state before layer 0,
+    # Explicit layer stepping (used by ``fca_workbench.audit.prefix``): ``embed`` gives the state before layer 0,
     # ``run_blocks`` continues from the state before any layer, ``head`` turns its output into logits. The
     # state before layer l is the residual stream ``h [B, T, d]``; the same ops as ``forward``, so
     # ``head(run_blocks(embed(x), 0, c)[0])`` equals ``forward(x, coefficients=c).logits`` bit for bit.

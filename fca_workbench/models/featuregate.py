@@ -9,6 +9,7 @@ below it skip the MLP branch (gather/scatter), so the execution audit has a real
 """
 
 import copy
+from typing import cast
 
 import numpy as np
 import torch
@@ -101,8 +102,12 @@ class FeatureGateForCausalLM(GPTBackbone):
         return [f"{branch} g{g}" for branch in BRANCHES for g in range(slot_shape[1])]
 
     @property
+    def gated_blocks(self) -> list[FeatureGateBlock]:
+        return cast(list[FeatureGateBlock], list(self.h))
+
+    @property
     def controllers(self) -> list[nn.Module]:
-        return [block.controller for block in self.h]
+        return [block.controller for block in self.gated_blocks]
 
     @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
@@ -110,7 +115,7 @@ class FeatureGateForCausalLM(GPTBackbone):
 
     def block_step(self, layer, h, coefficients):
         """One gated block for ``run_blocks``: the same ops as one step of ``forward``'s loop."""
-        block = self.h[layer]
+        block = self.gated_blocks[layer]
         gates = block.controller(h) if coefficients is None else coefficients[layer]
         return block(h, gates), gates
 
@@ -118,7 +123,7 @@ class FeatureGateForCausalLM(GPTBackbone):
         self.check_inputs(input_ids, coefficients)
         h = self.embed(input_ids)
         used = []
-        for layer, block in enumerate(self.h):
+        for layer, block in enumerate(self.gated_blocks):
             gates = block.controller(h) if coefficients is None else coefficients[layer]
             used.append(gates)
             h = block(h, gates)

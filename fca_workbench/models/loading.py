@@ -12,7 +12,7 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
   ``trust_remote_code`` is involved, so the code files the ``auto_map`` names are never imported.
   A ``muddpythia`` config must carry every architecture field the official configs carry, with the right
   types; the config class then refuses shapes it does not build (``dense_type`` other than ``qkvr`` ...),
-  and ``fca_workbench.limits`` refuses absurd sizes (a million layers, a billion-token context).
+  and ``fca_workbench.models.limits`` refuses absurd sizes (a million layers, a billion-token context).
 * ``check_weights`` first refuses a model whose parameters would not fit in the memory available, then
   reads only the names and shapes stored in the weight files (safetensors headers,
   ``torch.load(..., weights_only=True, map_location="meta")`` for ``.bin``) and compares them with the

@@ -262,7 +262,7 @@ class MultiwayDynamicDenseBlock(nn.Module):
         self.w1 = nn.Linear(config.dim, hidden, bias=False)
         self.act = nn.GELU()
         self.w2 = nn.Linear(hidden, self.C * self.L, bias=False)
-        self.w1.init_std = config.dim**-0.5  # type: ignore[assignment]  # read by _init_weights: fan-in normal, as the JAX trainer
+        self.w1.init_std = config.dim**-0.5  # read by _init_weights: fan-in normal, as the JAX trainer
         self.w2.init_std = 0.0  # type: ignore[assignment]  # read by _init_weights: starts silent (dense_bs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -444,7 +444,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
             )
         return self._rope_tables[device][:length]
 
-    # Explicit layer stepping (used by ``fca_workbench.prefix``). Because of the dense connections, the state
+    # Explicit layer stepping (used by ``fca_workbench.audit.prefix``). Because of the dense connections, the state
     # before layer l is the list of every hidden state so far, ``[x_0, ..., x_l]`` (embeddings first); the
     # q/k/v/r streams of layer l are re-mixed from it with ``A_{l-1}``. ``run_blocks`` repeats ``forward``'s
     # ops in the same order, so ``head(run_blocks(embed(x), 0, c)[0])`` equals ``forward``'s logits exactly.

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fca_workbench.results.conditions import CONDITIONS, ROUTING_CONDITIONS
+from fca_workbench.results.conditions import ALL_CONDITIONS, CONDITIONS, HEADLINE_CONDITIONS, RETENTION_PROFILES
 from fca_workbench.results.seeds import summarise
 from fca_workbench.results.tables import Column, make_table
 
-AUDIT_CONDITIONS = CONDITIONS + ROUTING_CONDITIONS  # routing ones only where the audit has them (routers)
+AUDIT_CONDITIONS = ALL_CONDITIONS  # routing ones only where the audit has them (routers)
 
 
 def model_name(audit: dict) -> str:
@@ -44,7 +44,7 @@ def _dig(tree, path: str):
     return tree
 
 
-def seed_summary(audits: list[dict], paths) -> dict[str, dict]:
+def seed_summary(audits: list[dict], paths) -> dict[str, dict | None]:
     """Mean ± sd (and n) over several audits of each dotted path, straight from ``aggregate.summarise``."""
     figures = summarise(audits)
     return {path: {**figures[path], "n": len(audits)} if path in figures else None for path in paths}
@@ -157,9 +157,6 @@ def assignment_seed_table(audits: list[dict]):
     return make_table(
         "assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds", columns, rows
     )
-
-
-RETENTION_PROFILES = ("layer_mean", "layer_scalar", "layer_position_mean")
 
 
 def retention_table(audits: list[dict]):
@@ -287,16 +284,7 @@ def execution_seed_table(audits: list[dict]):
     return make_table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
 
 
-MUDD_CONDITIONS = (
-    "unperturbed",
-    "correct",
-    "cross_input",
-    "token_shuffle",
-    "global_mean",
-    "layer_scalar",
-    "layer_mean",
-    "layer_position_mean",
-)
+MUDD_CONDITIONS = CONDITIONS  # section 4's conditions: MUDDPythia has no routers
 
 
 def mudd_table(audits: list[dict]):
@@ -360,10 +348,7 @@ def per_layer_seed_table(audits: list[dict]):
 
 DYNAMICS_COLUMNS = [
     Column("nll_correct", "eval NLL"),
-    *[
-        Column(f"delta_{c}", f"ΔNLL {c}", "delta")
-        for c in ("cross_input", "token_shuffle", "global_mean", "layer_mean")
-    ],
+    *[Column(f"delta_{c}", f"ΔNLL {c}", "delta") for c in HEADLINE_CONDITIONS],
     Column("delta_cross_input_ci95", "cross_input 95% CI", "delta", "ci"),
     *[Column(f"retention_{p}", p, "pct") for p in RETENTION_PROFILES],
     Column("retention_layer_mean_ci95", "layer_mean 95% CI", "pct", "ci"),

@@ -29,13 +29,17 @@ TABLES_DIR = "tables"
 FIGURES_DIR = "figures"
 
 
-def cache_root(cache: str | Path | None, audit_dir: str | Path) -> Path:
+def cache_root(cache: str | Path | None, audit_dir: str | Path | None) -> Path:
     """The folder of an audit's coefficient caches: its ``cache`` setting (``--cache``), else ``cache/``
-    beside its ``audit.json``."""
-    return Path(cache) if cache else Path(audit_dir) / CACHE_DIR
+    beside its ``audit.json`` (an explorer, which writes no audit folder, always names its cache)."""
+    if cache:
+        return Path(cache)
+    if audit_dir is None:
+        raise ValueError("the coefficient caches need settings.cache or an output folder")
+    return Path(audit_dir) / CACHE_DIR
 
 
-def split_cache(cache: str | Path | None, audit_dir: str | Path, split: str) -> Path:
+def split_cache(cache: str | Path | None, audit_dir: str | Path | None, split: str) -> Path:
     """The coefficient cache of one data split (``eval``, ``calibration``) under ``cache_root``."""
     return cache_root(cache, audit_dir) / split
 

@@ -2,15 +2,12 @@
 
 import statistics
 
+from fca_workbench.results.conditions import HEADLINE_CONDITIONS, RETENTION_PROFILES
+
 HEADLINE = (
     ("NLL correct", "conditions.correct.nll"),
-    ("ΔNLL cross_input", "conditions.cross_input.delta"),
-    ("ΔNLL token_shuffle", "conditions.token_shuffle.delta"),
-    ("ΔNLL global_mean", "conditions.global_mean.delta"),
-    ("ΔNLL layer_mean", "conditions.layer_mean.delta"),
-    ("retention layer_mean", "retention.layer_mean.value"),
-    ("retention layer_scalar", "retention.layer_scalar.value"),
-    ("retention layer_position_mean", "retention.layer_position_mean.value"),
+    *((f"ΔNLL {c}", f"conditions.{c}.delta") for c in HEADLINE_CONDITIONS),
+    *((f"retention {p}", f"retention.{p}.value") for p in RETENTION_PROFILES),
     ("R² layer", "variance.r2_layer"),
     ("R² layer×slot", "variance.r2_layer_slot"),
     ("within-layer std", "variation.within_std"),

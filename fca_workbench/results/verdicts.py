@@ -54,8 +54,8 @@ def assignment_verdict(audit: dict) -> str:
 
 def per_layer_sentence(audit: dict) -> str:
     """Which layers carry the dependence, when the audit has a per-layer sweep (else nothing)."""
-    rows = audit.get("per_layer")
-    largest, significant = carrying_layers(rows or [])
+    rows = audit.get("per_layer") or []
+    largest, significant = carrying_layers(rows)
     if largest is None:
         return ""
     delta = next(r["delta"] for r in rows if r["layer"] == largest and r["condition"] == "cross_input")
