@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import panel as pn
 
-from fca_workbench.dashboard import Analysis
+from fca_workbench.dashboard import SEEDED, Analysis
 
 
 class FigurePane(pn.pane.Plotly):
@@ -203,7 +203,7 @@ def summary_html(analysis: Analysis) -> str:
     ]
     if analysis.donor is not None:
         rows.append(("donor window", str(analysis.donor)))
-    if analysis.condition in ("cross_input", "token_shuffle"):
+    if analysis.condition in SEEDED:
         rows.append(("seed", str(analysis.seed)))
     rows += [(name, fmt(value, "Δ" in name)) for name, value in summary.items() if name != "retention"]
     if analysis.retention is not None or analysis.nll_global_mean is not None:

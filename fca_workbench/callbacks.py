@@ -66,5 +66,8 @@ class FCACallback(TrainerCallback):
         if self.audited_step == state.global_step:
             return
         self.audited_step = state.global_step
+        model = model if model is not None else self.trainer.model
+        if model is None:
+            raise ValueError("FCACallback: the Trainer holds no model to audit")
         figures = self.audit(model)
         self.trainer.log({f"{self.prefix}{name}": value for name, value in figures.items()})

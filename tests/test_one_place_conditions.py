@@ -59,11 +59,6 @@ def test_no_collection_of_condition_names_outside_the_vocabulary_in_the_package(
     assert spelled_collections(ROOT / "fca_workbench") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dashboards/views.py spells SEEDED as ('cross_input', 'token_shuffle'): the dashboards/ owner replaces "
-    "it with fca_workbench.dashboard.SEEDED, then this marker goes",
-)
 def test_no_collection_of_condition_names_in_the_dashboard_app():
     assert spelled_collections(ROOT / "dashboards") == []
 

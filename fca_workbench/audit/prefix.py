@@ -148,6 +148,7 @@ class PrefixCache:
                 return self.model.replay_run(self.input_ids, values)
         coefficients = [value[COEFFICIENT] for value in values]
         self.model.check_inputs(repeat_batch(self.input_ids, copies), coefficients)
+        assert self.states is not None  # kept by every stepping run
         with self.lock:
             output, _, _ = self.stepper.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
             return self.stepper.head(output) if finish is None else finish(output)

@@ -95,7 +95,8 @@ def load_audit_model(settings: AuditSettings):
         raise UserError("--device cuda was asked for, but torch sees no CUDA device")
     model = load_controlled(
         settings.checkpoint, DTYPES[settings.dtype], settings.controllers, settings.trust_remote_code
-    ).to(settings.device)
+    )
+    model.to(settings.device)
     tokenizer = load_tokenizer(settings.checkpoint)
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(

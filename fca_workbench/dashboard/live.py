@@ -246,11 +246,8 @@ class Analysis:
         }
 
     def all_slot_labels(self) -> list[str]:
-        seen = OrderedDict()
-        for labels in self.slot_labels:
-            for label in labels:
-                seen[label] = None
-        return list(seen)
+        """Every slot label of any layer, once, in the order the layers name them."""
+        return list(dict.fromkeys(label for labels in self.slot_labels for label in labels))
 
     def layer_position(self, slot: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Original, intervened and difference ``[layers, T]`` of one slot (NaN where a layer lacks it)."""
