@@ -122,7 +122,7 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
     config_class, model_class = FAMILIES[settings.arch]
     try:
-        config = config_class.from_sizes(
+        config = config_class.from_sizes(  # type: ignore[attr-defined]  # every native family's config has it
             vocab_size=vocab_size,
             layers=settings.layers,
             width=settings.width,
