@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
+from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
 
 if TYPE_CHECKING:  # the commands import what they run when they run (a fast `fca --help`)
     from fca_workbench.audit.run import AuditSettings
@@ -94,7 +95,7 @@ def cmd_audit(args: argparse.Namespace) -> None:
         audit = run_audit(audit_settings(args, args.checkpoint), out, ranks, args.lock_wait)
     if audit is not None:  # rank 0 alone reports
         print(format_report(audit))
-        print(f"\nwrote {out / 'audit.json'} and {out / 'per_token_nll.csv.gz'}")
+        print(f"\nwrote {out / AUDIT_FILE} and {out / PER_TOKEN_CSV}")
 
 
 def cmd_audit_many(args: argparse.Namespace) -> None:
@@ -107,7 +108,7 @@ def cmd_audit_many(args: argparse.Namespace) -> None:
         summary = aggregate_audits([audit_settings(args, c) for c in args.checkpoints], out, ranks, args.lock_wait)
     if summary is not None:
         print(format_aggregate(summary))
-        print(f"\nwrote {out / 'audit_many.json'}")
+        print(f"\nwrote {out / AUDIT_MANY_FILE}")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

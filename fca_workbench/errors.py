@@ -8,7 +8,16 @@ class UserError(Exception):
     """A problem with the user's input, reported as one line without a traceback."""
 
 
-def first_line(exc: Exception) -> str:
-    """The first line of an exception's message (libraries' messages can span many), or its type name."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def first_line(message: BaseException | str) -> str:
+    """The first line of a message (libraries' messages can span many, tracebacks included); an exception
+    without a message gives its type name, so a one-line error always says something."""
+    text = str(message).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(message).__name__ if isinstance(message, BaseException) else ""
+
+
+def one_line(exc: BaseException) -> str:
+    """The whole message with its line breaks folded into spaces, for short messages whose detail is on
+    their second line (transformers' config validation: ``Validation error for field 'x':`` then why)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

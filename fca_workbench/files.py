@@ -1,26 +1,57 @@
 """Files the workbench writes and reads: atomic writes, content hashes, and JSON Schema validation.
 
-Every file is written through ``write_atomic`` (a temporary sibling, then a rename), so a crash never leaves
-a half-written result; tensors and files are identified by sha256 of exactly their bytes.
+Every file is written through ``write_atomic`` (bytes) or ``atomic_path`` (a writer that needs a path): a
+temporary sibling, then a rename, so a crash never leaves a half-written result; tensors and files are
+identified by sha256 of exactly their bytes.
 """
 
+import contextlib
 import gzip
 import hashlib
 import importlib
 import io
 import json
+import shutil
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 
+def temporary_sibling(path: Path) -> Path:
+    """The hidden name ``path`` is written under before it is renamed into place (``.<name>.tmp``)."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` for writers that need a path of their own (``torch.save``, safetensors,
+    a folder copied into place): renamed over ``path`` when the block ends, removed when it raises, so
+    ``path`` is either its old self or complete. A leftover of an interrupted earlier write is removed first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    _remove(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    tmp.replace(path)
+
+
 def write_atomic(path: Path, payload: bytes) -> None:
     """Write to a temporary sibling, then rename, so a crash never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(payload)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(payload)
 
 
 def jsonl_gz(records: list[dict]) -> bytes:
@@ -53,13 +84,13 @@ def file_sha256(path: Path) -> str:
 SKIPPED = "rfc3987_syntax"
 
 
-def import_jsonschema():
+def import_jsonschema() -> types.ModuleType:
     """The ``jsonschema`` module (already imported, or imported now without ``rfc3987_syntax``)."""
     if "jsonschema" in sys.modules:
         return sys.modules["jsonschema"]
     refuse = SKIPPED not in sys.modules
     if refuse:
-        sys.modules[SKIPPED] = None  # an import of a None entry raises ImportError
+        sys.modules[SKIPPED] = None  # type: ignore[assignment]  # an import of a None entry raises ImportError
     try:
         return importlib.import_module("jsonschema")
     finally:

@@ -1,11 +1,9 @@
 """``fca reproduce``: every paper notebook run through papermill into one results folder.
 
-The notebooks in ``notebooks/`` hold presentation only. The audits they show are run here (``run_audit``),
-once per checkpoint and settings, into ``DIR/audits/<checkpoint>/``; every notebook of the run and any
-rerun into the same folder reuses them (a ``provenance.json`` beside each ``audit.json`` records the
-settings and the size and mtime of every input file, and only an exact match is reused). Coefficient
-caches live in one shared folder (default ``results/cache/``), keyed by checkpoint, data and settings, so
-they are reused across runs too; ``capture`` still checks their fingerprints.
+The notebooks in ``notebooks/`` hold presentation only. The audits they show are run once per checkpoint
+and settings into ``DIR/audits/<checkpoint>/`` and shared by every notebook of the run and by later runs
+(``notebook_run``: ``NotebookRun``, ``ensure_audit``). This module plans a run from its config, checks the
+kernel, executes the notebooks (one at a time: ``notebook_execution``) and writes the run's index.
 
 Everything that can be checked before a notebook starts is checked first: the config's parameter names
 (against ``papermill.inspect_notebook``), the checkpoints, the data files, the output folder and the
@@ -14,30 +12,33 @@ project's Jupyter kernel (``fca-workbench``, installed by ``scripts/setup.sh``, 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import hashlib
 import json
-import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fca_workbench.audit.capture import read_manifest
-from fca_workbench.audit.run import AuditSettings, cache_root, run_audit
-from fca_workbench.data.corpus import split_path
+from fca_workbench.audit.run import AuditSettings
 from fca_workbench.errors import UserError
-from fca_workbench.explore import Explorer
 from fca_workbench.files import write_atomic
-from fca_workbench.resources import checkpoints_dir, results_root, shipped
-from fca_workbench.results.figures import write_figure
-from fca_workbench.results.outputs import RESULTS_MARKER, is_results, mark_results, output_folder
-from fca_workbench.results.tables import styled, write_table
 
-KERNEL_NAME = "fca-workbench"
+# NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
+# README and tests import them from here
+from fca_workbench.notebook_execution import KERNEL_NAME, NotebookJob, NotebookResult, ensure_kernel, run_notebook
+from fca_workbench.notebook_run import (
+    DEFAULT_MAX_WINDOWS,
+    PATH_PARAMETERS,
+    NotebookRun,
+    ensure_audit,
+    read_json,
+    shipped_checkpoints,
+)
+from fca_workbench.resources import shipped
+from fca_workbench.results import layout
+from fca_workbench.results.outputs import is_results, mark_results, output_folder
+
 NOTEBOOK_DIR = shipped("notebooks")
-SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
 PER_LAYER_NOTEBOOK = "06_per_layer"
 AUDIT_NOTEBOOKS = (
     "01_variation",
@@ -50,11 +51,7 @@ AUDIT_NOTEBOOKS = (
 # 07 reads the shipped training-dynamics logs (data/training_dynamics) and audits nothing
 PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics")
 EXPLORE_NOTEBOOK = "explore"
-# Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
-# (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
-# ten checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
-DEFAULT_MAX_WINDOWS = 64
-DEFAULT_CACHE = Path("results") / "cache"
+DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
 DEFAULT_PARAMETERS = {
     "checkpoints": None,
@@ -69,204 +66,10 @@ DEFAULT_PARAMETERS = {
     "per_layer": True,
 }
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
-PATH_PARAMETERS = ("eval_data", "calibration_data")
 CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
 
 
-def shipped_checkpoints(names=SHIPPED) -> list[str]:
-    return [str(checkpoints_dir() / name) for name in names]
-
-
-# --------------------------------------------------------------------------------------------------------
-# Audits shared across notebooks and runs
-# --------------------------------------------------------------------------------------------------------
-
-
-def _stat(path: Path) -> list[int] | None:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
-def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
-    """Size and mtime of every file the audit reads: the checkpoint folder's files and both data sets."""
-    folder = Path(settings.checkpoint)
-    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-    files += [
-        Path(settings.eval) if settings.eval else split_path("eval"),
-        Path(settings.calibration) if settings.calibration else split_path("calibration"),
-    ]
-    return {str(p.resolve()): _stat(p) for p in files}
-
-
-def provenance(settings: AuditSettings) -> dict:
-    return {"settings": asdict(settings), "inputs": _input_files(settings)}
-
-
-def check_checkpoint(path) -> None:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise UserError(f"checkpoint folder not found: {folder}")
-    if not (folder / "config.json").is_file():
-        raise UserError(f"not a checkpoint folder (no config.json): {folder}")
-
-
-def shared_cache(cache_root, settings: AuditSettings) -> Path:
-    """The coefficient cache folder of one checkpoint under the shared root, keyed by everything that
-    changes its content (a stale key is still caught by the cache's own fingerprints)."""
-    key = {
-        "checkpoint": settings.checkpoint,
-        "weights": {name: value for name, value in _input_files(settings).items()},
-        "window": settings.window,
-        "max_windows": settings.max_windows,
-        "window_sampling": "even",  # caches of the first-N sampling have other windows: never the same key
-        "batch_size": settings.batch_size,
-        "dtype": settings.dtype,
-        "device": settings.device.split(":")[0],
-    }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cache_root).resolve() / f"{Path(settings.checkpoint).name}-{digest}"
-
-
-def read_json(path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def audit_is_current(settings: AuditSettings, folder) -> bool:
-    folder = Path(folder)
-    if read_json(folder / "provenance.json") != provenance(settings) or read_json(folder / "audit.json") is None:
-        return False
-    try:
-        manifest = read_manifest(
-            cache_root(settings, folder) / "eval"
-        )  # None for a cache of an older format: captured again
-    except UserError:
-        return False  # a broken manifest: the audit runs again and reports it
-    return bool(manifest and manifest["complete"])
-
-
-def ensure_audit(settings: AuditSettings, folder) -> dict:
-    """The audit of ``settings`` in ``folder``: read back when its provenance matches, else run."""
-    folder = Path(folder)
-    if audit_is_current(settings, folder):
-        return read_json(folder / "audit.json")
-    before = provenance(settings)
-    (folder / "provenance.json").unlink(missing_ok=True)  # an audit interrupted from here on is never current
-    audit = run_audit(settings, folder)
-    write_atomic(folder / "provenance.json", (json.dumps(before, indent=2) + "\n").encode())
-    return audit
-
-
-@dataclass
-class NotebookRun:
-    """What a notebook's parameters cell says, turned into audits: the one object every notebook builds.
-
-    ``checkpoints=None`` means the shipped checkpoints; ``out=None`` means ``results/notebooks``;
-    ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache``.
-    """
-
-    checkpoints: list[str] | None = None
-    eval_data: str | None = None
-    calibration_data: str | None = None
-    window: int | None = None
-    max_windows: int | None = DEFAULT_MAX_WINDOWS
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    batch_size: int | None = None
-    per_layer: bool = True
-    out: str | None = None
-    audits: str | None = None
-    cache: str | None = None
-    progress: bool = True
-    _audits: list[dict] | None = field(default=None, repr=False)
-    _explorers: dict = field(default_factory=dict, repr=False)
-
-    def __post_init__(self):
-        if isinstance(self.checkpoints, (str, os.PathLike)):
-            self.checkpoints = [self.checkpoints]
-        self.checkpoints = [str(Path(c).resolve()) for c in (self.checkpoints or shipped_checkpoints())]
-        names = [Path(c).name for c in self.checkpoints]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
-        self.out = Path(self.out).resolve() if self.out else (results_root() / "notebooks")
-        self.audits = Path(self.audits).resolve() if self.audits else self.out / "audits"
-        self.cache = Path(self.cache).resolve() if self.cache else (results_root() / "cache")
-
-    def settings(self, checkpoint) -> AuditSettings:
-        settings = AuditSettings(
-            checkpoint=str(Path(checkpoint).resolve()),
-            eval=str(Path(self.eval_data).resolve()) if self.eval_data else None,
-            calibration=str(Path(self.calibration_data).resolve()) if self.calibration_data else None,
-            window=self.window,
-            max_windows=self.max_windows,
-            device=self.device,
-            dtype=self.dtype,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            per_layer=self.per_layer,
-        )
-        return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
-
-    def audit_dir(self, audit_or_checkpoint) -> Path:
-        path = audit_or_checkpoint["model"]["path"] if isinstance(audit_or_checkpoint, dict) else audit_or_checkpoint
-        return self.audits / Path(path).name
-
-    def check(self) -> None:
-        for checkpoint in self.checkpoints:
-            check_checkpoint(checkpoint)
-        for name in PATH_PARAMETERS:
-            value = getattr(self, name)
-            if value and not Path(value).is_file():
-                raise UserError(f"{name}: text file not found: {value}")
-
-    def load_audits(self) -> list[dict]:
-        """The audit of every checkpoint, run or reused, in the order given."""
-        if self._audits is None:
-            from tqdm.auto import tqdm
-
-            self.check()
-            self._audits = [
-                ensure_audit(self.settings(c), self.audit_dir(c))
-                for c in tqdm(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
-            ]
-        return self._audits
-
-    def explorer(self, checkpoint):
-        """``checkpoint`` opened for exploration (``explore.Explorer``: its eval capture, reused from the shared
-        cache when an audit or an earlier explorer made it), when first asked for, then kept."""
-        checkpoint = str(Path(checkpoint).resolve())
-        if checkpoint not in self._explorers:
-            check_checkpoint(checkpoint)
-            self._explorers[checkpoint] = Explorer(self.settings(checkpoint))
-        return self._explorers[checkpoint]
-
-    def finished_audits(self) -> list[Path]:
-        """The audit folders of this run's checkpoints whose ``audit.json`` is current for these settings."""
-        return [self.audit_dir(c) for c in self.checkpoints if audit_is_current(self.settings(c), self.audit_dir(c))]
-
-    def write_table(self, table):
-        """Write a table (a ``tables`` DataFrame) as CSV, Markdown and LaTeX under ``<out>/tables``; returns its
-        ``Styler``, which the notebook displays."""
-        write_table(table, self.out)
-        return styled(table)
-
-    def write_figure(self, fig, name: str) -> Path:
-        return write_figure(fig, self.out, name)
-
-
-# --------------------------------------------------------------------------------------------------------
-# fca reproduce
-# --------------------------------------------------------------------------------------------------------
-
-
-def load_config(path) -> dict:
+def load_config(path: str | Path) -> dict:
     """A reproduce config: TOML or JSON with ``notebooks``, ``cache``, ``[parameters]`` (every notebook that
     declares a name gets it) and ``[notebook.<name>]`` (one notebook only)."""
     path = Path(path)
@@ -277,9 +80,9 @@ def load_config(path) -> dict:
         if path.suffix == ".json":
             config = json.loads(text)
         else:
-            try:
+            if sys.version_info >= (3, 11):
                 import tomllib
-            except ImportError:  # Python 3.10
+            else:
                 import tomli as tomllib
             config = tomllib.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -293,13 +96,6 @@ def load_config(path) -> dict:
             "notebook parameters go under [parameters])"
         )
     return config
-
-
-@dataclass
-class NotebookJob:
-    name: str
-    source: Path
-    parameters: dict
 
 
 @dataclass
@@ -328,7 +124,11 @@ def default_out() -> Path:
 
 
 def plan(
-    config: dict | None = None, out=None, overwrite: bool = False, config_path=None, notebook_dir: Path = NOTEBOOK_DIR
+    config: dict | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    config_path: str | Path | None = None,
+    notebook_dir: Path = NOTEBOOK_DIR,
 ) -> Plan:
     """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
     config = dict(config or {})
@@ -392,7 +192,7 @@ def plan(
         if not is_results(out):
             raise UserError(
                 f"output folder {out} is not empty and was not written by fca reproduce "
-                f"(no {RESULTS_MARKER} in it); choose another --out"
+                f"(no {layout.RESULTS_MARKER} in it); choose another --out"
             )
         if not overwrite:
             raise UserError(
@@ -401,7 +201,9 @@ def plan(
             )
     cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
 
-    jobs, audits, first_user = [], {}, {}
+    jobs: list[NotebookJob] = []
+    audits: dict[str, AuditSettings] = {}
+    first_user: dict[str, str] = {}
     for stem, source in sources.items():
         params = {k: v for k, v in DEFAULT_PARAMETERS.items() if k in declared[stem]}
         params.update({k: v for k, v in shared.items() if k in declared[stem]})
@@ -416,7 +218,7 @@ def plan(
             if isinstance(checkpoints, str):
                 checkpoints = [checkpoints]
             params["checkpoints"] = [str(Path(c).resolve()) for c in checkpoints]
-        reserved = {"out": str(out), "audits": str(out / "audits"), "cache": str(cache)}
+        reserved = {"out": str(out), "audits": str(out / layout.AUDITS_DIR), "cache": str(cache)}
         params.update({k: v for k, v in reserved.items() if k in declared[stem]})
         run = NotebookRun(**{k: v for k, v in params.items() if k in NotebookRun.__dataclass_fields__})
         run.check()
@@ -434,86 +236,6 @@ def plan(
     return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite)
 
 
-def ensure_kernel(name: str = KERNEL_NAME) -> dict:
-    """The project's Jupyter kernel must run this very Python; install it into this environment if absent."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    manager = KernelSpecManager()
-    try:
-        spec = manager.get_kernel_spec(name)
-    except NoSuchKernel:
-        from ipykernel.kernelspec import install
-
-        install(kernel_name=name, display_name="Python (fca-workbench)", prefix=sys.prefix)
-        print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
-        spec = KernelSpecManager().get_kernel_spec(name)
-    python = spec.argv[0]
-    if os.path.isabs(python) and Path(python).parent.resolve() != Path(sys.executable).parent.resolve():
-        raise UserError(
-            f"the Jupyter kernel '{name}' runs {python}, not this environment's {sys.executable}; reinstall it "
-            f"with: {sys.executable} -m ipykernel install --prefix {sys.prefix} --name {name} "
-            f"(or remove the other one: jupyter kernelspec remove {name})"
-        )
-    return {"name": name, "python": python, "resource_dir": spec.resource_dir}
-
-
-@dataclass
-class NotebookResult:
-    name: str
-    ok: bool
-    seconds: float
-    output: Path
-    error: str | None = None
-    files: list[Path] = field(default_factory=list)
-
-
-def _snapshot(folder: Path) -> dict[Path, int]:
-    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
-
-
-def describe_failure(exc: Exception) -> str:
-    from papermill.exceptions import PapermillExecutionError
-
-    if isinstance(exc, PapermillExecutionError):
-        lines = [line for line in (exc.source or "").splitlines() if line.strip() and not line.startswith("#")]
-        first = lines[0].strip()[:80] if lines else ""
-        evalue = (exc.evalue or "").strip().splitlines()
-        return (
-            f"cell {exc.cell_index} (In [{exc.exec_count}]: {first}) raised {exc.ename}: {evalue[0] if evalue else ''}"
-        )
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
-    import papermill
-
-    output = out / "notebooks" / f"{job.name}.ipynb"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    before = _snapshot(out)
-    start = time.perf_counter()
-    error = None
-    try:
-        papermill.execute_notebook(
-            str(job.source),
-            str(output),
-            parameters=job.parameters,
-            kernel_name=KERNEL_NAME,
-            progress_bar=False,
-            log_output=False,
-            request_save_on_cell_execute=False,
-            cwd=str(output.parent),
-        )
-    except Exception as exc:  # a notebook's failure is reported, and the others still run
-        error = describe_failure(exc)
-    seconds = time.perf_counter() - start
-    after = _snapshot(out)
-    files = sorted(
-        p for p, mtime in after.items() if before.get(p) != mtime and p != output and out / "audits" not in p.parents
-    )
-    return NotebookResult(job.name, error is None, seconds, output, error, files)
-
-
 def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
     """Run the audits once, then every notebook; a failing notebook does not stop the others."""
     from tqdm.auto import tqdm
@@ -521,11 +243,11 @@ def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
     out = plan_.out
     out.mkdir(parents=True, exist_ok=True)
     mark_results(out)
-    write_atomic(out / "reproduce_config.json", (json.dumps(plan_summary(plan_), indent=2) + "\n").encode())
+    write_atomic(out / layout.REPRODUCE_CONFIG_FILE, (json.dumps(plan_summary(plan_), indent=2) + "\n").encode())
     started = time.perf_counter()
     audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
     for checkpoint, settings in tqdm(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
-        ensure_audit(settings, out / "audits" / Path(checkpoint).name)
+        ensure_audit(settings, out / layout.AUDITS_DIR / Path(checkpoint).name)
     audit_seconds = time.perf_counter() - started
     results = []
     bar = tqdm(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
@@ -553,7 +275,9 @@ def plan_summary(plan_: Plan) -> dict:
 def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float, total_seconds: float) -> Path:
     """``DIR/README.md``: what ran on which models, data and settings, and where every output lies."""
     out = plan_.out
-    audits = [(Path(c).name, read_json(out / "audits" / Path(c).name / "audit.json")) for c in plan_.audits]
+    audits = [
+        (Path(c).name, read_json(out / layout.AUDITS_DIR / Path(c).name / layout.AUDIT_FILE)) for c in plan_.audits
+    ]
     passed = sum(r.ok for r in results)
     lines = [
         "# fca reproduce",
@@ -603,8 +327,8 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
         ]
     lines += ["", "## Tables and figures", ""]
     for r in results:
-        tables = sorted({p.with_suffix("") for p in r.files if p.parent == out / "tables"})
-        figures = sorted(p for p in r.files if p.parent == out / "figures" and p.suffix == ".html")
+        tables = sorted({p.with_suffix("") for p in r.files if p.parent == out / layout.TABLES_DIR})
+        figures = sorted(p for p in r.files if p.parent == out / layout.FIGURES_DIR and p.suffix == ".html")
         if not tables and not figures:
             continue
         lines += [f"### {r.name}", ""]
@@ -624,14 +348,15 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
                 + ", ".join(f"[{p.stem}]({p.relative_to(out)})" for p in figures)
             )
             lines.append("")
-    path = out / "README.md"
+    path = out / layout.INDEX_FILE
     write_atomic(path, ("\n".join(lines).rstrip() + "\n").encode())
     return path
 
 
 def reproduce(
-    config_path=None, out=None, overwrite: bool = False, progress: bool = True
+    config_path: str | Path | None = None, out: str | Path | None = None, overwrite: bool = False, progress: bool = True
 ) -> tuple[Plan, list[NotebookResult]]:
+    """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
     config = load_config(config_path) if config_path else {}
     plan_ = plan(config, out, overwrite, config_path)
     return plan_, execute(plan_, progress)

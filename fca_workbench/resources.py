@@ -14,11 +14,29 @@ from importlib.resources import files
 from pathlib import Path, PurePosixPath
 
 from fca_workbench.errors import UserError
+from fca_workbench.files import atomic_path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 CHECKPOINTS_ENV = "FCA_CHECKPOINTS"
 CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpacked sdist keeps them
 LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
+CHECKPOINT_CONFIG = "config.json"  # what makes a folder a checkpoint folder
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """True for a folder that holds a checkpoint's ``config.json`` (its weights are checked when loaded)."""
+    return (Path(folder) / CHECKPOINT_CONFIG).is_file()
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path``, or a one-line ``UserError`` saying it is missing or is not one: the
+    check every command and loader makes before reading a checkpoint."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"checkpoint folder not found: {folder}")
+    if not is_checkpoint(folder):
+        raise UserError(f"not a checkpoint folder (no {CHECKPOINT_CONFIG}): {folder}")
+    return folder
 
 
 def shipped(name: str) -> Path:
@@ -54,7 +72,8 @@ def checkpoints_dir() -> Path:
 
 def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
-    ``into``, through a temporary sibling renamed at the end; returns the checkpoint names."""
+    ``into``, through a temporary sibling renamed at the end (``files.atomic_path``); returns the checkpoint
+    names."""
     if source is None:
         if not in_checkout():
             raise UserError(
@@ -65,24 +84,22 @@ def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     source, into = Path(source), Path(into)
     if into.exists() and (not into.is_dir() or any(into.iterdir())):
         raise UserError(f"{into} already exists and is not an empty folder")
-    tmp = into.with_name(f".{into.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     if source.is_dir():
         folder = source.joinpath(*CHECKPOINTS_IN_SOURCE)
         if not folder.is_dir():
             raise UserError(f"no {'/'.join(CHECKPOINTS_IN_SOURCE)} folder in {source}")
-        shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
-    elif source.is_file() and tarfile.is_tarfile(source):
-        extract_checkpoints(source, tmp)
-    else:
+    elif not (source.is_file() and tarfile.is_tarfile(source)):
         raise UserError(f"--from must be an sdist (.tar.gz) or a source folder: {source}")
-    names = sorted(p.name for p in tmp.iterdir() if (p / "config.json").is_file()) if tmp.is_dir() else []
-    if not names:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
-    if into.exists():
-        into.rmdir()
-    tmp.replace(into)
+    with atomic_path(into) as tmp:
+        if source.is_dir():
+            shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
+        else:
+            extract_checkpoints(source, tmp)
+        names = sorted(p.name for p in tmp.iterdir() if is_checkpoint(p)) if tmp.is_dir() else []
+        if not names:
+            raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
+        if into.exists():
+            into.rmdir()
     return names
 
 

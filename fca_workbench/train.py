@@ -1,8 +1,7 @@
 """``fca train``: AdamW with warmup + cosine on random windows of the train split, resumable.
 
-The run's whole state (weights, optimizer, scheduler, step) is one ``trainer_state.pt`` written
-atomically, so an interrupted run resumes exactly; the batch of step s is drawn from a generator seeded
-with (seed, s), so a resumed run sees the same data as an uninterrupted one.
+The run folder's state, log and resuming are ``train_state``'s; the batch of step s is drawn from a generator
+seeded with (seed, s), so a resumed run sees the same data as an uninterrupted one.
 
 Besides the workbench's own families (``arch``), any built-in ``transformers`` causal-LM config can be
 trained (``hf_config``: the fields of a config JSON file with its ``model_type``); it is built with
@@ -14,13 +13,12 @@ training (set the coefficient to 0 to train without it) and the saved config kee
 """
 
 import contextlib
-import csv
 import json
 import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,66 +34,24 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from fca_workbench.data.corpus import CORPUS_DIR, split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import write_atomic
+from fca_workbench.errors import UserError, first_line, one_line
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.results.outputs import output_folder
+from fca_workbench.train_state import (  # TrainSettings, CHECKPOINT_FILES, STATE_FILE: also imported from here
+    CHECKPOINT_FILES,
+    LOG_FILE,
+    STATE_FILE,
+    TrainSettings,
+    read_log,
+    read_state,
+    restore,
+    run_folder,
+    save_state,
+)
 from fca_workbench.training_audit import TrainingAudit, postfix
 
-STATE_FILE = "trainer_state.pt"
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
-STATE_KEYS = {"settings", "step", "model", "optimizer", "scheduler"}
-LOG_FILE = "train_log.csv"
 STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
-# Every file a finished checkpoint may hold (tests/test_hardening.py checks it against real runs).
-CHECKPOINT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "model_card.json",
-    "README.md",
-    LOG_FILE,
-)
-
-
-@dataclass
-class TrainSettings:
-    arch: str | None = None  # a workbench family, or None with hf_config
-    hf_config: dict | None = None  # a transformers config's fields, model_type included (see read_hf_config)
-    seed: int = 0
-    train_data: str | None = None  # any UTF-8 text or JSONL; default: the shipped train split
-    layers: int | None = 4  # layers, width, heads and gate_groups shape arch models; hf_config has its own
-    width: int | None = 96
-    heads: int | None = 4
-    gate_groups: int | None = None
-    window: int = 256
-    steps: int = 300
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 50
-    weight_decay: float = 0.1
-    save_every: int = 100
-    eval_windows: int = 64
-    device: str = "cpu"
-    audit_every: int | None = None  # mini-audit every N steps and at the end (training_audit.py)
-    audit_windows: int = 16
-
-    def __post_init__(self):
-        if (self.arch is None) == (self.hf_config is None):
-            raise UserError("give exactly one of --arch and --hf-config")
-        if self.hf_config is not None:
-            self.layers = self.width = self.heads = self.gate_groups = None
-
-    @property
-    def name(self) -> str:
-        if self.arch:
-            return self.arch
-        assert self.hf_config is not None  # __post_init__: exactly one of the two
-        return self.hf_config["model_type"]
 
 
 def read_hf_config(path: str | Path) -> dict:
@@ -116,10 +72,6 @@ def read_hf_config(path: str | Path) -> dict:
     if fields["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise UserError(f"{path}: model_type '{fields['model_type']}' has no causal language model in transformers")
     return fields
-
-
-def one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())
 
 
 def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> PreTrainedModel:
@@ -170,7 +122,7 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
     config_class, model_class = FAMILIES[settings.arch]
     try:
-        config = config_class.from_sizes(
+        config = config_class.from_sizes(  # type: ignore[attr-defined]  # every native family's config has it
             vocab_size=vocab_size,
             layers=settings.layers,
             width=settings.width,
@@ -289,97 +241,6 @@ def train(settings: TrainSettings, out: str | Path, stop_after: int | None = Non
     if step < settings.steps:
         return None
     return finish(out, settings, model, tokenizer, log_rows, audit)
-
-
-def run_folder(out: str | Path) -> Path:
-    """The run's folder, refused before any work when it is a file, a finished checkpoint, or holds
-    files the finished checkpoint would replace that this trainer did not write (a user's README.md ...)."""
-    out = output_folder(out)
-    running = (out / STATE_FILE).is_file()
-    if not running and (out / "config.json").exists():
-        raise UserError(f"{out} already holds a finished checkpoint; choose another --out")
-    ours = {LOG_FILE} if running else set()
-    clashes = [name for name in CHECKPOINT_FILES if name not in ours and (out / name).exists()]
-    if clashes:
-        raise UserError(
-            f"{out} already holds {', '.join(clashes)}, which fca train did not write and would "
-            "replace; choose another --out"
-        )
-    return out
-
-
-def read_state(out: Path, settings: TrainSettings) -> dict | None:
-    """The saved state of an unfinished run in ``out`` (None: a fresh run), unpickled with
-    ``weights_only=True``: tensors and plain containers only, so a planted pickle cannot run code."""
-    path = out / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch and pickle raise many types on foreign or damaged files
-        raise UserError(
-            f"{path} is not a training state fca train wrote ({first_line(exc)}); remove it or choose another --out"
-        ) from None
-    if not isinstance(state, dict) or not STATE_KEYS <= state.keys() or not isinstance(state["settings"], dict):
-        raise UserError(f"{path} is not a training state fca train wrote; remove it or choose another --out")
-    wanted = asdict(settings)
-    if state["settings"] != wanted:
-        changed = sorted(
-            k
-            for k in state["settings"].keys() | wanted.keys()
-            if state["settings"].get(k) != wanted.get(k) or (k in state["settings"]) != (k in wanted)
-        )
-        raise UserError(f"{out} holds a run with different settings ({', '.join(changed)}); choose another --out")
-    return state
-
-
-def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler) -> int:
-    """Load a saved state into the freshly built run; returns the step to continue from."""
-    if state is None:
-        return 0
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return state["step"]
-
-
-def read_log(out: Path, step: int) -> list[dict]:
-    """The training log's rows up to ``step``: those a resumed run keeps (later ones were not checkpointed)."""
-    path = out / LOG_FILE
-    if not path.is_file():
-        return []
-    with path.open() as handle:
-        return [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
-
-
-def write_log(out: Path, rows: list[dict]) -> None:
-    lines = ["step,loss,lr,tokens_seen,seconds"] + [
-        f"{r['step']},{r['loss']},{r['lr']},{r['tokens_seen']},{r['seconds']}" for r in rows
-    ]
-    write_atomic(out / LOG_FILE, ("\n".join(lines) + "\n").encode())
-
-
-def save_state(
-    out: Path,
-    settings: TrainSettings,
-    model: torch.nn.Module,
-    optimizer: Optimizer,
-    scheduler: LRScheduler,
-    step: int,
-    log_rows: list[dict],
-) -> None:
-    """Everything a resumed run needs to continue exactly where this one stopped, written atomically."""
-    state = {
-        "settings": asdict(settings),
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-    }
-    tmp = out / f".{STATE_FILE}.tmp"
-    torch.save(state, tmp)
-    tmp.replace(out / STATE_FILE)
-    write_log(out, log_rows)
 
 
 @torch.no_grad()

@@ -163,3 +163,15 @@ def test_per_layer_false_leaves_the_per_layer_notebook_out(tiny_checkpoints, tmp
     with pytest.raises(UserError, match="06_per_layer shows the per-layer sweep"):
         reproduce.plan({"notebooks": ["06_per_layer"], "parameters": parameters}, tmp_path / "c")
     assert not any((tmp_path / name).exists() for name in "abc")
+
+
+def test_the_names_notebooks_and_readme_import_stay_in_reproduce():
+    """``reproduce`` was split (notebook_run, notebook_execution); what the notebooks, README and tests import
+    from it is still there, and is the one object, not a copy."""
+    from fca_workbench import notebook_execution, notebook_run
+
+    for name in ("NotebookRun", "shipped_checkpoints", "DEFAULT_MAX_WINDOWS", "ensure_audit"):
+        assert getattr(reproduce, name) is getattr(notebook_run, name)
+    for name in ("KERNEL_NAME", "ensure_kernel"):
+        assert getattr(reproduce, name) is getattr(notebook_execution, name)
+    assert reproduce.NOTEBOOK_DIR.name == "notebooks" and reproduce.KERNEL_NAME == "fca-workbench"

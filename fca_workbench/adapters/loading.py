@@ -17,9 +17,10 @@ from torch import nn
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
+from fca_workbench.resources import is_checkpoint
 
 
 def load_controlled(
@@ -31,7 +32,7 @@ def load_controlled(
     the built-in kinds (MoE routers, shared-expert gates) find them.
     """
     folder = Path(path)
-    if not (folder / "config.json").is_file():
+    if not is_checkpoint(folder):
         return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
     try:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -100,5 +101,4 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
             trust_remote_code=trust_remote_code,
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        text = str(exc).strip().splitlines()
-        raise UserError(f"cannot load {folder} with transformers: {text[0] if text else type(exc).__name__}") from None
+        raise UserError(f"cannot load {folder} with transformers: {first_line(exc)}") from None

@@ -9,6 +9,7 @@ from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
+from fca_workbench.results.layout import AUDIT_MANY_FILE
 from fca_workbench.results.outputs import output_folder, refuse_foreign
 from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
 from fca_workbench.results.seeds import summarise
@@ -35,7 +36,7 @@ def aggregate_audits(
     output folder is checked before the first audit starts. Under torchrun (``ranks``) every audit is
     distributed and rank 0 alone writes the summary and returns it (the other ranks return None)."""
     out = output_folder(out)
-    refuse_foreign(out / "audit_many.json", AUDIT_MANY_SCHEMA)
+    refuse_foreign(out / AUDIT_MANY_FILE, AUDIT_MANY_SCHEMA)
     names = audit_names([settings.checkpoint for settings in settings_list])
     for name in names:
         check_audit_out(out / name)
@@ -50,5 +51,5 @@ def aggregate_audits(
         "archs": [a["model"]["arch"] for a in audits],
         "figures": summarise(audits),
     }
-    write_atomic(out / "audit_many.json", (json.dumps(summary, indent=2) + "\n").encode())
+    write_atomic(out / AUDIT_MANY_FILE, (json.dumps(summary, indent=2) + "\n").encode())
     return summary

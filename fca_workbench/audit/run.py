@@ -30,6 +30,7 @@ from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
+from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import output_folder, refuse_foreign
 from fca_workbench.results.per_token import per_token_files
 from fca_workbench.results.profiles import save_profiles
@@ -72,7 +73,7 @@ def check_audit_out(out: str | Path) -> Path:
     """The audit's output folder, refused before any work when it is a file or holds an ``audit.json``
     this workbench did not write (anything that is not a valid ``fca-audit/1`` audit)."""
     out = output_folder(out)
-    refuse_foreign(out / "audit.json", AUDIT_SCHEMA, validate_audit)
+    refuse_foreign(out / AUDIT_FILE, AUDIT_SCHEMA, validate_audit)
     return out
 
 
@@ -141,7 +142,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
     check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
-    with cache_lock(cache_root(settings, out), lock_wait, ranks):
+    with cache_lock(cache_root(settings.cache, out), lock_wait, ranks):
         eval_cache = capture_split(model, eval_windows, "eval", settings, out, ranks)
         share = ranks.share(eval_cache.num_shards())
         profiles = None
@@ -177,7 +178,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
         if not ranks.lead:
             return None
         if profiles is not None:
-            save_profiles(out / "static_profiles.safetensors", profiles)
+            save_profiles(out / PROFILES_FILE, profiles)
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
@@ -248,15 +249,6 @@ def spread_figures(spread: dict | None) -> dict:
     }
 
 
-def cache_root(settings: AuditSettings, out: str | Path | None) -> Path:
-    """The coefficient caches' folder: the settings' ``cache``, else ``<out>/cache`` beside audit.json."""
-    if settings.cache:
-        return Path(settings.cache)
-    if out is None:
-        raise ValueError("the coefficient caches need settings.cache or an output folder")
-    return Path(out) / "cache"
-
-
 def with_batch_size(
     settings: AuditSettings, model, eval_windows: torch.Tensor, out: str | Path | None, ranks: Ranks = SINGLE
 ) -> AuditSettings:
@@ -264,7 +256,7 @@ def with_batch_size(
     torchrun the smallest any rank can fit, so every rank cuts the same shards)."""
     if settings.batch_size is not None:
         return settings
-    fitted = audit_batch_size(model, eval_windows.shape[1], settings.device, cache_root(settings, out) / "eval")
+    fitted = audit_batch_size(model, eval_windows.shape[1], settings.device, split_cache(settings.cache, out, "eval"))
     return replace(settings, batch_size=ranks.smallest(fitted))
 
 
@@ -288,7 +280,7 @@ def capture_split(
     return capture(
         model,
         windows,
-        cache_root(settings, out) / split,
+        split_cache(settings.cache, out, split),
         batch_size=fitted_batch_size(settings),
         device=settings.device,
         desc=f"capture {split}",
@@ -370,4 +362,4 @@ def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor
     validate_audit(audit)
     for name, data in per_token_files(per_token, windows).items():  # CSV, and Parquet with pyarrow
         write_atomic(out / name, data)
-    write_atomic(out / "audit.json", (json.dumps(audit, indent=2) + "\n").encode())
+    write_atomic(out / AUDIT_FILE, (json.dumps(audit, indent=2) + "\n").encode())

@@ -17,7 +17,7 @@ from pathlib import Path
 from fca_workbench.dashboard.live import DashboardSession, SharedModel
 from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.errors import UserError
-from fca_workbench.resources import checkpoints_dir
+from fca_workbench.resources import checkpoints_dir, is_checkpoint
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
 DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
@@ -33,7 +33,7 @@ class Registry:
     def shipped(cls, root: Path | None = None) -> Registry:
         """The shipped checkpoints that exist now (a folder with a config.json and weights)."""
         root = Path(root) if root else checkpoints_dir()
-        folders = sorted(p for p in root.glob("*") if (p / "config.json").is_file() and any(p.glob("*.safetensors")))
+        folders = sorted(p for p in root.glob("*") if is_checkpoint(p) and any(p.glob("*.safetensors")))
         return cls({p.name: p for p in folders})
 
     @classmethod

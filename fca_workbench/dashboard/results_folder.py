@@ -22,11 +22,10 @@ from typing import Protocol
 from fca_workbench import tables
 from fca_workbench.errors import UserError
 from fca_workbench.results.frames import read_audit_json
+from fca_workbench.results.layout import AUDIT_FILE, CACHE_DIR, FIGURES_DIR, NOTEBOOKS_DIR, PROFILES_FILE, TABLES_DIR
 
-AUDIT_FILE = "audit.json"
-PROFILES_FILE = "static_profiles.safetensors"
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
-PRUNED = {"cache", "tables", "figures", "notebooks", "__pycache__"}  # hold no audit.json, may hold many files
+PRUNED = {CACHE_DIR, TABLES_DIR, FIGURES_DIR, NOTEBOOKS_DIR, "__pycache__"}  # hold no audit.json, may hold many files
 PARSED_KEPT = 256  # parsed audit.json files kept per process, keyed by (path, mtime, size)
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.resources import shipped
 
 TOKENIZER_DIR = shipped("data") / "tokenizer"  # the checkout's data/tokenizer, or the copy bundled in the wheel
@@ -36,4 +36,4 @@ def load_tokenizer(folder: str | Path = TOKENIZER_DIR) -> PreTrainedTokenizerBas
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
-        raise UserError(f"unreadable tokenizer in {folder}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"unreadable tokenizer in {folder}: {first_line(exc)}") from None

@@ -5,7 +5,6 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from fca_workbench.errors import UserError
 from fca_workbench.models.common import (
     CoefficientLMOutput,
     CoefficientModel,
@@ -18,6 +17,7 @@ from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
 from fca_workbench.models.loading import load_weights, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
+from fca_workbench.resources import check_checkpoint
 
 __all__ = [
     "FAMILIES",
@@ -57,11 +57,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None) -> Coefficien
     and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
     match the model exactly before anything is loaded (see ``fca_workbench.models.loading``).
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise UserError(f"checkpoint folder not found: {folder}")
-    if not (folder / "config.json").is_file():
-        raise UserError(f"not a checkpoint folder (no config.json): {folder}")
+    folder = check_checkpoint(path)
     config = read_config(folder, FAMILIES)
     model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
     return load_weights(folder, model_class, config, dtype)

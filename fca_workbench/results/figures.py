@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fca_workbench.results.layout import FIGURES_DIR
+
 if TYPE_CHECKING:  # imported when a figure is drawn, not by `import fca_workbench`
     import ipywidgets
     import plotly.graph_objects as go
@@ -20,7 +22,7 @@ def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
 
 def write_figure(fig: go.Figure, out: str | Path, name: str) -> Path:
     """Write ``out/figures/<name>.html``: interactive and offline (plotly.js is written once beside it)."""
-    folder = Path(out) / "figures"
+    folder = Path(out) / FIGURES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.html"
     fig.write_html(path, include_plotlyjs="directory", full_html=True)

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import import_jsonschema
-from fca_workbench.results.per_token import PER_TOKEN_CSV, PER_TOKEN_KEYS, PER_TOKEN_PARQUET, _has_pyarrow
+from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
+from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
@@ -54,13 +55,13 @@ def read_audit_json(path: str | Path) -> tuple[dict, Path]:
     """The audit dict and its folder; a missing, truncated or foreign file is a one-line ``UserError``."""
     path = Path(path)
     if path.is_dir():
-        path = path / "audit.json"
+        path = path / AUDIT_FILE
     if not path.is_file():
-        raise UserError(f"no audit.json in {path.parent}" if path.name == "audit.json" else f"not found: {path}")
+        raise UserError(f"no {AUDIT_FILE} in {path.parent}" if path.name == AUDIT_FILE else f"not found: {path}")
     try:
         audit = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not a complete audit.json (truncated or not JSON: {exc})") from None
+        raise UserError(f"{path} is not a complete {AUDIT_FILE} (truncated or not JSON: {exc})") from None
     if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
         found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
         raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected {AUDIT_SCHEMA!r})")
@@ -70,7 +71,7 @@ def read_audit_json(path: str | Path) -> tuple[dict, Path]:
         validate_audit(audit)
     except jsonschema.ValidationError as exc:
         where = ".".join(map(str, exc.absolute_path)) or "top level"
-        raise UserError(f"{path} is not a valid FCA audit ({where}: {exc.message.splitlines()[0]})") from None
+        raise UserError(f"{path} is not a valid FCA audit ({where}: {first_line(exc.message)})") from None
     return audit, path.parent
 
 
@@ -145,7 +146,7 @@ class AuditResults:
         try:
             wide = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
         except Exception as exc:  # truncated gzip / Parquet, wrong bytes: all mean the same to the user
-            raise UserError(f"{path} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+            raise UserError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)})") from None
         conditions = [c for c in wide.columns if c not in PER_TOKEN_KEYS]
         if list(wide.columns[:3]) != PER_TOKEN_KEYS or set(conditions) != set(self.audit["conditions"]):
             raise UserError(f"{path} does not hold this audit's conditions ({', '.join(map(str, wide.columns))})")
@@ -204,12 +205,12 @@ def load_audits(paths: str | Path | Iterable[str | Path]) -> AuditCollection:
     ``fca reproduce`` run's ``audits/``) or being one."""
     if isinstance(paths, (str, Path)):
         folder = Path(paths)
-        if (folder / "audit.json").is_file() or folder.suffix == ".json":
+        if (folder / AUDIT_FILE).is_file() or folder.suffix == ".json":
             paths = [folder]
         else:
-            paths = sorted(p.parent for p in folder.glob("*/audit.json"))
+            paths = sorted(p.parent for p in folder.glob(f"*/{AUDIT_FILE}"))
             if not paths:
-                raise UserError(f"no audit folders (*/audit.json) in {folder}")
+                raise UserError(f"no audit folders (*/{AUDIT_FILE}) in {folder}")
     return AuditCollection([load_audit(p) for p in paths])
 
 

@@ -1,11 +1,49 @@
-"""The audit folder's layout: where each file an audit writes lies."""
+"""The layout of the folders the workbench writes: every file and folder name, spelled here only.
+
+An audit folder (``fca audit --out``) holds ``audit.json``, the per-token NLL files, the static profiles and,
+unless ``--cache`` points elsewhere, the coefficient caches under ``cache/<split>``. ``fca audit-many`` adds
+``audit_many.json`` beside its audit folders. A results folder of ``fca reproduce`` carries the marker file,
+its config and index, the audits under ``audits/`` (each with its ``provenance.json``), and the notebooks'
+``notebooks/``, ``tables/`` and ``figures/``. The coefficient cache's own files (manifest, shards, lock) are
+``audit.capture``'s and ``audit.cache_lock``'s.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+AUDIT_FILE = "audit.json"
+PER_TOKEN_CSV = "per_token_nll.csv.gz"
+PER_TOKEN_PARQUET = "per_token_nll.parquet"
+PROFILES_FILE = "static_profiles.safetensors"
+CACHE_DIR = "cache"
+AUDIT_MANY_FILE = "audit_many.json"
 
-def cache_folder(audit: dict, audit_dir, split: str = "eval") -> Path:
-    """Where the audit's coefficient cache of ``split`` lies (its ``--cache``, else beside audit.json)."""
-    root = audit["settings"].get("cache")
-    return (Path(root) if root else Path(audit_dir) / "cache") / split
+PROVENANCE_FILE = "provenance.json"  # beside a reproduce run's audit.json: what it was computed from
+RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder
+REPRODUCE_CONFIG_FILE = "reproduce_config.json"
+INDEX_FILE = "README.md"
+AUDITS_DIR = "audits"
+NOTEBOOKS_DIR = "notebooks"
+TABLES_DIR = "tables"
+FIGURES_DIR = "figures"
+
+
+def cache_root(cache: str | Path | None, audit_dir: str | Path | None) -> Path:
+    """The folder of an audit's coefficient caches: its ``cache`` setting (``--cache``), else ``cache/``
+    beside its ``audit.json`` (an explorer, which writes no audit folder, always names its cache)."""
+    if cache:
+        return Path(cache)
+    if audit_dir is None:
+        raise ValueError("the coefficient caches need settings.cache or an output folder")
+    return Path(audit_dir) / CACHE_DIR
+
+
+def split_cache(cache: str | Path | None, audit_dir: str | Path | None, split: str) -> Path:
+    """The coefficient cache of one data split (``eval``, ``calibration``) under ``cache_root``."""
+    return cache_root(cache, audit_dir) / split
+
+
+def cache_folder(audit: dict, audit_dir: str | Path, split: str = "eval") -> Path:
+    """Where the coefficient cache of ``split`` of a finished audit (its ``audit.json`` as a dict) lies."""
+    return split_cache(audit["settings"].get("cache"), audit_dir, split)

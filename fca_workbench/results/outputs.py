@@ -12,8 +12,7 @@ from pathlib import Path
 
 from fca_workbench.errors import UserError
 from fca_workbench.files import import_jsonschema, write_atomic
-
-RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder
+from fca_workbench.results.layout import RESULTS_MARKER
 
 
 def output_folder(out: str | Path) -> Path:

@@ -8,15 +8,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # both imported when a file is written or read, not by `import fca_workbench`
+from fca_workbench.results.layout import PER_TOKEN_CSV, PER_TOKEN_PARQUET
+
+if TYPE_CHECKING:  # pandas and torch are imported when a table is built, never by ``import fca_workbench``
     import pandas as pd
     import torch
-
-PER_TOKEN_CSV = "per_token_nll.csv.gz"
-
-
-PER_TOKEN_PARQUET = "per_token_nll.parquet"
-
 
 PER_TOKEN_KEYS = ["window", "position", "target_token"]
 

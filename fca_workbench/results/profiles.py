@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from fca_workbench.files import atomic_path
+
 
 def load_profiles(path: str | Path) -> dict[str, list[torch.Tensor]]:
     """Static profiles saved by the audit (``static_profiles.safetensors``), as ``static_profiles`` returns them."""
@@ -28,7 +30,5 @@ def profiles_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, list[to
 def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
     """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them."""
     tensors = {f"{name}.layer_{i}": t.contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, tmp)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fca_workbench.files import write_atomic
+from fca_workbench.results.layout import TABLES_DIR
 
 if TYPE_CHECKING:  # imported when a table is built, not by `import fca_workbench`
     import pandas as pd
@@ -130,7 +131,7 @@ def to_csv(table: pd.DataFrame) -> str:
 
 def write_table(table: pd.DataFrame, out: str | Path) -> dict[str, Path]:
     """Write ``out/tables/<name>.{csv,md,tex}`` (each to a temporary name, then renamed); returns the paths."""
-    folder = Path(out) / "tables"
+    folder = Path(out) / TABLES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     texts = {"csv": to_csv(table), "md": to_markdown(table), "tex": to_latex(table)}
     paths = {ext: folder / f"{table.attrs['name']}.{ext}" for ext in texts}

@@ -1,0 +1,224 @@
+"""The notebooks' ``NotebookRun`` and the audits it shares across notebooks and runs.
+
+Every audit-reading notebook builds one ``NotebookRun`` from its parameters cell; ``fca reproduce`` builds the
+same ones before any notebook starts. An audit lies in ``<audits>/<checkpoint>/`` and is reused by every
+notebook of the run and by any rerun into the same folder: a ``provenance.json`` beside its ``audit.json``
+records the settings and the size and mtime of every input file, and only an exact match is reused.
+Coefficient caches live in one shared folder (default ``results/cache/``), keyed by checkpoint, data and
+settings, so they are reused across runs too; ``capture`` still checks their fingerprints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from fca_workbench.audit.capture import read_manifest
+from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.data.corpus import split_path
+from fca_workbench.errors import UserError
+from fca_workbench.explore import Explorer
+from fca_workbench.files import write_atomic
+from fca_workbench.resources import check_checkpoint, checkpoints_dir, results_root
+from fca_workbench.results.figures import write_figure
+from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache
+from fca_workbench.results.tables import styled, write_table
+
+if TYPE_CHECKING:  # the notebooks' libraries, imported by the notebooks themselves
+    import pandas as pd
+    import plotly.graph_objects as go
+    from pandas.io.formats.style import Styler
+
+SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
+# Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
+# (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
+# ten checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
+DEFAULT_MAX_WINDOWS = 64
+PATH_PARAMETERS = ("eval_data", "calibration_data")
+
+
+def shipped_checkpoints(names: list[str] = SHIPPED) -> list[str]:
+    """The shipped checkpoints' folders (``names`` of them), as the notebooks' default ``checkpoints``."""
+    return [str(checkpoints_dir() / name) for name in names]
+
+
+def _stat(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
+    """Size and mtime of every file the audit reads: the checkpoint folder's files and both data sets."""
+    folder = Path(settings.checkpoint)
+    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    files += [
+        Path(settings.eval) if settings.eval else split_path("eval"),
+        Path(settings.calibration) if settings.calibration else split_path("calibration"),
+    ]
+    return {str(p.resolve()): _stat(p) for p in files}
+
+
+def provenance(settings: AuditSettings) -> dict:
+    """What an audit was computed from: its settings and the size and mtime of every input file."""
+    return {"settings": asdict(settings), "inputs": _input_files(settings)}
+
+
+def shared_cache(cache_root: str | Path, settings: AuditSettings) -> Path:
+    """The coefficient cache folder of one checkpoint under the shared root, keyed by everything that
+    changes its content (a stale key is still caught by the cache's own fingerprints)."""
+    key = {
+        "checkpoint": settings.checkpoint,
+        "weights": {name: value for name, value in _input_files(settings).items()},
+        "window": settings.window,
+        "max_windows": settings.max_windows,
+        "window_sampling": "even",  # caches of the first-N sampling have other windows: never the same key
+        "batch_size": settings.batch_size,
+        "dtype": settings.dtype,
+        "device": settings.device.split(":")[0],
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(cache_root).resolve() / f"{Path(settings.checkpoint).name}-{digest}"
+
+
+def read_json(path: str | Path) -> dict | None:
+    """A JSON file's content, or None when it is missing or incomplete (an audit to run again)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def audit_is_current(settings: AuditSettings, folder: str | Path) -> bool:
+    """True when ``folder`` holds a finished audit of exactly these settings and inputs (``provenance``)."""
+    folder = Path(folder)
+    if read_json(folder / PROVENANCE_FILE) != provenance(settings) or read_json(folder / AUDIT_FILE) is None:
+        return False
+    try:
+        # None for a cache of an older format: captured again
+        manifest = read_manifest(split_cache(settings.cache, folder, "eval"))
+    except UserError:
+        return False  # a broken manifest: the audit runs again and reports it
+    return bool(manifest and manifest["complete"])
+
+
+def ensure_audit(settings: AuditSettings, folder: str | Path) -> dict:
+    """The audit of ``settings`` in ``folder``: read back when its provenance matches, else run."""
+    folder = Path(folder)
+    if audit_is_current(settings, folder):
+        return cast(dict, read_json(folder / AUDIT_FILE))  # audit_is_current has read it
+    before = provenance(settings)
+    (folder / PROVENANCE_FILE).unlink(missing_ok=True)  # an audit interrupted from here on is never current
+    audit = cast(dict, run_audit(settings, folder))  # one process: the audit always comes back
+    write_atomic(folder / PROVENANCE_FILE, (json.dumps(before, indent=2) + "\n").encode())
+    return audit
+
+
+@dataclass
+class NotebookRun:
+    """What a notebook's parameters cell says, turned into audits: the one object every notebook builds.
+
+    ``checkpoints=None`` means the shipped checkpoints; ``out=None`` means ``results/notebooks``;
+    ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache``.
+    """
+
+    checkpoints: Any = None  # folders (or one); a list[str] of resolved folders after __post_init__
+    eval_data: str | None = None
+    calibration_data: str | None = None
+    window: int | None = None
+    max_windows: int | None = DEFAULT_MAX_WINDOWS
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    batch_size: int | None = None
+    per_layer: bool = True
+    out: Any = None  # str or None as given; a resolved Path after __post_init__, as audits and cache
+    audits: Any = None
+    cache: Any = None
+    progress: bool = True
+    _audits: list[dict] | None = field(default=None, repr=False)
+    _explorers: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.checkpoints, (str, os.PathLike)):
+            self.checkpoints = [self.checkpoints]
+        self.checkpoints = [str(Path(c).resolve()) for c in (self.checkpoints or shipped_checkpoints())]
+        names = [Path(c).name for c in self.checkpoints]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
+        self.out = Path(self.out).resolve() if self.out else (results_root() / NOTEBOOKS_DIR)
+        self.audits = Path(self.audits).resolve() if self.audits else self.out / AUDITS_DIR
+        self.cache = Path(self.cache).resolve() if self.cache else (results_root() / CACHE_DIR)
+
+    def settings(self, checkpoint: str | Path) -> AuditSettings:
+        """The audit settings of ``checkpoint`` in this run, its coefficient cache under the shared root."""
+        settings = AuditSettings(
+            checkpoint=str(Path(checkpoint).resolve()),
+            eval=str(Path(self.eval_data).resolve()) if self.eval_data else None,
+            calibration=str(Path(self.calibration_data).resolve()) if self.calibration_data else None,
+            window=self.window,
+            max_windows=self.max_windows,
+            device=self.device,
+            dtype=self.dtype,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            per_layer=self.per_layer,
+        )
+        return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
+
+    def audit_dir(self, audit_or_checkpoint: dict | str | Path) -> Path:
+        """The folder of a checkpoint's audit (``<audits>/<checkpoint folder name>``)."""
+        path = audit_or_checkpoint["model"]["path"] if isinstance(audit_or_checkpoint, dict) else audit_or_checkpoint
+        return self.audits / Path(path).name
+
+    def check(self) -> None:
+        """Refuse missing checkpoints and data files before any audit starts."""
+        for checkpoint in self.checkpoints:
+            check_checkpoint(checkpoint)
+        for name in PATH_PARAMETERS:
+            value = getattr(self, name)
+            if value and not Path(value).is_file():
+                raise UserError(f"{name}: text file not found: {value}")
+
+    def load_audits(self) -> list[dict]:
+        """The audit of every checkpoint, run or reused, in the order given."""
+        if self._audits is None:
+            from tqdm.auto import tqdm
+
+            self.check()
+            self._audits = [
+                ensure_audit(self.settings(c), self.audit_dir(c))
+                for c in tqdm(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
+            ]
+        return self._audits
+
+    def explorer(self, checkpoint: str | Path) -> Explorer:
+        """``checkpoint`` opened for exploration (``explore.Explorer``: its eval capture, reused from the shared
+        cache when an audit or an earlier explorer made it), when first asked for, then kept."""
+        checkpoint = str(Path(checkpoint).resolve())
+        if checkpoint not in self._explorers:
+            check_checkpoint(checkpoint)
+            self._explorers[checkpoint] = Explorer(self.settings(checkpoint))
+        return self._explorers[checkpoint]
+
+    def finished_audits(self) -> list[Path]:
+        """The audit folders of this run's checkpoints whose ``audit.json`` is current for these settings."""
+        return [self.audit_dir(c) for c in self.checkpoints if audit_is_current(self.settings(c), self.audit_dir(c))]
+
+    def write_table(self, table: pd.DataFrame) -> Styler:
+        """Write a table (a ``tables`` DataFrame) as CSV, Markdown and LaTeX under ``<out>/tables``; returns its
+        ``Styler``, which the notebook displays."""
+        write_table(table, self.out)
+        return styled(table)
+
+    def write_figure(self, fig: go.Figure, name: str) -> Path:
+        """Write a figure as offline HTML under ``<out>/figures``."""
+        return write_figure(fig, self.out, name)
