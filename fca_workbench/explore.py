@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -66,7 +66,9 @@ class Explorer:
         )
 
     def tokens(self, window: int) -> list[str]:
-        return self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist())
+        return cast(
+            list[str], self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist())
+        )  # a list in, a list out
 
     def coefficients(self, condition: str, window: int, layer: int | None = None) -> list[torch.Tensor]:
         """Per layer ``[T, *slot]``: what ``condition`` (at ``layer`` only, or everywhere) assigns to ``window``."""
