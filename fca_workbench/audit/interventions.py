@@ -116,7 +116,9 @@ def with_routing_profiles(profiles: dict, top_k: list[int | None]) -> dict:
     return profiles
 
 
-def broadcast_profile(profile: list[torch.Tensor], slot_shapes: Sequence[tuple[int, ...]], batch: int, length: int) -> list[torch.Tensor]:
+def broadcast_profile(
+    profile: list[torch.Tensor], slot_shapes: Sequence[tuple[int, ...]], batch: int, length: int
+) -> list[torch.Tensor]:
     """A static profile expanded to per-layer coefficient tensors ``[B, T, *slot]``."""
     out = []
     for value, slot in zip(profile, slot_shapes):
