@@ -13,6 +13,7 @@ project's Jupyter kernel (``fca-workbench``, installed by ``scripts/setup.sh``, 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import sys
 import time
@@ -132,14 +133,12 @@ def plan(
 ) -> Plan:
     """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
     config = dict(config or {})
-    try:
-        import ipykernel  # noqa: F401
-        import papermill  # noqa: F401
-    except ImportError as exc:
+    missing = [name for name in ("ipykernel", "papermill") if importlib.util.find_spec(name) is None]
+    if missing:
         raise UserError(
-            f"fca reproduce needs the notebooks extra ({exc.name} is missing): "
+            f"fca reproduce needs the notebooks extra ({missing[0]} is missing): "
             "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)"
-        ) from None
+        )
     names = config.get("notebooks", list(PAPER_NOTEBOOKS))
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")

@@ -10,5 +10,5 @@ scripts/setup.sh
 .venv/bin/mypy  # [tool.mypy] in pyproject.toml; warm from .mypy_cache after the first run
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
-.venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} .venv/bin/python -m pytest -q -n 2 "$@"

@@ -85,3 +85,15 @@ def test_contributing_controller_kind_example_runs(monkeypatch: pytest.MonkeyPat
     exec(compile(example, "CONTRIBUTING.md", "exec"), namespace)
     assert kinds.KINDS[0].name == "channel_gate"
     assert namespace["controlled"].controller_names == ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+
+
+def test_layer_map_lists_every_module_where_it_is() -> None:
+    """docs/layers.md is the code's map: every module of the package and of dashboards/ has its row, and no row
+    names a file that is not there."""
+    page = (ROOT / "docs" / "layers.md").read_text()
+    listed = set(re.findall(r"^\| `((?:fca_workbench|dashboards)/[\w/]+\.py)` \|", page, re.MULTILINE))
+    present = {
+        str(p.relative_to(ROOT)) for folder in ("fca_workbench", "dashboards") for p in (ROOT / folder).rglob("*.py")
+    }
+    assert present - listed == set(), f"modules without a row in docs/layers.md: {sorted(present - listed)}"
+    assert listed - present == set(), f"rows of docs/layers.md naming no file: {sorted(listed - present)}"

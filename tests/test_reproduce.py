@@ -175,3 +175,13 @@ def test_the_names_notebooks_and_readme_import_stay_in_reproduce():
     for name in ("KERNEL_NAME", "ensure_kernel"):
         assert getattr(reproduce, name) is getattr(notebook_execution, name)
     assert reproduce.NOTEBOOK_DIR.name == "notebooks" and reproduce.KERNEL_NAME == "fca-workbench"
+
+
+def test_without_the_notebooks_extra_one_line_names_what_is_missing(monkeypatch, tmp_path):
+    real = reproduce.importlib.util.find_spec
+    monkeypatch.setattr(
+        reproduce.importlib.util, "find_spec", lambda name, *args: None if name == "papermill" else real(name, *args)
+    )
+    with pytest.raises(UserError, match=r"needs the notebooks extra \(papermill is missing\)"):
+        reproduce.plan(out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -22,6 +22,8 @@ SAFETY = 1.5  # the estimate below counts the large tensors only; allocator slac
 
 
 RESERVE_BYTES = 2 * 2**30  # left free for the CUDA context growth, cuBLAS workspaces and fragmentation
+PREFIX_STORE_BYTES = 256 * 2**20  # kept layer states of the prefix windows one user (a dashboard session) may hold
+PREFIX_STORE_WINDOWS = 4
 
 
 # config attribute names of each size, in the workbench's families and in transformers' configs

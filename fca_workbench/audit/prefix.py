@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel, Values
+from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
 from fca_workbench.models import head_nll, next_token_nll
 
 State = TypeVar("State", torch.Tensor, list[torch.Tensor])  # before a layer: a tensor, or MUDDPythia's streams
@@ -185,7 +186,7 @@ class PrefixStore:
     when it alone is over the budget.
     """
 
-    def __init__(self, max_entries: int = 4, max_bytes: int = 256 * 2**20):
+    def __init__(self, max_entries: int = PREFIX_STORE_WINDOWS, max_bytes: int = PREFIX_STORE_BYTES):
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._entries: OrderedDict = OrderedDict()
         self._mutex = threading.Lock()

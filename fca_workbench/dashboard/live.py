@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.loading import load_controlled
-from fca_workbench.audit.budget import audit_batch_size
+from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS, audit_batch_size
 from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.conditions import Values, assigned_values, profiles_of, values_on
 from fca_workbench.audit.interventions import derangement, routing_top_k
@@ -287,7 +287,9 @@ def _flat(coefficients: list[torch.Tensor]) -> list[np.ndarray]:
 class DashboardSession:
     """One browser session: a bounded prefix store and a bounded cache of replay NLLs, freed by ``close``."""
 
-    def __init__(self, max_windows: int = 4, max_bytes: int = 256 * 2**20, max_results: int = 32):
+    def __init__(
+        self, max_windows: int = PREFIX_STORE_WINDOWS, max_bytes: int = PREFIX_STORE_BYTES, max_results: int = 32
+    ):
         self.prefixes = PrefixStore(max_entries=max_windows, max_bytes=max_bytes)
         self.results: OrderedDict = OrderedDict()
         self.max_results = max_results
