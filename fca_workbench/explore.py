@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -66,7 +66,8 @@ class Explorer:
         )
 
     def tokens(self, window: int) -> list[str]:
-        return self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist())
+        # a list of ids in, a list of tokens out
+        return cast(list[str], self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist()))
 
     def coefficients(self, condition: str, window: int, layer: int | None = None) -> list[torch.Tensor]:
         """Per layer ``[T, *slot]``: what ``condition`` (at ``layer`` only, or everywhere) assigns to ``window``."""

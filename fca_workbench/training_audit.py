@@ -20,6 +20,7 @@ from fca_workbench.audit.mini import MiniAudit, has_controller
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
 from fca_workbench.resources import shipped
+from fca_workbench.train_state import TrainSettings
 
 AUDIT_LOG = "audit_log.csv"
 
@@ -61,7 +62,7 @@ class TrainingAudit:
     @classmethod
     def for_run(
         cls,
-        settings,
+        settings: TrainSettings,
         model: nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         folder: str | Path,

@@ -105,3 +105,40 @@ def test_no_import_cycles():
 def test_modules_stay_readable(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module} has {lines} lines; split it by concern (at most {MAX_LINES} outside models/)"
+
+
+def unannotated(tree: ast.Module) -> list[str]:
+    """``line name: what is missing`` for every public module- or class-level function (nested ones aside)
+    without a parameter or return annotation; ``self``/``cls`` need none, ``__init__`` no return."""
+    found = []
+
+    def check(function: ast.FunctionDef | ast.AsyncFunctionDef, owner: str) -> None:
+        args = function.args
+        positional = args.posonlyargs + args.args
+        params = positional + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a is not None]
+        missing = [
+            a.arg for a in params if a.annotation is None and not (a is positional[0] and a.arg in ("self", "cls"))
+        ]
+        if function.returns is None and function.name != "__init__":
+            missing.append("return")
+        if missing:
+            found.append(f"line {function.lineno} {owner}{function.name}: {', '.join(missing)}")
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not node.name.startswith("_") or node.name == "__init__":
+                    check(node, owner)
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{owner}{node.name}.")
+            elif isinstance(node, (ast.If, ast.Try)):  # definitions under `if TYPE_CHECKING:` or `try:`
+                visit(node.body + node.orelse, owner)
+
+    visit(tree.body, "")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_public_functions_are_annotated(module):
+    missing = unannotated(ast.parse(MODULES[module].read_text()))
+    assert not missing, f"{module}: annotate every parameter and the return of its public functions: {missing}"

@@ -4,6 +4,7 @@ Each takes per-layer, batch-first coefficient tensors ``[B, T, *slot]`` (or the 
 and returns new ones; none touches a model. Randomness always comes from an explicit seed.
 """
 
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import torch
@@ -48,7 +49,7 @@ def shuffle_positions(coefficients: list[torch.Tensor], permutations: torch.Tens
     return out
 
 
-def static_profiles(batches) -> dict[str, list[torch.Tensor]]:
+def static_profiles(batches: Iterable[list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
     """The static profiles of section 4, from an iterable of per-layer coefficient batches.
 
     Returns, per profile, one tensor per layer that broadcasts against ``[T, *slot]``: a scalar for
@@ -58,7 +59,7 @@ def static_profiles(batches) -> dict[str, list[torch.Tensor]]:
     return profiles_from_sums(*profile_sums(batches))
 
 
-def profile_sums(batches) -> tuple[list[torch.Tensor] | None, int]:
+def profile_sums(batches: Iterable[list[torch.Tensor]]) -> tuple[list[torch.Tensor] | None, int]:
     """Per layer, the float64 sum over windows ``[T, *slot]``, and the number of windows: what the static
     profiles are made of, and what processes that each saw some of the windows add up."""
     sums, windows = None, 0
@@ -115,7 +116,9 @@ def with_routing_profiles(profiles: dict, top_k: list[int | None]) -> dict:
     return profiles
 
 
-def broadcast_profile(profile: list[torch.Tensor], slot_shapes, batch: int, length: int) -> list[torch.Tensor]:
+def broadcast_profile(
+    profile: list[torch.Tensor], slot_shapes: Sequence[tuple[int, ...]], batch: int, length: int
+) -> list[torch.Tensor]:
     """A static profile expanded to per-layer coefficient tensors ``[B, T, *slot]``."""
     out = []
     for value, slot in zip(profile, slot_shapes):

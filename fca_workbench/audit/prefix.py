@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeVar
 
 import torch
 
-from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel, Values
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
 from fca_workbench.models import head_nll, next_token_nll
+
+State = TypeVar("State", torch.Tensor, list[torch.Tensor])  # before a layer: a tensor, or MUDDPythia's streams
 
 
 def _tensors(obj):
@@ -38,7 +42,7 @@ def _tensors(obj):
         yield from _tensors(list(obj.values()))
 
 
-def tensor_bytes(*objs) -> int:
+def tensor_bytes(*objs: object) -> int:
     """Bytes held by the distinct tensor storages in ``objs`` (MUDDPythia's states share their tensors)."""
     seen, total = set(), 0
     for obj in objs:
@@ -51,7 +55,7 @@ def tensor_bytes(*objs) -> int:
     return total
 
 
-def as_values(items) -> list[dict[str, torch.Tensor]]:
+def as_values(items: Iterable[Values | torch.Tensor]) -> list[dict[str, torch.Tensor]]:
     """Per-controller values from either values dicts or bare coefficient tensors."""
     return [item if isinstance(item, dict) else {COEFFICIENT: item} for item in items]
 
@@ -69,7 +73,7 @@ class PrefixCache:
         self,
         model: ControlledModel,
         input_ids: torch.Tensor,
-        lock=None,
+        lock: AbstractContextManager[Any] | None = None,
         coefficients: list[torch.Tensor] | None = None,
     ):
         """``coefficients`` (layer-stepping models only): None keeps the live run (controllers running); the
@@ -114,7 +118,9 @@ class PrefixCache:
         return 0 if self.stepper is None else self.stepper.resume_layer(layer)
 
     @torch.no_grad()
-    def logits(self, values, layer: int | None = None, copies: int = 1) -> torch.Tensor:
+    def logits(
+        self, values: Iterable[Values | torch.Tensor], layer: int | None = None, copies: int = 1
+    ) -> torch.Tensor:
         """Logits of the frozen replay with ``values`` (per controller: a values dict or a coefficient
         tensor, for every layer; controllers off).
 
@@ -127,7 +133,9 @@ class PrefixCache:
         return self._replay(values, layer, copies)
 
     @torch.no_grad()
-    def replay_nll(self, values, layer: int | None = None, copies: int = 1) -> torch.Tensor:
+    def replay_nll(
+        self, values: Iterable[Values | torch.Tensor], layer: int | None = None, copies: int = 1
+    ) -> torch.Tensor:
         """Per-token NLL ``[copies * B, T-1]`` of the frozen replay (see ``logits``). With layer stepping the
         head and the NLL run a chunk of rows at a time (``head_nll``), within float rounding of
         ``next_token_nll(self.logits(...))`` and faster, since the whole logits are never held."""
@@ -162,7 +170,7 @@ class PrefixCache:
         return nll.view(len(variants), *self.nll.shape)
 
 
-def repeat_batch(state, copies: int):
+def repeat_batch(state: State, copies: int) -> State:
     """A state (a tensor, or MUDDPythia's list of tensors) repeated ``copies`` times along the batch dim."""
     if copies == 1:
         return state
@@ -183,7 +191,7 @@ class PrefixStore:
         self._entries: OrderedDict = OrderedDict()
         self._mutex = threading.Lock()
 
-    def get(self, key, build) -> PrefixCache:
+    def get(self, key: tuple, build: Callable[[], PrefixCache]) -> PrefixCache:
         """The cache under ``key``, built with ``build()`` (outside the store's own lock) when missing."""
         with self._mutex:
             if key in self._entries:
@@ -211,7 +219,7 @@ class PrefixStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def discard(self, predicate) -> None:
+    def discard(self, predicate: Callable[[tuple], bool]) -> None:
         """Drop the caches whose key satisfies ``predicate``."""
         with self._mutex:
             for key in [key for key in self._entries if predicate(key)]:

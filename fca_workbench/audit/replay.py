@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 from tqdm.auto import tqdm
 
+from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
 from fca_workbench.models import next_token_nll
@@ -16,7 +17,7 @@ from fca_workbench.models import next_token_nll
 
 @torch.no_grad()
 def replay_nll(
-    model,
+    model: ControlledModel,
     windows: torch.Tensor,
     cache: CoefficientCache,
     condition: str,

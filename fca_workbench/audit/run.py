@@ -77,7 +77,9 @@ def check_audit_out(out: str | Path) -> Path:
     return out
 
 
-def load_audit_inputs(settings: AuditSettings):
+def load_audit_inputs(
+    settings: AuditSettings,
+) -> tuple[ControlledModel, tuple[Path, torch.Tensor], tuple[Path, torch.Tensor]]:
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
     model, tokenizer = load_audit_model(settings)
     return (
@@ -87,7 +89,7 @@ def load_audit_inputs(settings: AuditSettings):
     )
 
 
-def load_audit_model(settings: AuditSettings):
+def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
     """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
@@ -107,7 +109,7 @@ def load_audit_model(settings: AuditSettings):
 
 
 def audit_windows(
-    settings: AuditSettings, split: str, model, tokenizer: PreTrainedTokenizerBase
+    settings: AuditSettings, split: str, model: ControlledModel, tokenizer: PreTrainedTokenizerBase
 ) -> tuple[Path, torch.Tensor]:
     """The text file of ``split`` (``eval`` or ``calibration``: the settings' own, else the shipped split) and
     its windows of ``settings.window`` tokens (default: min(256, the model's context))."""
@@ -211,7 +213,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
 
 
 def replay_every_condition(
-    model,
+    model: ControlledModel,
     windows: torch.Tensor,
     cache: CoefficientCache,
     conditions: Iterable[str],
@@ -250,7 +252,11 @@ def spread_figures(spread: dict | None) -> dict:
 
 
 def with_batch_size(
-    settings: AuditSettings, model, eval_windows: torch.Tensor, out: str | Path | None, ranks: Ranks = SINGLE
+    settings: AuditSettings,
+    model: ControlledModel,
+    eval_windows: torch.Tensor,
+    out: str | Path | None,
+    ranks: Ranks = SINGLE,
 ) -> AuditSettings:
     """``settings`` with the batch size filled in when the user gave none (``audit_batch_size``; under
     torchrun the smallest any rank can fit, so every rank cuts the same shards)."""
@@ -268,7 +274,7 @@ def fitted_batch_size(settings: AuditSettings) -> int:
 
 
 def capture_split(
-    model,
+    model: ControlledModel,
     windows: torch.Tensor,
     split: str,
     settings: AuditSettings,
@@ -290,7 +296,7 @@ def capture_split(
 
 def check_ranks(
     ranks: Ranks,
-    model,
+    model: ControlledModel,
     settings: AuditSettings,
     eval_windows: torch.Tensor,
     calib_windows: torch.Tensor | None,

@@ -11,12 +11,15 @@ without layer stepping (not a ``SteppingModel``) falls back to full frozen forwa
 Both modes give the rows of full one-layer replays (tested within 1e-6).
 """
 
+from collections.abc import Iterable, Sequence
+
 import torch
 from tqdm.auto import tqdm
 
 from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.budget import conditions_per_pass
-from fca_workbench.audit.conditions import ConditionCoefficients
+from fca_workbench.audit.capture import CoefficientCache
+from fca_workbench.audit.conditions import ConditionCoefficients, Profiles
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures
 from fca_workbench.audit.prefix import PrefixCache
@@ -30,7 +33,17 @@ def sweep_mode(model: ControlledModel) -> str:
     return PREFIX if isinstance(model, SteppingModel) else FULL_FORWARD
 
 
-def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, device="cpu", group=None) -> list[dict]:
+def per_layer_sweep(
+    model: ControlledModel,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    conditions: Sequence[str],
+    profiles: Profiles | None,
+    seed: int,
+    counts: torch.Tensor,
+    device: torch.device | str = "cpu",
+    group: int | None = None,
+) -> list[dict]:
     """Rows ``{"layer", "condition", "nll", "delta", "delta_ci95"}``, layer by layer, conditions in order.
 
     ``counts``: the audit's bootstrap counts, so the CIs are paired with every other figure. ``group``: how
@@ -44,7 +57,15 @@ def per_layer_sweep(model, windows, cache, conditions, profiles, seed, counts, d
 
 
 def per_layer_window_nll(
-    model: ControlledModel, windows, cache, conditions, profiles, seed, device="cpu", group=None, shards=None
+    model: ControlledModel,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    conditions: Sequence[str],
+    profiles: Profiles | None,
+    seed: int,
+    device: torch.device | str = "cpu",
+    group: int | None = None,
+    shards: Iterable[int] | None = None,
 ) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor]:
     """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, in the model's sweep mode;
     with ``shards`` (one rank's share), of those shards' windows only."""
@@ -53,7 +74,7 @@ def per_layer_window_nll(
     return full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device, shards)
 
 
-def per_layer_rows(window_nll: dict, correct: torch.Tensor, counts) -> list[dict]:
+def per_layer_rows(window_nll: dict, correct: torch.Tensor, counts: torch.Tensor) -> list[dict]:
     """The sweep's rows from the per-window NLLs of every window, ΔNLL CIs paired by ``counts``."""
     rows = []
     for (layer, condition), values in window_nll.items():
@@ -63,7 +84,17 @@ def per_layer_rows(window_nll: dict, correct: torch.Tensor, counts) -> list[dict
 
 
 @torch.no_grad()
-def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device, group=None, shards=None):
+def prefix_window_nll(
+    model: ControlledModel,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    conditions: Sequence[str],
+    profiles: Profiles | None,
+    seed: int,
+    device: torch.device | str,
+    group: int | None = None,
+    shards: Iterable[int] | None = None,
+) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor]:
     """Per-window mean NLL ``{(layer, condition): [N]}`` and that of ``correct``, by prefix reuse.
 
     Batches follow the cache's shards, as in ``replay_nll``, so the arithmetic is the full forward's.
@@ -93,7 +124,16 @@ def prefix_window_nll(model, windows, cache, conditions, profiles, seed, device,
     return {key: torch.cat(values) for key, values in parts.items()}, torch.cat(correct)
 
 
-def full_forward_window_nll(model, windows, cache, conditions, profiles, seed, device, shards=None):
+def full_forward_window_nll(
+    model: ControlledModel,
+    windows: torch.Tensor,
+    cache: CoefficientCache,
+    conditions: Sequence[str],
+    profiles: Profiles | None,
+    seed: int,
+    device: torch.device | str,
+    shards: Iterable[int] | None = None,
+) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor]:
     """The same figures from full frozen forwards, for models without layer stepping."""
 
     def window_mean(condition, layer=None):

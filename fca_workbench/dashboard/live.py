@@ -17,9 +17,11 @@ import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.loading import load_controlled
@@ -29,7 +31,7 @@ from fca_workbench.audit.conditions import Values, assigned_values, profiles_of,
 from fca_workbench.audit.interventions import derangement, routing_top_k
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
-from fca_workbench.dashboard.results_folder import matching_profiles
+from fca_workbench.dashboard.results_folder import ResultsFolder, matching_profiles
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
@@ -61,7 +63,13 @@ class SharedModel:
     is never mistaken for state of a later load of the same folder. ``results`` (a ``ResultsFolder``, or None)
     is where finished audits of this checkpoint may be found: their static profiles and per-layer sweeps."""
 
-    def __init__(self, folder, calibration_windows: int | None = None, eval_windows: int | None = None, results=None):
+    def __init__(
+        self,
+        folder: str | Path,
+        calibration_windows: int | None = None,
+        eval_windows: int | None = None,
+        results: ResultsFolder | None = None,
+    ):
         self.folder = Path(folder)
         self.model = load_controlled(self.folder)  # never with remote code
         for param in self.model.parameters():
@@ -168,18 +176,18 @@ class TextInput:
     note: str = ""
 
     @property
-    def key(self):
+    def key(self) -> tuple[str, int | tuple[int, ...]]:
         return ("window", self.window_index) if self.window_index is not None else ("text", tuple(self.ids[0].tolist()))
 
 
-def window_input(shared: SharedModel, index) -> TextInput:
+def window_input(shared: SharedModel, index: object) -> TextInput:
     count = len(shared.eval_windows)
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < count:
         raise UserError(f"eval window {index!r} does not exist: choose 0..{count - 1}")
     return TextInput(shared.eval_windows[int(index)].unsqueeze(0), int(index))
 
 
-def pasted_input(shared: SharedModel, text) -> TextInput:
+def pasted_input(shared: SharedModel, text: object) -> TextInput:
     """Validate pasted text: non-empty, at most ``MAX_PASTE_CHARS`` characters, text (no control characters
     but newline and tab), at least 2 tokens; cut to the eval window length, with a note."""
     if not isinstance(text, str):
@@ -268,8 +276,8 @@ class Analysis:
         return original, intervened, intervened - original
 
 
-def decode_tokens(tokenizer, ids: torch.Tensor) -> list[str]:
-    return [tokenizer.decode([i]) for i in ids[0].tolist()]
+def decode_tokens(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> list[str]:
+    return [cast(str, tokenizer.decode([i])) for i in ids[0].tolist()]  # one sequence decodes to one string
 
 
 def _flat(coefficients: list[torch.Tensor]) -> list[np.ndarray]:

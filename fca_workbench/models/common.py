@@ -82,7 +82,7 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return rows.view(input_ids.shape)[:, :-1]
 
 
-def head_nll(model, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """``next_token_nll(model.head(hidden), input_ids)`` (within float rounding), the head and the softmax
     run a few thousand rows at a time: each chunk's logits (``CPU_LOGITS_CHUNK_BYTES``) are still in cache when
     the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For replays that need
@@ -119,12 +119,12 @@ class CoefficientModel(PreTrainedModel):
         names = {id(module): name for name, module in self.named_modules()}
         return [names[id(module)] for module in self.controllers]
 
-    def capture_run(self, input_ids: torch.Tensor):
+    def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Logits and per-controller values ``{"coefficient": [B, T, *slot]}`` of one unperturbed forward."""
         out = self(input_ids, return_coefficients=True)
         return out.logits, [{"coefficient": c} for c in out.coefficients]
 
-    def replay_run(self, input_ids: torch.Tensor, values) -> torch.Tensor:
+    def replay_run(self, input_ids: torch.Tensor, values: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """Logits of the frozen forward with each layer's ``values[l]["coefficient"]``; no controller runs."""
         return self(input_ids, coefficients=[v["coefficient"] for v in values]).logits
 
@@ -173,7 +173,14 @@ class CoefficientModel(PreTrainedModel):
     def latency_baseline(self) -> tuple[str, nn.Module]:
         raise NotImplementedError
 
-    def lm_output(self, logits, input_ids, labels, coefficients, return_coefficients) -> CoefficientLMOutput:
+    def lm_output(
+        self,
+        logits: torch.Tensor,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None,
+        coefficients: list[torch.Tensor],
+        return_coefficients: bool,
+    ) -> CoefficientLMOutput:
         loss = None
         if labels is not None:
             loss = next_token_nll(logits, labels).mean()

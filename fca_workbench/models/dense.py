@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from fca_workbench.models.common import CoefficientModel
+from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel
 
 
 class DenseConfig(PretrainedConfig):
@@ -28,7 +28,7 @@ class DenseConfig(PretrainedConfig):
         mlp_ratio: int = 4,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = True,
-        **kwargs,
+        **kwargs: Any,
     ):
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
@@ -42,7 +42,9 @@ class DenseConfig(PretrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)  # type: ignore[call-arg]  # a config kwarg the stubs omit
 
     @classmethod
-    def from_sizes(cls, vocab_size, layers, width, heads, window, gate_groups=None):
+    def from_sizes(
+        cls, vocab_size: int, layers: int, width: int, heads: int, window: int, gate_groups: int | None = None
+    ) -> "DenseConfig":
         """The trainer's family-independent size knobs, in this family's field names."""
         return cls(vocab_size=vocab_size, n_layer=layers, n_embd=width, n_head=heads, block_size=window)
 
@@ -120,7 +122,7 @@ class GPTBackbone(CoefficientModel):
     block_class: type[nn.Module] = Block
     _tied_weights_keys = {"lm_head.weight": "wte.weight"}
 
-    def __init__(self, config):
+    def __init__(self, config: DenseConfig):
         super().__init__(config)
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
@@ -143,13 +145,13 @@ class GPTBackbone(CoefficientModel):
         if module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.wte
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding) -> None:  # type: ignore[override]  # an embedding table only
         self.wte = value
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
     @property
@@ -180,11 +182,15 @@ class GPTBackbone(CoefficientModel):
         """The first layer whose input state a change of ``coefficients[layer]`` can alter."""
         return layer
 
-    def block_step(self, layer: int, h: torch.Tensor, coefficients) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def block_step(
+        self, layer: int, h: torch.Tensor, coefficients: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run block ``layer`` on ``h``; returns the new state and the coefficient used (None: no controller)."""
         return self.h[layer](h), None
 
-    def run_blocks(self, state: torch.Tensor, start: int, coefficients=None, keep_states: bool = False):
+    def run_blocks(
+        self, state: torch.Tensor, start: int, coefficients: list[torch.Tensor] | None = None, keep_states: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor] | None]:
         """Run blocks ``start .. n_layer-1`` from ``state`` (the state before layer ``start``).
 
         ``coefficients``: None (controllers run) or the full per-layer list, as for ``forward``; entries
@@ -209,7 +215,14 @@ class DenseForCausalLM(GPTBackbone):
     config_class = DenseConfig
     arch = "dense"
 
-    def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        coefficients: list[torch.Tensor] | None = None,
+        return_coefficients: bool = False,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> CoefficientLMOutput:
         self.check_inputs(input_ids, coefficients)
         h = self.embed(input_ids)
         for block in self.h:

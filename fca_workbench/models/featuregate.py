@@ -9,14 +9,14 @@ below it skip the MLP branch (gather/scatter), so the execution audit has a real
 """
 
 import copy
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fca_workbench.models.common import PositiveControl
+from fca_workbench.models.common import CoefficientLMOutput, PositiveControl
 from fca_workbench.models.dense import Block, DenseConfig, GPTBackbone
 
 BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` gate
@@ -25,7 +25,7 @@ BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` ga
 class FeatureGateConfig(DenseConfig):
     model_type = "fca-featuregate"
 
-    def __init__(self, gate_groups: int | None = None, skip_threshold: float | None = None, **kwargs):
+    def __init__(self, gate_groups: int | None = None, skip_threshold: float | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.gate_groups = gate_groups or self.n_head
         if self.n_embd % self.gate_groups:
@@ -33,7 +33,9 @@ class FeatureGateConfig(DenseConfig):
         self.skip_threshold = skip_threshold
 
     @classmethod
-    def from_sizes(cls, vocab_size, layers, width, heads, window, gate_groups=None):
+    def from_sizes(
+        cls, vocab_size: int, layers: int, width: int, heads: int, window: int, gate_groups: int | None = None
+    ) -> "FeatureGateConfig":
         return cls(
             vocab_size=vocab_size,
             n_layer=layers,
@@ -113,13 +115,22 @@ class FeatureGateForCausalLM(GPTBackbone):
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
         return [(2, self.config.gate_groups)] * self.config.n_layer
 
-    def block_step(self, layer, h, coefficients):
+    def block_step(
+        self, layer: int, h: torch.Tensor, coefficients: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One gated block for ``run_blocks``: the same ops as one step of ``forward``'s loop."""
         block = self.gated_blocks[layer]
         gates = block.controller(h) if coefficients is None else coefficients[layer]
         return block(h, gates), gates
 
-    def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        coefficients: list[torch.Tensor] | None = None,
+        return_coefficients: bool = False,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> CoefficientLMOutput:
         self.check_inputs(input_ids, coefficients)
         h = self.embed(input_ids)
         used = []
@@ -132,7 +143,7 @@ class FeatureGateForCausalLM(GPTBackbone):
 
 def positive_control(
     model: "FeatureGateForCausalLM", calibration_windows: torch.Tensor, quantile: float = 0.5, batch_size: int = 16
-):
+) -> "FeatureGateForCausalLM":
     """A copy of a FeatureGate that really skips work: tokens whose MLP gates all fall below a threshold
     skip the MLP branch. The threshold is the ``quantile`` of the per-token max MLP gate over the
     calibration windows (one for all layers), so about that fraction of token-MLP evaluations is skipped —

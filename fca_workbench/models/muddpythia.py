@@ -49,6 +49,7 @@ fan-in normal, ``w2`` zero, ``dense_bs`` one-hot on the newest layer, so trainin
 """
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +57,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers import initialization as init
 
-from fca_workbench.models.common import CoefficientModel
+from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel
 from fca_workbench.models.dense import shape_matched_dense
 
 DENSE_STREAMS = "qkvr"  # the streams every layer but the last mixes for the next block (``dense_type``)
@@ -97,7 +98,7 @@ class MUDDPythiaConfig(PretrainedConfig):
         dense_type: str = DENSE_STREAMS,
         expand_last: bool = False,
         round64: bool = False,
-        **kwargs,
+        **kwargs: Any,
     ):
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -133,7 +134,9 @@ class MUDDPythiaConfig(PretrainedConfig):
         )
 
     @classmethod
-    def from_sizes(cls, vocab_size, layers, width, heads, window, gate_groups=None):
+    def from_sizes(
+        cls, vocab_size: int, layers: int, width: int, heads: int, window: int, gate_groups: int | None = None
+    ) -> "MUDDPythiaConfig":
         """The trainer's family-independent size knobs, in the reference's field names."""
         return cls(vocab_size=vocab_size, n_layer=layers, dim=width, n_head=heads, block_size=window)
 
@@ -197,7 +200,7 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def precompute_rope(seq_len: int, n_elem: int, base: float, device=None) -> torch.Tensor:
+def precompute_rope(seq_len: int, n_elem: int, base: float, device: torch.device | str | None = None) -> torch.Tensor:
     """``[seq_len, n_elem/2, 2]`` (cos, sin), computed in fp32 and stored in fp16 as the reference does."""
     freqs = 1.0 / (base ** (torch.arange(0, n_elem, 2, device=device)[: n_elem // 2].float() / n_elem))
     angles = torch.outer(torch.arange(seq_len, device=device), freqs)
@@ -290,7 +293,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
 
-    def forward(self, xq, xk, xv, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor, rope: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         batch, length, _ = xq.shape
         q = self.wq(xq).view(batch, length, self.n_head, self.head_dim)
         k = self.wk(xk).view(batch, length, -1, self.head_dim)
@@ -338,7 +343,9 @@ class TransformerBlock(nn.Module):
         """The modules a block could skip per token (counted by the execution audit)."""
         return [self.attention, self.feed_forward]
 
-    def forward(self, streams, rope: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, streams: torch.Tensor | tuple[torch.Tensor, ...], rope: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         if self.lidx == 0:
             res = streams
             xq = xk = xv = self.attention_norm(streams)
@@ -398,13 +405,13 @@ class MUDDPythiaForCausalLM(CoefficientModel):
                 newest_only[:, -1] = 1.0
                 init.copy_(bias, newest_only)
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.tok_embeddings
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding) -> None:  # type: ignore[override]  # an embedding table only
         self.tok_embeddings = value
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.output
 
     @property
@@ -460,13 +467,21 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.norm(x))
 
-    def complete_coefficient(self, layer: int, x: torch.Tensor, coefficients) -> torch.Tensor:
+    def complete_coefficient(
+        self, layer: int, x: torch.Tensor, coefficients: list[torch.Tensor] | None
+    ) -> torch.Tensor:
         """``A_layer``: given, or the controller's output on block ``layer``'s output plus ``dense_bs``."""
         if coefficients is not None:
             return coefficients[layer]
         return self.dynamic_dense[layer](x) + self.dense_bs[layer]
 
-    def run_blocks(self, state, start: int, coefficients=None, keep_states: bool = False):
+    def run_blocks(
+        self,
+        state: list[torch.Tensor],
+        start: int,
+        coefficients: list[torch.Tensor] | None = None,
+        keep_states: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[list[torch.Tensor]] | None]:
         """Run layers ``start .. n_layer-1`` from ``state = [x_0, ..., x_start]``.
 
         ``coefficients``: None (controllers run) or the full per-layer list; ``coefficients[start-1]`` mixes
@@ -481,6 +496,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
         length, device = hiddens[0].shape[1], hiddens[0].device
         rope = self.rope_table(length, device)
         mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        streams: torch.Tensor | tuple[torch.Tensor, ...]
         if start == 0:
             streams = hiddens[0]
         else:
@@ -497,7 +513,14 @@ class MUDDPythiaForCausalLM(CoefficientModel):
                 states.append(list(hiddens))
         return streams[0], used, states
 
-    def forward(self, input_ids, coefficients=None, return_coefficients=False, labels=None, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        coefficients: list[torch.Tensor] | None = None,
+        return_coefficients: bool = False,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> CoefficientLMOutput:
         self.check_inputs(input_ids, coefficients)
         attention_mask = kwargs.get("attention_mask")
         if attention_mask is not None and not bool(attention_mask.all()):

@@ -11,11 +11,16 @@ precision; Markdown and LaTeX are rounded for reading.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fca_workbench.results.conditions import ALL_CONDITIONS, CONDITIONS, HEADLINE_CONDITIONS, RETENTION_PROFILES
 from fca_workbench.results.seeds import summarise
 from fca_workbench.results.tables import Column, make_table
+
+if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
+    import pandas as pd
 
 AUDIT_CONDITIONS = ALL_CONDITIONS  # routing ones only where the audit has them (routers)
 
@@ -44,7 +49,7 @@ def _dig(tree, path: str):
     return tree
 
 
-def seed_summary(audits: list[dict], paths) -> dict[str, dict | None]:
+def seed_summary(audits: list[dict], paths: Iterable[str]) -> dict[str, dict | None]:
     """Mean ± sd (and n) over several audits of each dotted path, straight from ``aggregate.summarise``."""
     figures = summarise(audits)
     return {path: {**figures[path], "n": len(audits)} if path in figures else None for path in paths}
@@ -79,7 +84,7 @@ def seed_rows(audits: list[dict], paths: dict[str, str]) -> list[dict]:
     return rows
 
 
-def variation_table(audits: list[dict]):
+def variation_table(audits: list[dict]) -> pd.DataFrame:
     """Coefficient variation and variance decomposition, one row per model with a controller."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text"), *VARIANCE_COLUMNS]
     rows = [
@@ -91,7 +96,7 @@ def variation_table(audits: list[dict]):
     )
 
 
-def variation_seed_table(audits: list[dict]):
+def variation_seed_table(audits: list[dict]) -> pd.DataFrame:
     """The same figures as mean ± sd over the models of each architecture (independently trained seeds)."""
     columns = [
         Column("arch", "arch", "text"),
@@ -112,7 +117,7 @@ CONDITION_COLUMNS = [
 ]
 
 
-def condition_rows(audit: dict, conditions=None) -> list[dict]:
+def condition_rows(audit: dict, conditions: Sequence[str] | None = None) -> list[dict]:
     names = [c for c in (conditions or AUDIT_CONDITIONS) if c in audit["conditions"]]
     return [
         {
@@ -125,7 +130,7 @@ def condition_rows(audit: dict, conditions=None) -> list[dict]:
     ]
 
 
-def assignment_table(audits: list[dict]):
+def assignment_table(audits: list[dict]) -> pd.DataFrame:
     """NLL and ΔNLL (against ``correct``) with 95% bootstrap CIs for every condition, per model."""
     columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
     rows = [row for audit in with_controller(audits) for row in condition_rows(audit)]
@@ -137,7 +142,7 @@ def assignment_table(audits: list[dict]):
     )
 
 
-def assignment_seed_table(audits: list[dict]):
+def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
     """ΔNLL of each condition, mean ± sd over the seeds of each architecture."""
     columns = [
         Column("arch", "arch", "text"),
@@ -159,7 +164,7 @@ def assignment_seed_table(audits: list[dict]):
     )
 
 
-def retention_table(audits: list[dict]):
+def retention_table(audits: list[dict]) -> pd.DataFrame:
     """Gap retention of each static profile with its 95% CI, one row per model."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text")]
     for p in RETENTION_PROFILES:
@@ -179,7 +184,7 @@ def retention_table(audits: list[dict]):
     )
 
 
-def retention_seed_table(audits: list[dict]):
+def retention_seed_table(audits: list[dict]) -> pd.DataFrame:
     """The paper's table: gap retention of each static profile, mean ± sd over seeds, per architecture."""
     columns = [
         Column("arch", "arch", "text"),
@@ -203,7 +208,7 @@ EXECUTION_COLUMNS = [
 ]
 
 
-def execution_table(audits: list[dict]):
+def execution_table(audits: list[dict]) -> pd.DataFrame:
     """What ran: blocks, controller calls, FLOPs, the share of expert evaluations run (routers), latency
     against the baseline: the shape-matched Dense, or for routers the static mixture (every expert for every
     token), per model."""
@@ -242,7 +247,7 @@ CONTROL_COLUMNS = [
 ]
 
 
-def positive_control_table(audits: list[dict]):
+def positive_control_table(audits: list[dict]) -> pd.DataFrame:
     """The positive control of every FeatureGate audit (``execution.positive_control``: a copy that skips the
     MLP rows whose gates all fall below the calibration median) beside the model's own figures: the audit
     must find the saving that really exists."""
@@ -273,7 +278,7 @@ def positive_control_table(audits: list[dict]):
     )
 
 
-def execution_seed_table(audits: list[dict]):
+def execution_seed_table(audits: list[dict]) -> pd.DataFrame:
     paths = {c.key: f"execution.{c.key}" for c in EXECUTION_COLUMNS}
     columns = [
         Column("arch", "arch", "text"),
@@ -287,7 +292,7 @@ def execution_seed_table(audits: list[dict]):
 MUDD_CONDITIONS = CONDITIONS  # section 4's conditions: MUDDPythia has no routers
 
 
-def mudd_table(audits: list[dict]):
+def mudd_table(audits: list[dict]) -> pd.DataFrame:
     """The MUDDPythia table: NLL and penalties (ΔNLL vs correct) of cross-input reassignment and token
     shuffling, with the static profiles for comparison."""
     columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
@@ -300,7 +305,7 @@ def mudd_table(audits: list[dict]):
     )
 
 
-def per_layer_table(audits: list[dict]):
+def per_layer_table(audits: list[dict]) -> pd.DataFrame:
     """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one layer alone, ΔNLL vs correct
     with its 95% bootstrap CI, one row per model, layer and condition."""
     columns = [
@@ -321,7 +326,7 @@ def per_layer_table(audits: list[dict]):
     )
 
 
-def per_layer_seed_table(audits: list[dict]):
+def per_layer_seed_table(audits: list[dict]) -> pd.DataFrame:
     """The per-layer ΔNLL as mean ± sd over the seeds of each architecture (``aggregate.summarise``)."""
     columns = [
         Column("arch", "arch", "text"),
@@ -365,7 +370,7 @@ ROUTER_DYNAMICS_COLUMNS = [  # what a run of a model with top-k routers logs bes
 ]
 
 
-def training_dynamics_table(runs: list[dict], steps=None):
+def training_dynamics_table(runs: list[dict], steps: Collection[int] | None = None) -> pd.DataFrame:
     """Mini-audit figures of training runs (``training_audit.load_training_runs``) at the audited ``steps``
     (default: every audited step), one row per run and step, read from ``audit_log.csv``; the routers' figures
     when a run has routers (missing for the runs that have none)."""

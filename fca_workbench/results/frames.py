@@ -83,7 +83,7 @@ class AuditResults:
     """One audit: its metadata as dicts, its figures as DataFrames (full precision, column names and dtypes
     pinned by the tests), the per-token NLLs read only when asked for."""
 
-    def __init__(self, path):
+    def __init__(self, path: str | Path):
         self.audit, self.folder = read_audit_json(path)
         self.name = Path(self.audit["model"]["path"]).name
         self.model, self.data, self.settings = self.audit["model"], self.audit["data"], self.audit["settings"]

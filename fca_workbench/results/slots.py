@@ -7,11 +7,13 @@ reads them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from fca_workbench.adapters.kinds import expert_slot_labels
 from fca_workbench.models import family_slot_labels
 
 
-def slot_labels(slot_shape, arch: str, router: bool = False) -> list[str]:
+def slot_labels(slot_shape: Iterable[int], arch: str, router: bool = False) -> list[str]:
     """The names of a layer's flattened slots from its shape and the model's ``arch`` (for readers that hold
     no model and no recorded labels: the explorer, audits written before ``model.slot_labels``): a router's
     dense gate ``expert 0``, ..., else what the family declares (generic ``slot i`` for other archs)."""
@@ -19,7 +21,7 @@ def slot_labels(slot_shape, arch: str, router: bool = False) -> list[str]:
     return expert_slot_labels(shape) if router else family_slot_labels(arch, shape)
 
 
-def audit_slot_labels(audit: dict, layer: int, slot_shape) -> list[str]:
+def audit_slot_labels(audit: dict, layer: int, slot_shape: Iterable[int]) -> list[str]:
     """Controller ``layer``'s slot names as the audit recorded them (``model.slot_labels``), else derived
     from its shape (``slot_labels``)."""
     recorded = audit["model"].get("slot_labels")
