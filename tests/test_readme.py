@@ -97,3 +97,24 @@ def test_layer_map_lists_every_module_where_it_is() -> None:
     }
     assert present - listed == set(), f"modules without a row in docs/layers.md: {sorted(present - listed)}"
     assert listed - present == set(), f"rows of docs/layers.md naming no file: {sorted(listed - present)}"
+
+
+def test_every_dotted_name_in_the_docs_exists() -> None:
+    """``fca_workbench.x.y`` in README, CONTRIBUTING and docs/ names a module or an attribute that is there."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = []
+    for page in pages:
+        for dotted in sorted(set(re.findall(r"fca_workbench(?:\.\w+)+", page.read_text()))):
+            parts = dotted.split(".")
+            for cut in range(len(parts), 0, -1):
+                try:
+                    target = importlib.import_module(".".join(parts[:cut]))
+                    break
+                except ModuleNotFoundError:
+                    continue
+            for name in parts[cut:]:
+                if not hasattr(target, name):
+                    missing.append(f"{page.relative_to(ROOT)}: {dotted}")
+                    break
+                target = getattr(target, name)
+    assert missing == []
