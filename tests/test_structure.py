@@ -6,6 +6,7 @@ explore, train, callbacks, the notebooks' and dashboard's modules).
 """
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,36 @@ def unannotated(tree: ast.Module) -> list[str]:
 def test_public_functions_are_annotated(module):
     missing = unannotated(ast.parse(MODULES[module].read_text()))
     assert not missing, f"{module}: annotate every parameter and the return of its public functions: {missing}"
+
+
+PUBLIC_PATHS = [  # what the README and notebooks of the flat layout imported, and users' code with them
+    ("fca_workbench", "load_model"),
+    ("fca_workbench", "load_audit"),
+    ("fca_workbench", "load_audits"),
+    ("fca_workbench.tables", "variation_table"),
+    ("fca_workbench.tables", "open_cache"),
+    ("fca_workbench.tables", "show"),
+    ("fca_workbench.reproduce", "NotebookRun"),
+    ("fca_workbench.reproduce", "shipped_checkpoints"),
+    ("fca_workbench.training_audit", "MiniAudit"),
+    ("fca_workbench.training_audit", "load_training_runs"),
+    ("fca_workbench.callbacks", "FCACallback"),
+    ("fca_workbench.explore", "Explorer"),
+    ("fca_workbench.adapters", "load_controlled"),
+    ("fca_workbench.adapters", "register_kind"),
+    ("fca_workbench.adapters", "tensor_kind"),
+    ("fca_workbench.resources", "shipped"),
+    ("fca_workbench.errors", "UserError"),
+    ("fca_workbench.official", "save_official"),
+    ("fca_workbench.prefix", "PrefixCache"),
+    ("fca_workbench.dashboard", "CONDITION_HELP"),
+    ("fca_workbench.audit", "run_audit"),
+    ("fca_workbench.audit", "AuditSettings"),
+    ("fca_workbench.data", "load_windows"),
+    ("fca_workbench.data", "split_path"),
+]
+
+
+@pytest.mark.parametrize(("module", "name"), PUBLIC_PATHS)
+def test_public_import_paths_keep_working(module, name):
+    assert hasattr(importlib.import_module(module), name)
