@@ -59,6 +59,13 @@ def profiles_of(batches: Iterable[list[torch.Tensor]], top_k: list[int | None], 
     return with_routing_profiles(profiles, top_k)
 
 
+def profile_of(condition: str, profiles: Profiles | None) -> list[torch.Tensor]:
+    """A profile condition's per-layer profile; refused in one line when the calibration capture gave none."""
+    if profiles is None or condition not in profiles:
+        raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
+    return profiles[condition]
+
+
 def replay_conditions(profiles: Profiles | None) -> tuple[str, ...]:
     """Every condition a model's audit replays: section 4's, plus the routing ones its profiles allow."""
     return model_conditions(any(c in (profiles or {}) for c in ROUTING_CONDITIONS))
@@ -74,7 +81,7 @@ def assigned_values(
     seed: int,
     layer: int | None = None,
 ) -> Values:
-    """Per controller, the values ``condition`` assigns to windows ``window_indices`` (design.md section 4),
+    """Per controller, the values ``condition`` assigns to windows ``window_indices`` (docs/concepts.md),
     at ``layer`` only (the other layers keep their own) or everywhere (``layer`` None).
 
     ``own``: the windows' cached values ``[B, T, ...]``; ``donor``: the donor windows' (``cross_input`` only;
@@ -93,9 +100,8 @@ def assigned_values(
         permutations = position_permutations(window_indices, length, seed)
         intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in own]
     elif condition in PROFILE_CONDITIONS:
-        if profiles is None or condition not in profiles:
-            raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
-        intervened = [{COEFFICIENT: c} for c in broadcast_profile(profiles[condition], slot_shapes, batch, length)]
+        profile = profile_of(condition, profiles)
+        intervened = [{COEFFICIENT: c} for c in broadcast_profile(profile, slot_shapes, batch, length)]
     else:
         raise ValueError(f"unknown replay condition '{condition}'")
     return intervened if layer is None else restrict_to_layer(intervened, own, layer)
@@ -116,8 +122,8 @@ class ConditionCoefficients:
         seed: int = 0,
         layer: int | None = None,
     ) -> None:
-        if condition in PROFILE_CONDITIONS and (profiles is None or condition not in profiles):
-            raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
+        if condition in PROFILE_CONDITIONS:
+            profile_of(condition, profiles)  # refused here, before any window is read
         if condition not in (*INTERVENTIONS, "correct"):
             raise ValueError(f"unknown replay condition '{condition}'")
         self.condition, self.cache, self.profiles, self.seed, self.layer = condition, cache, profiles, seed, layer

@@ -15,6 +15,7 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -160,7 +161,12 @@ class SharedModel:
 
     def all_slot_labels(self) -> list[str]:
         """Every layer's slot names, each once, in order of first appearance."""
-        return list(dict.fromkeys(label for layer in range(self.num_layers) for label in self.slot_labels(layer)))
+        return distinct_labels(self.slot_labels(layer) for layer in range(self.num_layers))
+
+
+def distinct_labels(per_layer: Iterable[list[str]]) -> list[str]:
+    """Every layer's slot labels, each once, in the order the layers first name them (the heatmap's slot choices)."""
+    return list(dict.fromkeys(label for labels in per_layer for label in labels))
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -255,7 +261,7 @@ class Analysis:
 
     def all_slot_labels(self) -> list[str]:
         """Every slot label of any layer, once, in the order the layers name them."""
-        return list(dict.fromkeys(label for labels in self.slot_labels for label in labels))
+        return distinct_labels(self.slot_labels)
 
     def layer_position(self, slot: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Original, intervened and difference ``[layers, T]`` of one slot (NaN where a layer lacks it)."""

@@ -1,4 +1,4 @@
-"""The condition vocabulary: every condition an audit replays, as data (design.md §4).
+"""The condition vocabulary: every condition an audit replays, as data (docs/concepts.md).
 
 Names are part of the interface: ``audit.json`` (its schema's enums are filled from here), the per-token files,
 the tables, the dashboard and the CLI all use these, and only these, spellings. Every collection of condition
