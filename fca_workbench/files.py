@@ -2,7 +2,9 @@
 
 Every file is written through ``write_atomic`` (bytes) or ``atomic_path`` (a writer that needs a path): a
 temporary sibling, then a rename, so a crash never leaves a half-written result; tensors and files are
-identified by sha256 of exactly their bytes.
+identified by sha256 of exactly their bytes. Every JSON file is read through ``read_json`` (bounded in
+size, any malformation one line naming the file) and written through ``write_json`` (strict JSON: a NaN or
+an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject).
 """
 
 import contextlib
@@ -18,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from fca_workbench.errors import UserError, first_line
 
 
 def temporary_sibling(path: Path) -> Path:
@@ -52,6 +56,65 @@ def write_atomic(path: Path, payload: bytes) -> None:
     """Write to a temporary sibling, then rename, so a crash never leaves a half-written file."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(payload)
+
+
+JSON_MAX_BYTES = 64 << 20  # far above any config, index, manifest or audit.json the workbench meets
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(text: str | bytes, source: str) -> object:
+    """``text`` parsed as strict JSON (no ``NaN``/``Infinity``); any malformation, nesting too deep for the
+    parser included, is one ``UserError`` line naming ``source``."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be read as JSON") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{source} is not valid JSON: {first_line(exc)}") from None
+
+
+def read_json(path: Path, expect: type | None = dict, max_bytes: int = JSON_MAX_BYTES) -> object:
+    """A JSON file, read once with a size cap; ``expect`` (default: an object) is the type its top level must
+    have. Every failure (missing, a folder, too large, not UTF-8, malformed, too deep, wrong type) is one
+    ``UserError`` line naming the file: the one way the workbench reads JSON."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            payload = handle.read(max_bytes + 1)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a JSON file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or first_line(exc)}") from None
+    if len(payload) > max_bytes:
+        raise UserError(f"{path} is larger than {max_bytes >> 20} MiB; refusing to read it as JSON")
+    try:
+        text = payload.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text, so not a JSON file") from None
+    value = parse_json(text, str(path))
+    if expect is not None and not isinstance(value, expect):
+        wanted = _JSON_NAMES.get(expect, expect.__name__)
+        raise UserError(
+            f"{path} holds a JSON {_JSON_NAMES.get(type(value), type(value).__name__)}, not a JSON {wanted}"
+        )
+    return value
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def dumps_json(value: object) -> bytes:
+    """``value`` as strict, indented JSON with a final newline; a NaN or infinity anywhere is a ``ValueError``
+    (a bug upstream: figures are checked finite before they are written)."""
+    return (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_json(path: Path, value: object) -> None:
+    """``dumps_json(value)`` written atomically."""
+    write_atomic(path, dumps_json(value))
 
 
 def jsonl_gz(records: list[dict]) -> bytes:

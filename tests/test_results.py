@@ -329,3 +329,14 @@ def test_bad_folders_are_one_line_errors(audits, tmp_path):
     with pytest.raises(UserError, match="cannot be read") as error:
         _ = results.per_token
     assert "\n" not in str(error.value)
+
+
+def test_profiles_that_are_one_tensor_save_and_load(tmp_path):
+    """A controller that routes to no experts has ``layer_mean_topk`` equal to ``layer_mean`` (one tensor);
+    the profiles file keeps both, each with its own values."""
+    from fca_workbench.results.profiles import load_profiles, save_profiles
+
+    shared = torch.arange(6.0).reshape(2, 3)
+    save_profiles(tmp_path / "p.safetensors", {"layer_mean": [shared], "layer_mean_topk": [shared]})
+    loaded = load_profiles(tmp_path / "p.safetensors")
+    assert torch.equal(loaded["layer_mean"][0], shared) and torch.equal(loaded["layer_mean_topk"][0], shared)

@@ -28,7 +28,9 @@ def profiles_from_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, list[to
 
 
 def save_profiles(path: Path, profiles: dict[str, list[torch.Tensor]]) -> None:
-    """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them."""
-    tensors = {f"{name}.layer_{i}": t.contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
+    """The calibration set's static profiles, ``<profile>.layer_<i>``, next to the audit that used them. Each
+    tensor is copied: two profiles may be one tensor (a controller that routes to no experts has the same
+    ``layer_mean`` and ``layer_mean_topk``), and safetensors refuses names that share storage."""
+    tensors = {f"{name}.layer_{i}": t.detach().clone().contiguous() for name, layers in profiles.items() for i, t in enumerate(layers)}
     with atomic_path(path) as tmp:
         save_file(tensors, tmp)
