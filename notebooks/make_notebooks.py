@@ -350,6 +350,9 @@ layer_w = widgets.Dropdown(description="layer", style=wide)
 condition_w = widgets.Dropdown(description="condition", style=wide)
 window_w = widgets.IntSlider(min=0, description="window", continuous_update=False, style=wide)
 view = widgets.Output()
+# the capture's progress bars show in an Output of their own, cleared once the model is open: tqdm closes a
+# finished bar's widget, and a closed widget left in ``view`` would break what ``view`` shows next
+opening = widgets.Output()
 selection = {"explorer": None, "updating": False}
 
 
@@ -378,15 +381,16 @@ def render(*_):
 
 
 def on_model(*_):
-    with view:  # the capture's progress bars show here while the model opens
-        view.clear_output()
+    view.clear_output()
+    with opening:
         display(Markdown(f"Opening `{model_w.value}` ..."))
         try:
             e = run.explorer(checkpoints_[model_w.value])
         except UserError as exc:  # e.g. a Dense model: no controller, no coefficients
             e = None
-            view.clear_output()
-            display(Markdown(f"**{model_w.value}**: {exc}"))
+            with view:
+                display(Markdown(f"**{model_w.value}**: {exc}"))
+    opening.clear_output()
     configure(e, layer_w.value, condition_w.value, window_w.value)
     render()
 
@@ -395,7 +399,7 @@ configure(run.explorer(checkpoints_[first]), layer, condition, window_index)
 model_w.observe(on_model, names="value")
 for w in (layer_w, condition_w, window_w):
     w.observe(render, names="value")
-display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), view]))
+display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), opening, view]))
 render()''',
         ),
         (
