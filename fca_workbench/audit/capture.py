@@ -36,7 +36,7 @@ from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.guard import require_finite
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, write_atomic
+from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, parse_json, write_atomic
 from fca_workbench.models import next_token_nll
 
 Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
@@ -274,28 +274,34 @@ def remove_unclaimed_shards(folder: Path, claimed: Collection[str]) -> None:
                 path.unlink()
 
 
-def shard_binding(manifest: dict, shard: int) -> dict[str, str]:
-    """What made shard ``shard`` of the capture ``manifest`` describes, as safetensors metadata (strings)."""
-    return {"format": CACHE_FORMAT, **{key: str(manifest[key]) for key in BOUND_KEYS}, "shard": str(shard)}
+BINDING = "fca_binding"  # the shard's metadata key: its binding as one canonical JSON text, so its bytes are stable
 
 
-def binding_mismatch(path: Path, expected: dict[str, str]) -> str | None:
+def shard_binding(manifest: dict, shard: int) -> dict:
+    """What made shard ``shard`` of the capture ``manifest`` describes: stored in the shard, checked on reuse."""
+    return {"format": CACHE_FORMAT, **{key: manifest[key] for key in BOUND_KEYS}, "shard": shard}
+
+
+def binding_mismatch(path: Path, expected: dict) -> str | None:
     """None when the shard at ``path`` carries the binding ``expected``; else which entry differs."""
     try:
         with safe_open(path, framework="pt") as handle:
-            found = handle.metadata() or {}
-    except (OSError, SafetensorError) as exc:
-        return f"unreadable header: {first_line(exc)}"
+            text = (handle.metadata() or {}).get(BINDING)
+        found = parse_json(text, f"{path.name}'s binding") if text is not None else {}
+    except (OSError, SafetensorError, UserError) as exc:
+        return f"unreadable binding: {first_line(exc)}"
+    if not isinstance(found, dict):
+        return "unreadable binding"
     for key, value in expected.items():
         if found.get(key) != value:
-            return f"its {key} is {str(found.get(key))[:16]}, this capture's {value[:16]}"
+            return f"its {key} is {str(found.get(key))[:16]}, this capture's {str(value)[:16]}"
     return None
 
 
-def write_shard(tensors: dict[str, torch.Tensor], path: Path, binding: dict[str, str]) -> dict:
+def write_shard(tensors: dict[str, torch.Tensor], path: Path, binding: dict) -> dict:
     """Write one shard atomically, ``binding`` in its metadata; returns the sha256 and size of exactly the bytes
     written."""
-    payload = save(tensors, metadata=binding)
+    payload = save(tensors, metadata={BINDING: json.dumps(binding, sort_keys=True)})
     write_atomic(path, payload)
     return {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
 

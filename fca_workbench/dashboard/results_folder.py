@@ -214,7 +214,7 @@ def saved_profiles(
     if found is None or not needed <= set(found[1]):
         return None, None
     entry, profiles = found
-    return profiles, f"audit '{entry.name}' (its {PROFILES_FILE}: fingerprints and sha256 match)"
+    return profiles, f"audit '{entry.name}' (its {PROFILES_FILE}: model and calibration fingerprints match, sha256 as its audit.json records)"
 
 
 def per_layer_audit(results: ResultsFolder, shared: AuditedModel) -> AuditEntry | None:
