@@ -5,11 +5,13 @@ that computes figures with one line; cache shards are bound to what made them; e
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, fca, tiny_model
+from conftest import tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save, save_file
 
@@ -54,13 +56,19 @@ def assert_nothing_written(out: Path) -> None:
 def test_one_nan_in_one_controller_bias_of_a_shipped_checkpoint_is_one_line_and_nothing_written(tmp_path):
     poisoned = poisoned_copy(SHIPPED / "featuregate-s0", tmp_path / "fg", "h.2.controller.proj.bias")
     out = tmp_path / "out"
-    result = fca("audit", poisoned, "--max-windows", "4", "--window", "32", "--batch-size", "2", "--out", out)
-    assert_one_line_error(result, "non-finite", "condition 'unperturbed'", "window 0")
+    args = ["audit", poisoned, "--max-windows", "4", "--window", "32", "--batch-size", "2", "--out", out]
+    result = subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True)
+    stderr = result.stderr.decode()
+    assert result.returncode != 0 and "Traceback" not in stderr
+    # what a terminal shows: each line as its last carriage return leaves it (the progress bar clears itself)
+    shown = [line.rsplit("\r", 1)[-1] for line in stderr.split("\n") if line.rsplit("\r", 1)[-1].strip()]
+    assert len(shown) == 1 and shown[0].startswith("fca: error: non-finite"), stderr
+    assert "condition 'unperturbed' in eval window 0" in shown[0] and "h.2.controller" in shown[0]
     assert_nothing_written(out)
 
 
 def test_one_nan_in_a_foreign_mixtral_router_stops_the_audit(tiny_mixtral, tmp_path):
-    poisoned = poisoned_copy(tiny_mixtral, tmp_path / "mixtral", "model.layers.1.mlp.gate.weight")
+    poisoned = poisoned_copy(tiny_mixtral, tmp_path / "mixtral", "model.layers.1.block_sparse_moe.gate.weight")
     with pytest.raises(UserError, match=r"non-finite .* under condition 'unperturbed' in eval window 0"):
         run_audit(quick(poisoned), tmp_path / "out")
     assert_nothing_written(tmp_path / "out")
