@@ -166,7 +166,10 @@ def test_every_family_declares_its_replay_tolerance(tiny_mixtral):
 
 
 def shard_claims(folder: Path) -> dict:
-    return {p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size} for p in folder.glob("shard_*.safetensors")}
+    return {
+        p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
+        for p in folder.glob("shard_*.safetensors")
+    }
 
 
 def adopt_shards(source: Path, target: Path, rebind: dict | None = None) -> None:

@@ -214,7 +214,8 @@ def saved_profiles(
     if found is None or not needed <= set(found[1]):
         return None, None
     entry, profiles = found
-    return profiles, f"audit '{entry.name}' (its {PROFILES_FILE}: model and calibration fingerprints match, sha256 as its audit.json records)"
+    matched = "model and calibration fingerprints match, sha256 as its audit.json records"
+    return profiles, f"audit '{entry.name}' (its {PROFILES_FILE}: {matched})"
 
 
 def per_layer_audit(results: ResultsFolder, shared: AuditedModel) -> AuditEntry | None:

@@ -36,12 +36,9 @@ def non_finite(value: object, path: str) -> str | None:
     """The path of the first NaN or infinite number in ``value`` (nested dicts and lists), else None."""
     if isinstance(value, float):
         return None if math.isfinite(value) else path
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
+    if not isinstance(value, (dict, list)):
         return None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
     return next((found for key, item in items if (found := non_finite(item, f"{path}.{key}")) is not None), None)
 
 
