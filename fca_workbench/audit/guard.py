@@ -14,6 +14,11 @@ from fca_workbench.errors import UserError
 Windows = Sequence[int] | torch.Tensor  # the window index of each row
 
 
+def at_layer(condition: str, layer: int | None) -> str:
+    """How a message names ``condition`` applied at ``layer`` alone (None: at every layer)."""
+    return condition if layer is None else f"{condition} at layer {layer}"
+
+
 def require_finite(
     values: torch.Tensor, what: str, condition: str, windows: Windows | None, split: str = "eval"
 ) -> None:

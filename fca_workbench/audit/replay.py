@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
-from fca_workbench.audit.guard import require_finite
+from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.models import next_token_nll
 
 
@@ -34,7 +34,7 @@ def replay_nll(
     Batches follow the cache's shards, the same grouping capture used, so ``correct`` repeats capture's
     arithmetic exactly. A NaN or inf in any window stops it (``guard.require_finite``).
     """
-    named = condition if layer is None else f"{condition} at layer {layer}"
+    named = at_layer(condition, layer)
     if condition == "unperturbed":
         indices = torch.cat(list(cache.shard_indices(shards)))
         nll = cache.nll(indices)

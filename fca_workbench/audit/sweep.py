@@ -21,7 +21,7 @@ from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles
-from fca_workbench.audit.guard import check_correct_replay, require_finite
+from fca_workbench.audit.guard import at_layer, check_correct_replay, require_finite
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures
 from fca_workbench.audit.prefix import PrefixCache
@@ -123,7 +123,7 @@ def prefix_window_nll(
                 variants = [restrict_to_layer(intervened[c], own, layer) for c in names]
                 nll = prefix.replay_nll_many(variants, layer).double().mean(dim=2).cpu()
                 for name, values in zip(names, nll):
-                    require_finite(values, "NLL", f"{name} at layer {layer}", indices)
+                    require_finite(values, "NLL", at_layer(name, layer), indices)
                     parts[(layer, name)].append(values)
         del prefix, intervened  # one batch's states at a time
     return {key: torch.cat(values) for key, values in parts.items()}, torch.cat(correct)

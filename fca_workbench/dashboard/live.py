@@ -29,7 +29,7 @@ from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS, audit_batch_size
 from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.conditions import Values, assigned_values, profiles_of, values_on
-from fca_workbench.audit.guard import require_finite
+from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.interventions import derangement, routing_top_k
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
@@ -364,7 +364,7 @@ class DashboardSession:
             values = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
             rows = prefix.replay_nll(values, layer)
         where = (None, "the pasted text") if text.window_index is None else ([text.window_index], "eval")
-        require_finite(rows, "NLL", condition if layer is None else f"{condition} at layer {layer}", *where)
+        require_finite(rows, "NLL", at_layer(condition, layer), *where)
         nll = rows[0].numpy()
         with self._mutex:
             self.results[key] = nll
