@@ -385,9 +385,8 @@ def capture(
         rows = range(shard * batch_size, min((shard + 1) * batch_size, len(windows)))
         batch = windows[rows.start : rows.stop].to(device)
         logits, values = model.capture_run(batch)
-        for name, value in zip(model.controller_names, values):
-            for key, tensor in value.items():
-                require_finite(tensor, f"{key} of controller {name}", "unperturbed", rows, folder.name)
+        for name, value in zip(model.controller_names, values):  # the coefficients; the rest may hold masks (-inf)
+            require_finite(value[COEFFICIENT], f"coefficient of controller {name}", "unperturbed", rows, folder.name)
         tensors = {
             f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)
         }
