@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from fca_workbench.audit.conditions import ConditionCoefficients, calibration_profiles, values_on
+from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
 from fca_workbench.errors import UserError
@@ -85,7 +86,9 @@ class Explorer:
         values = values_on(
             self._assign(condition, layer).values(torch.tensor([window])), parameter.device, parameter.dtype
         )
-        return next_token_nll(self.model.replay_run(batch, values), batch)[0].float().cpu()
+        nll = next_token_nll(self.model.replay_run(batch, values), batch)
+        require_finite(nll, "NLL", at_layer(condition, layer), [window])  # the audit's guard
+        return nll[0].float().cpu()
 
     def window_table(self, condition: str, window: int, layer: int | None = None) -> pd.DataFrame:
         """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""

@@ -179,11 +179,11 @@ def test_cache_from_another_model_or_other_data_is_refused(tiny_checkpoints, tmp
 def test_interrupted_capture_resumes_to_the_same_audit(tiny_checkpoints, audits, tmp_path, monkeypatch):
     real_write, written = capture_module.write_shard, []
 
-    def crash_after_two_shards(tensors, path):
+    def crash_after_two_shards(tensors, path, binding):
         if len(written) == 2:
             raise KeyboardInterrupt("killed mid-capture")
         written.append(path)
-        return real_write(tensors, path)
+        return real_write(tensors, path, binding)
 
     monkeypatch.setattr(capture_module, "write_shard", crash_after_two_shards)
     with pytest.raises(KeyboardInterrupt):

@@ -464,3 +464,78 @@ def test_a_download_that_cannot_be_read_names_the_entry_never_the_server_path(tm
     (tmp_path / "audit-x" / "audit.json").unlink()
     with pytest.raises(UserError, match=r"^audit-x/audit.json cannot be read now: audit-x/audit.json is not a file$"):
         results.download(entry, "audit.json")
+
+
+# ------------------------------------------------------------------------------------------------ saved profiles
+
+
+@pytest.fixture(scope="module")
+def audited(tiny_checkpoints, tmp_path_factory):
+    """A results folder with one audit of the tiny FeatureGate on 8 calibration windows, and a checkpoint copy
+    whose controller bias holds a NaN."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from fca_workbench.audit.run import AuditSettings, run_audit
+
+    root = tmp_path_factory.mktemp("audited")
+    folder = tiny_checkpoints["featuregate"]
+    settings = AuditSettings(checkpoint=str(folder), window=64, max_windows=8, resamples=20, latency_repeats=1)
+    run_audit(settings, root / "results" / "audit")
+    poisoned = Path(shutil.copytree(folder, root / "poisoned"))
+    weights = load_file(poisoned / "model.safetensors")
+    weights["h.1.controller.proj.bias"][0] = float("nan")
+    save_file(weights, poisoned / "model.safetensors", metadata={"format": "pt"})
+    return folder, root / "results", poisoned
+
+
+def live_layer_mean(folder, results=None):
+    """The live view of ``layer_mean`` on eval window 0, with the profiles of ``results``'s audit if usable."""
+    from fca_workbench.dashboard.live import DashboardSession, window_input
+    from fca_workbench.dashboard.results_folder import ResultsFolder
+
+    shared = SharedModel(folder, calibration_windows=8, eval_windows=4, results=results and ResultsFolder(results))
+    return shared, DashboardSession().analyse("fg", shared, window_input(shared, 0), "layer_mean")
+
+
+def test_a_flipped_bit_or_garbage_in_saved_profiles_gives_the_recomputed_figures_and_a_note(audited, tmp_path):
+    import hashlib
+    import shutil
+
+    import numpy as np
+
+    from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE
+
+    folder, results, _ = audited
+    _, computed = live_layer_mean(folder)  # no results folder: computed here
+    shared, saved = live_layer_mean(folder, results)
+    assert "fingerprints match" in shared.profiles_source and not saved.notes
+    copy = Path(shutil.copytree(results, tmp_path / "results"))
+    profiles = copy / "audit" / PROFILES_FILE
+    data = bytearray(profiles.read_bytes())
+    data[-1] ^= 0x01  # one bit of one profile value
+    profiles.write_bytes(bytes(data))
+    shared, flipped = live_layer_mean(folder, copy)
+    assert "sha256 differs" in shared.profiles_source and "fingerprints match" not in shared.profiles_source
+    assert any("sha256 differs" in note for note in flipped.notes)
+    np.testing.assert_array_equal(flipped.nll_condition, computed.nll_condition)
+    profiles.write_bytes(b"not a safetensors file")
+    audit = json.loads((copy / "audit" / AUDIT_FILE).read_text())
+    audit["static_profiles"]["sha256"] = hashlib.sha256(b"not a safetensors file").hexdigest()
+    (copy / "audit" / AUDIT_FILE).write_text(json.dumps(audit))
+    shared, garbage = live_layer_mean(folder, copy)  # no error for the session
+    assert "does not parse" in shared.profiles_source
+    np.testing.assert_array_equal(garbage.nll_condition, computed.nll_condition)
+
+
+def test_the_live_view_of_a_model_with_a_nan_weight_is_one_message(audited):
+    from fca_workbench.dashboard.live import DashboardSession, pasted_input, window_input
+
+    _, _, poisoned = audited
+    shared = SharedModel(poisoned, calibration_windows=4, eval_windows=4)
+    session = DashboardSession()
+    with pytest.raises(UserError, match="non-finite NLL .* condition 'unperturbed' in eval window 2"):
+        session.analyse("fg", shared, window_input(shared, 2), "cross_input")
+    with pytest.raises(UserError, match="in the pasted text"):
+        session.analyse("fg", shared, pasted_input(shared, "To be, or not to be"), "correct")

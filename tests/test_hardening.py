@@ -205,10 +205,10 @@ def test_corrupt_manifest_is_one_line(tmp_path):
 
     model, windows = tiny_model("featuregate"), cache_windows()
     capture(model, windows, tmp_path / "cache", batch_size=4)
-    (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/2", "windows": ')
+    (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/3", "windows": ')
     with pytest.raises(UserError, match="unreadable manifest.json"):
         capture(model, windows, tmp_path / "cache", batch_size=4)
-    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/2"}))
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/3"}))
     with pytest.raises(UserError, match="manifest.json is malformed"):
         capture(model, windows, tmp_path / "cache", batch_size=4)
 
@@ -236,11 +236,11 @@ def test_interrupted_capture_recaptures_a_damaged_or_unclaimed_shard(tmp_path, m
     model, windows = tiny_model("featuregate"), cache_windows()
     real_write = capture_module.write_shard
 
-    def crash_at_third(tensors, path):
+    def crash_at_third(tensors, path, binding):
         if path.name == "shard_00002.safetensors":
-            real_write(tensors, path)  # on disk, but the crash comes before the manifest claims it
+            real_write(tensors, path, binding)  # on disk, but the crash comes before the manifest claims it
             raise KeyboardInterrupt
-        return real_write(tensors, path)
+        return real_write(tensors, path, binding)
 
     monkeypatch.setattr(capture_module, "write_shard", crash_at_third)
     with pytest.raises(KeyboardInterrupt):

@@ -18,6 +18,9 @@ from fca_workbench.errors import UserError
 from fca_workbench.models.common import PositiveControl, check_window
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
+# the frozen replay's allowance where bit-exactness is not promised: a model class from a checkpoint folder's own
+# code (--trust-remote-code), whose experts need not run in transformers' eager loop
+REMOTE_CODE_REPLAY_TOLERANCE = 1e-4
 
 
 def find_controllers(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module, ControllerKind]]:
@@ -45,6 +48,8 @@ class TransformersControlled(nn.Module):
             # eager loops over the experts a token uses: a zero-weight expert contributes exactly nothing,
             # so a static profile equal to the live routing replays bit-exactly (docs/guides/foreign-models.md)
             set_experts("eager")
+        own_code = type(self.model).__module__.startswith("transformers.")
+        self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
         found = find_controllers(model, controllers)
         self.controller_names = [name for name, _, _ in found]
         self._controllers = [module for _, module, _ in found]

@@ -61,6 +61,13 @@ class ControlledModel(Protocol):
         ...
 
     @property
+    def replay_tolerance(self) -> float:
+        """The most (nats, per token) the frozen replay of ``correct`` may differ from the live run: 0.0 where
+        the family promises bit-exact replay (the controllers' outputs go back through the same arithmetic).
+        Every audit checks it (``audit.guard.check_correct_replay``) and records it in ``audit.json``."""
+        ...
+
+    @property
     def blocks(self) -> list[nn.Module]:
         """The per-layer modules, counted by the execution audit."""
         ...

@@ -12,6 +12,11 @@ shard and manifest) are deleted before a capture starts. A finished cache is ver
 any figure is computed (every shard present, at its size and hash); a shard that fails stops the run with
 one line naming it (delete the folder to capture again): damage to a finished cache is worth knowing
 about, not papering over with a silent recapture.
+
+Binding: each shard carries in its own safetensors metadata what made it (``shard_binding``: the model and data
+fingerprints, the settings that change its content, its index), so a manifest that claims another capture's
+shards, hashes and all, is refused when the cache is opened and never resumed from. Capture stops with one line
+(``guard.require_finite``) before it writes a shard holding a NaN or an inf.
 """
 
 import hashlib
@@ -29,15 +34,20 @@ from tqdm.auto import tqdm
 
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.guard import require_finite
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, write_atomic
+from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, parse_json, write_atomic
 from fca_workbench.models import next_token_nll
 
 Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
-CACHE_FORMAT = "fca-coefficient-cache/2"
+CACHE_FORMAT = "fca-coefficient-cache/3"
 
 
-LEGACY_FORMATS = ("fca-coefficient-cache/1",)  # no shard hashes: recaptured, never trusted
+# /1: no shard hashes, /2: shards not bound to what made them; both recaptured, never trusted
+LEGACY_FORMATS = ("fca-coefficient-cache/1", "fca-coefficient-cache/2")
+
+
+BOUND_KEYS = ("model_fingerprint", "data_fingerprint", "windows", "window", "shard_size", "dtype")
 
 
 MANIFEST = "manifest.json"
@@ -152,6 +162,9 @@ class CoefficientCache:
                 raise self.damaged(shard, f"is unreadable ({first_line(exc)})") from None
             if digest != claim["sha256"]:
                 raise self.damaged(shard, f"is damaged: its sha256 differs from the one in {MANIFEST}")
+            mismatch = binding_mismatch(path, shard_binding(self.manifest, shard))
+            if mismatch is not None:
+                raise self.damaged(shard, f"belongs to another capture ({mismatch})")
 
     def _read(self, key: str, indices: torch.Tensor) -> torch.Tensor:
         """Rows ``indices`` of one stored tensor, in the order asked for, opening each shard once."""
@@ -261,9 +274,34 @@ def remove_unclaimed_shards(folder: Path, claimed: Collection[str]) -> None:
                 path.unlink()
 
 
-def write_shard(tensors: dict[str, torch.Tensor], path: Path) -> dict:
-    """Write one shard atomically; returns the sha256 and size of exactly the bytes written."""
-    payload = save(tensors)
+BINDING = "fca_binding"  # the shard's metadata key: its binding as one canonical JSON text, so its bytes are stable
+
+
+def shard_binding(manifest: dict, shard: int) -> dict:
+    """What made shard ``shard`` of the capture ``manifest`` describes: stored in the shard, checked on reuse."""
+    return {"format": CACHE_FORMAT, **{key: manifest[key] for key in BOUND_KEYS}, "shard": shard}
+
+
+def binding_mismatch(path: Path, expected: dict) -> str | None:
+    """None when the shard at ``path`` carries the binding ``expected``; else which entry differs."""
+    try:
+        with safe_open(path, framework="pt") as handle:
+            text = (handle.metadata() or {}).get(BINDING)
+        found = parse_json(text, f"{path.name}'s binding") if text is not None else {}
+    except (OSError, SafetensorError, UserError) as exc:
+        return f"unreadable binding: {first_line(exc)}"
+    if not isinstance(found, dict):
+        return "unreadable binding"
+    for key, value in expected.items():
+        if found.get(key) != value:
+            return f"its {key} is {str(found.get(key))[:16]}, this capture's {str(value)[:16]}"
+    return None
+
+
+def write_shard(tensors: dict[str, torch.Tensor], path: Path, binding: dict) -> dict:
+    """Write one shard atomically, ``binding`` in its metadata; returns the sha256 and size of exactly the bytes
+    written."""
+    payload = save(tensors, metadata={BINDING: json.dumps(binding, sort_keys=True)})
     write_atomic(path, payload)
     return {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
 
@@ -336,10 +374,19 @@ def capture(
     for shard in tqdm(ranks.share(cache.num_shards()), desc=desc, unit="shard", leave=False):
         path = cache.shard_path(shard)
         claim = manifest["shards"].get(path.name)
-        if claim is not None and path.is_file() and file_sha256(path) == claim["sha256"]:
+        binding = shard_binding(manifest, shard)
+        if (
+            claim is not None
+            and path.is_file()
+            and file_sha256(path) == claim["sha256"]
+            and binding_mismatch(path, binding) is None
+        ):
             continue
-        batch = windows[shard * batch_size : (shard + 1) * batch_size].to(device)
+        rows = range(shard * batch_size, min((shard + 1) * batch_size, len(windows)))
+        batch = windows[rows.start : rows.stop].to(device)
         logits, values = model.capture_run(batch)
+        for name, value in zip(model.controller_names, values):  # the coefficients; the rest may hold masks (-inf)
+            require_finite(value[COEFFICIENT], f"coefficient of controller {name}", "unperturbed", rows, folder.name)
         tensors = {
             f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)
         }
@@ -353,7 +400,8 @@ def capture(
             }
         )
         tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
-        record_claim(manifest_path, path.name, write_shard(tensors, path))
+        require_finite(tensors["nll"], "NLL", "unperturbed", rows, folder.name)
+        record_claim(manifest_path, path.name, write_shard(tensors, path, binding))
     ranks.barrier()
     if ranks.lead:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))  # with every rank's claims

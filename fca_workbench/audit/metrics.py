@@ -7,6 +7,7 @@ Everything is computed in float64 and returned as plain Python floats so it can 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -74,14 +75,16 @@ def gap_retention(
 ) -> dict:
     """Share of the ``low``→``reference`` NLL gap that static ``profile`` recovers:
     ``(NLL_low − NLL_profile) / (NLL_low − NLL_reference)``; 1 = as good as the live coefficients,
-    0 = no better than one global scalar. The CI recomputes the ratio on each resample (paired).
+    0 = no better than one global scalar. The CI recomputes the ratio on each resample (paired); an end the
+    resamples leave unbounded (resamples without a gap: a ratio over 0) is None, never an infinity.
     With no gap at all (e.g. an untrained model whose gates are all 1) it is undefined: None."""
     names = (low, profile, reference)
     g, p, c = (torch.as_tensor(window_nll[n], dtype=_F64).mean() for n in names)
     if g == c:
         return {"value": None, "ci95": [None, None]}
     bg, bp, bc = (bootstrap_means(window_nll[n], counts) for n in names)
-    return {"value": ((g - p) / (g - c)).item(), "ci95": _ci95((bg - bp) / (bg - bc))}
+    ci = _ci95((bg - bp) / (bg - bc))
+    return {"value": ((g - p) / (g - c)).item(), "ci95": [end if math.isfinite(end) else None for end in ci]}
 
 
 def _grow(t: torch.Tensor, size: int) -> torch.Tensor:

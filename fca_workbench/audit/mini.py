@@ -90,7 +90,9 @@ class MiniAudit:
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
                 folder, size = Path(tmp), self.batch_size
                 eval_cache = capture(view, self.eval_windows, folder / "eval", size, device, desc="audit eval")
-                calib_cache = capture(view, self.calib_windows, folder / "calib", size, device, desc="audit calib")
+                calib_cache = capture(
+                    view, self.calib_windows, folder / "calibration", size, device, desc="audit calib"
+                )
                 profiles = calibration_profiles(calib_cache)
                 conditions = replay_conditions(profiles)
                 per_token = replay_every_condition(
@@ -98,8 +100,10 @@ class MiniAudit:
                 )
                 spread = coefficient_spread(eval_cache)
                 experts = expert_execution(view, eval_cache)
+            tolerance = view.replay_tolerance
         counts = bootstrap_counts(len(self.eval_windows), self.resamples, self.seed)
-        return log_row({**replay_figures(per_token, counts), **spread_figures(spread), "execution": experts})
+        figures = replay_figures(per_token, counts, True, tolerance)
+        return log_row({**figures, **spread_figures(spread), "execution": experts})
 
 
 def log_row(audit: dict) -> dict[str, float]:

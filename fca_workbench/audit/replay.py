@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
+from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.models import next_token_nll
 
 
@@ -31,10 +32,14 @@ def replay_nll(
     ``shards`` (one rank's share), of those shards' windows only.
 
     Batches follow the cache's shards, the same grouping capture used, so ``correct`` repeats capture's
-    arithmetic exactly.
+    arithmetic exactly. A NaN or inf in any window stops it (``guard.require_finite``).
     """
+    named = at_layer(condition, layer)
     if condition == "unperturbed":
-        return cache.nll(torch.cat(list(cache.shard_indices(shards))))
+        indices = torch.cat(list(cache.shard_indices(shards)))
+        nll = cache.nll(indices)
+        require_finite(nll, "NLL", named, indices)
+        return nll
     assign = ConditionCoefficients(condition, cache, profiles, seed, layer)
     dtype = next(model.parameters()).dtype
     model.eval()
@@ -43,4 +48,5 @@ def replay_nll(
         batch = windows[indices].to(device)
         values = values_on(assign.values(indices), device, dtype)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
+        require_finite(rows[-1], "NLL", named, indices)
     return torch.cat(rows)

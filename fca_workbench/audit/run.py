@@ -4,7 +4,6 @@ This is orchestration only; every number comes from capture, replay, metrics and
 the same line runs on every rank, each on its share of the shards (``distributed.py``); rank 0 writes.
 """
 
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerp
 from fca_workbench.audit.conditions import Profiles, calibration_profiles, replay_conditions
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.execution import execution_audit, expert_execution
+from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, sweep_mode
@@ -28,7 +28,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor, write_atomic
+from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import output_folder, refuse_foreign
@@ -179,8 +179,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
             )
         if not ranks.lead:
             return None
-        if profiles is not None:
-            save_profiles(out / PROFILES_FILE, profiles)
+        figures = replay_figures(per_token, counts, has_controller, model.replay_tolerance)
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
@@ -196,7 +195,8 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
                 "calibration": data_summary(calib_path, calib_windows),
             },
             "settings": {**asdict(settings), "world_size": ranks.world_size},
-            **replay_figures(per_token, counts, has_controller),
+            **figures,
+            "static_profiles": None,  # its sha256, once written (write_outputs)
             **spread_figures(spread),
             "execution": {
                 **execution_figures(model, eval_windows, calib_windows, settings),
@@ -208,7 +208,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
             audit["per_layer"] = per_layer_rows(sweep[0], sweep[1], counts)
             audit["settings"]["per_layer_mode"] = sweep_mode(model)
         audit["verdict"] = verdicts(audit)
-        write_outputs(out, audit, per_token, eval_windows)
+        write_outputs(out, audit, per_token, eval_windows, profiles)
         return audit
 
 
@@ -230,14 +230,23 @@ def replay_every_condition(
     }
 
 
-def replay_figures(per_token: dict[str, torch.Tensor], counts: torch.Tensor, has_controller: bool = True) -> dict:
-    """``conditions`` (NLL and ΔNLL against ``correct``, or ``unperturbed`` without a controller, with bootstrap
-    CIs) and ``retention`` (gap retention of every replayed profile the vocabulary reports) of ``audit.json``,
-    from the per-token NLLs of every replayed condition."""
+def replay_figures(
+    per_token: dict[str, torch.Tensor], counts: torch.Tensor, has_controller: bool, replay_tolerance: float
+) -> dict:
+    """``replay_check`` (``correct`` against ``unperturbed``, within the model's ``replay_tolerance``, or the
+    audit stops: ``guard.check_correct_replay``), ``conditions`` (NLL and ΔNLL against ``correct``, or
+    ``unperturbed`` without a controller, with bootstrap CIs) and ``retention`` (gap retention of every replayed
+    profile the vocabulary reports) of ``audit.json``, from the per-token NLLs of every replayed condition (every
+    window, in order)."""
+    check = None
+    if has_controller:
+        windows = range(len(per_token["correct"]))
+        check = check_correct_replay(per_token["correct"], per_token["unperturbed"], replay_tolerance, windows)
     window_nll = {name: nll.double().mean(dim=1) for name, nll in per_token.items()}
     reference = "correct" if has_controller else "unperturbed"
     profiles = retention_profiles(window_nll) if has_controller else ()
     return {
+        "replay_check": check,
         "conditions": condition_figures(window_nll, counts, reference=reference),
         "retention": {p: gap_retention(window_nll, p, counts) for p in profiles},
     }
@@ -364,8 +373,12 @@ def data_summary(path: Path, windows: torch.Tensor) -> dict:
     }
 
 
-def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor) -> None:
+def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor, profiles: Profiles | None) -> None:
+    """The audit's files, once every figure is computed and checked: the static profiles (their sha256 into
+    ``audit``), the per-token NLLs, then ``audit.json`` (strict JSON), so a failure leaves no ``audit.json``."""
     validate_audit(audit)
+    if profiles is not None:
+        audit["static_profiles"] = {"sha256": save_profiles(out / PROFILES_FILE, profiles)}
     for name, data in per_token_files(per_token, windows).items():  # CSV, and Parquet with pyarrow
         write_atomic(out / name, data)
-    write_atomic(out / AUDIT_FILE, (json.dumps(audit, indent=2) + "\n").encode())
+    write_json(out / AUDIT_FILE, audit)

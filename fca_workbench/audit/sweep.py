@@ -8,7 +8,8 @@ before every layer (``prefix.PrefixCache``); each (layer, condition) resumes fro
 ``model.resume_layer(layer)``, so the layers before it are never recomputed, and the conditions at one layer
 run from that state as one batch where memory allows. Memory is bounded by one batch's states. A model
 without layer stepping (not a ``SteppingModel``) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
-Both modes give the rows of full one-layer replays (tested within 1e-6).
+Both modes give the rows of full one-layer replays (tested within 1e-6). Both check what the audit checks
+(``guard``): every NLL finite, and the sweep's ``correct`` reproducing the cached unperturbed run.
 """
 
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,7 @@ from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles
+from fca_workbench.audit.guard import at_layer, check_correct_replay, require_finite
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures
 from fca_workbench.audit.prefix import PrefixCache
@@ -110,6 +112,8 @@ def prefix_window_nll(
         batch = windows[indices].to(device)
         own = [c.to(device=device, dtype=dtype) for c in cache.coefficients(indices)]
         prefix = PrefixCache(model, batch, coefficients=own)
+        require_finite(prefix.nll, "NLL", "correct", indices)
+        check_correct_replay(prefix.nll.cpu(), cache.nll(indices), model.replay_tolerance, indices)
         correct.append(prefix.nll.double().mean(dim=1).cpu())
         intervened = {c: [t.to(device=device, dtype=dtype) for t in assign(indices)] for c, assign in assigners.items()}
         size = group or conditions_per_pass(model, batch, len(conditions), device)
@@ -119,6 +123,7 @@ def prefix_window_nll(
                 variants = [restrict_to_layer(intervened[c], own, layer) for c in names]
                 nll = prefix.replay_nll_many(variants, layer).double().mean(dim=2).cpu()
                 for name, values in zip(names, nll):
+                    require_finite(values, "NLL", at_layer(name, layer), indices)
                     parts[(layer, name)].append(values)
         del prefix, intervened  # one batch's states at a time
     return {key: torch.cat(values) for key, values in parts.items()}, torch.cat(correct)
@@ -141,4 +146,7 @@ def full_forward_window_nll(
         return nll.double().mean(dim=1)
 
     window_nll = {(layer, c): window_mean(c, layer) for layer in range(cache.num_layers) for c in conditions}
-    return window_nll, window_mean("correct")
+    correct = replay_nll(model, windows, cache, "correct", profiles, seed, device=device, shards=shards)
+    indices = torch.cat(list(cache.shard_indices(shards)))
+    check_correct_replay(correct, cache.nll(indices), model.replay_tolerance, indices)
+    return window_nll, correct.double().mean(dim=1)

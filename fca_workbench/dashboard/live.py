@@ -29,10 +29,11 @@ from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS, audit_batch_size
 from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.conditions import Values, assigned_values, profiles_of, values_on
+from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.interventions import derangement, routing_top_k
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
-from fca_workbench.dashboard.results_folder import ResultsFolder, matching_profiles
+from fca_workbench.dashboard.results_folder import ResultsFolder, saved_profiles
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
@@ -82,9 +83,8 @@ class SharedModel:
         self.calibration_windows = calibration_windows
         self.results = results
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.profiles_source: str | None = (
-            None  # set with the profiles: which audit they came from, or how they were computed
-        )
+        self.profiles_source: str | None = None  # set with the profiles: the audit they came from, or how computed
+        self.profiles_refused: str | None = None  # why a matching audit's saved profiles were not used
         self._fingerprint: str | None = None
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         # per controller, a router's k (from a two-token capture), which adds the routing conditions
@@ -109,23 +109,19 @@ class SharedModel:
 
     @torch.no_grad()
     def profiles(self) -> dict[str, list[torch.Tensor]]:
-        """Static profiles of the calibration split, once: an audit's ``static_profiles.safetensors`` when one in
-        the results folder has this model's and these calibration windows' fingerprints, else computed here
-        batch by batch under the lock. ``profiles_source`` says which."""
+        """Static profiles of the calibration split, once: an audit's saved ones when one in the results folder
+        has this model's and these calibration windows' fingerprints and its file the sha256 it recorded
+        (``saved_profiles``), else computed here batch by batch under the lock. ``profiles_source`` says which."""
         with self._profiles_lock:
             if self._profiles is None:
                 windows = load_windows(split_path("calibration"), self.tokenizer, self.window, self.calibration_windows)
-                found = None
                 if self.results is not None and self.has_coefficients:
-                    found = matching_profiles(self.results, self, fingerprint_tensor(windows))
-                needed = {c for c in self.conditions if c in PROFILE_CONDITIONS}
-                if found is not None and needed <= set(found[1]):
-                    entry, self._profiles = found
-                    self.profiles_source = (
-                        f"audit '{entry.name}' (its static_profiles.safetensors: model and "
-                        f"calibration fingerprints match)"
-                    )
-                    return self._profiles
+                    needed = {c for c in self.conditions if c in PROFILE_CONDITIONS}
+                    saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
+                    if saved is not None:
+                        self._profiles, self.profiles_source = saved, said
+                        return saved
+                    self.profiles_refused = said
 
                 size = audit_batch_size(self.model, self.window, next(self.model.parameters()).device)
 
@@ -136,7 +132,7 @@ class SharedModel:
                         yield [value[COEFFICIENT] for value in values]
 
                 self._profiles = profiles_of(batches(), self.top_k)
-                unmatched = " (no audit in the results folder matches this checkpoint and calibration data)"
+                unmatched = f" ({self.profiles_refused or 'no audit in the results folder matches this checkpoint and calibration data'})"
                 self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
                     unmatched if self.results is not None else ""
                 )
@@ -356,17 +352,20 @@ class DashboardSession:
         seed: int,
         donor: int | None,
     ) -> np.ndarray:
-        """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session."""
+        """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session; a NaN or
+        inf is a UserError naming the condition and the window (``audit.guard.require_finite``)."""
         key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
         with self._mutex:
             if key in self.results:
                 self.results.move_to_end(key)
                 return self.results[key]
-        if condition == "unperturbed" or not shared.has_coefficients:
-            nll = prefix.nll[0].numpy()
-        else:
+        rows = prefix.nll
+        if condition != "unperturbed" and shared.has_coefficients:
             values = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
-            nll = prefix.replay_nll(values, layer)[0].numpy()
+            rows = prefix.replay_nll(values, layer)
+        where = (None, "the pasted text") if text.window_index is None else ([text.window_index], "eval")
+        require_finite(rows, "NLL", at_layer(condition, layer), *where)
+        nll = rows[0].numpy()
         with self._mutex:
             self.results[key] = nll
             while len(self.results) > self.max_results:
@@ -407,7 +406,7 @@ class DashboardSession:
         if not shared.has_coefficients:
             notes.append(f"{shared.arch} has no controller: there are no coefficients to intervene on")
         prefix = self.prefix(name, shared, text)
-        nll_correct = prefix.nll[0].double().numpy()
+        nll_correct = self.replay(name, shared, text, prefix, "unperturbed", None, 0, None).astype(np.float64)
         nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
         if shared.has_coefficients and condition not in BASELINES:
             intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
@@ -425,6 +424,8 @@ class DashboardSession:
             retention = gap_retention(per_window, condition, torch.ones(1, 1, dtype=torch.long))["value"]
             if retention is None:
                 notes.append("retention is undefined: global_mean and correct give the same NLL here")
+            if shared.profiles_refused is not None:
+                notes.append(f"static profiles {shared.profiles_source}")
         start = 0 if layer is None or not shared.has_coefficients else prefix.start_for(layer)
         return Analysis(
             checkpoint=name,

@@ -23,6 +23,7 @@ from fca_workbench import tables
 from fca_workbench.errors import UserError
 from fca_workbench.results.frames import read_audit_json
 from fca_workbench.results.layout import AUDIT_FILE, CACHE_DIR, FIGURES_DIR, NOTEBOOKS_DIR, PROFILES_FILE, TABLES_DIR
+from fca_workbench.results.profiles import verified_profiles
 
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
 PRUNED = {CACHE_DIR, TABLES_DIR, FIGURES_DIR, NOTEBOOKS_DIR, "__pycache__"}  # hold no audit.json, may hold many files
@@ -186,18 +187,35 @@ def matching_profiles(
     results: ResultsFolder, shared: AuditedModel, calibration_fingerprint: str
 ) -> tuple[AuditEntry, dict] | None:
     """(entry, profiles) of the newest audit of this model whose calibration windows have this fingerprint
-    and that saved its static profiles; None when there is none."""
-    from safetensors.torch import load
-
+    and that saved its static profiles; None when there is none. A UserError saying why when that audit's
+    file is not the one it wrote (``profiles.verified_profiles``: its recorded sha256, parsing, finite)."""
     for entry in results.audits_of(shared):
         if entry.valid_audit["data"]["calibration"].get("fingerprint") != calibration_fingerprint:
             continue
         try:
             data = results.read_bytes(entry, PROFILES_FILE)
-        except UserError:
+        except (UserError, OSError):
             continue
-        return entry, tables.profiles_from_tensors(load(data))
+        recorded = (entry.valid_audit.get("static_profiles") or {}).get("sha256")
+        return entry, verified_profiles(data, recorded, f"audit '{entry.name}''s {PROFILES_FILE}")
     return None
+
+
+def saved_profiles(
+    results: ResultsFolder, shared: AuditedModel, calibration_fingerprint: str, needed: set[str]
+) -> tuple[dict | None, str | None]:
+    """``(profiles, where from)`` of the newest audit of this model with these calibration windows that saved
+    every profile ``needed``, when its file passes ``verified_profiles``; ``(None, why not)`` when it fails,
+    ``(None, None)`` when no audit has them: the live view then computes them, with the reason as its note."""
+    try:
+        found = matching_profiles(results, shared, calibration_fingerprint)
+    except UserError as exc:
+        return None, f"{exc}: not used"
+    if found is None or not needed <= set(found[1]):
+        return None, None
+    entry, profiles = found
+    matched = "model and calibration fingerprints match, sha256 as its audit.json records"
+    return profiles, f"audit '{entry.name}' (its {PROFILES_FILE}: {matched})"
 
 
 def per_layer_audit(results: ResultsFolder, shared: AuditedModel) -> AuditEntry | None:

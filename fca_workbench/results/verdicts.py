@@ -1,18 +1,45 @@
 """Plain-language verdicts of an ``audit.json``: the three properties, each turned from figures into a sentence.
 
 The thresholds that turn figures into words are stated in the sentences themselves, so a reader can
-disagree with a verdict using the numbers beside it.
+disagree with a verdict using the numbers beside it. A verdict is never computed from a number that is not
+finite: ``verdicts`` refuses the audit instead (``require_finite_figures``).
 """
+
+import math
+
+from fca_workbench.errors import UserError
+
+JUDGED = ("conditions", "retention", "variance", "variation", "execution", "per_layer")  # what the verdicts read
+
 
 STATIC_RETENTION = 0.95  # a static profile retaining this much of the gap counts as "largely static"
 
 
 def verdicts(audit: dict) -> dict:
+    require_finite_figures(audit)
     return {
         "coefficient_variation": variation_verdict(audit),
         "assignment_dependence": assignment_verdict(audit),
         "conditional_execution": execution_verdict(audit),
     }
+
+
+def require_finite_figures(audit: dict) -> None:
+    """Refuse an audit any of whose figures is NaN or infinite, naming the first one: no sentence can judge it."""
+    for section in JUDGED:
+        path = non_finite(audit.get(section), section)
+        if path is not None:
+            raise UserError(f"audit figure {path} is not a finite number: no verdict is computed from it")
+
+
+def non_finite(value: object, path: str) -> str | None:
+    """The path of the first NaN or infinite number in ``value`` (nested dicts and lists), else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if not isinstance(value, (dict, list)):
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return next((found for key, item in items if (found := non_finite(item, f"{path}.{key}")) is not None), None)
 
 
 def variation_verdict(audit: dict) -> str:
