@@ -117,9 +117,9 @@ def _concrete(config_class: type | None, fields: Mapping) -> type | None:
 def _check(name: str, value: object, limit: int, source: str, none_allowed: bool) -> None:
     if value is None and none_allowed:
         return
-    if isinstance(value, (list, tuple)) and value:  # per-layer sizes (Gemma3n's intermediate_size)
-        for n, item in enumerate(value):
-            _check(f"{name}[{n}]", item, limit, source, none_allowed=False)
+    if isinstance(value, (list, tuple, Mapping)) and value:  # per-layer (Gemma3n) or per-part (LXMERT) sizes
+        for key, item in value.items() if isinstance(value, Mapping) else enumerate(value):
+            _check(f"{name}[{key!r}]" if isinstance(value, Mapping) else f"{name}[{key}]", item, limit, source, False)
         return
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
         raise UserError(f"{source}: {name}={_short(value)} is out of range (a whole number from 1 to {limit:,})")
