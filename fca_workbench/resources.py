@@ -22,7 +22,8 @@ CHECKPOINTS_ENV = "FCA_CHECKPOINTS"
 CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpacked sdist keeps them
 LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
 CHECKPOINT_CONFIG = "config.json"  # what makes a folder a checkpoint folder
-CHECKPOINTS_MAX_BYTES = 512 << 20  # the shipped checkpoints take 34 MB; an archive claiming more is refused
+CHECKPOINTS_MAX_BYTES = 512 << 20  # the shipped checkpoints take 34 MB in 40 files; a copy claiming more,
+CHECKPOINTS_MAX_FILES = 10_000  # or more files and folders (a small archive of a million empty ones), is refused
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -110,7 +111,7 @@ def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
     ``into``, through a fresh private folder renamed at the end (``files.atomic_folder``: removed on any
     error); returns the checkpoint names. Links are never followed, and no more than
-    ``CHECKPOINTS_MAX_BYTES`` is written."""
+    ``CHECKPOINTS_MAX_BYTES`` in ``CHECKPOINTS_MAX_FILES`` is written."""
     if source is None:
         if not in_checkout():
             raise UserError(
@@ -124,6 +125,8 @@ def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     folder = source.joinpath(*CHECKPOINTS_IN_SOURCE)
     if source.is_dir() and not folder.is_dir():
         raise UserError(f"no {'/'.join(CHECKPOINTS_IN_SOURCE)} folder in {source}")
+    if source.is_dir():
+        inside_folder(source, "/".join(CHECKPOINTS_IN_SOURCE), "--from")
     if not source.is_dir() and not _is_tarfile(source):
         raise UserError(f"--from must be an sdist (.tar.gz) or a source folder: {source}")
     with atomic_folder(into) as tmp:
@@ -144,19 +147,26 @@ def _is_tarfile(path: Path) -> bool:
         return False
 
 
-def _check_total(total: int, source: Path) -> None:
-    if total > CHECKPOINTS_MAX_BYTES:
+def _left_behind(relative: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(part, pattern) for part in relative for pattern in LEFT_BEHIND)
+
+
+def _check_total(sizes: list[int], source: Path) -> None:
+    """Refuse to copy more bytes, or more files and folders, than the caps, before anything is written."""
+    if sum(sizes) > CHECKPOINTS_MAX_BYTES or len(sizes) > CHECKPOINTS_MAX_FILES:
         raise UserError(
-            f"the checkpoints in {source} take {total:,} bytes, more than the {CHECKPOINTS_MAX_BYTES:,} "
-            "the workbench copies; nothing was copied"
+            f"the checkpoints in {source} take {sum(sizes):,} bytes in {len(sizes):,} files and folders, more "
+            f"than the {CHECKPOINTS_MAX_BYTES:,} bytes or {CHECKPOINTS_MAX_FILES:,} entries the workbench copies; "
+            "nothing was copied"
         )
 
 
 def copy_folder(folder: Path, into: Path) -> None:
     """The files below ``folder`` copied into the existing folder ``into``: links are copied as links (never
     followed, so never the file they point at) and then refused, as is anything but a regular file."""
-    total = sum((Path(root) / name).lstat().st_size for root, _, names in os.walk(folder) for name in names)
-    _check_total(total, folder)
+    entries = [Path(root, name) for root, dirs, names in os.walk(folder) for name in [*dirs, *names]]
+    kept = [path for path in entries if not _left_behind(path.relative_to(folder).parts)]
+    _check_total([path.lstat().st_size if path.is_file() else 0 for path in kept], folder)
     try:
         shutil.copytree(folder, into, symlinks=True, ignore=shutil.ignore_patterns(*LEFT_BEHIND), dirs_exist_ok=True)
     except (shutil.Error, OSError) as exc:  # shutil.Error: a list of (source, target, why), one per file
@@ -177,12 +187,12 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
     """The files under ``<top>/data/checkpoints/`` of the sdist, written below ``folder`` by tarfile's
     ``data`` filter (nothing outside ``folder``, no special files, safe modes); members elsewhere, climbing
     out with ``..`` or named like lock files are left out, a link is refused, and the sizes the members
-    declare must fit in ``CHECKPOINTS_MAX_BYTES`` before anything is written."""
+    declare must fit in the caps before anything is written."""
     try:
         with tarfile.open(sdist) as archive:
             members = [_renamed(member, sdist) for member in archive.getmembers()]
             chosen = [member for member in members if member is not None]
-            _check_total(sum(member.size for member in chosen if member.isfile()), sdist)
+            _check_total([member.size if member.isfile() else 0 for member in chosen], sdist)
             archive.extractall(folder, members=chosen, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise UserError(
@@ -196,7 +206,7 @@ def _renamed(member: tarfile.TarInfo, sdist: Path) -> tarfile.TarInfo | None:
     if parts[1:3] != CHECKPOINTS_IN_SOURCE or len(parts) < 4:
         return None
     relative = parts[3:]
-    if ".." in relative or any(fnmatch.fnmatch(part, pattern) for part in relative for pattern in LEFT_BEHIND):
+    if ".." in relative or _left_behind(relative):
         return None
     if not (member.isfile() or member.isdir()):
         kind = "a link" if member.issym() or member.islnk() else "not a regular file"

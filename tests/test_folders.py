@@ -142,6 +142,25 @@ def test_foreign_hub_snapshot_with_blob_symlinks_still_loads(sharded, tmp_path):
     assert sum(p.numel() for p in load_controlled(snapshot).model.parameters()) > 0
 
 
+@pytest.mark.parametrize(
+    "auto_map",
+    [
+        {"AutoModelForCausalLM": "/tmp/planted--modeling.Model"},
+        {"AutoTokenizer": [None, "other/repo--tokenization.Tok"]},
+        ["modeling.Model"],
+    ],
+)
+def test_remote_code_from_outside_the_folder_is_refused(tiny_mixtral, tmp_path, auto_map, transformers_reads_nothing):
+    """Even with --trust-remote-code, only the folder's own code: ``repo--module.Class`` names code elsewhere."""
+    from fca_workbench.adapters.loading import load_controlled
+
+    folder = Path(shutil.copytree(tiny_mixtral, tmp_path / "ckpt"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": auto_map}))
+    with pytest.raises(UserError, match="auto_map"):
+        load_controlled(folder, trust_remote_code=True)
+
+
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "config.json"])
 def test_tokenizer_file_linked_from_outside_is_refused(tiny_mixtral, tmp_path, name):
     from fca_workbench.data.tokenizer import load_tokenizer
@@ -379,10 +398,34 @@ def test_an_archive_declaring_more_than_the_cap_is_refused_before_writing(tmp_pa
     assert sdist.stat().st_size < 20_000  # a small archive expanding to 3 MiB
     written = []
     monkeypatch.setattr(tarfile.TarFile, "extractall", lambda *a, **k: written.append(a))
-    with pytest.raises(UserError, match="more than the 1,048,576 the workbench copies") as error:
+    with pytest.raises(UserError, match="more than the 1,048,576 bytes") as error:
         resources.copy_checkpoints(sdist, tmp_path / "into")
     assert "\n" not in str(error.value) and not written
     assert entries(tmp_path) == ["s.tar.gz"]
+
+
+def test_an_archive_of_too_many_files_is_refused_before_writing(tmp_path, monkeypatch):
+    import fca_workbench.resources as resources
+
+    monkeypatch.setattr(resources, "CHECKPOINTS_MAX_FILES", 50, raising=False)
+    members = [(f"{CKPT}/config.json", b"{}")] + [(f"{CKPT}/empty{n}", b"") for n in range(60)]
+    sdist = sdist_with(tmp_path / "s.tar.gz", members)
+    with pytest.raises(UserError, match="61 files and folders, more than"):
+        resources.copy_checkpoints(sdist, tmp_path / "into")
+    assert entries(tmp_path) == ["s.tar.gz"]
+
+
+def test_a_source_whose_checkpoints_folder_links_elsewhere_is_refused(tmp_path):
+    from fca_workbench.resources import copy_checkpoints
+
+    elsewhere = tmp_path / "elsewhere" / "m"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "config.json").write_text("{}")
+    (tmp_path / "src" / "data").mkdir(parents=True)
+    (tmp_path / "src" / "data" / "checkpoints").symlink_to(elsewhere.parent)
+    with pytest.raises(UserError, match="--from in .* points outside the folder"):
+        copy_checkpoints(tmp_path / "src", tmp_path / "into")
+    assert not (tmp_path / "into").exists()
 
 
 def test_a_truncated_sdist_is_one_line_and_leaves_nothing(tmp_path):

@@ -80,6 +80,8 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
             f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
             "to run the code in that folder, only if you trust it"
         )
+    if raw.get("auto_map"):
+        check_code_inside(folder, raw["auto_map"])
     if not raw.get("auto_map") and model_type not in CONFIG_MAPPING:
         shown = "no model_type" if model_type is None else f"model_type '{model_type}'"
         raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
@@ -116,3 +118,18 @@ def check_safetensors_inside(folder: Path) -> None:
         index = inside_folder(folder, name, name)
         if name.endswith(".index.json"):
             index_shards(index)
+
+
+def check_code_inside(folder: Path, auto_map: object) -> None:
+    """``--trust-remote-code`` runs the folder's own code only: an ``auto_map`` entry ``repo--module.Class``
+    would import code from another repository or folder, so it is refused."""
+    entries = list(auto_map.values()) if isinstance(auto_map, dict) else None
+    if entries is None or not all(isinstance(entry, (str, list, type(None))) for entry in entries):
+        raise UserError(f"{folder / 'config.json'}: auto_map is not an object of class references")
+    references = [ref for entry in entries for ref in (entry if isinstance(entry, list) else [entry])]
+    elsewhere = [ref for ref in references if not isinstance(ref, (str, type(None))) or (ref and "--" in ref)]
+    if elsewhere:
+        raise UserError(
+            f"{folder / 'config.json'}: auto_map names code outside the folder ({elsewhere[0]!r}); "
+            "only the folder's own code is run"
+        )
