@@ -8,6 +8,7 @@ import shutil
 import tarfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -287,7 +288,7 @@ def test_per_layer_sizes_are_checked_element_wise():
     with pytest.raises(UserError, match=r"intermediate_size\[3\]=1000000000 is out of range"):
         check_fields({"intermediate_size": sizes}, type(config), "gemma3n", HF_SIZE_LIMITS, none_allowed=True)
     with pytest.raises(UserError, match=r"intermediate_size\[0\]='64' is out of range"):
-        check_fields({"intermediate_size": ["64"]}, type(config), "gemma3n", HF_SIZE_LIMITS, none_allowed=True)
+        check_sizes(SimpleNamespace(intermediate_size=["64"]), "gemma3n", HF_SIZE_LIMITS, none_allowed=True)
 
 
 def test_every_causal_lms_default_config_passes_the_limits():

@@ -68,10 +68,11 @@ def check_sizes(config: object, source: str, limits: dict = SIZE_LIMITS, none_al
 
 
 def check_fields(fields: Mapping, config_class: type | None, source: str, limits: dict, none_allowed: bool) -> None:
-    """``check_sizes`` on the fields of a config file, before ``config_class`` (None: a class not known
-    here, so only the names in ``limits``) builds anything from them."""
+    """Refuse a size in the fields of a config file above its limit, before ``config_class`` (None: a class
+    not known here, so only the names in ``limits``) builds anything from them; wrong types and values below
+    1 are left to the config class, and to ``check_sizes`` on what it built."""
     for name, value, limit in _field_sizes(fields, config_class, limits, ""):
-        _check(name, value, limit, source, none_allowed)
+        _check(name, value, limit, source, none_allowed, only_too_large=True)
 
 
 def _aliases(config_class: type | None) -> Mapping[str, str]:
@@ -114,14 +115,18 @@ def _concrete(config_class: type | None, fields: Mapping) -> type | None:
     return CONFIG_MAPPING[model_type] if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
 
 
-def _check(name: str, value: object, limit: int, source: str, none_allowed: bool) -> None:
+def _check(name: str, value: object, limit: int, source: str, none_allowed: bool, only_too_large: bool = False) -> None:
     if value is None and none_allowed:
         return
     if isinstance(value, (list, tuple, Mapping)) and value:  # per-layer (Gemma3n) or per-part (LXMERT) sizes
         for key, item in value.items() if isinstance(value, Mapping) else enumerate(value):
-            _check(f"{name}[{key!r}]" if isinstance(value, Mapping) else f"{name}[{key}]", item, limit, source, False)
+            shown = f"{name}[{key!r}]" if isinstance(value, Mapping) else f"{name}[{key}]"
+            _check(shown, item, limit, source, False, only_too_large)
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+    whole = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if only_too_large and (whole is None or whole <= limit):
+        return
+    if whole is None or not 1 <= whole <= limit:
         raise UserError(f"{source}: {name}={_short(value)} is out of range (a whole number from 1 to {limit:,})")
 
 
