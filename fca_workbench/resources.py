@@ -151,11 +151,11 @@ def _left_behind(relative: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(part, pattern) for part in relative for pattern in LEFT_BEHIND)
 
 
-def _check_total(sizes: list[int], source: Path) -> None:
+def _check_total(total: int, count: int, source: Path) -> None:
     """Refuse to copy more bytes, or more files and folders, than the caps, before anything is written."""
-    if sum(sizes) > CHECKPOINTS_MAX_BYTES or len(sizes) > CHECKPOINTS_MAX_FILES:
+    if total > CHECKPOINTS_MAX_BYTES or count > CHECKPOINTS_MAX_FILES:
         raise UserError(
-            f"the checkpoints in {source} take {sum(sizes):,} bytes in {len(sizes):,} files and folders, more "
+            f"the checkpoints in {source} take at least {total:,} bytes in {count:,} files and folders, more "
             f"than the {CHECKPOINTS_MAX_BYTES:,} bytes or {CHECKPOINTS_MAX_FILES:,} entries the workbench copies; "
             "nothing was copied"
         )
@@ -166,7 +166,7 @@ def copy_folder(folder: Path, into: Path) -> None:
     followed, so never the file they point at) and then refused, as is anything but a regular file."""
     entries = [Path(root, name) for root, dirs, names in os.walk(folder) for name in [*dirs, *names]]
     kept = [path for path in entries if not _left_behind(path.relative_to(folder).parts)]
-    _check_total([path.lstat().st_size if path.is_file() else 0 for path in kept], folder)
+    _check_total(sum(path.lstat().st_size for path in kept if path.is_file()), len(kept), folder)
     try:
         shutil.copytree(folder, into, symlinks=True, ignore=shutil.ignore_patterns(*LEFT_BEHIND), dirs_exist_ok=True)
     except (shutil.Error, OSError) as exc:  # shutil.Error: a list of (source, target, why), one per file
@@ -190,9 +190,13 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
     declare must fit in the caps before anything is written."""
     try:
         with tarfile.open(sdist) as archive:
-            members = [_renamed(member, sdist) for member in archive.getmembers()]
-            chosen = [member for member in members if member is not None]
-            _check_total([member.size if member.isfile() else 0 for member in chosen], sdist)
+            chosen, total = [], 0
+            for member in archive:  # headers one by one: a bomb is refused at its first oversized member
+                renamed = _renamed(member, sdist)
+                if renamed is not None:
+                    chosen.append(renamed)
+                    total += renamed.size if renamed.isfile() else 0
+                    _check_total(total, len(chosen), sdist)
             archive.extractall(folder, members=chosen, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise UserError(

@@ -405,13 +405,35 @@ def test_an_archive_declaring_more_than_the_cap_is_refused_before_writing(tmp_pa
     assert entries(tmp_path) == ["s.tar.gz"]
 
 
+def test_a_small_archive_expanding_to_a_gigabyte_is_refused_at_once(tmp_path):
+    """1 MB of gzip holding 1.1 GB of zeros (gzip members concatenated, as gzip allows) under the real cap."""
+    import gzip
+
+    from fca_workbench.resources import copy_checkpoints
+
+    config = tarfile.TarInfo(f"fca_workbench-0.1.0/{CKPT}/config.json")
+    config.size = 2
+    big = tarfile.TarInfo(f"fca_workbench-0.1.0/{CKPT}/model.safetensors")
+    big.size = 1100 << 20
+    head = config.tobuf() + b"{}".ljust(tarfile.BLOCKSIZE, b"\0") + big.tobuf()
+    zeros = gzip.compress(bytes(1 << 20), mtime=0)
+    sdist = tmp_path / "s.tar.gz"
+    sdist.write_bytes(gzip.compress(head, mtime=0) + zeros * 1100 + gzip.compress(bytes(2 * tarfile.BLOCKSIZE)))
+    assert sdist.stat().st_size < 4 << 20
+    started = time.perf_counter()
+    with pytest.raises(UserError, match="take at least 1,153,433,602 bytes"):
+        copy_checkpoints(sdist, tmp_path / "into")
+    assert time.perf_counter() - started < 2
+    assert entries(tmp_path) == ["s.tar.gz"]
+
+
 def test_an_archive_of_too_many_files_is_refused_before_writing(tmp_path, monkeypatch):
     import fca_workbench.resources as resources
 
     monkeypatch.setattr(resources, "CHECKPOINTS_MAX_FILES", 50, raising=False)
     members = [(f"{CKPT}/config.json", b"{}")] + [(f"{CKPT}/empty{n}", b"") for n in range(60)]
     sdist = sdist_with(tmp_path / "s.tar.gz", members)
-    with pytest.raises(UserError, match="61 files and folders, more than"):
+    with pytest.raises(UserError, match="51 files and folders, more than"):
         resources.copy_checkpoints(sdist, tmp_path / "into")
     assert entries(tmp_path) == ["s.tar.gz"]
 
