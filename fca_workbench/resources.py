@@ -9,6 +9,7 @@ bundled copy wins when it exists, so a wheel never reaches for a folder beside s
 import fnmatch
 import os
 import shutil
+import stat
 import tarfile
 import zlib
 from importlib.resources import files
@@ -22,8 +23,10 @@ CHECKPOINTS_ENV = "FCA_CHECKPOINTS"
 CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpacked sdist keeps them
 LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
 CHECKPOINT_CONFIG = "config.json"  # what makes a folder a checkpoint folder
-CHECKPOINTS_MAX_BYTES = 512 << 20  # the shipped checkpoints take 34 MB in 40 files; a copy claiming more,
-CHECKPOINTS_MAX_FILES = 10_000  # or more files and folders (a small archive of a million empty ones), is refused
+# A copy of checkpoints claiming more bytes, or more files and folders, is refused before anything is written
+# (the shipped ones take 42 MB in under 100 entries; a small archive can claim gigabytes or a million files).
+CHECKPOINTS_MAX_BYTES = 512 << 20
+CHECKPOINTS_MAX_FILES = 10_000
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -43,18 +46,16 @@ def check_checkpoint(path: str | Path) -> Path:
     return folder
 
 
-def hub_blobs(root: Path) -> list[Path]:
-    """Where the files of the resolved folder ``root`` may lie: inside it, and for a Hugging Face hub cache
-    snapshot (``snapshots/<revision>/``, whose files are symlinks) the same repository's ``blobs/``."""
-    return [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
-
-
 def inside_folder(folder: Path, name: str, named_by: str) -> Path:
     """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
     symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
-    audit's freshness record cover everything that was loaded. ``named_by``: the file that names it."""
+    audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
+    one exception is the Hugging Face hub cache, whose ``snapshots/<revision>/`` files are symlinks into the
+    same repository's ``blobs/``."""
+    root = folder.resolve()
+    allowed = [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
     resolved = (folder / name).resolve()
-    if not any(resolved.is_relative_to(place) for place in hub_blobs(folder.resolve())):
+    if not any(resolved.is_relative_to(place) for place in allowed):
         raise UserError(
             f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
             "files are read only from inside it"
@@ -67,10 +68,10 @@ def check_links_inside(folder: Path) -> None:
     transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file
     from elsewhere. Linked folders are checked, not entered."""
     for root, dirs, names in os.walk(folder):
-        for name in sorted([*dirs, *names]):
-            relative = (Path(root) / name).relative_to(folder)
-            if (folder / relative).is_symlink():
-                inside_folder(folder, str(relative), str(relative))
+        for path in sorted(Path(root, name) for name in [*dirs, *names]):
+            if path.is_symlink():
+                relative = str(path.relative_to(folder))
+                inside_folder(folder, relative, relative)
 
 
 def shipped(name: str) -> Path:
@@ -162,10 +163,13 @@ def _check_total(total: int, count: int, source: Path) -> None:
 
 
 def copy_folder(folder: Path, into: Path) -> None:
-    """The files below ``folder`` copied into the existing folder ``into``: links are copied as links (never
-    followed, so never the file they point at) and then refused, as is anything but a regular file."""
+    """The files below ``folder`` copied into the existing folder ``into``: a link or a special file (a
+    device reads without end) is refused before anything is copied; links are copied as links, never followed,
+    and a link that appeared during the copy is refused too."""
     entries = [Path(root, name) for root, dirs, names in os.walk(folder) for name in [*dirs, *names]]
     kept = [path for path in entries if not _left_behind(path.relative_to(folder).parts)]
+    for path in kept:
+        _refuse_link_or_special(path, path)
     _check_total(sum(path.lstat().st_size for path in kept if path.is_file()), len(kept), folder)
     try:
         shutil.copytree(folder, into, symlinks=True, ignore=shutil.ignore_patterns(*LEFT_BEHIND), dirs_exist_ok=True)
@@ -174,13 +178,19 @@ def copy_folder(folder: Path, into: Path) -> None:
         raise UserError(f"cannot copy the checkpoints in {folder}: {first_line(str(why))}") from None
     for root, dirs, names in os.walk(into):
         for name in [*dirs, *names]:
-            copied = Path(root) / name
-            if copied.is_symlink():
-                original = folder / copied.relative_to(into)
-                raise UserError(
-                    f"{original} is a link (to {os.readlink(copied)}); checkpoints are copied only as regular "
-                    "files, never through links"
-                )
+            copied = Path(root, name)
+            _refuse_link_or_special(copied, folder / copied.relative_to(into))
+
+
+def _refuse_link_or_special(path: Path, shown: Path) -> None:
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        raise UserError(
+            f"{shown} is a link (to {os.readlink(path)}); checkpoints are copied only as regular files, "
+            "never through links"
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise UserError(f"{shown} is not a regular file; checkpoints are copied only as regular files")
 
 
 def extract_checkpoints(sdist: Path, folder: Path) -> None:

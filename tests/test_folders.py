@@ -361,6 +361,23 @@ def test_copy_from_a_folder_never_follows_a_link(tmp_path, link_to_folder):
     assert entries(tmp_path) == before  # nothing copied in, no temporary folder left
 
 
+def test_copy_from_a_folder_refuses_a_special_file_before_copying(tmp_path):
+    """A named pipe (or a device) reads without end, or blocks: refused, nothing written."""
+    import os
+
+    from fca_workbench.resources import copy_checkpoints
+
+    source = tmp_path / "src"
+    (source / CKPT).mkdir(parents=True)
+    (source / CKPT / "config.json").write_text("{}")
+    os.mkfifo(source / CKPT / "model.safetensors")
+    with pytest.raises(UserError, match="model.safetensors is not a regular file"):
+        copy_checkpoints(source, tmp_path / "into")
+    assert entries(tmp_path) == ["src", "src/data", "src/data/checkpoints", "src/data/checkpoints/m"] + [
+        f"src/{CKPT}/{name}" for name in ("config.json", "model.safetensors")
+    ]
+
+
 def test_copy_from_a_folder_with_a_link_is_one_line_from_the_cli(tmp_path):
     source = source_with_link(tmp_path)
     result = fca("data", "checkpoints", "--from", source, "--into", tmp_path / "into")
