@@ -111,6 +111,18 @@ def test_foreign_file_linked_from_outside_is_refused(tiny_mixtral, tmp_path, nam
     assert "\n" not in str(error.value)
 
 
+def test_unresolvable_names_are_one_line(attack, transformers_reads_nothing):
+    from fca_workbench.adapters.loading import load_controlled
+
+    folder, _ = attack
+    point_index_at(folder, last_shard(folder), "shard\x00.safetensors")
+    with pytest.raises(UserError, match="cannot be resolved"):
+        load_controlled(folder)
+    (folder / "loop").symlink_to(folder / "loop")
+    with pytest.raises(UserError, match="loop in .* (cannot be resolved|points outside)"):
+        load_controlled(folder)
+
+
 def test_foreign_index_outside_is_one_line_from_the_cli(attack, tmp_path):
     folder, outside = attack
     shard = last_shard(folder)
@@ -524,3 +536,10 @@ def test_checkpoints_env_naming_an_unknown_users_home_is_one_line(monkeypatch):
     with pytest.raises(UserError, match="FCA_CHECKPOINTS='~nosuchuser/x'") as error:
         checkpoints_dir()
     assert "\n" not in str(error.value)
+
+
+def test_checkpoints_env_naming_an_unknown_users_home_is_one_line_from_the_cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("FCA_CHECKPOINTS", "~nosuchuser/x")
+    result = fca("reproduce", "--out", tmp_path / "out")
+    assert_one_line_error(result, "FCA_CHECKPOINTS='~nosuchuser/x'")
+    assert not (tmp_path / "out").exists()
