@@ -13,6 +13,7 @@ config is built (``check_fields``: some configs expand a size into per-layer lis
 in the built config (``check_sizes``); sub-configs (a multimodal model's ``text_config``) are checked alike.
 """
 
+import reprlib
 from collections.abc import Callable, Iterator, Mapping
 
 import psutil
@@ -116,23 +117,23 @@ def _concrete(config_class: type | None, fields: Mapping) -> type | None:
 
 
 def _check(name: str, value: object, limit: int, source: str, none_allowed: bool, only_too_large: bool = False) -> None:
+    """One size, or each element of a flat per-layer list (Gemma3n) or per-part object (LXMERT) of sizes."""
     if value is None and none_allowed:
         return
-    if isinstance(value, (list, tuple, Mapping)) and value:  # per-layer (Gemma3n) or per-part (LXMERT) sizes
-        for key, item in value.items() if isinstance(value, Mapping) else enumerate(value):
-            shown = f"{name}[{key!r}]" if isinstance(value, Mapping) else f"{name}[{key}]"
-            _check(shown, item, limit, source, False, only_too_large)
-        return
-    whole = value if isinstance(value, int) and not isinstance(value, bool) else None
-    if only_too_large and (whole is None or whole <= limit):
-        return
-    if whole is None or not 1 <= whole <= limit:
-        raise UserError(f"{source}: {name}={_short(value)} is out of range (a whole number from 1 to {limit:,})")
-
-
-def _short(value: object) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
+    if isinstance(value, Mapping) and value:
+        parts = [(f"{name}[{key!r}]", item) for key, item in value.items()]
+    elif isinstance(value, (list, tuple)) and value:
+        parts = [(f"{name}[{n}]", item) for n, item in enumerate(value)]
+    else:
+        parts = [(name, value)]
+    for shown, item in parts:
+        whole = item if isinstance(item, int) and not isinstance(item, bool) else None
+        if only_too_large and (whole is None or whole <= limit):
+            continue
+        if whole is None or not 1 <= whole <= limit:
+            raise UserError(
+                f"{source}: {shown}={reprlib.repr(item)} is out of range (a whole number from 1 to {limit:,})"
+            )
 
 
 def parameters_on_meta(build: Callable[[], torch.nn.Module]) -> int:
