@@ -134,14 +134,17 @@ def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
         inside_folder(source, "/".join(CHECKPOINTS_IN_SOURCE), "--from")
     if not source.is_dir() and not _is_tarfile(source):
         raise UserError(f"--from must be an sdist (.tar.gz) or a source folder: {source}")
-    with atomic_folder(into) as tmp:
-        if source.is_dir():
-            copy_folder(folder, tmp)
-        else:
-            extract_checkpoints(source, tmp)
-        names = sorted(p.name for p in tmp.iterdir() if is_checkpoint(p))
-        if not names:
-            raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
+    try:
+        with atomic_folder(into) as tmp:
+            if source.is_dir():
+                copy_folder(folder, tmp)
+            else:
+                extract_checkpoints(source, tmp)
+            names = sorted(p.name for p in tmp.iterdir() if is_checkpoint(p))
+            if not names:
+                raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
+    except OSError as exc:  # the folder beside --into cannot be made, or renamed into place
+        raise UserError(f"cannot write the checkpoints to {into}: {exc.strerror or first_line(exc)}") from None
     return names
 
 

@@ -529,6 +529,16 @@ def test_a_link_member_in_the_sdist_is_refused(tmp_path):
     assert entries(tmp_path) == ["s.tar.gz"]
 
 
+def test_into_below_a_file_is_one_line(tmp_path):
+    from fca_workbench.resources import copy_checkpoints
+
+    sdist = sdist_with(tmp_path / "s.tar.gz", [(f"{CKPT}/config.json", b"{}")])
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(UserError, match="cannot write the checkpoints to .*file/into"):
+        copy_checkpoints(sdist, tmp_path / "file" / "into")
+    assert entries(tmp_path) == ["file", "s.tar.gz"] and (tmp_path / "file").read_text() == "mine"
+
+
 def test_checkpoints_env_naming_an_unknown_users_home_is_one_line(monkeypatch):
     from fca_workbench.resources import CHECKPOINTS_ENV, checkpoints_dir
 
