@@ -15,6 +15,7 @@ import io
 import json
 import shutil
 import sys
+import tempfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,22 @@ def atomic_path(path: Path) -> Iterator[Path]:
         _remove(tmp)
         raise
     tmp.replace(path)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Path) -> Iterator[Path]:
+    """A fresh private folder (``mkdtemp``: an unpredictable name, mode 0700) beside ``path`` to fill, renamed
+    to ``path`` (which must not exist, or be an empty folder) when the block ends and removed when it raises:
+    unlike a fixed sibling name, nobody can plant a link at it beforehand to redirect what is written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)
+        tmp.replace(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_atomic(path: Path, payload: bytes) -> None:

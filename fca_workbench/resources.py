@@ -9,18 +9,24 @@ bundled copy wins when it exists, so a wheel never reaches for a folder beside s
 import fnmatch
 import os
 import shutil
+import stat
 import tarfile
+import zlib
 from importlib.resources import files
 from pathlib import Path, PurePosixPath
 
-from fca_workbench.errors import UserError
-from fca_workbench.files import atomic_path
+from fca_workbench.errors import UserError, first_line
+from fca_workbench.files import atomic_folder
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 CHECKPOINTS_ENV = "FCA_CHECKPOINTS"
 CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpacked sdist keeps them
 LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
 CHECKPOINT_CONFIG = "config.json"  # what makes a folder a checkpoint folder
+# A copy of checkpoints claiming more bytes, or more files and folders, is refused before anything is written
+# (the shipped ones take 42 MB in under 100 entries; a small archive can claim gigabytes or a million files).
+CHECKPOINTS_MAX_BYTES = 512 << 20
+CHECKPOINTS_MAX_FILES = 10_000
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -36,7 +42,40 @@ def check_checkpoint(path: str | Path) -> Path:
         raise UserError(f"checkpoint folder not found: {folder}")
     if not is_checkpoint(folder):
         raise UserError(f"not a checkpoint folder (no {CHECKPOINT_CONFIG}): {folder}")
+    check_links_inside(folder)
     return folder
+
+
+def inside_folder(folder: Path, name: str, named_by: str) -> Path:
+    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
+    symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
+    audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
+    one exception is the Hugging Face hub cache, whose ``snapshots/<revision>/`` files are symlinks into the
+    same repository's ``blobs/``."""
+    try:
+        root, resolved = folder.resolve(), (folder / name).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte in the name, a symlink loop
+        raise UserError(
+            f"{named_by} in {folder} names a path that cannot be resolved ({name!r}): {first_line(exc)}"
+        ) from None
+    allowed = [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
+    if not any(resolved.is_relative_to(place) for place in allowed):
+        raise UserError(
+            f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
+            "files are read only from inside it"
+        )
+    return folder / name
+
+
+def check_links_inside(folder: Path) -> None:
+    """Refuse a folder holding a symlink (at any depth) that leads outside it: every loader (the workbench's,
+    transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file
+    from elsewhere. Linked folders are checked, not entered."""
+    for root, dirs, names in os.walk(folder):
+        for path in sorted(Path(root, name) for name in [*dirs, *names]):
+            if path.is_symlink():
+                relative = str(path.relative_to(folder))
+                inside_folder(folder, relative, relative)
 
 
 def shipped(name: str) -> Path:
@@ -60,7 +99,10 @@ def checkpoints_dir() -> Path:
     """The shipped checkpoints: ``$FCA_CHECKPOINTS`` if set, else ``data/checkpoints`` of the checkout; a wheel
     does not carry them, and says in one line where to get them."""
     if os.environ.get(CHECKPOINTS_ENV):
-        return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
+        try:
+            return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
+        except RuntimeError as exc:  # ~user of no user
+            raise UserError(f"{CHECKPOINTS_ENV}={os.environ[CHECKPOINTS_ENV]!r}: {first_line(exc)}") from None
     if in_checkout():
         return CHECKOUT / "data" / "checkpoints"
     raise UserError(
@@ -72,8 +114,9 @@ def checkpoints_dir() -> Path:
 
 def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
-    ``into``, through a temporary sibling renamed at the end (``files.atomic_path``); returns the checkpoint
-    names."""
+    ``into``, through a fresh private folder renamed at the end (``files.atomic_folder``: removed on any
+    error); returns the checkpoint names. Links are never followed, and no more than
+    ``CHECKPOINTS_MAX_BYTES`` in ``CHECKPOINTS_MAX_FILES`` is written."""
     if source is None:
         if not in_checkout():
             raise UserError(
@@ -82,41 +125,111 @@ def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
             )
         source = CHECKOUT
     source, into = Path(source), Path(into)
-    if into.exists() and (not into.is_dir() or any(into.iterdir())):
+    if into.is_symlink() or (into.exists() and (not into.is_dir() or any(into.iterdir()))):
         raise UserError(f"{into} already exists and is not an empty folder")
+    folder = source.joinpath(*CHECKPOINTS_IN_SOURCE)
+    if source.is_dir() and not folder.is_dir():
+        raise UserError(f"no {'/'.join(CHECKPOINTS_IN_SOURCE)} folder in {source}")
     if source.is_dir():
-        folder = source.joinpath(*CHECKPOINTS_IN_SOURCE)
-        if not folder.is_dir():
-            raise UserError(f"no {'/'.join(CHECKPOINTS_IN_SOURCE)} folder in {source}")
-    elif not (source.is_file() and tarfile.is_tarfile(source)):
+        inside_folder(source, "/".join(CHECKPOINTS_IN_SOURCE), "--from")
+    if not source.is_dir() and not _is_tarfile(source):
         raise UserError(f"--from must be an sdist (.tar.gz) or a source folder: {source}")
-    with atomic_path(into) as tmp:
-        if source.is_dir():
-            shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns(*LEFT_BEHIND))
-        else:
-            extract_checkpoints(source, tmp)
-        names = sorted(p.name for p in tmp.iterdir() if is_checkpoint(p)) if tmp.is_dir() else []
-        if not names:
-            raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
-        if into.exists():
-            into.rmdir()
+    try:
+        with atomic_folder(into) as tmp:
+            if source.is_dir():
+                copy_folder(folder, tmp)
+            else:
+                extract_checkpoints(source, tmp)
+            names = sorted(p.name for p in tmp.iterdir() if is_checkpoint(p))
+            if not names:
+                raise UserError(f"no checkpoints under {'/'.join(CHECKPOINTS_IN_SOURCE)} in {source}")
+    except OSError as exc:  # the folder beside --into cannot be made, or renamed into place
+        raise UserError(f"cannot write the checkpoints to {into}: {exc.strerror or first_line(exc)}") from None
     return names
 
 
+def _is_tarfile(path: Path) -> bool:
+    try:
+        return path.is_file() and tarfile.is_tarfile(path)
+    except (OSError, EOFError, zlib.error):
+        return False
+
+
+def _left_behind(relative: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(part, pattern) for part in relative for pattern in LEFT_BEHIND)
+
+
+def _check_total(total: int, count: int, source: Path) -> None:
+    """Refuse to copy more bytes, or more files and folders, than the caps, before anything is written."""
+    if total > CHECKPOINTS_MAX_BYTES or count > CHECKPOINTS_MAX_FILES:
+        raise UserError(
+            f"the checkpoints in {source} take at least {total:,} bytes in {count:,} files and folders, more "
+            f"than the {CHECKPOINTS_MAX_BYTES:,} bytes or {CHECKPOINTS_MAX_FILES:,} entries the workbench copies; "
+            "nothing was copied"
+        )
+
+
+def copy_folder(folder: Path, into: Path) -> None:
+    """The files below ``folder`` copied into the existing folder ``into``: a link or a special file (a
+    device reads without end) is refused before anything is copied; links are copied as links, never followed,
+    and a link that appeared during the copy is refused too."""
+    entries = [Path(root, name) for root, dirs, names in os.walk(folder) for name in [*dirs, *names]]
+    kept = [path for path in entries if not _left_behind(path.relative_to(folder).parts)]
+    for path in kept:
+        _refuse_link_or_special(path, path)
+    _check_total(sum(path.lstat().st_size for path in kept if path.is_file()), len(kept), folder)
+    try:
+        shutil.copytree(folder, into, symlinks=True, ignore=shutil.ignore_patterns(*LEFT_BEHIND), dirs_exist_ok=True)
+    except (shutil.Error, OSError) as exc:  # shutil.Error: a list of (source, target, why), one per file
+        why = exc.args[0][0][2] if isinstance(exc, shutil.Error) and exc.args and exc.args[0] else exc
+        raise UserError(f"cannot copy the checkpoints in {folder}: {first_line(str(why))}") from None
+    for root, dirs, names in os.walk(into):
+        for name in [*dirs, *names]:
+            copied = Path(root, name)
+            _refuse_link_or_special(copied, folder / copied.relative_to(into))
+
+
+def _refuse_link_or_special(path: Path, shown: Path) -> None:
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        raise UserError(
+            f"{shown} is a link (to {os.readlink(path)}); checkpoints are copied only as regular files, "
+            "never through links"
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise UserError(f"{shown} is not a regular file; checkpoints are copied only as regular files")
+
+
 def extract_checkpoints(sdist: Path, folder: Path) -> None:
-    """The regular files under ``<top>/data/checkpoints/`` of the sdist, written below ``folder`` (members
-    are read, never extracted by their own names, so no path in the archive can point elsewhere)."""
-    with tarfile.open(sdist) as archive:
-        for member in archive:
-            parts = PurePosixPath(member.name).parts
-            if not member.isfile() or parts[1:3] != CHECKPOINTS_IN_SOURCE or len(parts) < 4:
-                continue
-            relative = parts[3:]
-            if ".." in relative or any(fnmatch.fnmatch(part, pattern) for part in relative for pattern in LEFT_BEHIND):
-                continue
-            target = folder.joinpath(*relative)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            stream = archive.extractfile(member)
-            assert stream is not None  # member.isfile()
-            with stream, open(target, "wb") as out:
-                shutil.copyfileobj(stream, out)
+    """The files under ``<top>/data/checkpoints/`` of the sdist, written below ``folder`` by tarfile's
+    ``data`` filter (nothing outside ``folder``, no special files, safe modes); members elsewhere, climbing
+    out with ``..`` or named like lock files are left out, a link is refused, and the sizes the members
+    declare must fit in the caps before anything is written."""
+    try:
+        with tarfile.open(sdist) as archive:
+            chosen, total = [], 0
+            for member in archive:  # headers one by one: a bomb is refused at its first oversized member
+                renamed = _renamed(member, sdist)
+                if renamed is not None:
+                    chosen.append(renamed)
+                    total += renamed.size if renamed.isfile() else 0
+                    _check_total(total, len(chosen), sdist)
+            archive.extractall(folder, members=chosen, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise UserError(
+            f"cannot extract the checkpoints from {sdist} (damaged or truncated?): {first_line(exc)}"
+        ) from None
+
+
+def _renamed(member: tarfile.TarInfo, sdist: Path) -> tarfile.TarInfo | None:
+    """``member`` named relative to ``data/checkpoints/``, or None when it is not one of the checkpoints' files."""
+    parts = PurePosixPath(member.name).parts
+    if parts[1:3] != CHECKPOINTS_IN_SOURCE or len(parts) < 4:
+        return None
+    relative = parts[3:]
+    if ".." in relative or _left_behind(relative):
+        return None
+    if not (member.isfile() or member.isdir()):
+        kind = "a link" if member.issym() or member.islnk() else "not a regular file"
+        raise UserError(f"{member.name} in {sdist} is {kind}; checkpoints are copied only as regular files")
+    return member.replace(name="/".join(relative), deep=False)

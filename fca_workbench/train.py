@@ -36,7 +36,13 @@ from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream
 from fca_workbench.errors import UserError, first_line, one_line
 from fca_workbench.models import FAMILIES, next_token_nll
-from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
+from fca_workbench.models.limits import (
+    HF_SIZE_LIMITS,
+    check_fields,
+    check_memory,
+    check_sizes,
+    parameters_on_meta,
+)
 from fca_workbench.train_state import (  # TrainSettings, CHECKPOINT_FILES, STATE_FILE: also imported from here
     CHECKPOINT_FILES,
     LOG_FILE,
@@ -88,6 +94,7 @@ def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int
     }
     model_type = fields["model_type"]
     given = {k: v for k, v in fields.items() if k != "model_type"}
+    check_fields(given, CONFIG_MAPPING[model_type], "fca train's --hf-config", HF_SIZE_LIMITS, none_allowed=True)
     try:
         config = AutoConfig.for_model(model_type, **{**defaults, **given})
     except (StrictDataclassError, ValueError, TypeError) as exc:

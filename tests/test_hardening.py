@@ -302,7 +302,7 @@ def test_index_naming_weights_outside_the_folder_is_refused(weights, place, tmp_
     from fca_workbench.models import load_model
 
     folder = official_with_shard_moved(tmp_path, weights, PLACES[place])
-    with pytest.raises(UserError, match="points outside the checkpoint folder") as error:
+    with pytest.raises(UserError, match="points outside the folder") as error:
         load_model(folder)
     assert "\n" not in str(error.value)
 

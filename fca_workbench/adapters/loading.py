@@ -19,8 +19,11 @@ from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.models import FAMILIES, load_model
-from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.resources import is_checkpoint
+from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memory, check_sizes, parameters_on_meta
+from fca_workbench.models.loading import index_shards
+from fca_workbench.resources import check_checkpoint, inside_folder
+
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def load_controlled(
@@ -31,9 +34,7 @@ def load_controlled(
     ``controllers``: a regex naming the controller modules of a foreign model (whole module paths); None:
     the built-in kinds (MoE routers, shared-expert gates) find them.
     """
-    folder = Path(path)
-    if not is_checkpoint(folder):
-        return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
+    folder = check_checkpoint(path)  # links out of the folder refused before any file in it is read
     try:
         raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -79,11 +80,14 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
             f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
             "to run the code in that folder, only if you trust it"
         )
+    if raw.get("auto_map"):
+        check_code_inside(folder, raw["auto_map"])
     if not raw.get("auto_map") and model_type not in CONFIG_MAPPING:
         shown = "no model_type" if model_type is None else f"model_type '{model_type}'"
         raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
-    if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-        raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
+    check_safetensors_inside(folder)
+    config_class = None if raw.get("auto_map") else CONFIG_MAPPING[str(model_type)]
+    check_fields(raw, config_class, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
     dtype = dtype or torch.float32
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
@@ -102,3 +106,30 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise UserError(f"cannot load {folder} with transformers: {first_line(exc)}") from None
+
+
+def check_safetensors_inside(folder: Path) -> None:
+    """The weight files ``from_pretrained`` may read (``model.safetensors``, the shards its index names) must
+    exist and lie inside ``folder``, checked before transformers reads any (it follows ``..`` and links)."""
+    present = [name for name in SAFETENSORS_WEIGHTS if (folder / name).is_file()]
+    if not present:
+        raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
+    for name in present:
+        index = inside_folder(folder, name, name)
+        if name.endswith(".index.json"):
+            index_shards(index)
+
+
+def check_code_inside(folder: Path, auto_map: object) -> None:
+    """``--trust-remote-code`` runs the folder's own code only: an ``auto_map`` entry ``repo--module.Class``
+    would import code from another repository or folder, so it is refused."""
+    entries = list(auto_map.values()) if isinstance(auto_map, dict) else None
+    if entries is None or not all(isinstance(entry, (str, list, type(None))) for entry in entries):
+        raise UserError(f"{folder / 'config.json'}: auto_map is not an object of class references")
+    references = [ref for entry in entries for ref in (entry if isinstance(entry, list) else [entry])]
+    elsewhere = [ref for ref in references if not isinstance(ref, (str, type(None))) or (ref and "--" in ref)]
+    if elsewhere:
+        raise UserError(
+            f"{folder / 'config.json'}: auto_map names code outside the folder ({elsewhere[0]!r}); "
+            "only the folder's own code is run"
+        )

@@ -6,7 +6,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.resources import shipped
+from fca_workbench.resources import check_links_inside, shipped
 
 TOKENIZER_DIR = shipped("data") / "tokenizer"  # the checkout's data/tokenizer, or the copy bundled in the wheel
 EOS = "<|endoftext|>"
@@ -29,10 +29,12 @@ def train_tokenizer(texts: list[str], vocab_size: int = 4096) -> PreTrainedToken
 
 
 def load_tokenizer(folder: str | Path = TOKENIZER_DIR) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in a checkpoint (or data) folder; never fetched from a hub."""
+    """The tokenizer saved in a checkpoint (or data) folder; never fetched from a hub, never read through a
+    link leading out of the folder."""
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         raise UserError(f"no tokenizer files in {folder}")
+    check_links_inside(folder)
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:

@@ -17,7 +17,8 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
   reads only the names and shapes stored in the weight files (safetensors headers,
   ``torch.load(..., weights_only=True, map_location="meta")`` for ``.bin``) and compares them with the
   model built on the meta device: any missing key, unexpected key or wrong shape is one ``UserError``
-  that names them. Weight files (and the shards an index names) are read only from inside the folder.
+  that names them. Weight files (and the shards an index names, ``index_shards``) are read only from
+  inside the folder (``resources.inside_folder``).
   Only then are the weights loaded (``from_pretrained`` of the concrete class, with
   ``weights_only=True``), and its own loading report must be empty too.
 
@@ -37,7 +38,9 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from fca_workbench.errors import UserError, first_line
+from fca_workbench.files import read_json
 from fca_workbench.models.limits import check_memory, check_sizes
+from fca_workbench.resources import inside_folder
 
 Model = TypeVar("Model", bound=PreTrainedModel)
 
@@ -208,52 +211,47 @@ def weights_file(folder: Path) -> Path:
 def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the tensors stored under ``path`` (a weight file or a shard index), data unread."""
     folder = path.parent
-    if path.name.endswith(".index.json"):
-        try:
-            index = json.loads(path.read_text(encoding="utf-8"))
-            weight_map = index["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(
-                f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}"
-            ) from None
-        if not all(isinstance(name, str) for name in [*weight_map, *shards]):
-            raise UserError(f"corrupt or missing weights in {folder}: {path.name} maps names to non-strings")
-        shapes, misplaced = {}, []
-        for shard in shards:
-            shard_path = inside_folder(folder, shard, path.name)
-            if not shard_path.is_file():
-                raise UserError(
-                    f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing"
-                )
-            in_shard = _file_shapes(shard_path)
-            misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
-            shapes.update(in_shard)
-        if misplaced:
-            raise UserError(
-                f"corrupt or missing weights in {folder}: {path.name} lists {len(misplaced)} key(s) "
-                f"not in their shard: {_some(misplaced)}"
-            )
-        return shapes
-    return _file_shapes(inside_folder(folder, path.name, path.name))
-
-
-def inside_folder(folder: Path, name: str, named_by: str) -> Path:
-    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
-    symlinks are resolved: a checkpoint reads no weights from elsewhere, so its fingerprint and an
-    audit's freshness record cover everything that was loaded. The one exception is the Hugging Face hub
-    cache, whose ``snapshots/<revision>/`` files are symlinks into the same repository's ``blobs/``."""
-    root = folder.resolve()
-    allowed = [root]
-    if root.parent.name == "snapshots":
-        allowed.append(root.parent.parent / "blobs")
-    resolved = (folder / name).resolve()
-    if not any(resolved.is_relative_to(place) for place in allowed):
+    if not path.name.endswith(".index.json"):
+        return _file_shapes(inside_folder(folder, path.name, path.name))
+    weight_map = read_weight_map(path)
+    shapes, misplaced = {}, []
+    for shard, shard_path in index_shards(path, weight_map).items():
+        in_shard = _file_shapes(shard_path)
+        misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
+        shapes.update(in_shard)
+    if misplaced:
         raise UserError(
-            f"{named_by} in {folder} points outside the checkpoint folder ({name} is {resolved}); "
-            "weights are read only from inside it"
+            f"corrupt or missing weights in {folder}: {path.name} lists {len(misplaced)} key(s) "
+            f"not in their shard: {_some(misplaced)}"
         )
-    return folder / name
+    return shapes
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` (tensor name -> shard file name) of a shard index, checked to map strings to strings."""
+    folder = index.parent
+    weight_map = cast(dict, read_json(index)).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in [*weight_map, *weight_map.values()]):
+        raise UserError(
+            f"corrupt or missing weights in {folder}: {index.name} has no weight_map of tensor names to file names"
+        )
+    return weight_map
+
+
+def index_shards(index: Path, weight_map: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Every shard file a shard index names, each refused unless it lies inside the index's folder
+    (``resources.inside_folder``) and exists: what any loader may read for that index, checked before
+    anything reads it."""
+    folder = index.parent
+    weight_map = read_weight_map(index) if weight_map is None else weight_map
+    shards = {}
+    for shard in sorted(set(weight_map.values())):
+        shards[shard] = inside_folder(folder, shard, index.name)
+        if not shards[shard].is_file():
+            raise UserError(
+                f"corrupt or missing weights in {folder}: {index.name} names shard {shard}, which is missing"
+            )
+    return shards
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
