@@ -60,7 +60,8 @@ class AuditSettings:
     resamples: int = 1000
     latency_repeats: int = 10
     cache: str | None = None
-    controllers: str | None = None  # regex naming a foreign model's controller modules (None: built-in kinds)
+    controllers: str | None = None  # regex naming more of a foreign model's controllers, beside the built-in kinds
+    only_controllers: str | None = None  # regex naming a foreign model's controllers, instead of the built-in kinds
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
@@ -96,7 +97,11 @@ def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrain
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but torch sees no CUDA device")
     model = load_controlled(
-        settings.checkpoint, DTYPES[settings.dtype], settings.controllers, settings.trust_remote_code
+        settings.checkpoint,
+        DTYPES[settings.dtype],
+        settings.controllers,
+        settings.trust_remote_code,
+        settings.only_controllers,
     )
     model.to(settings.device)
     tokenizer = load_tokenizer(settings.checkpoint)

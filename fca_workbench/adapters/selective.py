@@ -1,0 +1,231 @@
+"""Selective SSMs, gated linear attention, attention output gates and other input-dependent gates as
+controllers, found by what they are (the modules and attributes that compute them), not by a class name.
+
+Each role below looks at one module (the owner: a Mamba mixer, a gated DeltaNet, an xLSTM layer) and names the
+child projections whose output is input-dependent control, with the columns that are: the coefficient is
+exactly the input-dependent part. Where a projection also makes content (Mamba2's ``in_proj`` makes the output
+gate z and the input x beside B, C and Δ; Qwen3-Next's ``q_proj`` makes the queries beside the output gate),
+a ``ColumnKind`` keeps only the control columns; on replay the projection runs live and its control columns
+are overwritten, so the content follows the input while the control is frozen.
+
+What is not a controller here: output gates of linear attention (Mamba2's z, a DeltaNet's z / g) gate content
+the way a SwiGLU gate does, and stay live; a value computed from a controller's output by fixed parameters
+(Mamba's Δ = softplus(dt_proj(·)), a causal depthwise convolution of B and C) is frozen with it.
+
+The roles read the model in eval mode, where every family below calls these projections as modules on CPU and
+CUDA alike (the fused training kernels, which take the weights instead, run only under ``model.train()``).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fca_workbench.adapters.kinds import ControllerKind
+from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.errors import UserError
+
+Span = tuple[str, int, int]  # a labelled run of output columns: (label, start, stop)
+
+SELECTIVE_SSM = "selective_ssm"  # Δ, B, C of a Mamba-style selective scan
+DELTA_RULE_GATE = "delta_rule_gate"  # the decay and β of a gated delta rule
+ATTENTION_OUTPUT_GATE = "attention_output_gate"  # a sigmoid gate on softmax attention's output
+LSTM_GATE = "lstm_gate"  # xLSTM's input and forget gate pre-activations
+CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
+ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
+
+
+def _never(name: str, module: nn.Module) -> bool:
+    return False  # found by role (``selective_controllers``), never by a module alone
+
+
+def _span_labels(spans: tuple[Span, ...]) -> Callable[[tuple[int, ...]], list[str]]:
+    def labels(slot_shape: tuple[int, ...]) -> list[str]:
+        return [f"{label} {i}" for label, start, stop in spans for i in range(stop - start)]
+
+    return labels
+
+
+def _whole_values(output, batch_first) -> dict:
+    if not isinstance(output, torch.Tensor):
+        raise UserError(f"returns a {type(output).__name__}, not a tensor; the adapter cannot use it")
+    return {COEFFICIENT: batch_first(output)}
+
+
+def _whole_output(values, lead):
+    coefficient = values[COEFFICIENT]
+    return coefficient.reshape(*lead, *coefficient.shape[2:])
+
+
+@dataclass(frozen=True)
+class ColumnKind(ControllerKind):
+    """A controller that is some columns (``spans``) of a projection's output: ``to_values`` keeps those
+    columns; ``to_output(values, lead, live)`` is the live output with them overwritten by the values."""
+
+    spans: tuple[Span, ...] = ()
+
+
+def _column_values(spans: tuple[Span, ...]) -> Callable:
+    def to_values(output, batch_first) -> dict:
+        parts = _whole_values(output, batch_first)[COEFFICIENT]
+        return {COEFFICIENT: torch.cat([parts[..., start:stop] for _, start, stop in spans], dim=-1)}
+
+    return to_values
+
+
+def _column_output(spans: tuple[Span, ...]) -> Callable:
+    def to_output(values, lead, live: torch.Tensor) -> torch.Tensor:
+        coefficient = values[COEFFICIENT].reshape(*lead, -1).to(live.dtype)
+        output = live.clone()
+        offset = 0
+        for _, start, stop in spans:
+            output[..., start:stop] = coefficient[..., offset : offset + stop - start]
+            offset += stop - start
+        return output
+
+    return to_output
+
+
+def projection_kind(name: str, width: int, spans: tuple[Span, ...]) -> ControllerKind:
+    """The kind of a projection of ``width`` output columns whose ``spans`` are control: a whole-output kind
+    (the projection never runs on replay) when they cover every column, else a ``ColumnKind``."""
+    covered = sorted((start, stop) for _, start, stop in spans)
+    if covered[0][0] == 0 and covered[-1][1] == width and all(a[1] == b[0] for a, b in zip(covered, covered[1:])):
+        return ControllerKind(name, _never, _whole_values, _whole_output, slot_labels=_span_labels(spans))
+    return ColumnKind(
+        name, _never, _column_values(spans), _column_output(spans), slot_labels=_span_labels(spans), spans=spans
+    )
+
+
+def whole_kind(name: str) -> ControllerKind:
+    """A child module whose whole output is control (a gate's own projection)."""
+    return ControllerKind(name, _never, _whole_values, _whole_output)
+
+
+Role = Callable[[nn.Module], list[tuple[str, ControllerKind]]]
+
+
+def _linear(owner: nn.Module, attr: str) -> nn.Linear | None:
+    child = getattr(owner, attr, None)
+    return child if isinstance(child, nn.Linear) else None
+
+
+def mamba_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """Mamba, FalconMamba, Jamba's mamba layers: ``x_proj``'s output is (Δ's low-rank input, B, C), all of it."""
+    x_proj = _linear(owner, "x_proj")
+    if x_proj is None or _linear(owner, "dt_proj") is None or not hasattr(owner, "A_log"):
+        return []
+    rank, state = owner.time_step_rank, owner.ssm_state_size
+    spans = (("dt", 0, rank), ("B", rank, rank + state), ("C", rank + state, rank + 2 * state))
+    return [("x_proj", projection_kind(SELECTIVE_SSM, x_proj.out_features, spans))]
+
+
+def mamba2_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """Mamba2 and its hybrids (Bamba, FalconH1, Zamba2, NemotronH, GraniteMoeHybrid): ``in_proj`` makes
+    (z, x, B, C, Δ); the last ``2·G·N + H`` columns are B, C (before their depthwise causal convolution,
+    which keeps channels apart) and Δ."""
+    in_proj = _linear(owner, "in_proj")
+    if in_proj is None or not all(hasattr(owner, a) for a in ("dt_bias", "A_log", "n_groups", "num_heads")):
+        return []
+    groups_state, heads = owner.n_groups * owner.ssm_state_size, owner.num_heads
+    start = in_proj.out_features - heads - 2 * groups_state
+    spans = (
+        ("B", start, start + groups_state),
+        ("C", start + groups_state, start + 2 * groups_state),
+        ("dt", start + 2 * groups_state, in_proj.out_features),
+    )
+    return [("in_proj", projection_kind(SELECTIVE_SSM, in_proj.out_features, spans))]
+
+
+DELTA_GATE_ATTRS = ("in_proj_ba", "in_proj_b", "in_proj_a", "b_proj", "a_proj", "forget_gate")
+
+
+def delta_rule_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo-hybrid) and Kimi delta attention (Kimi-Linear,
+    Bailing-hybrid): the projections of the decay and of β."""
+    if not type(owner).__name__.endswith(("GatedDeltaNet", "DeltaAttention")):
+        return []
+    return [
+        (attr, whole_kind(DELTA_RULE_GATE))
+        for attr in DELTA_GATE_ATTRS
+        if isinstance(getattr(owner, attr, None), nn.Module)
+    ]
+
+
+def attention_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """Softmax attention with an output gate: a separate ``g_proj`` (Bailing-hybrid), or the second half of
+    each head's ``q_proj`` output (Qwen3-Next, Qwen3.5: ``q_proj`` makes ``2 × head_dim`` per head)."""
+    name = type(owner).__name__
+    if not name.endswith("Attention") or name.endswith("DeltaAttention") or _linear(owner, "o_proj") is None:
+        return []
+    if _linear(owner, "g_proj") is not None:
+        return [("g_proj", whole_kind(ATTENTION_OUTPUT_GATE))]
+    q_proj, head_dim = _linear(owner, "q_proj"), getattr(owner, "head_dim", None)
+    heads = getattr(getattr(owner, "config", None), "num_attention_heads", None)
+    if q_proj is None or not isinstance(head_dim, int) or q_proj.out_features != 2 * head_dim * (heads or -1):
+        return []
+    spans = tuple((f"head {h} gate", (2 * h + 1) * head_dim, (2 * h + 2) * head_dim) for h in range(heads))
+    return [("q_proj", projection_kind(ATTENTION_OUTPUT_GATE, q_proj.out_features, spans))]
+
+
+def lstm_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """xLSTM's mLSTM layer: the input and forget gate pre-activations (separate, or fused in one projection)."""
+    if not type(owner).__name__.endswith("xLSTMLayer"):
+        return []
+    attrs = ("igate_preact", "fgate_preact", "ifgate_preact")
+    return [(attr, whole_kind(LSTM_GATE)) for attr in attrs if _linear(owner, attr) is not None]
+
+
+def conv_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """LFM2's gated short convolution: ``in_proj`` makes (B, C, x); B gates the convolution's input, C its
+    output."""
+    in_proj = _linear(owner, "in_proj")
+    if not type(owner).__name__.endswith("ShortConv") or in_proj is None:
+        return []
+    third = in_proj.out_features // 3
+    spans = (("B", 0, third), ("C", third, 2 * third))
+    return [("in_proj", projection_kind(CONV_GATE, in_proj.out_features, spans))]
+
+
+def altup_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+    """Gemma3n's AltUp: its router runs twice per layer (predict, correct), and each of its two outputs feeds
+    one projection that runs once: the prediction and the correction coefficients, two controllers."""
+    if not type(owner).__name__.endswith("AltUp") or _linear(owner, "modality_router") is None:
+        return []
+    return [(attr, whole_kind(ALTUP_ROUTER)) for attr in ("prediction_coefs", "correction_coefs")]
+
+
+ROLES: list[Role] = [
+    mamba_role,
+    mamba2_role,
+    delta_rule_role,
+    attention_gate_role,
+    lstm_gate_role,
+    conv_gate_role,
+    altup_role,
+]
+
+
+# Gates computed from nn.Parameters inside a forward that also does the rest of the work, with no module
+# or function of their own to replace: refused in one line (name other controllers with --only-controllers).
+PARAMETER_GATES = {
+    "RecurrentGemmaRglru": "RG-LRU input and recurrence gates (input_gate_weight, recurrent_gate_weight)",
+    "ZambaMambaMixer": "per-head Δ, B, C (x_proj_weight, dt_proj_weight)",
+}
+
+
+def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:
+    """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order."""
+    found = []
+    for name, owner in model.named_modules():
+        gates = PARAMETER_GATES.get(type(owner).__name__)
+        if gates is not None:
+            raise UserError(
+                f"{name} computes its {gates} from parameters inside its forward; the adapter cannot freeze "
+                "them yet (--only-controllers REGEX names other controllers)"
+            )
+        for role in ROLES:
+            for attr, kind in role(owner):
+                found.append((f"{name}.{attr}" if name else attr, getattr(owner, attr), kind))
+    return found
