@@ -48,8 +48,8 @@ def find_controllers(
                 found.append((name, module, kind))
                 claimed.add(id(module))
         found += [entry for entry in selective_controllers(model) if id(entry[1]) not in claimed]
-    order = {id(module): i for i, (_, module) in enumerate(model.named_modules())}
-    return sorted(found, key=lambda entry: order[id(entry[1])])
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
+    return sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
 
 
 def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:

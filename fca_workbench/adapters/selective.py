@@ -34,6 +34,7 @@ ATTENTION_OUTPUT_GATE = "attention_output_gate"  # a sigmoid gate on softmax att
 LSTM_GATE = "lstm_gate"  # xLSTM's input and forget gate pre-activations
 CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
 ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
+SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
 
 
 def _never(name: str, module: nn.Module) -> bool:
@@ -103,7 +104,8 @@ def whole_kind(name: str) -> ControllerKind:
     return ControllerKind(name, _never, _whole_values, _whole_output)
 
 
-Role = Callable[[nn.Module], list[tuple[str, ControllerKind]]]
+Found = list[tuple[str, nn.Module, ControllerKind]]  # (attribute, controller module, kind) of one owner
+Role = Callable[[nn.Module], Found]
 
 
 def _linear(owner: nn.Module, attr: str) -> nn.Linear | None:
@@ -111,17 +113,17 @@ def _linear(owner: nn.Module, attr: str) -> nn.Linear | None:
     return child if isinstance(child, nn.Linear) else None
 
 
-def mamba_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def mamba_role(owner: nn.Module) -> Found:
     """Mamba, FalconMamba, Jamba's mamba layers: ``x_proj``'s output is (Δ's low-rank input, B, C), all of it."""
     x_proj = _linear(owner, "x_proj")
     if x_proj is None or _linear(owner, "dt_proj") is None or not hasattr(owner, "A_log"):
         return []
     rank, state = owner.time_step_rank, owner.ssm_state_size
     spans = (("dt", 0, rank), ("B", rank, rank + state), ("C", rank + state, rank + 2 * state))
-    return [("x_proj", projection_kind(SELECTIVE_SSM, x_proj.out_features, spans))]
+    return [("x_proj", x_proj, projection_kind(SELECTIVE_SSM, x_proj.out_features, spans))]
 
 
-def mamba2_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def mamba2_role(owner: nn.Module) -> Found:
     """Mamba2 and its hybrids (Bamba, FalconH1, Zamba2, NemotronH, GraniteMoeHybrid): ``in_proj`` makes
     (z, x, B, C, Δ); the last ``2·G·N + H`` columns are B, C (before their depthwise causal convolution,
     which keeps channels apart) and Δ."""
@@ -135,49 +137,47 @@ def mamba2_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
         ("C", start + groups_state, start + 2 * groups_state),
         ("dt", start + 2 * groups_state, in_proj.out_features),
     )
-    return [("in_proj", projection_kind(SELECTIVE_SSM, in_proj.out_features, spans))]
+    return [("in_proj", in_proj, projection_kind(SELECTIVE_SSM, in_proj.out_features, spans))]
 
 
 DELTA_GATE_ATTRS = ("in_proj_ba", "in_proj_b", "in_proj_a", "b_proj", "a_proj", "forget_gate")
 
 
-def delta_rule_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def delta_rule_role(owner: nn.Module) -> Found:
     """Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo-hybrid) and Kimi delta attention (Kimi-Linear,
     Bailing-hybrid): the projections of the decay and of β."""
     if not type(owner).__name__.endswith(("GatedDeltaNet", "DeltaAttention")):
         return []
-    return [
-        (attr, whole_kind(DELTA_RULE_GATE))
-        for attr in DELTA_GATE_ATTRS
-        if isinstance(getattr(owner, attr, None), nn.Module)
-    ]
+    children = [(attr, getattr(owner, attr, None)) for attr in DELTA_GATE_ATTRS]
+    return [(attr, child, whole_kind(DELTA_RULE_GATE)) for attr, child in children if isinstance(child, nn.Module)]
 
 
-def attention_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def attention_gate_role(owner: nn.Module) -> Found:
     """Softmax attention with an output gate: a separate ``g_proj`` (Bailing-hybrid), or the second half of
     each head's ``q_proj`` output (Qwen3-Next, Qwen3.5: ``q_proj`` makes ``2 × head_dim`` per head)."""
     name = type(owner).__name__
     if not name.endswith("Attention") or name.endswith("DeltaAttention") or _linear(owner, "o_proj") is None:
         return []
     if _linear(owner, "g_proj") is not None:
-        return [("g_proj", whole_kind(ATTENTION_OUTPUT_GATE))]
+        return [("g_proj", owner.g_proj, whole_kind(ATTENTION_OUTPUT_GATE))]
     q_proj, head_dim = _linear(owner, "q_proj"), getattr(owner, "head_dim", None)
     heads = getattr(getattr(owner, "config", None), "num_attention_heads", None)
     if q_proj is None or not isinstance(head_dim, int) or q_proj.out_features != 2 * head_dim * (heads or -1):
         return []
     spans = tuple((f"head {h} gate", (2 * h + 1) * head_dim, (2 * h + 2) * head_dim) for h in range(heads))
-    return [("q_proj", projection_kind(ATTENTION_OUTPUT_GATE, q_proj.out_features, spans))]
+    return [("q_proj", q_proj, projection_kind(ATTENTION_OUTPUT_GATE, q_proj.out_features, spans))]
 
 
-def lstm_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def lstm_gate_role(owner: nn.Module) -> Found:
     """xLSTM's mLSTM layer: the input and forget gate pre-activations (separate, or fused in one projection)."""
     if not type(owner).__name__.endswith("xLSTMLayer"):
         return []
     attrs = ("igate_preact", "fgate_preact", "ifgate_preact")
-    return [(attr, whole_kind(LSTM_GATE)) for attr in attrs if _linear(owner, attr) is not None]
+    children = [(attr, _linear(owner, attr)) for attr in attrs]
+    return [(attr, child, whole_kind(LSTM_GATE)) for attr, child in children if child is not None]
 
 
-def conv_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def conv_gate_role(owner: nn.Module) -> Found:
     """LFM2's gated short convolution: ``in_proj`` makes (B, C, x); B gates the convolution's input, C its
     output."""
     in_proj = _linear(owner, "in_proj")
@@ -185,47 +185,131 @@ def conv_gate_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
         return []
     third = in_proj.out_features // 3
     spans = (("B", 0, third), ("C", third, 2 * third))
-    return [("in_proj", projection_kind(CONV_GATE, in_proj.out_features, spans))]
+    return [("in_proj", in_proj, projection_kind(CONV_GATE, in_proj.out_features, spans))]
 
 
-def altup_role(owner: nn.Module) -> list[tuple[str, ControllerKind]]:
+def altup_role(owner: nn.Module) -> Found:
     """Gemma3n's AltUp: its router runs twice per layer (predict, correct), and each of its two outputs feeds
     one projection that runs once: the prediction and the correction coefficients, two controllers."""
     if not type(owner).__name__.endswith("AltUp") or _linear(owner, "modality_router") is None:
         return []
-    return [(attr, whole_kind(ALTUP_ROUTER)) for attr in ("prediction_coefs", "correction_coefs")]
+    return [(attr, getattr(owner, attr), whole_kind(ALTUP_ROUTER)) for attr in ("prediction_coefs", "correction_coefs")]
+
+
+class ParameterGate(nn.Module):
+    """The product of an owner's gate weight (an ``nn.Parameter``) with the input, as a module of its own, so
+    that hooks record it and replay replaces it. ``op(*args, weight)`` is the owner's own expression; the
+    owner is held outside the module tree (the gate owns no parameter, and the model's modules are unchanged)."""
+
+    def __init__(self, owner: nn.Module, attr: str, op: Callable[..., torch.Tensor]):
+        super().__init__()
+        self._owner = [owner]
+        self.attr = attr
+        self.op = op
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.op(*args, self._owner[0]._parameters[self.attr])
+
+
+class GateWeight:
+    """Stands in for a gate weight on its owner (an instance attribute shadows the parameter, which stays
+    in the state dict), so the owner's forward, where it multiplies by the weight, calls the ``gate`` module
+    instead: ``torch.baddbmm(bias, x, weight)`` (``__torch_function__``) or ``weight[:, None] @ x``."""
+
+    def __init__(self, gate: ParameterGate, indexed: bool = False):
+        self.gate = gate
+        self.indexed = indexed
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.baddbmm and len(args) == 3 and isinstance(args[2], GateWeight) and not kwargs:
+            return args[2].gate(args[0], args[1])
+        raise UserError(f"a gate weight the adapter replaced is used by {func.__name__}, which it does not know")
+
+    def __getitem__(self, key):
+        if key != (slice(None), None) or self.indexed:
+            raise UserError("a gate weight the adapter replaced is indexed in a way it does not know")
+        return GateWeight(self.gate, indexed=True)
+
+    def __matmul__(self, other: torch.Tensor) -> torch.Tensor:
+        if not self.indexed:
+            raise UserError("a gate weight the adapter replaced is multiplied in a way it does not know")
+        return self.gate(other)
+
+
+def parameter_gate(owner: nn.Module, attr: str, op: Callable[..., torch.Tensor]) -> ParameterGate:
+    """The gate module standing in for ``owner``'s parameter ``attr`` (installed once, on the instance)."""
+    installed = owner.__dict__.get(attr)
+    if isinstance(installed, GateWeight):
+        return installed.gate
+    gate = ParameterGate(owner, attr, op)
+    owner.__dict__[attr] = GateWeight(gate)
+    return gate
+
+
+def _baddbmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.baddbmm(bias, x, weight)
+
+
+def _head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return weight[:, None] @ x
+
+
+def _heads_first_values(output, batch_first) -> dict:
+    """``[H, B·T, width]`` (RG-LRU's per-head gate pre-activations) → ``[B, T, H, width]``."""
+    return _whole_values(output.transpose(0, 1), batch_first)
+
+
+def _heads_first_output(values, lead):
+    return _whole_output(values, lead).transpose(0, 1)
+
+
+def _heads_time_last_values(output, batch_first) -> dict:
+    """``[H, B, width, T]`` (Zamba's per-head x_proj) → ``[B, T, H, width]``."""
+    return _whole_values(output.permute(1, 3, 0, 2), batch_first)
+
+
+def _heads_time_last_output(values, lead):
+    return _whole_output(values, lead).permute(2, 0, 3, 1)
+
+
+def rglru_role(owner: nn.Module) -> Found:
+    """RecurrentGemma's RG-LRU: the input gate and the recurrence gate, per head, each ``torch.baddbmm`` of
+    the input with an ``nn.Parameter`` (before their sigmoid)."""
+    if not type(owner).__name__.endswith("Rglru"):
+        return []
+    kind = ControllerKind(SELECTIVE_GATE, _never, _heads_first_values, _heads_first_output)
+    attrs = ("input_gate_weight", "recurrent_gate_weight")
+    return [(attr, parameter_gate(owner, attr, _baddbmm), kind) for attr in attrs]
+
+
+def zamba_role(owner: nn.Module) -> Found:
+    """Zamba's mamba mixer: each head's (Δ's low-rank input, B, C) is ``x_proj_weight[:, None] @ x``."""
+    if not {"x_proj_weight", "dt_proj_weight"} <= set(owner._parameters):
+        return []
+    kind = ControllerKind(SELECTIVE_SSM, _never, _heads_time_last_values, _heads_time_last_output)
+    return [("x_proj_weight", parameter_gate(owner, "x_proj_weight", _head_matmul), kind)]
 
 
 ROLES: list[Role] = [
     mamba_role,
     mamba2_role,
+    zamba_role,
     delta_rule_role,
     attention_gate_role,
     lstm_gate_role,
     conv_gate_role,
+    rglru_role,
     altup_role,
 ]
 
 
-# Gates computed from nn.Parameters inside a forward that also does the rest of the work, with no module
-# or function of their own to replace: refused in one line (name other controllers with --only-controllers).
-PARAMETER_GATES = {
-    "RecurrentGemmaRglru": "RG-LRU input and recurrence gates (input_gate_weight, recurrent_gate_weight)",
-    "ZambaMambaMixer": "per-head Δ, B, C (x_proj_weight, dt_proj_weight)",
-}
-
-
 def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:
-    """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order."""
+    """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order. A gate held as a
+    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time."""
     found = []
     for name, owner in model.named_modules():
-        gates = PARAMETER_GATES.get(type(owner).__name__)
-        if gates is not None:
-            raise UserError(
-                f"{name} computes its {gates} from parameters inside its forward; the adapter cannot freeze "
-                "them yet (--only-controllers REGEX names other controllers)"
-            )
         for role in ROLES:
-            for attr, kind in role(owner):
-                found.append((f"{name}.{attr}" if name else attr, getattr(owner, attr), kind))
+            for attr, module, kind in role(owner):
+                found.append((f"{name}.{attr}" if name else attr, module, kind))
     return found
