@@ -263,8 +263,11 @@ class TransformersControlled(nn.Module):
         return None if experts is None else experts(value)
 
     def latency_baseline(self) -> tuple[str, nn.Module]:
-        """The static mixture (``StaticMixture``)."""
-        return "static_mixture", StaticMixture(self)
+        """The static mixture (``StaticMixture``); for a model with no router (an SSM), which has no
+        experts to run for every token, the same model with its controllers live."""
+        if any(kind.experts is not None for kind in self.kinds):
+            return "static_mixture", StaticMixture(self)
+        return "same_model", StaticMixture(self)
 
     def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl | None:
         return None

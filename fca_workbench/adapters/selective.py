@@ -35,6 +35,7 @@ LSTM_GATE = "lstm_gate"  # xLSTM's input and forget gate pre-activations
 CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
 ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
 SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
+DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (Inkling2)
 
 
 def _never(name: str, module: nn.Module) -> bool:
@@ -168,6 +169,23 @@ def attention_gate_role(owner: nn.Module) -> Found:
     return [("q_proj", q_proj, projection_kind(ATTENTION_OUTPUT_GATE, q_proj.out_features, spans))]
 
 
+def gated_output_role(owner: nn.Module) -> Found:
+    """Inkling2's attention output projection, which gates the attention output by a sigmoid of
+    ``gate_proj`` of the layer input."""
+    gate = _linear(owner, "gate_proj")
+    if not type(owner).__name__.endswith("GatedOutputProjection") or gate is None:
+        return []
+    return [("gate_proj", gate, whole_kind(ATTENTION_OUTPUT_GATE))]
+
+
+def dynamic_conv_role(owner: nn.Module) -> Found:
+    """Inkling2's dynamic short convolution: ``weight_proj`` makes each token's convolution kernel."""
+    weight_proj = _linear(owner, "weight_proj")
+    if not type(owner).__name__.endswith("DynamicShortConvolution") or weight_proj is None:
+        return []
+    return [("weight_proj", weight_proj, whole_kind(DYNAMIC_CONV))]
+
+
 def lstm_gate_role(owner: nn.Module) -> Found:
     """xLSTM's mLSTM layer: the input and forget gate pre-activations (separate, or fused in one projection)."""
     if not type(owner).__name__.endswith("xLSTMLayer"):
@@ -297,11 +315,50 @@ ROLES: list[Role] = [
     zamba_role,
     delta_rule_role,
     attention_gate_role,
+    gated_output_role,
+    dynamic_conv_role,
     lstm_gate_role,
     conv_gate_role,
     rglru_role,
     altup_role,
 ]
+
+
+# The families whose controllers the roles above find, with the kinds they find (beside any MoE router):
+# the zoo test builds each one and checks it; a family of transformers' causal-LM mapping whose code holds
+# a selective SSM or gate and is missing here fails the coverage test.
+FAMILY_KINDS: dict[str, tuple[str, ...]] = {
+    "mamba": (SELECTIVE_SSM,),
+    "falcon_mamba": (SELECTIVE_SSM,),
+    "mamba2": (SELECTIVE_SSM,),
+    "bamba": (SELECTIVE_SSM,),
+    "falcon_h1": (SELECTIVE_SSM,),
+    "zamba": (SELECTIVE_SSM,),
+    "zamba2": (SELECTIVE_SSM,),
+    "nemotron_h": (SELECTIVE_SSM,),
+    "granitemoehybrid": (SELECTIVE_SSM,),
+    "jamba": (SELECTIVE_SSM,),
+    "qwen3_next": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5_moe": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5_moe_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "olmo_hybrid": (DELTA_RULE_GATE,),
+    "kimi_linear": (DELTA_RULE_GATE,),
+    "bailing_hybrid": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "lara_mini": (DELTA_RULE_GATE,),
+    "qwen4_exp": (DELTA_RULE_GATE,),
+    "qwen4_exp_text": (DELTA_RULE_GATE,),
+    "inkling2_text": (ATTENTION_OUTPUT_GATE,),
+    "inkling2_loop_text": (ATTENTION_OUTPUT_GATE,),
+    "xlstm": (LSTM_GATE,),
+    "lfm2": (CONV_GATE,),
+    "lfm2_moe": (CONV_GATE,),
+    "lfm3": (CONV_GATE, ATTENTION_OUTPUT_GATE),
+    "recurrent_gemma": (SELECTIVE_GATE,),
+    "gemma3n": (ALTUP_ROUTER,),
+    "gemma3n_text": (ALTUP_ROUTER,),
+}
 
 
 def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:

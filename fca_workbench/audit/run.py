@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
@@ -195,6 +196,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
                 "fingerprint": eval_cache.manifest["model_fingerprint"],
                 "controllers": list(model.controller_names),
                 "slot_labels": [model.slot_labels(i) for i in range(len(model.controller_names))],
+                **controller_kinds(model),
             },
             "data": {
                 "eval": data_summary(eval_path, eval_windows),
@@ -357,6 +359,14 @@ VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_laye
 
 
 VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
+
+
+def controller_kinds(model: ControlledModel) -> dict:
+    """``{"controller_kinds": [...]}``: a foreign model's controller kind per controller (what the report's
+    words about static profiles go by); {} for a workbench family, whose controllers its ``arch`` names."""
+    if isinstance(model, TransformersControlled):
+        return {"controller_kinds": [kind.name for kind in model.kinds]}
+    return {}
 
 
 def data_summary(path: Path, windows: torch.Tensor) -> dict:
