@@ -14,6 +14,7 @@ import transformers as T
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench import load_audit
+from fca_workbench.adapters import COEFFICIENT, TransformersControlled
 from fca_workbench.adapters.selective import FAMILY_KINDS
 from fca_workbench.cli import main
 
@@ -243,3 +244,94 @@ def test_every_selective_family_of_the_causal_lm_mapping_is_in_the_registry():
     assert sorted(found - set(FAMILY_KINDS)) == []
     assert set(FAMILY_KINDS) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     assert set(ZOO) <= set(FAMILY_KINDS)
+
+
+@pytest.fixture(scope="module")
+def mamba2_folder(tmp_path_factory, tokenizer):
+    return save(build("mamba2"), tmp_path_factory.mktemp("mamba2") / "m", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+def test_a_fused_projection_keeps_its_content_columns_live_on_replay(ids):
+    """Mamba2's in_proj makes (z, x, B, C, Δ): replaying B, C, Δ as zeros leaves z and x as the live
+    projection computes them, and the control columns are the values given."""
+    controlled = TransformersControlled(build("mamba2"))
+    in_proj = controlled.controllers[0]
+    kind = controlled.kinds[0]
+    (_, start, _), *_, (_, _, stop) = kind.spans
+    assert stop == in_proj.out_features and controlled.slot_labels(0)[0] == "B 0"
+    assert controlled.slot_labels(0)[-1] == f"dt {controlled.model.config.num_heads - 1}"
+    seen = []
+    handle = in_proj.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        _, values = controlled.capture_run(ids)
+        zeros = [{COEFFICIENT: torch.zeros_like(v[COEFFICIENT])} for v in values]
+        controlled.replay_run(ids, zeros)
+    handle.remove()
+    live, replayed = seen  # layer 0's in_proj, capture then replay: the same input in both runs
+    assert torch.equal(replayed[..., :start], live[..., :start])
+    assert torch.equal(replayed[..., start:], torch.zeros_like(live[..., start:]))
+    assert torch.equal(values[0][COEFFICIENT], live[..., start:])
+
+
+def test_a_model_without_a_context_length_takes_the_window_asked_for(mamba2_folder):
+    from fca_workbench.adapters.hf import UNBOUNDED_CONTEXT
+    from fca_workbench.adapters.loading import load_controlled
+
+    controlled = load_controlled(mamba2_folder)
+    assert not hasattr(controlled.config, "max_position_embeddings")
+    assert controlled.context_length == UNBOUNDED_CONTEXT
+    controlled.check_inputs(torch.zeros(1, 4096, dtype=torch.long))  # any window
+
+
+def test_controllers_adds_to_the_built_in_kinds_and_only_controllers_replaces_them(mamba2_folder, tmp_path, ids):
+    named = r"backbone\.layers\.\d+\.mixer\.out_proj"
+    audit = cli_audit(mamba2_folder, tmp_path / "added", "--controllers", named)
+    assert audit["model"]["controllers"] == [
+        "backbone.layers.0.mixer.in_proj",
+        "backbone.layers.0.mixer.out_proj",
+        "backbone.layers.1.mixer.in_proj",
+        "backbone.layers.1.mixer.out_proj",
+    ]
+    assert audit["model"]["controller_kinds"] == ["selective_ssm", f"tensor:{named}"] * 2
+    assert audit["conditions"]["correct"]["nll"] == audit["conditions"]["unperturbed"]["nll"]
+    only = cli_audit(mamba2_folder, tmp_path / "only", "--only-controllers", named)
+    assert only["model"]["controllers"] == ["backbone.layers.0.mixer.out_proj", "backbone.layers.1.mixer.out_proj"]
+
+
+def refusal(capsys, folder, *flags: str) -> str:
+    code = main(["audit", str(folder), "--max-windows", "2", "--window", "32", "--out", "/nonexistent/x", *flags])
+    assert code != 0
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "pattern, words",
+    [
+        ("(", "is not a regular expression"),
+        ("(a+)+b", "repeats a repeat"),
+        (r"(\w|\w\w)*x", "repeats an alternation"),
+        (".*.*.*.*x", "4 unbounded repeats"),
+        ("lm_head", "outside the decoder layers"),
+        (r"backbone\.embeddings", "outside the decoder layers"),
+        (r"backbone\.norm_f", "outside the decoder layers"),
+        ("nothing_here", "matches no module"),
+    ],
+)
+def test_controllers_regex_refusals_are_one_line(pattern, words, mamba2_folder, capsys):
+    for flag in ("--controllers", "--only-controllers"):
+        message = refusal(capsys, mamba2_folder, flag, pattern)
+        assert words in message and flag in message, message
+
+
+def test_controllers_and_only_controllers_together_are_refused(mamba2_folder, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", str(mamba2_folder), "--controllers", "a", "--only-controllers", "b"])
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -16,6 +16,7 @@ The roles read the model in eval mode, where every family below calls these proj
 CUDA alike (the fused training kernels, which take the weights instead, run only under ``model.train()``).
 """
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -216,23 +217,24 @@ def altup_role(owner: nn.Module) -> Found:
 
 class ParameterGate(nn.Module):
     """The product of an owner's gate weight (an ``nn.Parameter``) with the input, as a module of its own, so
-    that hooks record it and replay replaces it. ``op(*args, weight)`` is the owner's own expression; the
-    owner is held outside the module tree (the gate owns no parameter, and the model's modules are unchanged)."""
+    that hooks record it and replay replaces it: ``op(owner, x)`` is the owner's own expression, reading its
+    parameters. The owner is held outside the module tree (the gate owns no parameter; the model's modules
+    are unchanged), and the module's one input is the activation."""
 
-    def __init__(self, owner: nn.Module, attr: str, op: Callable[..., torch.Tensor]):
+    def __init__(self, owner: nn.Module, op: Callable[[nn.Module, torch.Tensor], torch.Tensor]):
         super().__init__()
         self._owner = [owner]
-        self.attr = attr
         self.op = op
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return self.op(*args, self._owner[0]._parameters[self.attr])
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(self._owner[0], x)
 
 
 class GateWeight:
     """Stands in for a gate weight on its owner (an instance attribute shadows the parameter, which stays
     in the state dict), so the owner's forward, where it multiplies by the weight, calls the ``gate`` module
-    instead: ``torch.baddbmm(bias, x, weight)`` (``__torch_function__``) or ``weight[:, None] @ x``."""
+    instead: ``torch.baddbmm(bias, x, weight)`` (``__torch_function__``; the gate adds the owner's bias
+    itself) or ``weight[:, None] @ x``."""
 
     def __init__(self, gate: ParameterGate, indexed: bool = False):
         self.gate = gate
@@ -241,7 +243,7 @@ class GateWeight:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func is torch.baddbmm and len(args) == 3 and isinstance(args[2], GateWeight) and not kwargs:
-            return args[2].gate(args[0], args[1])
+            return args[2].gate(args[1])
         raise UserError(f"a gate weight the adapter replaced is used by {func.__name__}, which it does not know")
 
     def __getitem__(self, key):
@@ -255,22 +257,24 @@ class GateWeight:
         return self.gate(other)
 
 
-def parameter_gate(owner: nn.Module, attr: str, op: Callable[..., torch.Tensor]) -> ParameterGate:
+def parameter_gate(owner: nn.Module, attr: str, op: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> ParameterGate:
     """The gate module standing in for ``owner``'s parameter ``attr`` (installed once, on the instance)."""
     installed = owner.__dict__.get(attr)
     if isinstance(installed, GateWeight):
         return installed.gate
-    gate = ParameterGate(owner, attr, op)
+    gate = ParameterGate(owner, op)
     owner.__dict__[attr] = GateWeight(gate)
     return gate
 
 
-def _baddbmm(bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.baddbmm(bias, x, weight)
+def _rglru_gate(gate: str, owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RG-LRU's ``torch.baddbmm(self.{gate}_bias[:, None, :], x, self.{gate}_weight)``."""
+    return torch.baddbmm(owner._parameters[f"{gate}_bias"][:, None, :], x, owner._parameters[f"{gate}_weight"])
 
 
-def _head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return weight[:, None] @ x
+def _zamba_x_proj(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Zamba's ``self.x_proj_weight[:, None] @ x``."""
+    return owner._parameters["x_proj_weight"][:, None] @ x
 
 
 def _heads_first_values(output, batch_first) -> dict:
@@ -297,8 +301,10 @@ def rglru_role(owner: nn.Module) -> Found:
     if not type(owner).__name__.endswith("Rglru"):
         return []
     kind = ControllerKind(SELECTIVE_GATE, _never, _heads_first_values, _heads_first_output)
-    attrs = ("input_gate_weight", "recurrent_gate_weight")
-    return [(attr, parameter_gate(owner, attr, _baddbmm), kind) for attr in attrs]
+    gates = ("input_gate", "recurrent_gate")
+    return [
+        (f"{g}_weight", parameter_gate(owner, f"{g}_weight", functools.partial(_rglru_gate, g)), kind) for g in gates
+    ]
 
 
 def zamba_role(owner: nn.Module) -> Found:
@@ -306,7 +312,7 @@ def zamba_role(owner: nn.Module) -> Found:
     if not {"x_proj_weight", "dt_proj_weight"} <= set(owner._parameters):
         return []
     kind = ControllerKind(SELECTIVE_SSM, _never, _heads_time_last_values, _heads_time_last_output)
-    return [("x_proj_weight", parameter_gate(owner, "x_proj_weight", _head_matmul), kind)]
+    return [("x_proj_weight", parameter_gate(owner, "x_proj_weight", _zamba_x_proj), kind)]
 
 
 ROLES: list[Role] = [

@@ -44,14 +44,16 @@ HF_SIZE_LIMITS = {
 
 
 def check_sizes(config: object, source: str, limits: dict = SIZE_LIMITS, none_allowed: bool = False) -> None:
-    """Refuse a size field that is not a whole number in 1..its limit, naming the field. ``none_allowed``: a
-    field may be None (transformers configs leave some so, for a default derived from others)."""
+    """Refuse a size field that is not a whole number in 1..its limit, naming the field. ``none_allowed``
+    (transformers configs): a field may be None (a default derived from others), or a non-empty list of such
+    numbers, one per layer (Gemma3n's ``intermediate_size``)."""
     fields = vars(config)
     for field, limit in limits.items():
         value = fields.get(field)
         if field not in fields or (value is None and none_allowed):
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        values = value if none_allowed and isinstance(value, list) and value else [value]
+        if any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= limit for v in values):
             raise UserError(f"{source}: {field}={value!r} is out of range (a whole number from 1 to {limit:,})")
 
 
