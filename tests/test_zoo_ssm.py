@@ -335,3 +335,28 @@ def test_controllers_and_only_controllers_together_are_refused(mamba2_folder, ca
         main(["audit", str(mamba2_folder), "--controllers", "a", "--only-controllers", "b"])
     assert exit_info.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_line():
+    """DeepSeek-V3.2's indexer gives each token the top-k of the keys before it: k = min(index_topk, T)."""
+    from fca_workbench.errors import UserError
+
+    config = T.DeepseekV32Config(
+        **COMMON,
+        **ATTENTION | {"num_key_value_heads": 4},
+        **MLA | {"q_lora_rank": 32},
+        intermediate_size=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        index_topk=8,
+        index_n_heads=2,
+        index_head_dim=16,
+    )
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UserError, match=r"indexer gives \(3,\) per token for 3 tokens and \(4,\) for 4"):
+        TransformersControlled(model, controllers=r"model\.layers\.\d+\.self_attn\.indexer")

@@ -141,9 +141,27 @@ class TransformersControlled(nn.Module):
         # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
         self._flat: list[bool | None] = [None] * len(found)
         if found:
+            self.coefficient_slot_shapes = self._probe_slot_shapes()
+
+    def _probe_slot_shapes(self) -> list[tuple[int, ...]]:
+        """Each controller's slot shape, from probes of two lengths: a coefficient that is not floating point
+        (indices) or whose width follows the sequence length (DeepSeek-V3.2's indexer: the top-k of T keys)
+        is a one-line error."""
+        batch, length = PROBE_SHAPE
+        shapes = []
+        for probe in ((batch, length), (batch, length + 1)):
             with torch.no_grad():
-                _, values = self.capture_run(torch.zeros(PROBE_SHAPE, dtype=torch.long, device=self._device))
-            self.coefficient_slot_shapes = [tuple(v[COEFFICIENT].shape[2:]) for v in values]
+                _, values = self.capture_run(torch.zeros(probe, dtype=torch.long, device=self._device))
+            shapes.append([tuple(v[COEFFICIENT].shape[2:]) for v in values])
+        for name, value, short, long in zip(self.controller_names, values, *shapes):
+            if short != long:
+                raise UserError(
+                    f"controller {name} gives {short} per token for {length} tokens and {long} for {length + 1}: "
+                    "its width depends on the sequence length; the adapter cannot use it"
+                )
+            if not value[COEFFICIENT].is_floating_point():
+                raise UserError(f"controller {name} gives {value[COEFFICIENT].dtype} values, not coefficients")
+        return shapes[0]
 
     @property
     def _device(self) -> torch.device:
