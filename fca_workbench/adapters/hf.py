@@ -9,8 +9,8 @@ runs and its control columns are overwritten). Every controller must run exactly
 
 import contextlib
 import re
-import re._constants as re_constants  # the parsed form of a pattern, to bound its match time (safe_pattern)
-import re._parser as re_parser
+import re._constants as re_constants  # type: ignore[import-not-found]  # a pattern's parsed form (safe_pattern)
+import re._parser as re_parser  # type: ignore[import-not-found]
 from typing import Any
 
 import torch

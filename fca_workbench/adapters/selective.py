@@ -115,12 +115,18 @@ def _linear(owner: nn.Module, attr: str) -> nn.Linear | None:
     return child if isinstance(child, nn.Linear) else None
 
 
+def _sizes(owner: nn.Module, *names: str) -> list[int] | None:
+    """The owner's integer attributes ``names`` (a mixer's sizes), or None when one is missing."""
+    values = [vars(owner).get(name) for name in names]
+    return [v for v in values if isinstance(v, int)] if all(isinstance(v, int) for v in values) else None
+
+
 def mamba_role(owner: nn.Module) -> Found:
     """Mamba, FalconMamba, Jamba's mamba layers: ``x_proj``'s output is (Δ's low-rank input, B, C), all of it."""
-    x_proj = _linear(owner, "x_proj")
-    if x_proj is None or _linear(owner, "dt_proj") is None or not hasattr(owner, "A_log"):
+    x_proj, sizes = _linear(owner, "x_proj"), _sizes(owner, "time_step_rank", "ssm_state_size")
+    if x_proj is None or sizes is None or _linear(owner, "dt_proj") is None or not hasattr(owner, "A_log"):
         return []
-    rank, state = owner.time_step_rank, owner.ssm_state_size
+    rank, state = sizes
     spans = (("dt", 0, rank), ("B", rank, rank + state), ("C", rank + state, rank + 2 * state))
     return [("x_proj", x_proj, projection_kind(SELECTIVE_SSM, x_proj.out_features, spans))]
 
@@ -129,10 +135,11 @@ def mamba2_role(owner: nn.Module) -> Found:
     """Mamba2 and its hybrids (Bamba, FalconH1, Zamba2, NemotronH, GraniteMoeHybrid): ``in_proj`` makes
     (z, x, B, C, Δ); the last ``2·G·N + H`` columns are B, C (before their depthwise causal convolution,
     which keeps channels apart) and Δ."""
-    in_proj = _linear(owner, "in_proj")
-    if in_proj is None or not all(hasattr(owner, a) for a in ("dt_bias", "A_log", "n_groups", "num_heads")):
+    in_proj, sizes = _linear(owner, "in_proj"), _sizes(owner, "n_groups", "ssm_state_size", "num_heads")
+    if in_proj is None or sizes is None or not (hasattr(owner, "dt_bias") and hasattr(owner, "A_log")):
         return []
-    groups_state, heads = owner.n_groups * owner.ssm_state_size, owner.num_heads
+    groups, state, heads = sizes
+    groups_state = groups * state
     start = in_proj.out_features - heads - 2 * groups_state
     spans = (
         ("B", start, start + groups_state),
@@ -160,11 +167,14 @@ def attention_gate_role(owner: nn.Module) -> Found:
     name = type(owner).__name__
     if not name.endswith("Attention") or name.endswith("DeltaAttention") or _linear(owner, "o_proj") is None:
         return []
-    if _linear(owner, "g_proj") is not None:
-        return [("g_proj", owner.g_proj, whole_kind(ATTENTION_OUTPUT_GATE))]
+    g_proj = _linear(owner, "g_proj")
+    if g_proj is not None:
+        return [("g_proj", g_proj, whole_kind(ATTENTION_OUTPUT_GATE))]
     q_proj, head_dim = _linear(owner, "q_proj"), getattr(owner, "head_dim", None)
     heads = getattr(getattr(owner, "config", None), "num_attention_heads", None)
-    if q_proj is None or not isinstance(head_dim, int) or q_proj.out_features != 2 * head_dim * (heads or -1):
+    if q_proj is None or not isinstance(head_dim, int) or not isinstance(heads, int):
+        return []
+    if q_proj.out_features != 2 * head_dim * heads:
         return []
     spans = tuple((f"head {h} gate", (2 * h + 1) * head_dim, (2 * h + 2) * head_dim) for h in range(heads))
     return [("q_proj", q_proj, projection_kind(ATTENTION_OUTPUT_GATE, q_proj.out_features, spans))]
@@ -267,14 +277,21 @@ def parameter_gate(owner: nn.Module, attr: str, op: Callable[[nn.Module, torch.T
     return gate
 
 
+def _parameter(owner: nn.Module, name: str) -> torch.Tensor:
+    """The owner's parameter itself (``getattr`` would give the ``GateWeight`` standing in for it)."""
+    parameter = owner._parameters[name]
+    assert parameter is not None
+    return parameter
+
+
 def _rglru_gate(gate: str, owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """RG-LRU's ``torch.baddbmm(self.{gate}_bias[:, None, :], x, self.{gate}_weight)``."""
-    return torch.baddbmm(owner._parameters[f"{gate}_bias"][:, None, :], x, owner._parameters[f"{gate}_weight"])
+    return torch.baddbmm(_parameter(owner, f"{gate}_bias")[:, None, :], x, _parameter(owner, f"{gate}_weight"))
 
 
 def _zamba_x_proj(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Zamba's ``self.x_proj_weight[:, None] @ x``."""
-    return owner._parameters["x_proj_weight"][:, None] @ x
+    return _parameter(owner, "x_proj_weight")[:, None] @ x
 
 
 def _heads_first_values(output, batch_first) -> dict:
