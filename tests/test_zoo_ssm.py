@@ -360,3 +360,15 @@ def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_
     model = T.AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(UserError, match=r"indexer gives \(3,\) per token for 3 tokens and \(4,\) for 4"):
         TransformersControlled(model, controllers=r"model\.layers\.\d+\.self_attn\.indexer")
+
+
+def test_a_registered_family_whose_modules_the_roles_do_not_know_is_a_one_line_error(monkeypatch):
+    """A later transformers that renames Mamba2's mixer attributes must not give an audit with no controller."""
+    from fca_workbench.errors import UserError
+
+    model = build("mamba2")
+    for layer in model.backbone.layers:
+        layer.mixer.in_proj_renamed = layer.mixer.in_proj
+        del layer.mixer.in_proj
+    with pytest.raises(UserError, match="no selective_ssm controller found in this mamba2 model"):
+        TransformersControlled(model)

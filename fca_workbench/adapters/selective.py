@@ -199,7 +199,7 @@ def dynamic_conv_role(owner: nn.Module) -> Found:
 
 def lstm_gate_role(owner: nn.Module) -> Found:
     """xLSTM's mLSTM layer: the input and forget gate pre-activations (separate, or fused in one projection)."""
-    if not type(owner).__name__.endswith("xLSTMLayer"):
+    if not type(owner).__name__.endswith(("xLSTMLayer", "mLSTMLayer")):  # the latter: the xlstm package's
         return []
     attrs = ("igate_preact", "fgate_preact", "ifgate_preact")
     children = [(attr, _linear(owner, attr)) for attr in attrs]
@@ -386,10 +386,18 @@ FAMILY_KINDS: dict[str, tuple[str, ...]] = {
 
 def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:
     """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order. A gate held as a
-    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time."""
+    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time. A
+    family of ``FAMILY_KINDS`` in which no role finds anything (a version of transformers that changed its
+    modules) is a one-line error, never an audit that says it has no controller."""
     found = []
     for name, owner in model.named_modules():
         for role in ROLES:
             for attr, module, kind in role(owner):
                 found.append((f"{name}.{attr}" if name else attr, module, kind))
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if not found and model_type in FAMILY_KINDS:
+        raise UserError(
+            f"no {'/'.join(FAMILY_KINDS[model_type])} controller found in this {model_type} model (its modules are "
+            "not the ones the adapter knows); name its controllers with --only-controllers REGEX"
+        )
     return found
