@@ -372,3 +372,21 @@ def test_a_registered_family_whose_modules_the_roles_do_not_know_is_a_one_line_e
         del layer.mixer.in_proj
     with pytest.raises(UserError, match="no selective_ssm controller found in this mamba2 model"):
         TransformersControlled(model)
+
+
+def test_fca_audit_on_the_shipped_ssm(tmp_path):
+    """``fca audit data/checkpoints/ssm-s0`` on its first 4 windows: a Mamba2 with no context length in its
+    config, audited at the default window; the frozen replay of its Δ, B, C reproduces the live NLL, and
+    taking selectivity away (a static profile: a time-invariant SSM) costs NLL."""
+    from fca_workbench.data.corpus import DATA_DIR
+
+    assert main(["audit", str(DATA_DIR / "checkpoints" / "ssm-s0"), "--max-windows", "4", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "audit.json").read_text())
+    assert result["model"]["arch"] == "mamba2" and result["data"]["eval"]["window"] == 256
+    assert result["model"]["controllers"] == [f"backbone.layers.{l}.mixer.in_proj" for l in range(4)]
+    assert result["model"]["controller_kinds"] == ["selective_ssm"] * 4
+    assert result["model"]["slot_labels"][0][:2] == ["B 0", "B 1"] and len(result["model"]["slot_labels"][0]) == 72
+    conditions = result["conditions"]
+    assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]
+    assert conditions["cross_input"]["delta"] > 0.01 and conditions["layer_mean"]["delta"] > 0.01
+    assert result["execution"]["baseline"] == "same_model"
