@@ -63,7 +63,12 @@ def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.
     if not found:
         shown = ", ".join(name for name, _ in list(model.named_modules())[1:6])
         raise UserError(f"{flag} '{pattern}' matches no module of this model (its modules: {shown}, ...)")
-    inside = {id(m) for block in decoder_layers(model) for m in block.modules()}
+    layers = decoder_layers(model)
+    if not layers:
+        raise UserError(
+            f"{flag}: this model's decoder layers are not found, so where a controller sits cannot be checked"
+        )
+    inside = {id(m) for block in layers for m in block.modules()}
     outside = [name for name, module, _ in found if id(module) not in inside]
     if outside:
         raise UserError(
