@@ -315,6 +315,7 @@ def refusal(capsys, folder, *flags: str) -> str:
     "pattern, words",
     [
         ("(", "is not a regular expression"),
+        ("(?<=a+)b", "is not a regular expression"),
         ("(a+)+b", "repeats a repeat"),
         (r"(\w|\w\w)*x", "repeats an alternation"),
         (".*.*.*.*x", "4 unbounded repeats"),

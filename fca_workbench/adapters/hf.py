@@ -84,6 +84,7 @@ def safe_pattern(pattern: str, flag: str) -> str:
     alternation inside a repeat (the shapes that backtrack exponentially, ``(a+)+``) and at most
     ``MAX_UNBOUNDED`` unbounded repeats (``.*``, ``+``), so a match takes at most ~MAX_PATH**3 steps."""
     try:
+        re.compile(pattern)  # also what parsing alone lets through (a look-behind of varying width)
         parsed = re_parser.parse(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise UserError(f"{flag} '{pattern}' is not a regular expression: {first_line(exc)}") from None
@@ -99,7 +100,7 @@ def _unbounded_repeats(items: Any, pattern: str, flag: str, inside_repeat: bool)
     count = 0
     for op, av in items:
         if op in _REPEATS:
-            low, high, body = av
+            _, high, body = av
             if inside_repeat and high > 1:
                 raise UserError(f"{flag} '{pattern}' repeats a repeat (like (a+)+), which can take forever to match")
             count += (high == re_constants.MAXREPEAT) + _unbounded_repeats(
