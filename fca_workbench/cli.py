@@ -80,6 +80,7 @@ def audit_settings(args: argparse.Namespace, checkpoint: str) -> "AuditSettings"
         batch_size=args.batch_size,
         cache=getattr(args, "cache", None),
         controllers=args.controllers,
+        only_controllers=args.only_controllers,
         trust_remote_code=args.trust_remote_code,
         per_layer=args.per_layer,
     )
@@ -185,12 +186,20 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
-    parser.add_argument(
+    controllers = parser.add_mutually_exclusive_group()
+    controllers.add_argument(
         "--controllers",
         default=None,
         metavar="REGEX",
-        help="a foreign model's controller modules: regex over whole module paths, each output a "
-        "tensor (default: MoE routers and shared-expert gates are found by themselves)",
+        help="more controller modules of a foreign model, beside those found by themselves (MoE routers, "
+        "shared-expert gates, selective SSMs and gates): a regex over whole module paths inside the decoder "
+        "layers, each output a tensor",
+    )
+    controllers.add_argument(
+        "--only-controllers",
+        default=None,
+        metavar="REGEX",
+        help="like --controllers, but these modules alone are the controllers (the built-in kinds find none)",
     )
     parser.add_argument(
         "--trust-remote-code",

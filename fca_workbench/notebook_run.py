@@ -34,10 +34,10 @@ if TYPE_CHECKING:  # the notebooks' libraries, imported by the notebooks themsel
     import plotly.graph_objects as go
     from pandas.io.formats.style import Styler
 
-SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0"]
+SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0", "ssm-s0"]
 # Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
 # (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
-# ten checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
+# eleven checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
 DEFAULT_MAX_WINDOWS = 64
 PATH_PARAMETERS = ("eval_data", "calibration_data")
 

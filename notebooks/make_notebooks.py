@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 
 PARAMETERS = f"""\
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
-checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0
+checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0
 eval_data = None         # eval text (.txt, or JSONL of {{"text": ...}}); None: the shipped eval split
 calibration_data = None  # calibration text for the static profiles; None: the shipped calibration split
 window = None            # tokens per window; None: min(256, the model's context)
@@ -246,7 +246,7 @@ tables.show(fig)""",
         ),
     ],
     parameters=PARAMETERS.replace(
-        "None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0", "None: the shipped muddpythia-s0"
+        "None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0", "None: the shipped muddpythia-s0"
     ),
     setup=SETUP.replace(
         "from fca_workbench.reproduce import NotebookRun",

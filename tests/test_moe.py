@@ -80,7 +80,8 @@ FAMILIES = {  # config class, its MoE fields (shared/moe-routing.md), router cou
         ),
     ),
 }
-EXPECTED_CONTROLLERS = {"qwen2_moe": 4, "deepseek_v3": 1}  # Qwen2: a router and a shared-expert gate per layer
+# Qwen2: a router and a shared-expert gate per layer; Jamba: a router per layer and its mamba layer's Δ, B, C
+EXPECTED_CONTROLLERS = {"qwen2_moe": 4, "deepseek_v3": 1, "jamba": 3}
 
 
 def routers(model):

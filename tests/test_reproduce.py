@@ -85,6 +85,7 @@ def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
         "dense-s0",
         "muddpythia-s0",
         "moe-s0",
+        "ssm-s0",
     ]
     assert reproduce.DEFAULT_PARAMETERS["device"] == "cpu"
 

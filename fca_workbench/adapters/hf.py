@@ -1,12 +1,16 @@
 """The controlled-model protocol for any ``transformers`` causal LM, from outside the model.
 
-Controllers are found by the kinds of ``fca_workbench.adapters.kinds`` (or named by a regex). Capture
+Controllers are found by the kinds of ``fca_workbench.adapters.kinds`` and the roles of
+``fca_workbench.adapters.selective``, plus (or, with ``only_controllers``, instead) those a regex names. Capture
 records each controller's whole output with a forward hook; replay replaces each controller's ``forward``
-on the instance (``frozen``), so it returns the given values without running. Every controller must run
-exactly once per forward (checked), which holds for the MoE families of transformers 5.x.
+on the instance (``frozen``), so it returns the given values without running (a ``ColumnKind``'s projection
+runs and its control columns are overwritten). Every controller must run exactly once per forward (checked).
 """
 
 import contextlib
+import re
+import re._constants as re_constants  # type: ignore[import-not-found]  # a pattern's parsed form (safe_pattern)
+import re._parser as re_parser  # type: ignore[import-not-found]
 from typing import Any
 
 import torch
@@ -14,33 +18,123 @@ from torch import nn
 
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
-from fca_workbench.errors import UserError
+from fca_workbench.adapters.selective import ColumnKind, selective_controllers
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
 # the frozen replay's allowance where bit-exactness is not promised: a model class from a checkpoint folder's own
 # code (--trust-remote-code), whose experts need not run in transformers' eager loop
 REMOTE_CODE_REPLAY_TOLERANCE = 1e-4
+MAX_PATH = 256  # module paths longer than this are never matched by --controllers (real ones are < 100)
+MAX_UNBOUNDED = 3  # unbounded repeats a --controllers pattern may hold
+_REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
+UNBOUNDED_CONTEXT = 1 << 20  # the "context" of a recurrent model whose config names none: any window it is given
 
 
-def find_controllers(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module, ControllerKind]]:
-    """``[(name, module, kind)]``: the modules a kind claims, or those ``pattern`` names (whole path)."""
-    kinds = [tensor_kind(pattern)] if pattern is not None else KINDS
-    found = []
-    for name, module in model.named_modules():
-        kind = next((k for k in kinds if k.find(name, module)), None)
-        if kind is not None:
-            found.append((name, module, kind))
-    if pattern is not None and not found:
+def find_controllers(
+    model: nn.Module, controllers: str | None = None, only_controllers: str | None = None
+) -> list[tuple[str, nn.Module, ControllerKind]]:
+    """``[(name, module, kind)]`` in module order: the modules the built-in kinds and roles claim (MoE
+    routers, ``fca_workbench.adapters.selective``) plus those ``controllers`` names; or, with
+    ``only_controllers``, those alone. A named module must sit inside a decoder layer."""
+    if controllers is not None and only_controllers is not None:
+        raise UserError("give --controllers (added to the built-in kinds) or --only-controllers, not both")
+    pattern = only_controllers if only_controllers is not None else controllers
+    flag = "--only-controllers" if only_controllers is not None else "--controllers"
+    found = find_named(model, pattern, flag) if pattern is not None else []
+    if only_controllers is None:
+        claimed = {id(module) for _, module, _ in found}
+        for name, module in model.named_modules():
+            kind = next((k for k in KINDS if k.find(name, module)), None)
+            if kind is not None and id(module) not in claimed:
+                found.append((name, module, kind))
+                claimed.add(id(module))
+        found += [entry for entry in selective_controllers(model) if id(entry[1]) not in claimed]
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
+    return sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
+
+
+def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:
+    """The modules inside the decoder layers whose whole path ``pattern`` matches (``safe_pattern``)."""
+    kind = tensor_kind(safe_pattern(pattern, flag))
+    found = [
+        (name, module, kind)
+        for name, module in model.named_modules()
+        if len(name) <= MAX_PATH and kind.find(name, module)
+    ]
+    if not found:
         shown = ", ".join(name for name, _ in list(model.named_modules())[1:6])
-        raise UserError(f"--controllers '{pattern}' matches no module of this model (its modules: {shown}, ...)")
+        raise UserError(f"{flag} '{pattern}' matches no module of this model (its modules: {shown}, ...)")
+    layers = decoder_layers(model)
+    if not layers:
+        raise UserError(
+            f"{flag}: this model's decoder layers are not found, so where a controller sits cannot be checked"
+        )
+    inside = {id(m) for block in layers for m in block.modules()}
+    outside = [name for name, module, _ in found if id(module) not in inside]
+    if outside:
+        raise UserError(
+            f"{flag} '{pattern}' names {outside[0]}, which is outside the decoder layers; a controller must sit "
+            "inside one (not the embeddings, the final norm or the LM head)"
+        )
     return found
+
+
+def safe_pattern(pattern: str, flag: str) -> str:
+    """``pattern`` if it compiles and its match time is bounded, else a one-line UserError. Module paths are
+    short (matched up to ``MAX_PATH`` characters), and the pattern may hold no repeat inside a repeat and no
+    alternation inside a repeat (the shapes that backtrack exponentially, ``(a+)+``) and at most
+    ``MAX_UNBOUNDED`` unbounded repeats (``.*``, ``+``), so a match takes at most ~MAX_PATH**3 steps."""
+    try:
+        re.compile(pattern)  # also what parsing alone lets through (a look-behind of varying width)
+        parsed = re_parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise UserError(f"{flag} '{pattern}' is not a regular expression: {first_line(exc)}") from None
+    unbounded = _unbounded_repeats(parsed, pattern, flag, inside_repeat=False)
+    if unbounded > MAX_UNBOUNDED:
+        raise UserError(
+            f"{flag} '{pattern}' has {unbounded} unbounded repeats (*, +); at most {MAX_UNBOUNDED} are allowed"
+        )
+    return pattern
+
+
+def _unbounded_repeats(items: Any, pattern: str, flag: str, inside_repeat: bool) -> int:
+    count = 0
+    for op, av in items:
+        if op in _REPEATS:
+            _, high, body = av
+            if inside_repeat and high > 1:
+                raise UserError(f"{flag} '{pattern}' repeats a repeat (like (a+)+), which can take forever to match")
+            count += (high == re_constants.MAXREPEAT) + _unbounded_repeats(
+                body, pattern, flag, inside_repeat or high > 1
+            )
+        elif op == re_constants.BRANCH:
+            if inside_repeat:
+                raise UserError(f"{flag} '{pattern}' repeats an alternation (like (a|ab)*), which can take forever")
+            count += sum(_unbounded_repeats(branch, pattern, flag, inside_repeat) for branch in av[1])
+        elif op == re_constants.SUBPATTERN:
+            count += _unbounded_repeats(av[-1], pattern, flag, inside_repeat)
+        elif op in (re_constants.ASSERT, re_constants.ASSERT_NOT):
+            count += _unbounded_repeats(av[1], pattern, flag, inside_repeat)
+        elif op == re_constants.GROUPREF_EXISTS:
+            count += sum(_unbounded_repeats(b, pattern, flag, inside_repeat) for b in av[1:] if b is not None)
+    return count
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers: the ModuleList with ``num_hidden_layers`` entries, else none."""
+    count = getattr(model.config, "num_hidden_layers", None)
+    for _, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return list(module)
+    return []
 
 
 class TransformersControlled(nn.Module):
     """A transformers causal LM seen through the protocol (``ControlledModel``; no layer stepping)."""
 
-    def __init__(self, model: nn.Module, controllers: str | None = None):
+    def __init__(self, model: nn.Module, controllers: str | None = None, only_controllers: str | None = None):
         super().__init__()
         self.model: Any = model.eval()  # a transformers PreTrainedModel
         set_experts = getattr(self.model, "set_experts_implementation", None)
@@ -50,7 +144,7 @@ class TransformersControlled(nn.Module):
             set_experts("eager")
         own_code = type(self.model).__module__.startswith("transformers.")
         self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
-        found = find_controllers(model, controllers)
+        found = find_controllers(model, controllers, only_controllers)
         self.controller_names = [name for name, _, _ in found]
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
@@ -58,9 +152,27 @@ class TransformersControlled(nn.Module):
         # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
         self._flat: list[bool | None] = [None] * len(found)
         if found:
+            self.coefficient_slot_shapes = self._probe_slot_shapes()
+
+    def _probe_slot_shapes(self) -> list[tuple[int, ...]]:
+        """Each controller's slot shape, from probes of two lengths: a coefficient that is not floating point
+        (indices) or whose width follows the sequence length (DeepSeek-V3.2's indexer: the top-k of T keys)
+        is a one-line error."""
+        batch, length = PROBE_SHAPE
+        shapes = []
+        for probe in ((batch, length), (batch, length + 1)):
             with torch.no_grad():
-                _, values = self.capture_run(torch.zeros(PROBE_SHAPE, dtype=torch.long, device=self._device))
-            self.coefficient_slot_shapes = [tuple(v[COEFFICIENT].shape[2:]) for v in values]
+                _, values = self.capture_run(torch.zeros(probe, dtype=torch.long, device=self._device))
+            shapes.append([tuple(v[COEFFICIENT].shape[2:]) for v in values])
+        for name, value, short, long in zip(self.controller_names, values, *shapes):
+            if short != long:
+                raise UserError(
+                    f"controller {name} gives {short} per token for {length} tokens and {long} for {length + 1}: "
+                    "its width depends on the sequence length; the adapter cannot use it"
+                )
+            if not value[COEFFICIENT].is_floating_point():
+                raise UserError(f"controller {name} gives {value[COEFFICIENT].dtype} values, not coefficients")
+        return shapes[0]
 
     @property
     def _device(self) -> torch.device:
@@ -80,20 +192,19 @@ class TransformersControlled(nn.Module):
 
     @property
     def context_length(self) -> int:
+        """The config's context length; a config that names none (Mamba, Mamba2, xLSTM: recurrent models
+        with no position embeddings) takes any window (``UNBOUNDED_CONTEXT``), and the audit's default
+        window is then 256 tokens."""
         config = self.model.config
         for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
             if isinstance(getattr(config, field, None), int):
                 return getattr(config, field)
-        raise UserError(f"the {self.arch} config names no context length (max_position_embeddings)")
+        return UNBOUNDED_CONTEXT
 
     @property
     def blocks(self) -> list[nn.Module]:
-        """The decoder layers: the ModuleList with ``num_hidden_layers`` entries, else none."""
-        count = getattr(self.model.config, "num_hidden_layers", None)
-        for _, module in self.model.named_modules():
-            if isinstance(module, nn.ModuleList) and len(module) == count:
-                return list(module)
-        return []
+        """The decoder layers (``decoder_layers``)."""
+        return decoder_layers(self.model)
 
     def block_branches(self, index: int) -> list[nn.Module]:
         """None known: a foreign decoder layer says nothing of which submodules it could skip per token."""
@@ -160,11 +271,16 @@ class TransformersControlled(nn.Module):
         """Logits with every controller replaced by its values (``frozen``): no controller executes."""
         calls = [0] * len(self._controllers)
         lead = [self._lead(i, *input_ids.shape) for i in range(len(self._controllers))]
+        live = [module.forward for module in self._controllers]  # a ColumnKind's projection runs live
 
         def replacement(index):
+            kind = self.kinds[index]
+
             def forward(*args, **kwargs):
                 self._once(index, calls)
-                return self.kinds[index].to_output(values[index], lead[index])
+                if isinstance(kind, ColumnKind):
+                    return kind.to_output(values[index], lead[index], live[index](*args, **kwargs))
+                return kind.to_output(values[index], lead[index])
 
             return forward
 
@@ -176,8 +292,11 @@ class TransformersControlled(nn.Module):
         return None if experts is None else experts(value)
 
     def latency_baseline(self) -> tuple[str, nn.Module]:
-        """The static mixture (``StaticMixture``)."""
-        return "static_mixture", StaticMixture(self)
+        """The static mixture (``StaticMixture``); for a model with no router (an SSM), which has no
+        experts to run for every token, the same model with its controllers live."""
+        if any(kind.experts is not None for kind in self.kinds):
+            return "static_mixture", StaticMixture(self)
+        return "same_model", StaticMixture(self)
 
     def positive_control(self, calibration_windows: torch.Tensor) -> PositiveControl | None:
         return None

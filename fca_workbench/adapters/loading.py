@@ -27,12 +27,17 @@ SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
 def load_controlled(
-    path: str | Path, dtype: torch.dtype | None = None, controllers: str | None = None, trust_remote_code: bool = False
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    controllers: str | None = None,
+    trust_remote_code: bool = False,
+    only_controllers: str | None = None,
 ) -> ControlledModel:
     """The model in ``path`` as a controlled model; every way the folder can be wrong is a one-line UserError.
 
-    ``controllers``: a regex naming the controller modules of a foreign model (whole module paths); None:
-    the built-in kinds (MoE routers, shared-expert gates) find them.
+    A foreign model's controllers are found by the built-in kinds (MoE routers, shared-expert gates,
+    selective SSMs and gates), plus the modules ``controllers`` names (a regex over whole module paths), or,
+    with ``only_controllers``, the modules it names alone.
     """
     folder = check_checkpoint(path)  # links out of the folder refused before any file in it is read
     try:
@@ -41,12 +46,13 @@ def load_controlled(
         raw = None
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     if not isinstance(raw, dict) or raw.get("model_type") in native:
-        if controllers is not None:
+        if controllers is not None or only_controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
             )
         return load_model(folder, dtype)
-    return TransformersControlled(load_transformers(folder, raw, dtype, trust_remote_code), controllers)
+    model = load_transformers(folder, raw, dtype, trust_remote_code)
+    return TransformersControlled(model, controllers, only_controllers)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
@@ -60,7 +61,8 @@ class AuditSettings:
     resamples: int = 1000
     latency_repeats: int = 10
     cache: str | None = None
-    controllers: str | None = None  # regex naming a foreign model's controller modules (None: built-in kinds)
+    controllers: str | None = None  # regex naming more of a foreign model's controllers, beside the built-in kinds
+    only_controllers: str | None = None  # regex naming a foreign model's controllers, instead of the built-in kinds
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
@@ -96,7 +98,11 @@ def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrain
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but torch sees no CUDA device")
     model = load_controlled(
-        settings.checkpoint, DTYPES[settings.dtype], settings.controllers, settings.trust_remote_code
+        settings.checkpoint,
+        DTYPES[settings.dtype],
+        settings.controllers,
+        settings.trust_remote_code,
+        settings.only_controllers,
     )
     model.to(settings.device)
     tokenizer = load_tokenizer(settings.checkpoint)
@@ -189,6 +195,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
                 "fingerprint": eval_cache.manifest["model_fingerprint"],
                 "controllers": list(model.controller_names),
                 "slot_labels": [model.slot_labels(i) for i in range(len(model.controller_names))],
+                **controller_kinds(model),
             },
             "data": {
                 "eval": data_summary(eval_path, eval_windows),
@@ -361,6 +368,14 @@ VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_laye
 
 
 VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
+
+
+def controller_kinds(model: ControlledModel) -> dict:
+    """``{"controller_kinds": [...]}``: a foreign model's controller kind per controller (what the report's
+    words about static profiles go by); {} for a workbench family, whose controllers its ``arch`` names."""
+    if isinstance(model, TransformersControlled):
+        return {"controller_kinds": [kind.name for kind in model.kinds]}
+    return {}
 
 
 def data_summary(path: Path, windows: torch.Tensor) -> dict:

@@ -7,6 +7,19 @@ disagree with a verdict using the numbers beside it.
 import itertools
 import textwrap
 
+from fca_workbench.adapters.selective import DELTA_RULE_GATE, LSTM_GATE, SELECTIVE_GATE, SELECTIVE_SSM
+
+# What a static profile (global_mean ... layer_position_mean) makes of a controller kind, where it is more
+# than "the controller without its input".
+STATIC_PROFILE_MEANING = {
+    SELECTIVE_SSM: "a static profile of a selective SSM's Δ, B and C is a time-invariant SSM (a linear "
+    "recurrence with the same Δ, B, C at every token, as in S4): its ΔNLL is what selectivity is worth.",
+    DELTA_RULE_GATE: "a static profile of a delta rule's decay and β is a linear attention with a fixed decay "
+    "and write strength: a time-invariant recurrence.",
+    LSTM_GATE: "a static profile of input and forget gates is a recurrence with fixed gates: time-invariant.",
+    SELECTIVE_GATE: "a static profile of a gated linear recurrence's gates is a time-invariant recurrence.",
+}
+
 
 def format_report(audit: dict, width: int = 38) -> str:
     """The condition table, then the three properties side by side, each with figures and verdict."""
@@ -24,6 +37,7 @@ def format_report(audit: dict, width: int = 38) -> str:
             f"[{c['delta_ci95'][0]:+8.4f}, {c['delta_ci95'][1]:+8.4f}]"
         )
     lines += per_layer_table(audit.get("per_layer"))
+    lines += static_profile_notes(model.get("controller_kinds", []), width * 3)
     columns = [
         ("1. Coefficient variation", variation_figures(audit), audit["verdict"]["coefficient_variation"]),
         ("2. Assignment dependence", assignment_figures(audit), audit["verdict"]["assignment_dependence"]),
@@ -36,6 +50,12 @@ def format_report(audit: dict, width: int = 38) -> str:
     for row in itertools.zip_longest(*blocks, fillvalue=""):
         lines.append("  ".join(cell.ljust(width) for cell in row).rstrip())
     return "\n".join(lines)
+
+
+def static_profile_notes(kinds: list[str], width: int) -> list[str]:
+    """One note per controller kind whose static profiles have a name of their own (``STATIC_PROFILE_MEANING``)."""
+    notes = [STATIC_PROFILE_MEANING[kind] for kind in dict.fromkeys(kinds) if kind in STATIC_PROFILE_MEANING]
+    return [line for note in notes for line in ["", *textwrap.wrap(note[0].upper() + note[1:], width)]]
 
 
 def per_layer_table(rows: list[dict] | None) -> list[str]:

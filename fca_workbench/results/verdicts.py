@@ -93,7 +93,11 @@ def per_layer_sentence(audit: dict) -> str:
     )
 
 
-BASELINES = {"dense": "the shape-matched Dense", "static_mixture": "the static mixture (every expert for every token)"}
+BASELINES = {
+    "dense": "the shape-matched Dense",
+    "static_mixture": "the static mixture (every expert for every token)",
+    "same_model": "the same model (no router: nothing a controller could skip)",
+}
 
 
 def execution_verdict(audit: dict) -> str:

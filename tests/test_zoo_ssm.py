@@ -1,0 +1,393 @@
+"""The zoo of selective SSMs and gated models: every family of ``fca_workbench.adapters.selective.FAMILY_KINDS``
+built tiny from its config class (seeded, the project tokenizer's vocab), saved with ``save_pretrained`` and
+audited by the ``fca audit`` CLI with no controller flags; plus the ``--controllers`` / ``--only-controllers``
+flags and their refusals.
+"""
+
+import inspect
+import json
+import re
+
+import pytest
+import torch
+import transformers as T
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from fca_workbench import load_audit
+from fca_workbench.adapters import COEFFICIENT, TransformersControlled
+from fca_workbench.adapters.selective import FAMILY_KINDS
+from fca_workbench.cli import main
+
+VOCAB = 4096  # the shipped tokenizer's
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+ATTENTION = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+LINEAR_ATTENTION = dict(
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    layer_types=["linear_attention", "full_attention"],
+)
+MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, moe_intermediate_size=32)
+MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16)
+ZOO = {  # model_type: (config class, its fields beyond COMMON)
+    "mamba": (T.MambaConfig, dict(state_size=8, expand=2, time_step_rank=8)),
+    "falcon_mamba": (T.FalconMambaConfig, dict(state_size=8, expand=2, time_step_rank=8)),
+    "mamba2": (T.Mamba2Config, dict(state_size=8, expand=2, num_heads=8, head_dim=16, n_groups=1, chunk_size=16)),
+    "bamba": (T.BambaConfig, dict(**ATTENTION, **MAMBA2, intermediate_size=64, attn_layer_indices=[1])),
+    "falcon_h1": (T.FalconH1Config, dict(**ATTENTION, **MAMBA2, intermediate_size=64, head_dim=16, mamba_d_ssm=128)),
+    "zamba": (
+        T.ZambaConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=64,
+            mamba_d_state=8,
+            n_mamba_heads=2,
+            num_hidden_layers=3,
+            layers_block_type=["mamba", "hybrid", "hybrid"],
+        ),
+    ),
+    "zamba2": (
+        T.Zamba2Config,
+        dict(
+            **ATTENTION,
+            mamba_d_state=8,
+            mamba_headdim=16,
+            n_mamba_heads=8,
+            mamba_ngroups=1,
+            chunk_size=16,
+            layers_block_type=["mamba", "hybrid"],
+            hybrid_layer_ids=[1],
+            num_mem_blocks=1,
+        ),
+    ),
+    "nemotron_h": (
+        T.NemotronHConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=64,
+            head_dim=16,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=1,
+            chunk_size=16,
+            layers_block_type=["mamba", "attention"],
+        ),
+    ),
+    "granitemoehybrid": (
+        T.GraniteMoeHybridConfig,
+        dict(
+            **ATTENTION,
+            **MAMBA2,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["mamba", "attention"],
+        ),
+    ),
+    "jamba": (
+        T.JambaConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+        ),
+    ),
+    "qwen3_next": (
+        T.Qwen3NextConfig,
+        dict(
+            **ATTENTION,
+            **LINEAR_ATTENTION,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            head_dim=16,
+        ),
+    ),
+    "qwen3_5_text": (T.Qwen3_5TextConfig, dict(**ATTENTION, **LINEAR_ATTENTION, intermediate_size=64, head_dim=16)),
+    "olmo_hybrid": (T.OlmoHybridConfig, dict(**ATTENTION, **LINEAR_ATTENTION, intermediate_size=64)),
+    "kimi_linear": (
+        T.KimiLinearConfig,
+        dict(
+            **ATTENTION,
+            **MLA,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            linear_head_dim=16,
+            linear_num_heads=4,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
+    "bailing_hybrid": (
+        T.BailingHybridConfig,
+        dict(
+            **ATTENTION,
+            **MLA,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            head_dim=16,
+            linear_head_dim=16,
+            linear_num_heads=4,
+            layer_group_size=2,
+            num_mtp_layers=0,
+        ),
+    ),
+    "xlstm": (T.xLSTMConfig, dict(embedding_dim=64, num_heads=4, num_blocks=2, qk_dim_factor=0.5, chunk_size=16)),
+    "lfm2": (T.Lfm2Config, dict(**ATTENTION, intermediate_size=64, layer_types=["conv", "full_attention"])),
+    "recurrent_gemma": (
+        T.RecurrentGemmaConfig,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=64,
+            lru_width=64,
+            block_types=["recurrent", "attention"],
+        ),
+    ),
+    "gemma3n_text": (
+        T.Gemma3nTextConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=64,
+            head_dim=16,
+            altup_num_inputs=2,
+            laurel_rank=8,
+            hidden_size_per_layer_input=8,
+            num_kv_shared_layers=0,
+            layer_types=["sliding_attention", "full_attention"],
+            activation_sparsity_pattern=[0.0, 0.0],
+        ),
+    ),
+}
+
+
+def build(model_type: str, seed: int = 0) -> torch.nn.Module:
+    """A seeded tiny model whose weights are all random (a zero-initialised gate, like xLSTM's, would
+    make every token's gate equal, and no reassignment could move anything)."""
+    config_class, fields = ZOO[model_type]
+    torch.manual_seed(seed)
+    model = T.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **fields})).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2 and param.std() == 0:
+                param.normal_(0.0, 0.2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from fca_workbench.data.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def save(model, folder, tokenizer):
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def cli_audit(folder, out, *flags: str) -> dict:
+    assert main(["audit", str(folder), "--max-windows", "2", "--window", "32", "--out", str(out), *flags]) == 0
+    return json.loads((out / "audit.json").read_text())
+
+
+@pytest.mark.parametrize("model_type", sorted(ZOO))
+def test_every_family_audits_its_selective_controllers_with_no_flags(model_type, tmp_path, tokenizer):
+    folder = save(build(model_type), tmp_path / model_type, tokenizer)
+    audit = cli_audit(folder, tmp_path / "audit")
+    model = audit["model"]
+    assert model["arch"] == model_type
+    assert set(model["controller_kinds"]) >= set(FAMILY_KINDS[model_type])
+    assert len(model["controller_kinds"]) == len(model["controllers"]) == len(model["slot_labels"])
+    conditions = audit["conditions"]
+    assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]  # bit-exact frozen replay
+    per_token = load_audit(tmp_path / "audit").per_token.pivot_table(
+        index=["window", "position"], columns="condition", values="nll", observed=True
+    )
+    assert (per_token["cross_input"] - per_token["correct"]).abs().max() > 0  # reassignment moves the NLL
+
+
+MARKERS = re.compile(
+    r"A_log|dt_bias|selective_scan|gated_delta|Rglru|igate_preact|ShortConv\b|DynamicShortConv|GatedOutputProjection"
+    r"|AltUp|x_proj_weight"
+)
+
+
+def test_every_selective_family_of_the_causal_lm_mapping_is_in_the_registry():
+    """A family transformers adds later whose code holds an SSM's or a gated recurrence's parameters (A_log,
+    dt_bias, a gated delta rule, an RG-LRU, xLSTM gates, a gated short convolution, AltUp) and that the
+    registry does not know fails here, so coverage cannot shrink silently; and every registered family is
+    in the mapping, and those built here are the zoo."""
+    import transformers
+
+    found = set()
+    for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        source = inspect.getsource(inspect.getmodule(getattr(transformers, class_name)))
+        if MARKERS.search(source):
+            found.add(model_type)
+    assert sorted(found - set(FAMILY_KINDS)) == []
+    assert set(FAMILY_KINDS) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    assert set(ZOO) <= set(FAMILY_KINDS)
+
+
+@pytest.fixture(scope="module")
+def mamba2_folder(tmp_path_factory, tokenizer):
+    return save(build("mamba2"), tmp_path_factory.mktemp("mamba2") / "m", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+def test_a_fused_projection_keeps_its_content_columns_live_on_replay(ids):
+    """Mamba2's in_proj makes (z, x, B, C, Δ): replaying B, C, Δ as zeros leaves z and x as the live
+    projection computes them, and the control columns are the values given."""
+    controlled = TransformersControlled(build("mamba2"))
+    in_proj = controlled.controllers[0]
+    kind = controlled.kinds[0]
+    (_, start, _), *_, (_, _, stop) = kind.spans
+    assert stop == in_proj.out_features and controlled.slot_labels(0)[0] == "B 0"
+    assert controlled.slot_labels(0)[-1] == f"dt {controlled.model.config.num_heads - 1}"
+    seen = []
+    handle = in_proj.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        _, values = controlled.capture_run(ids)
+        zeros = [{COEFFICIENT: torch.zeros_like(v[COEFFICIENT])} for v in values]
+        controlled.replay_run(ids, zeros)
+    handle.remove()
+    live, replayed = seen  # layer 0's in_proj, capture then replay: the same input in both runs
+    assert torch.equal(replayed[..., :start], live[..., :start])
+    assert torch.equal(replayed[..., start:], torch.zeros_like(live[..., start:]))
+    assert torch.equal(values[0][COEFFICIENT], live[..., start:])
+
+
+def test_a_model_without_a_context_length_takes_the_window_asked_for(mamba2_folder):
+    from fca_workbench.adapters.hf import UNBOUNDED_CONTEXT
+    from fca_workbench.adapters.loading import load_controlled
+
+    controlled = load_controlled(mamba2_folder)
+    assert not hasattr(controlled.config, "max_position_embeddings")
+    assert controlled.context_length == UNBOUNDED_CONTEXT
+    controlled.check_inputs(torch.zeros(1, 4096, dtype=torch.long))  # any window
+
+
+def test_controllers_adds_to_the_built_in_kinds_and_only_controllers_replaces_them(mamba2_folder, tmp_path, ids):
+    named = r"backbone\.layers\.\d+\.mixer\.out_proj"
+    audit = cli_audit(mamba2_folder, tmp_path / "added", "--controllers", named)
+    assert audit["model"]["controllers"] == [
+        "backbone.layers.0.mixer.in_proj",
+        "backbone.layers.0.mixer.out_proj",
+        "backbone.layers.1.mixer.in_proj",
+        "backbone.layers.1.mixer.out_proj",
+    ]
+    assert audit["model"]["controller_kinds"] == ["selective_ssm", f"tensor:{named}"] * 2
+    assert audit["conditions"]["correct"]["nll"] == audit["conditions"]["unperturbed"]["nll"]
+    only = cli_audit(mamba2_folder, tmp_path / "only", "--only-controllers", named)
+    assert only["model"]["controllers"] == ["backbone.layers.0.mixer.out_proj", "backbone.layers.1.mixer.out_proj"]
+
+
+def refusal(capsys, folder, *flags: str) -> str:
+    code = main(["audit", str(folder), "--max-windows", "2", "--window", "32", "--out", "/nonexistent/x", *flags])
+    assert code != 0
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "pattern, words",
+    [
+        ("(", "is not a regular expression"),
+        ("(?<=a+)b", "is not a regular expression"),
+        ("(a+)+b", "repeats a repeat"),
+        (r"(\w|\w\w)*x", "repeats an alternation"),
+        (".*.*.*.*x", "4 unbounded repeats"),
+        ("lm_head", "outside the decoder layers"),
+        (r"backbone\.embeddings", "outside the decoder layers"),
+        (r"backbone\.norm_f", "outside the decoder layers"),
+        ("nothing_here", "matches no module"),
+    ],
+)
+def test_controllers_regex_refusals_are_one_line(pattern, words, mamba2_folder, capsys):
+    for flag in ("--controllers", "--only-controllers"):
+        message = refusal(capsys, mamba2_folder, flag, pattern)
+        assert words in message and flag in message, message
+
+
+def test_controllers_and_only_controllers_together_are_refused(mamba2_folder, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", str(mamba2_folder), "--controllers", "a", "--only-controllers", "b"])
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_line():
+    """DeepSeek-V3.2's indexer gives each token the top-k of the keys before it: k = min(index_topk, T)."""
+    from fca_workbench.errors import UserError
+
+    config = T.DeepseekV32Config(
+        **COMMON,
+        **ATTENTION | {"num_key_value_heads": 4},
+        **MLA | {"q_lora_rank": 32},
+        intermediate_size=64,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        index_topk=8,
+        index_n_heads=2,
+        index_head_dim=16,
+    )
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UserError, match=r"indexer gives \(3,\) per token for 3 tokens and \(4,\) for 4"):
+        TransformersControlled(model, controllers=r"model\.layers\.\d+\.self_attn\.indexer")
+
+
+def test_a_registered_family_whose_modules_the_roles_do_not_know_is_a_one_line_error(monkeypatch):
+    """A later transformers that renames Mamba2's mixer attributes must not give an audit with no controller."""
+    from fca_workbench.errors import UserError
+
+    model = build("mamba2")
+    for layer in model.backbone.layers:
+        layer.mixer.in_proj_renamed = layer.mixer.in_proj
+        del layer.mixer.in_proj
+    with pytest.raises(UserError, match="no selective_ssm controller found in this mamba2 model"):
+        TransformersControlled(model)
+
+
+def test_fca_audit_on_the_shipped_ssm(tmp_path):
+    """``fca audit data/checkpoints/ssm-s0`` on its first 4 windows: a Mamba2 with no context length in its
+    config, audited at the default window; the frozen replay of its Δ, B, C reproduces the live NLL, and
+    taking selectivity away (a static profile: a time-invariant SSM) costs NLL."""
+    from fca_workbench.data.corpus import DATA_DIR
+
+    assert main(["audit", str(DATA_DIR / "checkpoints" / "ssm-s0"), "--max-windows", "4", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "audit.json").read_text())
+    assert result["model"]["arch"] == "mamba2" and result["data"]["eval"]["window"] == 256
+    assert result["model"]["controllers"] == [f"backbone.layers.{l}.mixer.in_proj" for l in range(4)]
+    assert result["model"]["controller_kinds"] == ["selective_ssm"] * 4
+    assert result["model"]["slot_labels"][0][:2] == ["B 0", "B 1"] and len(result["model"]["slot_labels"][0]) == 72
+    conditions = result["conditions"]
+    assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]
+    assert conditions["cross_input"]["delta"] > 0.01 and conditions["layer_mean"]["delta"] > 0.01
+    assert result["execution"]["baseline"] == "same_model"
