@@ -7,13 +7,16 @@ exactly once per forward (checked), which holds for the MoE families of transfor
 """
 
 import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from fca_workbench.adapters.families import family_of
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
+from fca_workbench.adapters.routers import find_routers, unclaimed_routers
 from fca_workbench.errors import UserError
 from fca_workbench.models.common import PositiveControl, check_window
 
@@ -21,16 +24,25 @@ PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layou
 
 
 def find_controllers(model: nn.Module, pattern: str | None = None) -> list[tuple[str, nn.Module, ControllerKind]]:
-    """``[(name, module, kind)]``: the modules a kind claims, or those ``pattern`` names (whole path)."""
+    """``[(name, module, kind)]``: the modules a kind claims, or those ``pattern`` names (whole path). Without
+    a pattern, routers are found by role (``routers.find_routers``) where no kind claims them first; a module
+    whose class names a router that nothing claims is refused, never skipped."""
     kinds = [tensor_kind(pattern)] if pattern is not None else KINDS
+    routers = find_routers(model) if pattern is None else {}
     found = []
     for name, module in model.named_modules():
-        kind = next((k for k in kinds if k.find(name, module)), None)
+        kind = next((k for k in kinds if k.find(name, module)), None) or routers.get(name)
         if kind is not None:
             found.append((name, module, kind))
     if pattern is not None and not found:
         shown = ", ".join(name for name, _ in list(model.named_modules())[1:6])
         raise UserError(f"--controllers '{pattern}' matches no module of this model (its modules: {shown}, ...)")
+    unclaimed = unclaimed_routers(model, [name for name, _, _ in found]) if pattern is None else []
+    if unclaimed:
+        raise UserError(
+            f"{unclaimed[0]} ({type(model.get_submodule(unclaimed[0])).__name__}) looks like a router that no "
+            "controller kind handles; the adapter cannot audit this model (docs/guides/foreign-models.md)"
+        )
     return found
 
 
@@ -49,9 +61,10 @@ class TransformersControlled(nn.Module):
         self.controller_names = [name for name, _, _ in found]
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
+        self._steps = [self._step_owner(name, kind) for name, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
-        # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
-        self._flat: list[bool | None] = [None] * len(found)
+        # per controller, per output tensor in the order its kind reads them: [B·T, ...] (True) or [B, T, ...]
+        self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
             with torch.no_grad():
                 _, values = self.capture_run(torch.zeros(PROBE_SHAPE, dtype=torch.long, device=self._device))
@@ -83,12 +96,24 @@ class TransformersControlled(nn.Module):
 
     @property
     def blocks(self) -> list[nn.Module]:
-        """The decoder layers: the ModuleList with ``num_hidden_layers`` entries, else none."""
-        count = getattr(self.model.config, "num_hidden_layers", None)
-        for _, module in self.model.named_modules():
-            if isinstance(module, nn.ModuleList) and len(module) == count:
+        """The decoder layers: the ModuleList with as many entries as the config counts layers
+        (``num_hidden_layers``, or the field its family declares), else the first ``layers`` ModuleList."""
+        config = self.model.config
+        count = getattr(config, family_of(config).layers or "num_hidden_layers", None)
+        lists = [(name, m) for name, m in self.model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+        for _, module in lists:
+            if len(module) == count:
                 return list(module)
-        return []
+        return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
+
+    def _step_owner(self, name: str, kind: ControllerKind) -> nn.Module | None:
+        """The module whose ``kind.step`` attribute is the controller's routing step: its parent."""
+        if kind.step is None:
+            return None
+        owner = self.model.get_submodule(name.rpartition(".")[0])
+        if not callable(getattr(owner, kind.step, None)):
+            raise UserError(f"controller {name}: its block has no routing step {kind.step}; the adapter cannot use it")
+        return owner
 
     def block_branches(self, index: int) -> list[nn.Module]:
         """None known: a foreign decoder layer says nothing of which submodules it could skip per token."""
@@ -111,36 +136,59 @@ class TransformersControlled(nn.Module):
             )
 
     def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[Values]]:
-        """Logits and each controller's whole output, batch-first, recorded by forward hooks."""
+        """Logits and each controller's whole output (with its routing step's, where it has one),
+        batch-first, recorded by forward hooks."""
         batch, length = input_ids.shape
         values: list[Any] = [None] * len(self._controllers)
         calls = [0] * len(self._controllers)
+        pending: list[Any] = [None] * len(self._controllers)  # a router's output waiting for its routing step
+
+        def keep(index, output):
+            read = iter(range(1 << 30))
+
+            def batch_first(tensor):
+                position = next(read)
+                layouts = self._flat[index]
+                if layouts is None or position == len(layouts):  # the probe: learn the layout
+                    self._flat[index] = [*(layouts or []), tuple(tensor.shape[:2]) != (batch, length)]
+                lead = (batch * length,) if self._flat[index][position] else (batch, length)
+                if tuple(tensor.shape[: len(lead)]) != lead:
+                    raise UserError(
+                        f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; the adapter cannot use it"
+                    )
+                return tensor.detach().reshape(batch, length, *tensor.shape[len(lead) :])
+
+            try:
+                values[index] = self.kinds[index].to_values(output, batch_first)
+            except UserError as exc:
+                raise UserError(f"controller {self.controller_names[index]} {exc}") from None
 
         def record(index):
             def hook(module, args, kwargs, output):
                 self._once(index, calls)
-
-                def batch_first(tensor):
-                    if self._flat[index] is None:  # the probe: learn the layout
-                        self._flat[index] = tuple(tensor.shape[:2]) != (batch, length)
-                    lead = self._lead(index, batch, length)
-                    if tuple(tensor.shape[: len(lead)]) != lead:
-                        raise UserError(
-                            f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; "
-                            "the adapter cannot use it"
-                        )
-                    return tensor.detach().reshape(batch, length, *tensor.shape[len(lead) :])
-
-                try:
-                    values[index] = self.kinds[index].to_values(output, batch_first)
-                except UserError as exc:
-                    raise UserError(f"controller {self.controller_names[index]} {exc}") from None
+                if self._steps[index] is None:
+                    keep(index, output)
+                else:
+                    pending[index] = output
 
             return hook
+
+        def step(index, original):
+            def routing_step(*args, **kwargs):
+                output = original(*args, **kwargs)
+                keep(index, (pending[index], output))
+                return output
+
+            return routing_step
 
         with contextlib.ExitStack() as stack:
             for index, module in enumerate(self._controllers):
                 stack.callback(module.register_forward_hook(record(index), with_kwargs=True).remove)
+                owner = self._steps[index]
+                if owner is not None:
+                    stack.enter_context(
+                        _replaced(owner, self.kinds[index].step, step(index, getattr(owner, self.kinds[index].step)))
+                    )
             logits = self(input_ids).logits
         missing = [self.controller_names[i] for i, v in enumerate(values) if v is None]
         if missing:
@@ -148,22 +196,50 @@ class TransformersControlled(nn.Module):
         return logits, values
 
     def _lead(self, index: int, batch: int, length: int) -> tuple[int, ...]:
-        """The leading shape of controller ``index``'s outputs for ``batch`` × ``length`` tokens."""
-        return (batch * length,) if self._flat[index] else (batch, length)
+        """The leading shape of controller ``index``'s (first) output for ``batch`` × ``length`` tokens."""
+        layouts = self._flat[index]
+        return (batch * length,) if layouts and layouts[0] else (batch, length)
+
+    @contextlib.contextmanager
+    def frozen_controllers(self, outputs: dict[int, Callable[[], Any]]) -> Iterator[None]:
+        """Controller ``i`` (and its routing step) returns what ``outputs[i]()`` gives, never running."""
+        replacements: dict[nn.Module, Callable[..., Any]] = {}
+        routed: dict[int, Any] = {}
+
+        def controller(index):
+            def forward(*args, **kwargs):
+                output = outputs[index]()
+                if self._steps[index] is None:
+                    return output
+                routed[index] = output[1]
+                return output[0]
+
+            return forward
+
+        def step(index):
+            return lambda *args, **kwargs: routed.pop(index)
+
+        with contextlib.ExitStack() as stack:
+            for index in outputs:
+                replacements[self._controllers[index]] = controller(index)
+                if self._steps[index] is not None:
+                    stack.enter_context(_replaced(self._steps[index], self.kinds[index].step, step(index)))
+            stack.enter_context(frozen(replacements))
+            yield
 
     def replay_run(self, input_ids: torch.Tensor, values: list[Values]) -> torch.Tensor:
         """Logits with every controller replaced by its values (``frozen``): no controller executes."""
         calls = [0] * len(self._controllers)
         lead = [self._lead(i, *input_ids.shape) for i in range(len(self._controllers))]
 
-        def replacement(index):
-            def forward(*args, **kwargs):
+        def output(index):
+            def replay():
                 self._once(index, calls)
                 return self.kinds[index].to_output(values[index], lead[index])
 
-            return forward
+            return replay
 
-        with frozen({module: replacement(i) for i, module in enumerate(self._controllers)}):
+        with self.frozen_controllers({i: output(i) for i in range(len(self._controllers))}):
             return self(input_ids).logits
 
     def expert_counts(self, index: int, value: Values) -> torch.Tensor | None:
@@ -186,15 +262,30 @@ class StaticMixture(nn.Module):
         super().__init__()
         self.controlled = controlled
 
-    def _uniform(self, index: int, batch: int, length: int) -> Any:
+    def _uniform(self, index: int, batch: int, length: int) -> Callable[[], Any]:
         controlled = self.controlled
         experts = controlled.coefficient_slot_shapes[index][0]
         gate = torch.full((batch, length, experts), 1.0 / experts, device=controlled._device)
         output = controlled.kinds[index].to_output({COEFFICIENT: gate}, controlled._lead(index, batch, length))
-        return lambda *args, **kwargs: output
+        return lambda: output
 
     def forward(self, input_ids: torch.Tensor) -> Any:
         controlled = self.controlled
         routers = [i for i, kind in enumerate(controlled.kinds) if kind.experts is not None]
-        with frozen({controlled.controllers[i]: self._uniform(i, *input_ids.shape) for i in routers}):
+        with controlled.frozen_controllers({i: self._uniform(i, *input_ids.shape) for i in routers}):
             return controlled(input_ids)
+
+
+@contextlib.contextmanager
+def _replaced(owner: nn.Module, attribute: str, function: Callable[..., Any]) -> Iterator[None]:
+    """``owner.attribute`` is ``function`` on the instance for the block (a routing step of a logits-only
+    router), put back on exit."""
+    previous = owner.__dict__.get(attribute)
+    setattr(owner, attribute, function)
+    try:
+        yield
+    finally:
+        if previous is None:
+            owner.__dict__.pop(attribute, None)
+        else:
+            setattr(owner, attribute, previous)

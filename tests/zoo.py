@@ -1,0 +1,106 @@
+"""Tiny seeded models of every mixture-of-experts family of ``transformers``' causal-LM mapping, built from
+their config classes (no network): 2 layers, width 64, 4 experts, top-2, the shipped tokenizer's vocabulary.
+
+``SIZES`` sets every field a config class declares under one of its names; ``OVERRIDES`` holds what one
+family needs besides (its own field names, or shapes its modelling code insists on).
+"""
+
+import inspect
+from pathlib import Path
+
+import torch
+import transformers as T
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+VOCAB = 4096  # the shipped tokenizer's
+EXPERTS, TOP_K = 4, 2
+SIZES = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 64,
+    "ffn_hidden_size": 64,
+    "moe_intermediate_size": 32,
+    "expert_ffn_hidden_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "num_experts": EXPERTS,
+    "num_local_experts": EXPERTS,
+    "n_routed_experts": EXPERTS,
+    "moe_num_experts": EXPERTS,
+    "num_experts_per_tok": TOP_K,
+    "moe_topk": TOP_K,
+    "moe_k": TOP_K,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "moe_num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 0,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "max_position_embeddings": 128,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "pad_token_id": 0,
+}
+OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: as many key/value heads as heads
+    **{t: {"num_key_value_heads": 4} for t in ("axk2", "deepseek_v32", "glm_moe_dsa")},
+    "afmoe": {"num_dense_layers": 0},
+    "beam": {"mlp_layer_types": ["sparse", "sparse"]},
+    "dbrx": {
+        "d_model": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "max_seq_len": 128,
+        "attn_config": {"kv_n_heads": 2},
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": EXPERTS, "moe_top_k": TOP_K},
+    },
+    "deepseek_v4": {"mlp_layer_types": ["moe", "moe"]},
+    "doge": {"is_moe": True, "num_experts": 16, "num_experts_per_tok": TOP_K},
+    "flint": {"mlp_only_layers": []},
+    "longcat_flash": {"zero_expert_num": 2},
+    "gemma4_text": {"enable_moe_block": True, "top_k_experts": TOP_K, "moe_intermediate_size": 32},
+    "dots3_note_text": {"num_key_value_heads": 4},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 0},
+    "zaya": {"num_experts_per_tok": 1},
+}
+
+
+def moe_model_types() -> list[str]:
+    """The model types of the causal-LM mapping whose config declares an expert count."""
+    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING and expert_fields(t))
+
+
+def expert_fields(model_type: str) -> list[str]:
+    names = inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters
+    return [n for n in names if n.endswith("experts") and not n.endswith(("shared_experts", "tp_experts"))]
+
+
+def tiny_config(model_type: str):
+    config_class = CONFIG_MAPPING[model_type]
+    names = inspect.signature(config_class.__init__).parameters
+    fields = {name: value for name, value in SIZES.items() if name in names}
+    if "mlp_layer_types" in names:  # every layer sparse
+        fields["mlp_layer_types"] = ["sparse"] * 2
+    if "qk_rope_head_dim" in names and "head_dim" in names:  # multi-head latent attention: rope width
+        fields["head_dim"] = fields["qk_rope_head_dim"]
+    return config_class(**{**fields, **OVERRIDES.get(model_type, {})})
+
+
+def build(model_type: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return T.AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+
+
+def save(model: torch.nn.Module, folder: Path, tokenizer) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
