@@ -6,6 +6,7 @@ family needs besides (its own field names, or shapes its modelling code insists 
 """
 
 import inspect
+import re
 from pathlib import Path
 
 import torch
@@ -13,8 +14,12 @@ import transformers as T
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from fca_workbench.adapters.routers import find_routers
+
+EXPERT_COUNT = re.compile(r"^(num|n|moe_num)_(local_|routed_)?experts$")
 VOCAB = 4096  # the shipped tokenizer's
 EXPERTS, TOP_K = 4, 2
+ROOT = Path(__file__).resolve().parent.parent
 SIZES = {
     "vocab_size": VOCAB,
     "hidden_size": 64,
@@ -60,7 +65,7 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
         "n_layers": 2,
         "n_heads": 4,
         "max_seq_len": 128,
-        "attn_config": {"kv_n_heads": 2},
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # DbrxAttention reads it
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": EXPERTS, "moe_top_k": TOP_K},
     },
     "deepseek_v4": {"mlp_layer_types": ["moe", "moe"]},
@@ -75,13 +80,24 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
 
 
 def moe_model_types() -> list[str]:
-    """The model types of the causal-LM mapping whose config declares an expert count."""
-    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING and expert_fields(t))
+    """The model types of the causal-LM mapping that hold experts: a config (or sub-config) field counting
+    experts, or a modelling module that defines an experts class or assigns ``self.experts``."""
+    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING and holds_experts(t))
 
 
-def expert_fields(model_type: str) -> list[str]:
-    names = inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters
-    return [n for n in names if n.endswith("experts") and not n.endswith(("shared_experts", "tp_experts"))]
+def holds_experts(model_type: str) -> bool:
+    config_class = CONFIG_MAPPING[model_type]
+    classes = [config_class, *(getattr(config_class, "sub_configs", None) or {}).values()]
+    if any(EXPERT_COUNT.search(name) for c in classes for name in inspect.signature(c.__init__).parameters):
+        return True
+    causal = getattr(T, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type], None)
+    source = Path(inspect.getfile(causal)).read_text() if causal is not None else ""
+    return re.search(r"class \w+Experts\(|self\.experts\s*=", source) is not None
+
+
+def routed_k(model_type: str) -> int:
+    """The k of the family's tiny build."""
+    return OVERRIDES.get(model_type, {}).get("num_experts_per_tok", TOP_K)
 
 
 def tiny_config(model_type: str):
@@ -95,9 +111,17 @@ def tiny_config(model_type: str):
     return config_class(**{**fields, **OVERRIDES.get(model_type, {})})
 
 
-def build(model_type: str, seed: int = 0) -> torch.nn.Module:
+def build(model_type: str, seed: int = 0, router_scale: float = 20.0) -> torch.nn.Module:
+    """A seeded tiny model; its routers' weights scaled so that routing depends on the input (a randomly
+    initialised router is nearly uniform)."""
     torch.manual_seed(seed)
-    return T.AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+    model = T.AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
+    with torch.no_grad():
+        for name in find_routers(model):
+            for parameter in model.get_submodule(name).parameters():
+                if parameter.dim() > 1:
+                    parameter.mul_(router_scale)
+    return model
 
 
 def save(model: torch.nn.Module, folder: Path, tokenizer) -> Path:

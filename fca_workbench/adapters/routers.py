@@ -38,13 +38,14 @@ def find_routers(model: nn.Module) -> dict[str, ControllerKind]:
     """``{module path: kind}`` of every router of ``model``, by role: a child named as the family declares
     (``Family.router_names``) of a sparse-MoE block."""
     family = family_of(model.config)
-    kind = router_kind(family, model.config)
     found: dict[str, ControllerKind] = {}
     for name, _ in model.named_modules():
         parent, _, child = name.rpartition(".")
         inside = any(name.startswith(router + ".") for router in found)
         if child in family.router_names and not inside and is_sparse_block(model.get_submodule(parent)):
-            found[name] = kind
+            if family.refused is not None:
+                raise UserError(f"{name}: {family.refused}; the adapter cannot audit this model's routers")
+            found[name] = router_kind(family, model.config)
     return found
 
 

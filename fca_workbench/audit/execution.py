@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.adapters.kinds import top_k
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 
 Runnable = nn.Module | ControlledModel  # what is counted and timed: a model, its baseline, a positive control
@@ -185,9 +186,11 @@ def execution_audit(model: ControlledModel, windows: torch.Tensor, batch_size: i
 def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
     """For models whose controllers select experts (routers), from the cached routing of every eval window
     (no extra forward): ``expert_fraction_executed`` = expert evaluations run / (tokens × experts), overall
-    and per router (k/E for top-k), and each router's per-expert load (tokens routed to the expert / tokens).
-    Empty for models without routers."""
+    and per router (k/E for top-k), each router's per-expert load (tokens routed to the expert / tokens), and
+    ``zero_computation``: the share of its k routing slots that went to zero-computation experts (which run
+    nothing and are not among the E experts). Empty for models without routers."""
     counts: dict[int, torch.Tensor] = {}
+    slots: dict[int, int] = {}  # routing slots (tokens × k) per router
     tokens = 0
     if not model.controllers:
         return {}
@@ -197,6 +200,7 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
             count = model.expert_counts(index, value)
             if count is not None:
                 counts[index] = count if index not in counts else counts[index] + count
+                slots[index] = slots.get(index, 0) + value[COEFFICIENT].shape[:2].numel() * (top_k(value) or 0)
     if not counts:
         return {}
     names = cache.manifest.get("controllers") or list(model.controller_names)
@@ -209,5 +213,6 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
             "experts": [len(c) for c in counts.values()],
             "fraction_executed": [int(c.sum()) / (tokens * len(c)) for c in counts.values()],
             "load": [(c.double() / tokens).tolist() for c in counts.values()],
+            "zero_computation": [(slots[i] - int(c.sum())) / slots[i] if slots[i] else 0.0 for i, c in counts.items()],
         },
     }

@@ -1,0 +1,86 @@
+"""``fca audit FOLDER``, end to end in one process, on a tiny seeded model of every mixture-of-experts family of
+transformers' causal-LM mapping (``tests/zoo.py``), and the coverage of that mapping by the family registry.
+
+Per family: routers found (one per block that holds experts), ``correct`` == ``unperturbed`` bit for bit,
+expert fraction executed k/E (less the zero-computation experts' share), and a reassignment moves the NLL.
+"""
+
+import json
+import re
+
+import pytest
+import torch
+import zoo
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from fca_workbench import load_audit
+from fca_workbench.adapters.families import FAMILIES
+from fca_workbench.cli import main
+
+ARGS = ["--max-windows", "2", "--window", "32", "--resamples", "50", "--latency-repeats", "1", "--batch-size", "2"]
+REFUSED = sorted(t for t, family in FAMILIES.items() if family.refused and t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+# a multimodal model type whose causal LM is its text model's: audited through the text model type
+COVERED_BY = {"dots3_note": "dots3_note_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
+COVERED_BY |= {"qwen3_5_moe": "qwen3_5_moe_text", "qwen4_exp": "qwen4_exp_text"}
+AUDITED = sorted(set(zoo.moe_model_types()) - set(REFUSED) - set(COVERED_BY))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from fca_workbench.data.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def expert_blocks(model: torch.nn.Module) -> int:
+    """Blocks that hold experts, counted independently of the adapter: the parents of ``*Experts`` modules."""
+    parents = {
+        name.rpartition(".")[0] for name, module in model.named_modules() if type(module).__name__.endswith("Experts")
+    }
+    return len(parents)
+
+
+@pytest.mark.parametrize("model_type", AUDITED)
+def test_fca_audit_on_every_moe_family(model_type, tmp_path, tokenizer, capsys):
+    model = zoo.build(model_type)
+    folder = zoo.save(model, tmp_path / model_type, tokenizer)
+    assert main(["audit", str(folder), *ARGS, "--out", str(tmp_path / "audit")]) == 0
+    capsys.readouterr()
+    result = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    experts = result["execution"]["experts"]
+    assert len(experts["controllers"]) == expert_blocks(model) > 0
+    conditions = result["conditions"]
+    assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]
+
+    top_k = zoo.routed_k(model_type)
+    for count, fraction, zero in zip(experts["experts"], experts["fraction_executed"], experts["zero_computation"]):
+        assert count == zoo.EXPERTS
+        assert fraction == pytest.approx(top_k / zoo.EXPERTS * (1 - zero), rel=1e-12, abs=0)
+    per_token = load_audit(tmp_path / "audit").per_token.pivot_table(
+        index=["window", "position"], columns="condition", values="nll", observed=True
+    )
+    assert (per_token["cross_input"] - per_token["correct"]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("model_type", REFUSED)
+def test_a_family_whose_routers_cannot_be_replayed_is_one_line(model_type, tmp_path, tokenizer, capsys):
+    torch.manual_seed(0)
+    model = zoo.T.AutoModelForCausalLM.from_config(zoo.tiny_config(model_type))
+    folder = zoo.save(model, tmp_path / model_type, tokenizer)
+    assert main(["audit", str(folder), *ARGS, "--out", str(tmp_path / "audit")]) != 0
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "cannot audit" in error
+
+
+def test_every_moe_family_of_the_mapping_is_in_the_registry():
+    """A MoE family transformers adds later fails here until the registry (and so the zoo) knows it."""
+    assert sorted(set(zoo.moe_model_types()) - set(FAMILIES)) == []
+    assert all(COVERED_BY[t] in AUDITED for t in COVERED_BY)
+
+
+def test_the_family_table_in_the_docs_is_the_registrys():
+    from fca_workbench.adapters.families import family_table
+
+    text = (zoo.ROOT / "docs" / "guides" / "foreign-models.md").read_text(encoding="utf-8")
+    committed = re.search(r"<!-- families -->\n(.*?)<!-- /families -->", text, re.S)
+    assert committed is not None and committed.group(1) == family_table()
