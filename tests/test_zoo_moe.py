@@ -18,6 +18,7 @@ from fca_workbench.adapters.families import FAMILIES
 from fca_workbench.cli import main
 
 ARGS = ["--max-windows", "2", "--window", "32", "--resamples", "50", "--latency-repeats", "1", "--batch-size", "2"]
+TEXT_CHARS = 4000  # of each shipped split: enough for 2 windows of 32 tokens, tokenized in milliseconds
 REFUSED = sorted(t for t, family in FAMILIES.items() if family.refused and t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 # a multimodal model type whose causal LM is its text model's: audited through the text model type
 COVERED_BY = {"dots3_note": "dots3_note_text", "gemma4": "gemma4_text", "llama4": "llama4_text"}
@@ -32,6 +33,21 @@ def tokenizer():
     return load_tokenizer()
 
 
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> list[str]:
+    """``--eval`` and ``--calib`` files: the start of the shipped splits (tokenizing whole splits would
+    cost more than auditing a tiny model)."""
+    from fca_workbench.data.corpus import split_path
+
+    folder = tmp_path_factory.mktemp("texts")
+    args = []
+    for option, split in (("--eval", "eval"), ("--calib", "calibration")):
+        path = folder / f"{split}.txt"
+        path.write_text(split_path(split).read_text(encoding="utf-8")[:TEXT_CHARS], encoding="utf-8")
+        args += [option, str(path)]
+    return args
+
+
 def expert_blocks(model: torch.nn.Module) -> int:
     """Blocks that hold experts, counted independently of the adapter: the parents of ``*Experts`` modules."""
     parents = {
@@ -41,10 +57,10 @@ def expert_blocks(model: torch.nn.Module) -> int:
 
 
 @pytest.mark.parametrize("model_type", AUDITED)
-def test_fca_audit_on_every_moe_family(model_type, tmp_path, tokenizer, capsys):
+def test_fca_audit_on_every_moe_family(model_type, tmp_path, tokenizer, texts, capsys):
     model = zoo.build(model_type)
     folder = zoo.save(model, tmp_path / model_type, tokenizer)
-    assert main(["audit", str(folder), *ARGS, "--out", str(tmp_path / "audit")]) == 0
+    assert main(["audit", str(folder), *ARGS, *texts, "--out", str(tmp_path / "audit")]) == 0
     capsys.readouterr()
     result = json.loads((tmp_path / "audit" / "audit.json").read_text())
     experts = result["execution"]["experts"]
@@ -63,11 +79,11 @@ def test_fca_audit_on_every_moe_family(model_type, tmp_path, tokenizer, capsys):
 
 
 @pytest.mark.parametrize("model_type", REFUSED)
-def test_a_family_whose_routers_cannot_be_replayed_is_one_line(model_type, tmp_path, tokenizer, capsys):
+def test_a_family_whose_routers_cannot_be_replayed_is_one_line(model_type, tmp_path, tokenizer, texts, capsys):
     torch.manual_seed(0)
     model = zoo.T.AutoModelForCausalLM.from_config(zoo.tiny_config(model_type))
     folder = zoo.save(model, tmp_path / model_type, tokenizer)
-    assert main(["audit", str(folder), *ARGS, "--out", str(tmp_path / "audit")]) != 0
+    assert main(["audit", str(folder), *ARGS, *texts, "--out", str(tmp_path / "audit")]) != 0
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "cannot audit" in error
 

@@ -1,7 +1,6 @@
 """What transformers does not make uniform across its mixture-of-experts families, declared as data: per
 ``model_type``, how its routers are named, which shape their output has, the routing step of a router that
-returns only logits, its zero-computation experts, how its decoder layers are counted, and the text-only
-causal LM of a multimodal model. ``FAMILIES`` lists every MoE ``model_type`` of transformers' causal-LM
+returns only logits, its zero-computation experts, and how its decoder layers are counted. ``FAMILIES`` lists every MoE ``model_type`` of transformers' causal-LM
 mapping (``tests/test_zoo_moe.py`` fails when transformers adds one it does not list); a family absent from
 it gets ``DEFAULT``: a ``gate`` or ``router`` child of a block that holds experts, returning
 ``(router_logits, top_k_weights, top_k_index)``.
@@ -18,7 +17,7 @@ class Family:
     the attribute of its block that turns the logits into ``(top_k_weights, top_k_index)``.
     ``zero_experts``: zero-computation routing classes (the last ones), a count or the config field holding
     it. ``layers``: the config field counting the decoder layers, where ``num_hidden_layers`` counts
-    something else. ``text_model``: the transformers class of the text-only causal LM of a multimodal MoE.
+    something else.
     ``fixed_k``: the block takes exactly ``num_experts_per_tok`` experts per token, so a static profile is
     replayed as its top-k gates rather than as the mixture of every expert it names. ``refused``: why the
     adapter cannot audit the family's routers (the audit stops with that line)."""
@@ -28,7 +27,6 @@ class Family:
     step: str | None = None
     zero_experts: int | str = 0
     layers: str | None = None
-    text_model: str | None = None
     fixed_k: bool = False
     refused: str | None = None
 
@@ -143,8 +141,6 @@ def family_table() -> str:
             notes.append(f"decoder layers counted by `{family.layers}`")
         if family.fixed_k:
             notes.append("static profiles replayed as their top-k")
-        if family.text_model:
-            notes.append(f"loaded as `{family.text_model}`")
         routers = ", ".join(f"`{name}`" for name in family.router_names)
         output = "refused: " + family.refused if family.refused else OUTPUT_SHAPES[family.output]
         rows.append(f"| `{model_type}` | {routers} | {output} | {'; '.join(notes)} |")

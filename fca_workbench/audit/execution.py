@@ -112,12 +112,27 @@ def count_execution(model: ControlledModel, windows: torch.Tensor, batch_size: i
     return result
 
 
+@contextlib.contextmanager
+def _no_parameter_grads(model: Runnable):
+    """Every parameter ``requires_grad=False`` for the block, put back on exit: a view of a parameter taken
+    under ``no_grad`` still requires grad but has no gradient function, which ``FlopCounterMode``'s module
+    tracker cannot hook (DBRX's experts index views of their weights)."""
+    wanted = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for parameter in wanted:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter in wanted:
+            parameter.requires_grad_(True)
+
+
 def count_flops(model: Runnable, windows_batch: torch.Tensor) -> int:
     """FLOPs of one unperturbed forward of the batch, as ``torch.utils.flop_counter`` counts them (matmuls
     and attention; a skipped row's matmuls are simply absent)."""
     model.eval()
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
+    with torch.no_grad(), _no_parameter_grads(model), counter:
         model(windows_batch.to(_device(model)))
     return int(counter.get_total_flops())
 
