@@ -38,12 +38,13 @@ def texts(tmp_path_factory) -> list[str]:
     """``--eval`` and ``--calib`` files: the start of the shipped splits (tokenizing whole splits would
     cost more than auditing a tiny model)."""
     from fca_workbench.data.corpus import split_path
+    from fca_workbench.data.windows import read_documents
 
     folder = tmp_path_factory.mktemp("texts")
     args = []
     for option, split in (("--eval", "eval"), ("--calib", "calibration")):
         path = folder / f"{split}.txt"
-        path.write_text(split_path(split).read_text(encoding="utf-8")[:TEXT_CHARS], encoding="utf-8")
+        path.write_text(read_documents(split_path(split))[0][:TEXT_CHARS], encoding="utf-8")
         args += [option, str(path)]
     return args
 

@@ -130,7 +130,10 @@ OUTPUT_SHAPES = {  # Family.output → what the router returns (the docs' table)
 def family_table() -> str:
     """The Markdown table of ``FAMILIES`` (docs/guides/foreign-models.md holds it between ``<!-- families -->``
     markers; a test checks that the committed table is this one)."""
-    rows = ["| model_type | routers | router output | notes |", "|---|---|---|---|"]
+    rows = [
+        "| model_type | routers (child of the MoE block) | controller kind: router output | notes |",
+        "|---|---|---|---|",
+    ]
     for model_type, family in sorted(FAMILIES.items()):
         notes = []
         if family.step:
@@ -142,6 +145,10 @@ def family_table() -> str:
         if family.fixed_k:
             notes.append("static profiles replayed as their top-k")
         routers = ", ".join(f"`{name}`" for name in family.router_names)
-        output = "refused: " + family.refused if family.refused else OUTPUT_SHAPES[family.output]
+        output = (
+            "refused: " + family.refused
+            if family.refused
+            else f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
+        )
         rows.append(f"| `{model_type}` | {routers} | {output} | {'; '.join(notes)} |")
     return "\n".join(rows) + "\n"
