@@ -22,6 +22,7 @@ EXPERTS, TOP_K = 4, 2
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {
     "vocab_size": VOCAB,
+    "unpadded_vocab_size": VOCAB,  # Inkling-2 saves its unembedding padded to vocab_size
     "hidden_size": 64,
     "num_hidden_layers": 2,
     "num_layers": 2,
@@ -52,6 +53,24 @@ SIZES = {
     "qk_nope_head_dim": 8,
     "v_head_dim": 16,
     "max_position_embeddings": 128,
+    # the linear-attention and SSM layers of hybrids: small heads and states (their reference kernels are slow)
+    "mamba_n_heads": 4,
+    "mamba_d_head": 32,
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 32,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 32,
+    "ssm_state_size": 16,
+    "n_groups": 1,
+    "chunk_size": 32,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "hidden_size_per_layer_input": 16,
+    "vocab_size_per_layer_input": VOCAB,
     "bos_token_id": 0,
     "eos_token_id": 0,
     "pad_token_id": 0,
@@ -69,7 +88,7 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": EXPERTS, "moe_top_k": TOP_K},
     },
     "deepseek_v4": {"mlp_layer_types": ["moe", "moe"]},
-    "doge": {"is_moe": True, "num_experts": 16, "num_experts_per_tok": TOP_K},
+    "doge": {"is_moe": True, "num_experts": 16, "num_experts_per_tok": TOP_K},  # product keys: a square E
     "flint": {"mlp_only_layers": []},
     "longcat_flash": {"zero_expert_num": 2},
     "gemma4_text": {"enable_moe_block": True, "top_k_experts": TOP_K, "moe_intermediate_size": 32},
@@ -95,6 +114,11 @@ def holds_experts(model_type: str) -> bool:
     return re.search(r"class \w+Experts\(|self\.experts\s*=", source) is not None
 
 
+def routed_experts(model_type: str) -> int:
+    """The E of the family's tiny build."""
+    return OVERRIDES.get(model_type, {}).get("num_experts", EXPERTS)
+
+
 def routed_k(model_type: str) -> int:
     """The k of the family's tiny build."""
     return OVERRIDES.get(model_type, {}).get("num_experts_per_tok", TOP_K)
@@ -113,13 +137,15 @@ def tiny_config(model_type: str):
 
 def build(model_type: str, seed: int = 0, router_scale: float = 20.0) -> torch.nn.Module:
     """A seeded tiny model; its routers' weights scaled so that routing depends on the input (a randomly
-    initialised router is nearly uniform)."""
+    initialised router is nearly uniform, a zero-initialised one constant)."""
     torch.manual_seed(seed)
     model = T.AutoModelForCausalLM.from_config(tiny_config(model_type)).eval()
     with torch.no_grad():
         for name in find_routers(model):
             for parameter in model.get_submodule(name).parameters():
                 if parameter.dim() > 1:
+                    if not parameter.any():  # a router initialised to zeros (AFMoE's) routes every token alike
+                        parameter.normal_(0.0, 0.02)
                     parameter.mul_(router_scale)
     return model
 

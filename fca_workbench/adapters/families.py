@@ -19,8 +19,8 @@ class Family:
     it. ``layers``: the config field counting the decoder layers, where ``num_hidden_layers`` counts
     something else.
     ``fixed_k``: the block takes exactly ``num_experts_per_tok`` experts per token, so a static profile is
-    replayed as its top-k gates rather than as the mixture of every expert it names. ``refused``: why the
-    adapter cannot audit the family's routers (the audit stops with that line)."""
+    replayed as its top-k gates rather than as the mixture of every expert it names. ``classes``: the config field
+    counting the routing classes where the router's logits are not one per class (product keys)."""
 
     router_names: tuple[str, ...] = ("gate", "router")
     output: str = "top_k"
@@ -28,7 +28,7 @@ class Family:
     zero_experts: int | str = 0
     layers: str | None = None
     fixed_k: bool = False
-    refused: str | None = None
+    classes: str | None = None
 
 
 DEFAULT = Family()
@@ -47,7 +47,7 @@ FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorted
     "deepseek_v32": DEFAULT,
     "deepseek_v4": DEFAULT,
     "doge": Family(
-        router_names=("router_gate",), refused="its product-key routing is computed inline in DogeCDMoE.forward"
+        router_names=("router_gate",), output="product_keys", step="route_product_keys", classes="num_experts"
     ),
     "dots1": DEFAULT,
     "dots3_note": DEFAULT,
@@ -124,6 +124,7 @@ OUTPUT_SHAPES = {  # Family.output → what the router returns (the docs' table)
     "sorted": "`(index_sorted_experts, batch_index, batch_gates, expert_size, logits)`, sorted by expert",
     "skip_class": "`(router_logits, probs, index, router_states)` over E + 1 classes, the last a skip",
     "logits_step": "logits only; the block's routing step turns them into `(top_k_weights, top_k_index)`",
+    "product_keys": "product-key logits; the block's routing step (split out of its forward) gives the top-k",
 }
 
 
@@ -145,10 +146,6 @@ def family_table() -> str:
         if family.fixed_k:
             notes.append("static profiles replayed as their top-k")
         routers = ", ".join(f"`{name}`" for name in family.router_names)
-        output = (
-            "refused: " + family.refused
-            if family.refused
-            else f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
-        )
+        output = f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
         rows.append(f"| `{model_type}` | {routers} | {output} | {'; '.join(notes)} |")
     return "\n".join(rows) + "\n"

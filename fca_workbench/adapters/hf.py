@@ -16,7 +16,7 @@ from torch import nn
 from fca_workbench.adapters.families import family_of
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
-from fca_workbench.adapters.routers import find_routers, unclaimed_routers
+from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
 from fca_workbench.errors import UserError
 from fca_workbench.models.common import PositiveControl, check_window
 
@@ -107,10 +107,12 @@ class TransformersControlled(nn.Module):
         return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
 
     def _step_owner(self, name: str, kind: ControllerKind) -> nn.Module | None:
-        """The module whose ``kind.step`` attribute is the controller's routing step: its parent."""
+        """The module whose ``kind.step`` attribute is the controller's routing step: its parent (given the step
+        as a method where its forward computes it inline, ``routers.split_routing_step``)."""
         if kind.step is None:
             return None
         owner = self.model.get_submodule(name.rpartition(".")[0])
+        split_routing_step(owner, kind.step)
         if not callable(getattr(owner, kind.step, None)):
             raise UserError(f"controller {name}: its block has no routing step {kind.step}; the adapter cannot use it")
         return owner

@@ -7,6 +7,7 @@ indices; the last Z classes zero-computation experts where the family has them).
 """
 
 import re
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +44,6 @@ def find_routers(model: nn.Module) -> dict[str, ControllerKind]:
         parent, _, child = name.rpartition(".")
         inside = any(name.startswith(router + ".") for router in found)
         if child in family.router_names and not inside and is_sparse_block(model.get_submodule(parent)):
-            if family.refused is not None:
-                raise UserError(f"{name}: {family.refused}; the adapter cannot audit this model's routers")
             found[name] = router_kind(family, model.config)
     return found
 
@@ -152,6 +151,52 @@ def _step_pack(logits, weights, index, rest):
     return logits, (weights, index)
 
 
+def _doge_route(self: Any, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``DogeCDMoE.forward``'s routing, as a method of its own: product keys → (routing_weights, indices)."""
+    (scores_x, scores_y), (indices_x, indices_y) = router_logits.topk(self.num_keys, dim=-1)
+    all_scores = scores_x.unsqueeze(-1) + scores_y.unsqueeze(-2)
+    all_indices = indices_x.unsqueeze(-1) * self.num_keys + indices_y.unsqueeze(-2)
+    all_scores = all_scores.view(*all_scores.shape[:-2], -1)
+    all_indices = all_indices.view(*all_indices.shape[:-2], -1)
+    scores, position_indices = all_scores.topk(self.top_k, dim=-1)
+    indices = all_indices.gather(-1, position_indices)
+    routing_weights = nn.functional.softmax(scores, dim=-1)
+    if self.norm_topk_prob:
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+    return routing_weights, indices
+
+
+def _doge_forward(self: Any, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``DogeCDMoE.forward`` (transformers 5.24) with its routing called as ``self.route_product_keys`` on
+    ``[2, B, T, keys]`` (so that the step's output is batch-first like its router's), so that the step can be
+    recorded and replaced; every row computed as in the original."""
+    bsz, seq_len, _ = hidden_states.shape
+    router_logits = self.router_gate(hidden_states).view(2, bsz * seq_len, -1)
+    routing_weights, indices = self.route_product_keys(router_logits.view(2, bsz, seq_len, -1))
+    routing_weights, indices = routing_weights.view(bsz * seq_len, -1), indices.view(bsz * seq_len, -1)
+    down_embed = self.down_embed(indices)
+    up_embed = self.up_embed(indices)
+    experts_weights = torch.matmul(down_embed, hidden_states.view(bsz * seq_len, -1, 1)).view(bsz * seq_len, -1)
+    experts_weights = self.act_fn(experts_weights) * routing_weights
+    experts_states = torch.matmul(experts_weights.view(bsz * seq_len, 1, -1), up_embed).view(bsz, seq_len, -1)
+    hidden_states = self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+    hidden_states = hidden_states + experts_states
+    return hidden_states, router_logits
+
+
+# a block whose routing step is inline in its forward: the forward that calls it as a method, and the step
+SPLIT_FORWARDS = {"route_product_keys": (_doge_forward, _doge_route)}
+
+
+def split_routing_step(block: nn.Module, step: str) -> None:
+    """Give ``block`` the routing step ``step`` as a method of the instance, where its forward computes it
+    inline (``SPLIT_FORWARDS``); the forward is swapped for one that calls it, numerically the same."""
+    if step in SPLIT_FORWARDS and step not in vars(block):
+        forward, route = SPLIT_FORWARDS[step]
+        setattr(block, step, types.MethodType(route, block))
+        block.forward = types.MethodType(forward, block)
+
+
 OUTPUTS: dict[str, tuple[Callable[[Any], Routing], Callable[..., Any]]] = {  # Family.output → (unpack, pack)
     "top_k": (_top_k_unpack, _top_k_pack),
     "top_k_gammas": (_gammas_unpack, _gammas_pack),
@@ -159,6 +204,7 @@ OUTPUTS: dict[str, tuple[Callable[[Any], Routing], Callable[..., Any]]] = {  # F
     "sorted": (_sorted_unpack, _sorted_pack),
     "skip_class": (_skip_unpack, _skip_pack),
     "logits_step": (_step_unpack, _step_pack),
+    "product_keys": (_step_unpack, _step_pack),
 }
 GATE_EXTRAS = {"top_k_gammas": "shared_gammas"}  # output rest that is a gate too: it joins the coefficient
 NATIVE_BATCH_FIRST = {"router_states"}  # output rest already [B, T, ...]: returned as it is
@@ -174,7 +220,7 @@ def router_kind(family: Family, config: Any) -> ControllerKind:
         logits, weights, index, rest = unpack(output)
         values = {LOGITS: batch_first(logits), WEIGHTS: batch_first(weights), TOP_K_INDEX: batch_first(index)}
         values.update({key: batch_first(tensor) for key, tensor in rest.items()})
-        gate = torch.zeros(values[LOGITS].shape, dtype=torch.float32, device=logits.device)
+        gate = torch.zeros((*values[LOGITS].shape[:-1], classes(values)), dtype=torch.float32, device=logits.device)
         gate = gate.scatter_add(-1, values[TOP_K_INDEX], values[WEIGHTS].float())
         values[COEFFICIENT] = gate if gate_extra is None else torch.cat([gate, values[gate_extra].float()], -1)
         return values
@@ -216,11 +262,15 @@ def router_kind(family: Family, config: Any) -> ControllerKind:
         index = classes.expand(*gate.shape[:-1], len(classes))
         return tuple(t.reshape(*lead, t.shape[-1]) for t in (gate, weights, index))
 
+    def classes(values) -> int:
+        """Routing classes: one per logit, or as many as the config declares (product keys)."""
+        return getattr(config, family.classes) if family.classes else values[LOGITS].shape[-1]
+
     def experts(values):
         if TOP_K_INDEX not in values:
             return None
-        classes = values[LOGITS].shape[-1]
-        return torch.bincount(values[TOP_K_INDEX].flatten().cpu(), minlength=classes)[: classes - zero]
+        count = classes(values)
+        return torch.bincount(values[TOP_K_INDEX].flatten().cpu(), minlength=count)[: count - zero]
 
     def slot_labels(slot_shape: tuple[int, ...]) -> list[str]:
         width = slot_shape[0] - (config.n_shared_experts if gate_extra is not None else 0)
