@@ -106,8 +106,8 @@ class TransformersControlled(nn.Module):
                 return list(module)
         return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
 
-    def _step_owner(self, name: str, kind: ControllerKind) -> nn.Module | None:
-        """The module whose ``kind.step`` attribute is the controller's routing step: its parent (given the step
+    def _step_owner(self, name: str, kind: ControllerKind) -> tuple[nn.Module, str] | None:
+        """``(module, attribute)`` of the controller's routing step: an attribute of its parent (given the step
         as a method where its forward computes it inline, ``routers.split_routing_step``)."""
         if kind.step is None:
             return None
@@ -115,7 +115,7 @@ class TransformersControlled(nn.Module):
         split_routing_step(owner, kind.step)
         if not callable(getattr(owner, kind.step, None)):
             raise UserError(f"controller {name}: its block has no routing step {kind.step}; the adapter cannot use it")
-        return owner
+        return owner, kind.step
 
     def block_branches(self, index: int) -> list[nn.Module]:
         """None known: a foreign decoder layer says nothing of which submodules it could skip per token."""
@@ -186,11 +186,10 @@ class TransformersControlled(nn.Module):
         with contextlib.ExitStack() as stack:
             for index, module in enumerate(self._controllers):
                 stack.callback(module.register_forward_hook(record(index), with_kwargs=True).remove)
-                owner = self._steps[index]
-                if owner is not None:
-                    stack.enter_context(
-                        _replaced(owner, self.kinds[index].step, step(index, getattr(owner, self.kinds[index].step)))
-                    )
+                routing_step = self._steps[index]
+                if routing_step is not None:
+                    owner, attribute = routing_step
+                    stack.enter_context(_replaced(owner, attribute, step(index, getattr(owner, attribute))))
             logits = self(input_ids).logits
         missing = [self.controller_names[i] for i, v in enumerate(values) if v is None]
         if missing:
@@ -224,8 +223,9 @@ class TransformersControlled(nn.Module):
         with contextlib.ExitStack() as stack:
             for index in outputs:
                 replacements[self._controllers[index]] = controller(index)
-                if self._steps[index] is not None:
-                    stack.enter_context(_replaced(self._steps[index], self.kinds[index].step, step(index)))
+                routing_step = self._steps[index]
+                if routing_step is not None:
+                    stack.enter_context(_replaced(*routing_step, step(index)))
             stack.enter_context(frozen(replacements))
             yield
 

@@ -110,9 +110,9 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
-        model_class = AutoModelForCausalLM if raw.get("auto_map") else causal_lm_class(config, folder)
+        model_class: Any = AutoModelForCausalLM if raw.get("auto_map") else causal_lm_class(config, folder)
         remote = {"trust_remote_code": trust_remote_code} if hasattr(model_class, "from_config") else {}
-        build = getattr(model_class, "from_config", getattr(model_class, "_from_config", None))
+        build = getattr(model_class, "from_config", None) or model_class._from_config
         parameters = parameters_on_meta(lambda: build(config, **remote))
         check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
         return model_class.from_pretrained(
