@@ -322,7 +322,17 @@ def test_fca_audit_on_the_shipped_moe(tmp_path):
 
 
 # Routers by role: every output shape transformers uses, replayed without running a router (tests/zoo.py builds)
-UNUSUAL = ["dbrx", "hunyuan_v1_moe", "inkling_text", "jetmoe", "llama4_text", "longcat_flash", "zaya", "gemma4_text"]
+UNUSUAL = [
+    "dbrx",
+    "doge",
+    "hunyuan_v1_moe",
+    "inkling_text",
+    "jetmoe",
+    "llama4_text",
+    "longcat_flash",
+    "zaya",
+    "gemma4_text",
+]
 
 
 def extra_gates(model_type: str) -> int:
@@ -348,6 +358,17 @@ def test_every_router_shape_replays_bit_exactly_without_running_a_router(model_t
     for value in values[: len(names)]:  # the dense gate: at most k routing classes per token
         assert ((value[COEFFICIENT] != 0).sum(-1) <= zoo.routed_k(model_type) + extra_gates(model_type)).all()
     assert all("forward" not in vars(controlled.model.get_submodule(name)) for name in names)
+
+
+def test_a_routing_step_split_out_of_a_forward_computes_what_the_forward_did(ids):
+    """Doge's block computes its product-key routing inline; the adapter's split forward gives the same logits."""
+    model = zoo.build("doge")
+    with torch.no_grad():
+        pristine = model(input_ids=ids, use_cache=False).logits
+        controlled = TransformersControlled(model)
+        assert "route_product_keys" in vars(model.get_submodule("model.layers.0.mlp"))
+        assert torch.equal(controlled(ids).logits, pristine)
+    assert controlled.coefficient_slot_shapes == [(16,), (16,)]  # one gate per product-key expert
 
 
 def test_zero_computation_experts_are_counted_apart_and_longcat_has_blocks(tmp_path):
@@ -396,12 +417,21 @@ def test_flops_of_dbrx_count_and_leave_the_parameters_as_they_were():
     assert all(parameter.requires_grad for parameter in controlled.parameters())
 
 
-def test_a_causal_lm_outside_the_auto_mapping_loads_and_an_encoder_decoder_is_refused(tmp_path, tokenizer):
-    """Mistral-4 is not in AutoModelForCausalLM's mapping: it loads as its own causal LM."""
+def test_a_causal_lm_outside_the_auto_mapping_loads_and_an_encoder_decoder_is_refused(ids, tmp_path, tokenizer):
+    """Mistral-4 and Qwen3-VL-MoE are not in AutoModelForCausalLM's mapping: the first loads as its own causal
+    LM, the second as its image-text-to-text model run on text alone; Switch Transformers is refused."""
     torch.manual_seed(0)
     mistral4 = T.Mistral4ForCausalLM._from_config(zoo.tiny_config("mistral4"))
     controlled = load_controlled(save(mistral4, tmp_path / "m4", tokenizer))
     assert type(controlled.model).__name__ == "Mistral4ForCausalLM" and controlled.controller_names
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+    config = T.Qwen3VLMoeConfig(text_config=zoo.tiny_config("qwen3_vl_moe_text").to_dict(), vision_config=vision)
+    torch.manual_seed(0)
+    multimodal = load_controlled(save(T.Qwen3VLMoeForConditionalGeneration(config), tmp_path / "vl", tokenizer))
+    assert multimodal.controller_names == [f"model.language_model.layers.{i}.mlp.gate" for i in range(2)]
+    with torch.no_grad():
+        logits, values = multimodal.capture_run(ids)
+        assert torch.equal(multimodal.replay_run(ids, values), logits)
     switch_config = T.SwitchTransformersConfig(
         vocab_size=VOCAB, d_model=64, d_ff=64, d_kv=16, num_heads=4, num_layers=2, num_decoder_layers=2, num_experts=4
     )

@@ -116,7 +116,7 @@ def count_execution(model: ControlledModel, windows: torch.Tensor, batch_size: i
 def _no_parameter_grads(model: Runnable):
     """Every parameter ``requires_grad=False`` for the block, put back on exit: a view of a parameter taken
     under ``no_grad`` still requires grad but has no gradient function, which ``FlopCounterMode``'s module
-    tracker cannot hook (DBRX's experts index views of their weights)."""
+    tracker cannot hook (experts that index views of their weights call modules with them)."""
     wanted = [p for p in model.parameters() if p.requires_grad]
     try:
         for parameter in wanted:
