@@ -87,7 +87,7 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
         "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},  # DbrxAttention reads it
         "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": EXPERTS, "moe_top_k": TOP_K},
     },
-    "deepseek_v4": {"mlp_layer_types": ["moe", "moe"]},
+    "deepseek_v4": {"mlp_layer_types": ["hash_moe", "moe"]},  # a hash-routed layer (token id → experts), a learned one
     "doge": {"is_moe": True, "num_experts": 16, "num_experts_per_tok": TOP_K},  # product keys: a square E
     "flint": {"mlp_only_layers": []},
     "longcat_flash": {"zero_expert_num": 2},
