@@ -439,3 +439,18 @@ def test_a_causal_lm_outside_the_auto_mapping_loads_and_an_encoder_decoder_is_re
     with pytest.raises(UserError) as excinfo:
         load_controlled(save(switch, tmp_path / "switch", tokenizer))
     assert "encoder-decoder" in one_line(excinfo)
+
+
+def test_a_skip_routing_round_trips_also_for_an_expert_whose_weight_underflowed():
+    """Zaya masks a token routed to its skip class as expert 0 with weight 0; a real expert 2 whose weight
+    underflowed to 0 must come back as expert 2 (the live experts computed it)."""
+    from fca_workbench.adapters.routers import OUTPUTS
+
+    unpack, pack = OUTPUTS["skip_class"]
+    logits = torch.zeros(3, 5)
+    weights, index = torch.tensor([[0.0], [0.0], [0.7]]), torch.tensor([[0], [2], [1]])
+    states = torch.zeros(1, 3, 8)
+    _, _, canonical, rest = unpack((logits, weights, index, states))
+    assert canonical.flatten().tolist() == [4, 2, 1]  # the skip class is E = 4
+    replayed = pack(logits, weights, canonical, rest)
+    assert torch.equal(replayed[1], weights) and torch.equal(replayed[2], index) and replayed[3] is states

@@ -127,10 +127,11 @@ def _sorted_pack(logits, weights, index, rest):
 
 def _skip_unpack(output: Any) -> Routing:
     """Zaya's ``(router_logits [N, E+1], probs [N, k], index [N, k], router_states [B, T, H])``: a token
-    routed to the skip class E arrives masked as expert 0 with weight 0; it is put back at E."""
+    routed to the skip class E arrives masked as expert 0 with weight 0; it is put back at E (an expert 0
+    whose weight underflowed to 0 is the same computation)."""
     logits, weights, index, states = _tensors(output, 4, "(router_logits, probs, index, router_states)")
-    skip = logits.shape[-1] - 1
-    return logits, weights, index.masked_fill(weights == 0, skip), {"router_states": states}
+    skip = (weights == 0) & (index == 0)
+    return logits, weights, index.masked_fill(skip, logits.shape[-1] - 1), {"router_states": states}
 
 
 def _skip_pack(logits, weights, index, rest):
@@ -211,10 +212,16 @@ NATIVE_BATCH_FIRST = {"router_states"}  # output rest already [B, T, ...]: retur
 
 
 def router_kind(family: Family, config: Any) -> ControllerKind:
-    """The controller kind of ``family``'s routers (``config`` gives its zero-computation experts)."""
+    """The controller kind of ``family``'s routers (``config`` gives its zero-computation experts, product-key
+    classes, shared-expert gates and k)."""
     unpack, pack = OUTPUTS[family.output]
     zero = zero_experts(family, config)
     gate_extra = GATE_EXTRAS.get(family.output)
+    shared = config.n_shared_experts if gate_extra is not None else 0  # gates after the routing classes'
+
+    def classes(values) -> int:
+        """Routing classes: one per logit, or as many as the config declares (product keys)."""
+        return getattr(config, family.classes) if family.classes else values[LOGITS].shape[-1]
 
     def to_values(output, batch_first) -> dict:
         logits, weights, index, rest = unpack(output)
@@ -233,38 +240,22 @@ def router_kind(family: Family, config: Any) -> ControllerKind:
             rest = {key: value for key, value in values.items() if key not in (*ROUTER_OUTPUT, COEFFICIENT)}
             rest = {key: value if key in NATIVE_BATCH_FIRST else native(value) for key, value in rest.items()}
             return pack(*(native(values[key]) for key in ROUTER_OUTPUT), rest)
-        return pack(*static_mixture(values[COEFFICIENT], lead, gate_extra is not None), static_rest(values, lead))
-
-    def static_rest(values, lead) -> dict:
         coefficient = values[COEFFICIENT]
+        gate = coefficient[..., : coefficient.shape[-1] - shared]
         rest = {}
         if gate_extra is not None:
-            rest[gate_extra] = coefficient[..., -extra_width(coefficient) :].reshape(*lead, -1)
+            rest[gate_extra] = coefficient[..., gate.shape[-1] :].reshape(*lead, -1)
         if family.output == "skip_class":  # the next router's input: that router is frozen too
             rest["router_states"] = coefficient.new_zeros(*coefficient.shape[:2], config.router_hidden_size)
-        return rest
+        return pack(*(t.reshape(*lead, t.shape[-1]) for t in static_mixture(gate)), rest)
 
-    def extra_width(coefficient) -> int:
-        return coefficient.shape[-1] - routing_classes(coefficient)
-
-    def routing_classes(coefficient) -> int:
-        return coefficient.shape[-1] - (config.n_shared_experts if gate_extra is not None else 0)
-
-    def static_mixture(coefficient, lead, has_extra):
+    def static_mixture(gate):
         """Every routing class with a nonzero gate anywhere in the batch runs, weighted by its gate (the gate
         stands in for the router logits, which the block discards); or, ``fixed_k``, each token's top-k."""
-        gate = coefficient[..., : routing_classes(coefficient)] if has_extra else coefficient
         if family.fixed_k:
-            weights, index = gate.topk(config.num_experts_per_tok, dim=-1)
-            return tuple(t.reshape(*lead, t.shape[-1]) for t in (gate, weights, index))
-        classes = (gate != 0).flatten(0, -2).any(dim=0).nonzero().squeeze(1)
-        weights = gate.index_select(-1, classes)
-        index = classes.expand(*gate.shape[:-1], len(classes))
-        return tuple(t.reshape(*lead, t.shape[-1]) for t in (gate, weights, index))
-
-    def classes(values) -> int:
-        """Routing classes: one per logit, or as many as the config declares (product keys)."""
-        return getattr(config, family.classes) if family.classes else values[LOGITS].shape[-1]
+            return gate, *gate.topk(config.num_experts_per_tok, dim=-1)
+        used = (gate != 0).flatten(0, -2).any(dim=0).nonzero().squeeze(1)
+        return gate, gate.index_select(-1, used), used.expand(*gate.shape[:-1], len(used))
 
     def experts(values):
         if TOP_K_INDEX not in values:
@@ -273,10 +264,9 @@ def router_kind(family: Family, config: Any) -> ControllerKind:
         return torch.bincount(values[TOP_K_INDEX].flatten().cpu(), minlength=count)[: count - zero]
 
     def slot_labels(slot_shape: tuple[int, ...]) -> list[str]:
-        width = slot_shape[0] - (config.n_shared_experts if gate_extra is not None else 0)
-        real = width - zero
+        real = slot_shape[0] - shared - zero
         labels = [f"expert {e}" for e in range(real)] + [f"zero expert {e}" for e in range(zero)]
-        return labels + [f"shared expert {e}" for e in range(slot_shape[0] - width)]
+        return labels + [f"shared expert {e}" for e in range(shared)]
 
     return ControllerKind(
         f"router:{family.output}", lambda name, module: False, to_values, to_output, experts, slot_labels, family.step
