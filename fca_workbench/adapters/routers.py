@@ -86,7 +86,7 @@ def _scores_unpack(output: Any) -> Routing:
     """``(router_scores [N, E], router_logits [N, E])``: the scores are already the dense gate (zero off the
     top-k), so the routed experts are the nonzero scores."""
     scores, logits = _tensors(output, 2, "(router_scores, router_logits)")
-    k = int((scores[:1] != 0).sum())
+    k = int((scores != 0).sum(-1).max())  # a routed score may underflow to 0; none is nonzero off the top-k
     weights, index = scores.topk(k, dim=-1)
     return logits, weights, index, {"router_scores": scores}
 
