@@ -1,12 +1,14 @@
 """The controlled-model protocol for any ``transformers`` causal LM, from outside the model.
 
-Controllers are found by the kinds of ``fca_workbench.adapters.kinds`` (or named by a regex). Capture
-records each controller's whole output with a forward hook; replay replaces each controller's ``forward``
-on the instance (``frozen``), so it returns the given values without running. Every controller must run
+Controllers are found by the kinds of ``fca_workbench.adapters.kinds`` (or named by a regex), MoE routers
+by role (``fca_workbench.adapters.routers``). Capture records each controller's whole output with a forward
+hook; replay replaces each controller's ``forward`` on the instance (``frozen``), so it returns the given
+values without running; a logits-only router's routing step is recorded and replaced with it. Every controller must run
 exactly once per forward (checked), which holds for the MoE families of transformers 5.x.
 """
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -146,7 +148,7 @@ class TransformersControlled(nn.Module):
         pending: list[Any] = [None] * len(self._controllers)  # a router's output waiting for its routing step
 
         def keep(index, output):
-            read = iter(range(1 << 30))
+            read = itertools.count()  # the position of each tensor the kind reads
 
             def batch_first(tensor):
                 position = next(read)
