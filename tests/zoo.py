@@ -104,6 +104,10 @@ def moe_model_types() -> list[str]:
     return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING and holds_experts(t))
 
 
+def signature(config_class) -> set[str]:
+    return set(inspect.signature(config_class.__init__).parameters)
+
+
 def holds_experts(model_type: str) -> bool:
     config_class = CONFIG_MAPPING[model_type]
     classes = [config_class, *(getattr(config_class, "sub_configs", None) or {}).values()]
@@ -124,9 +128,32 @@ def routed_k(model_type: str) -> int:
     return OVERRIDES.get(model_type, {}).get("num_experts_per_tok", TOP_K)
 
 
+SMALL_TOWER = {  # the vision / audio towers of a multimodal MoE: one small layer
+    "depth": 1,
+    "num_hidden_layers": 1,
+    "num_layers": 1,
+    "hidden_size": 32,
+    "intermediate_size": 32,
+    "num_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "out_hidden_size": 64,
+}
+
+
 def tiny_config(model_type: str):
     config_class = CONFIG_MAPPING[model_type]
-    names = inspect.signature(config_class.__init__).parameters
+    towers = getattr(config_class, "sub_configs", None) or {}
+    if "text_config" in towers:  # a multimodal MoE: its text model's tiny config, small towers
+        text = tiny_config(towers["text_config"].model_type).to_dict()
+        small = {
+            key: {name: value for name, value in SMALL_TOWER.items() if name in signature(tower)}
+            for key, tower in towers.items()
+            if key != "text_config"
+        }
+        return config_class(text_config=text, **small)
+    names = signature(config_class)
     fields = {name: value for name, value in SIZES.items() if name in names}
     if "mlp_layer_types" in names:  # every layer sparse
         fields["mlp_layer_types"] = ["sparse"] * 2

@@ -78,7 +78,9 @@ class TransformersControlled(nn.Module):
 
     @property
     def config(self) -> Any:
-        return self.model.config
+        """The text model's config (the config itself but for a multimodal model, whose sizes, vocabulary and
+        context are its text config's)."""
+        return self.model.config.get_text_config()
 
     @property
     def arch(self) -> str:
@@ -90,7 +92,7 @@ class TransformersControlled(nn.Module):
 
     @property
     def context_length(self) -> int:
-        config = self.model.config
+        config = self.config
         for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
             if isinstance(getattr(config, field, None), int):
                 return getattr(config, field)
@@ -100,8 +102,7 @@ class TransformersControlled(nn.Module):
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: the ModuleList with as many entries as the config counts layers
         (``num_hidden_layers``, or the field its family declares), else the first ``layers`` ModuleList."""
-        config = self.model.config
-        count = getattr(config, family_of(config).layers or "num_hidden_layers", None)
+        count = getattr(self.config, family_of(self.model.config).layers or "num_hidden_layers", None)
         lists = [(name, m) for name, m in self.model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
         for _, module in lists:
             if len(module) == count:
