@@ -78,6 +78,8 @@ def audit_settings(args: argparse.Namespace, checkpoint: str) -> "AuditSettings"
         dtype=args.dtype,
         seed=args.seed,
         batch_size=args.batch_size,
+        resamples=args.resamples,
+        latency_repeats=args.latency_repeats,
         cache=getattr(args, "cache", None),
         controllers=args.controllers,
         only_controllers=args.only_controllers,
@@ -161,6 +163,14 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
     app.serve(settings, port=args.port, address=args.address, **options)
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse turns the ValueError into one line)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
@@ -186,6 +196,15 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
+    parser.add_argument(
+        "--resamples", type=at_least_one, default=1000, help="bootstrap resamples of the intervals (default 1000)"
+    )
+    parser.add_argument(
+        "--latency-repeats",
+        type=at_least_one,
+        default=10,
+        help="timed forwards of the model and of its baseline (default 10; 1 for a quick check)",
+    )
     controllers = parser.add_mutually_exclusive_group()
     controllers.add_argument(
         "--controllers",

@@ -9,10 +9,14 @@ import json
 import pytest
 import torch
 import transformers as T
+import zoo
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
+from fca_workbench.adapters.families import FAMILIES as REGISTRY
+from fca_workbench.adapters.families import OUTPUT_SHAPES, Family
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.routers import OUTPUTS, find_routers
 from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.errors import UserError
@@ -316,3 +320,138 @@ def test_fca_audit_on_the_shipped_moe(tmp_path):
     assert result["model"]["controllers"] == [f"model.layers.{l}.mlp.gate" for l in range(4)]
     assert result["execution"]["expert_fraction_executed"] == 2 / 8
     assert result["execution"]["baseline"] == "static_mixture"
+
+
+# Routers by role: every output shape transformers uses, replayed without running a router (tests/zoo.py builds)
+UNUSUAL = [
+    "dbrx",
+    "doge",
+    "hunyuan_v1_moe",
+    "inkling_text",
+    "jetmoe",
+    "llama4_text",
+    "longcat_flash",
+    "zaya",
+    "gemma4_text",
+]
+
+
+def extra_gates(model_type: str) -> int:
+    """Gates of the coefficient beyond the routed experts' (Inkling's shared-expert gamma)."""
+    return 1 if model_type == "inkling_text" else 0
+
+
+@pytest.mark.parametrize("model_type", UNUSUAL)
+def test_every_router_shape_replays_bit_exactly_without_running_a_router(model_type, ids):
+    controlled = TransformersControlled(zoo.build(model_type))
+    names = list(find_routers(controlled.model))
+    assert controlled.controller_names[: len(names)] == names and names
+    with torch.no_grad():
+        live = controlled(ids).logits
+        _, values = controlled.capture_run(ids)
+        for name in names:  # a router that ran would poison the logits
+            for parameter in controlled.model.get_submodule(name).parameters():
+                parameter.fill_(float("nan"))
+        replayed = controlled.replay_run(ids, values)
+        crossed = controlled.replay_run(ids, [{k: v.roll(1, dims=0) for k, v in value.items()} for value in values])
+    assert torch.equal(replayed, live)
+    assert torch.isfinite(crossed).all() and not torch.equal(crossed, live)
+    for value in values[: len(names)]:  # the dense gate: at most k routing classes per token
+        assert ((value[COEFFICIENT] != 0).sum(-1) <= zoo.routed_k(model_type) + extra_gates(model_type)).all()
+    assert all("forward" not in vars(controlled.model.get_submodule(name)) for name in names)
+
+
+def test_a_routing_step_split_out_of_a_forward_computes_what_the_forward_did(ids):
+    """Doge's block computes its product-key routing inline; the adapter's split forward gives the same logits."""
+    model = zoo.build("doge")
+    with torch.no_grad():
+        pristine = model(input_ids=ids, use_cache=False).logits
+        controlled = TransformersControlled(model)
+        assert "route_product_keys" in vars(model.get_submodule("model.layers.0.mlp"))
+        assert torch.equal(controlled(ids).logits, pristine)
+    assert controlled.coefficient_slot_shapes == [(16,), (16,)]  # one gate per product-key expert
+
+
+def test_zero_computation_experts_are_counted_apart_and_longcat_has_blocks(tmp_path):
+    """LongCat-Flash: routing classes ≥ E are zero-computation experts; counted from the raw router output."""
+    from fca_workbench.audit.capture import capture
+    from fca_workbench.audit.execution import count_execution, expert_execution
+
+    controlled = TransformersControlled(zoo.build("longcat_flash"))
+    assert len(controlled.blocks) == 2  # num_hidden_layers is 2 × num_layers
+    windows = torch.randint(1, VOCAB, (4, 10), generator=torch.Generator().manual_seed(3))
+    raw = []
+    hooks = [
+        controlled.model.get_submodule(n).register_forward_hook(lambda m, a, out: raw.append(out[2]))
+        for n in controlled.controller_names
+    ]
+    with torch.no_grad():
+        controlled.model(input_ids=windows, use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    cache = capture(controlled, windows, tmp_path / "cache", batch_size=4)
+    experts = expert_execution(controlled, cache)["experts"]
+    for index, zero in zip(raw, experts["zero_computation"]):
+        assert zero == (index >= zoo.EXPERTS).sum().item() / index.numel()
+    assert experts["experts"] == [zoo.EXPERTS] * 2 and 0 < max(experts["zero_computation"]) < 1
+    assert count_execution(controlled, windows)["fraction_executed"] == 1.0
+
+
+def test_a_router_no_kind_claims_is_refused_in_one_line(monkeypatch):
+    """A module that looks like a router but is not where its family says: refused, never "No controller"."""
+    monkeypatch.setitem(REGISTRY, "mixtral", Family(router_names=("router",)))
+    with pytest.raises(UserError) as excinfo:
+        TransformersControlled(build("mixtral"))
+    assert "looks like a router" in one_line(excinfo) and "model.layers.0.mlp.gate" in one_line(excinfo)
+
+
+def test_every_router_output_shape_is_described_for_the_docs():
+    assert set(OUTPUT_SHAPES) == set(OUTPUTS)
+    assert {family.output for family in REGISTRY.values()} <= set(OUTPUTS)
+
+
+def test_flops_of_dbrx_count_and_leave_the_parameters_as_they_were():
+    from fca_workbench.audit.execution import count_flops
+
+    controlled = TransformersControlled(zoo.build("dbrx"))
+    assert count_flops(controlled, torch.randint(1, VOCAB, (2, 8))) > 0
+    assert all(parameter.requires_grad for parameter in controlled.parameters())
+
+
+def test_a_causal_lm_outside_the_auto_mapping_loads_and_an_encoder_decoder_is_refused(ids, tmp_path, tokenizer):
+    """Mistral-4 and Qwen3-VL-MoE are not in AutoModelForCausalLM's mapping: the first loads as its own causal
+    LM, the second as its image-text-to-text model run on text alone; Switch Transformers is refused."""
+    torch.manual_seed(0)
+    mistral4 = T.Mistral4ForCausalLM._from_config(zoo.tiny_config("mistral4"))
+    controlled = load_controlled(save(mistral4, tmp_path / "m4", tokenizer))
+    assert type(controlled.model).__name__ == "Mistral4ForCausalLM" and controlled.controller_names
+    vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+    config = T.Qwen3VLMoeConfig(text_config=zoo.tiny_config("qwen3_vl_moe_text").to_dict(), vision_config=vision)
+    torch.manual_seed(0)
+    multimodal = load_controlled(save(T.Qwen3VLMoeForConditionalGeneration(config), tmp_path / "vl", tokenizer))
+    assert multimodal.controller_names == [f"model.language_model.layers.{i}.mlp.gate" for i in range(2)]
+    with torch.no_grad():
+        logits, values = multimodal.capture_run(ids)
+        assert torch.equal(multimodal.replay_run(ids, values), logits)
+    switch_config = T.SwitchTransformersConfig(
+        vocab_size=VOCAB, d_model=64, d_ff=64, d_kv=16, num_heads=4, num_layers=2, num_decoder_layers=2, num_experts=4
+    )
+    switch = T.SwitchTransformersForConditionalGeneration(switch_config)
+    with pytest.raises(UserError) as excinfo:
+        load_controlled(save(switch, tmp_path / "switch", tokenizer))
+    assert "encoder-decoder" in one_line(excinfo)
+
+
+def test_a_skip_routing_round_trips_also_for_an_expert_whose_weight_underflowed():
+    """Zaya masks a token routed to its skip class as expert 0 with weight 0; a real expert 2 whose weight
+    underflowed to 0 must come back as expert 2 (the live experts computed it)."""
+    from fca_workbench.adapters.routers import OUTPUTS
+
+    unpack, pack = OUTPUTS["skip_class"]
+    logits = torch.zeros(3, 5)
+    weights, index = torch.tensor([[0.0], [0.0], [0.7]]), torch.tensor([[0], [2], [1]])
+    states = torch.zeros(1, 3, 8)
+    _, _, canonical, rest = unpack((logits, weights, index, states))
+    assert canonical.flatten().tolist() == [4, 2, 1]  # the skip class is E = 4
+    replayed = pack(logits, weights, canonical, rest)
+    assert torch.equal(replayed[1], weights) and torch.equal(replayed[2], index) and replayed[3] is states

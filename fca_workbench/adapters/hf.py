@@ -1,23 +1,29 @@
 """The controlled-model protocol for any ``transformers`` causal LM, from outside the model.
 
-Controllers are found by the kinds of ``fca_workbench.adapters.kinds`` and the roles of
-``fca_workbench.adapters.selective``, plus (or, with ``only_controllers``, instead) those a regex names. Capture
-records each controller's whole output with a forward hook; replay replaces each controller's ``forward``
-on the instance (``frozen``), so it returns the given values without running (a ``ColumnKind``'s projection
-runs and its control columns are overwritten). Every controller must run exactly once per forward (checked).
+Controllers are found by the kinds of ``fca_workbench.adapters.kinds``, MoE routers by role
+(``fca_workbench.adapters.routers``) and selective SSMs and gates by the roles of
+``fca_workbench.adapters.selective``, plus (or, with ``only_controllers``, instead) those a regex names.
+Capture records each controller's whole output with a forward hook; replay replaces each controller's
+``forward`` on the instance (``frozen``), so it returns the given values without running (a ``ColumnKind``'s
+projection runs and its control columns are overwritten; a logits-only router's routing step is recorded and
+replaced with it). Every controller must run exactly once per forward (checked).
 """
 
 import contextlib
+import itertools
 import re
 import re._constants as re_constants  # type: ignore[import-not-found]  # a pattern's parsed form (safe_pattern)
 import re._parser as re_parser  # type: ignore[import-not-found]
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from fca_workbench.adapters.families import family_of
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
+from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
 from fca_workbench.adapters.selective import ColumnKind, selective_controllers
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window
@@ -45,12 +51,19 @@ def find_controllers(
     found = find_named(model, pattern, flag) if pattern is not None else []
     if only_controllers is None:
         claimed = {id(module) for _, module, _ in found}
+        routers = find_routers(model)
         for name, module in model.named_modules():
-            kind = next((k for k in KINDS if k.find(name, module)), None)
+            kind = next((k for k in KINDS if k.find(name, module)), None) or routers.get(name)
             if kind is not None and id(module) not in claimed:
                 found.append((name, module, kind))
                 claimed.add(id(module))
         found += [entry for entry in selective_controllers(model) if id(entry[1]) not in claimed]
+        unclaimed = unclaimed_routers(model, [name for name, _, _ in found])
+        if unclaimed:
+            raise UserError(
+                f"{unclaimed[0]} ({type(model.get_submodule(unclaimed[0])).__name__}) looks like a router that no "
+                "controller kind handles; the adapter cannot audit this model (docs/guides/foreign-models.md)"
+            )
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
     return sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
 
@@ -123,12 +136,15 @@ def _unbounded_repeats(items: Any, pattern: str, flag: str, inside_repeat: bool)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers: the ModuleList with ``num_hidden_layers`` entries, else none."""
-    count = getattr(model.config, "num_hidden_layers", None)
-    for _, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == count:
+    """The decoder layers: the ModuleList with as many entries as the config counts layers
+    (``num_hidden_layers``, or the field its family declares), else the first ``layers`` ModuleList."""
+    config: Any = model.config
+    count = getattr(config.get_text_config(), family_of(config).layers or "num_hidden_layers", None)
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    for _, module in lists:
+        if len(module) == count:
             return list(module)
-    return []
+    return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
 
 
 class TransformersControlled(nn.Module):
@@ -148,9 +164,10 @@ class TransformersControlled(nn.Module):
         self.controller_names = [name for name, _, _ in found]
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
+        self._steps = [self._step_owner(name, kind) for name, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
-        # per controller: outputs [B·T, ...] (True) or [B, T, ...] (False)
-        self._flat: list[bool | None] = [None] * len(found)
+        # per controller, per output tensor in the order its kind reads them: [B·T, ...] (True) or [B, T, ...]
+        self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
             self.coefficient_slot_shapes = self._probe_slot_shapes()
 
@@ -180,7 +197,9 @@ class TransformersControlled(nn.Module):
 
     @property
     def config(self) -> Any:
-        return self.model.config
+        """The text model's config (the config itself but for a multimodal model, whose sizes, vocabulary and
+        context are its text config's)."""
+        return self.model.config.get_text_config()
 
     @property
     def arch(self) -> str:
@@ -195,7 +214,7 @@ class TransformersControlled(nn.Module):
         """The config's context length; a config that names none (Mamba, Mamba2, xLSTM: recurrent models
         with no position embeddings) takes any window (``UNBOUNDED_CONTEXT``), and the audit's default
         window is then 256 tokens."""
-        config = self.model.config
+        config = self.config
         for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
             if isinstance(getattr(config, field, None), int):
                 return getattr(config, field)
@@ -205,6 +224,17 @@ class TransformersControlled(nn.Module):
     def blocks(self) -> list[nn.Module]:
         """The decoder layers (``decoder_layers``)."""
         return decoder_layers(self.model)
+
+    def _step_owner(self, name: str, kind: ControllerKind) -> tuple[nn.Module, str] | None:
+        """``(module, attribute)`` of the controller's routing step: an attribute of its parent (given the step
+        as a method where its forward computes it inline, ``routers.split_routing_step``)."""
+        if kind.step is None:
+            return None
+        owner = self.model.get_submodule(name.rpartition(".")[0])
+        split_routing_step(owner, kind.step)
+        if not callable(getattr(owner, kind.step, None)):
+            raise UserError(f"controller {name}: its block has no routing step {kind.step}; the adapter cannot use it")
+        return owner, kind.step
 
     def block_branches(self, index: int) -> list[nn.Module]:
         """None known: a foreign decoder layer says nothing of which submodules it could skip per token."""
@@ -227,36 +257,58 @@ class TransformersControlled(nn.Module):
             )
 
     def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[Values]]:
-        """Logits and each controller's whole output, batch-first, recorded by forward hooks."""
+        """Logits and each controller's whole output (with its routing step's, where it has one),
+        batch-first, recorded by forward hooks."""
         batch, length = input_ids.shape
         values: list[Any] = [None] * len(self._controllers)
         calls = [0] * len(self._controllers)
+        pending: list[Any] = [None] * len(self._controllers)  # a router's output waiting for its routing step
+
+        def keep(index, output):
+            read = itertools.count()  # the position of each tensor the kind reads
+
+            def batch_first(tensor):
+                position = next(read)
+                layouts = self._flat[index]
+                if layouts is None or position == len(layouts):  # the probe: learn the layout
+                    self._flat[index] = [*(layouts or []), tuple(tensor.shape[:2]) != (batch, length)]
+                lead = (batch * length,) if self._flat[index][position] else (batch, length)
+                if tuple(tensor.shape[: len(lead)]) != lead:
+                    raise UserError(
+                        f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; the adapter cannot use it"
+                    )
+                return tensor.detach().reshape(batch, length, *tensor.shape[len(lead) :])
+
+            try:
+                values[index] = self.kinds[index].to_values(output, batch_first)
+            except UserError as exc:
+                raise UserError(f"controller {self.controller_names[index]} {exc}") from None
 
         def record(index):
             def hook(module, args, kwargs, output):
                 self._once(index, calls)
-
-                def batch_first(tensor):
-                    if self._flat[index] is None:  # the probe: learn the layout
-                        self._flat[index] = tuple(tensor.shape[:2]) != (batch, length)
-                    lead = self._lead(index, batch, length)
-                    if tuple(tensor.shape[: len(lead)]) != lead:
-                        raise UserError(
-                            f"gives a {tuple(tensor.shape)} output for {batch}×{length} tokens; "
-                            "the adapter cannot use it"
-                        )
-                    return tensor.detach().reshape(batch, length, *tensor.shape[len(lead) :])
-
-                try:
-                    values[index] = self.kinds[index].to_values(output, batch_first)
-                except UserError as exc:
-                    raise UserError(f"controller {self.controller_names[index]} {exc}") from None
+                if self._steps[index] is None:
+                    keep(index, output)
+                else:
+                    pending[index] = output
 
             return hook
+
+        def step(index, original):
+            def routing_step(*args, **kwargs):
+                output = original(*args, **kwargs)
+                keep(index, (pending[index], output))
+                return output
+
+            return routing_step
 
         with contextlib.ExitStack() as stack:
             for index, module in enumerate(self._controllers):
                 stack.callback(module.register_forward_hook(record(index), with_kwargs=True).remove)
+                routing_step = self._steps[index]
+                if routing_step is not None:
+                    owner, attribute = routing_step
+                    stack.enter_context(_replaced(owner, attribute, step(index, getattr(owner, attribute))))
             logits = self(input_ids).logits
         missing = [self.controller_names[i] for i, v in enumerate(values) if v is None]
         if missing:
@@ -264,8 +316,38 @@ class TransformersControlled(nn.Module):
         return logits, values
 
     def _lead(self, index: int, batch: int, length: int) -> tuple[int, ...]:
-        """The leading shape of controller ``index``'s outputs for ``batch`` × ``length`` tokens."""
-        return (batch * length,) if self._flat[index] else (batch, length)
+        """The leading shape of controller ``index``'s (first) output for ``batch`` × ``length`` tokens."""
+        layouts = self._flat[index]
+        return (batch * length,) if layouts and layouts[0] else (batch, length)
+
+    @contextlib.contextmanager
+    def frozen_controllers(self, outputs: dict[int, Callable[..., Any]]) -> Iterator[None]:
+        """Controller ``i`` (and its routing step) returns what ``outputs[i](*its arguments)`` gives, never
+        running."""
+        replacements: dict[nn.Module, Callable[..., Any]] = {}
+        routed: dict[int, Any] = {}
+
+        def controller(index):
+            def forward(*args, **kwargs):
+                output = outputs[index](*args, **kwargs)
+                if self._steps[index] is None:
+                    return output
+                routed[index] = output[1]
+                return output[0]
+
+            return forward
+
+        def step(index):
+            return lambda *args, **kwargs: routed.pop(index)
+
+        with contextlib.ExitStack() as stack:
+            for index in outputs:
+                replacements[self._controllers[index]] = controller(index)
+                routing_step = self._steps[index]
+                if routing_step is not None:
+                    stack.enter_context(_replaced(*routing_step, step(index)))
+            stack.enter_context(frozen(replacements))
+            yield
 
     def replay_run(self, input_ids: torch.Tensor, values: list[Values]) -> torch.Tensor:
         """Logits with every controller replaced by its values (``frozen``): no controller executes."""
@@ -273,18 +355,18 @@ class TransformersControlled(nn.Module):
         lead = [self._lead(i, *input_ids.shape) for i in range(len(self._controllers))]
         live = [module.forward for module in self._controllers]  # a ColumnKind's projection runs live
 
-        def replacement(index):
+        def output(index):
             kind = self.kinds[index]
 
-            def forward(*args, **kwargs):
+            def replay(*args, **kwargs):
                 self._once(index, calls)
                 if isinstance(kind, ColumnKind):
                     return kind.to_output(values[index], lead[index], live[index](*args, **kwargs))
                 return kind.to_output(values[index], lead[index])
 
-            return forward
+            return replay
 
-        with frozen({module: replacement(i) for i, module in enumerate(self._controllers)}):
+        with self.frozen_controllers({i: output(i) for i in range(len(self._controllers))}):
             return self(input_ids).logits
 
     def expert_counts(self, index: int, value: Values) -> torch.Tensor | None:
@@ -310,7 +392,7 @@ class StaticMixture(nn.Module):
         super().__init__()
         self.controlled = controlled
 
-    def _uniform(self, index: int, batch: int, length: int) -> Any:
+    def _uniform(self, index: int, batch: int, length: int) -> Callable[..., Any]:
         controlled = self.controlled
         experts = controlled.coefficient_slot_shapes[index][0]
         gate = torch.full((batch, length, experts), 1.0 / experts, device=controlled._device)
@@ -320,5 +402,20 @@ class StaticMixture(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> Any:
         controlled = self.controlled
         routers = [i for i, kind in enumerate(controlled.kinds) if kind.experts is not None]
-        with frozen({controlled.controllers[i]: self._uniform(i, *input_ids.shape) for i in routers}):
+        with controlled.frozen_controllers({i: self._uniform(i, *input_ids.shape) for i in routers}):
             return controlled(input_ids)
+
+
+@contextlib.contextmanager
+def _replaced(owner: nn.Module, attribute: str, function: Callable[..., Any]) -> Iterator[None]:
+    """``owner.attribute`` is ``function`` on the instance for the block (a routing step of a logits-only
+    router), put back on exit."""
+    previous = owner.__dict__.get(attribute)
+    setattr(owner, attribute, function)
+    try:
+        yield
+    finally:
+        if previous is None:
+            owner.__dict__.pop(attribute, None)
+        else:
+            setattr(owner, attribute, previous)

@@ -30,8 +30,11 @@ class ControllerKind:
     """``find(name, module)``: is this module a controller of this kind. ``to_values(output, batch_first)``:
     the output as named batch-first tensors (``batch_first(t)`` reshapes one tensor). ``to_output(values,
     lead)``: the output to return for inputs with leading shape ``lead``. ``experts(values)``: evaluations
-    per expert; None for controllers that select no experts. ``slot_labels(slot_shape)``: the names of a
-    coefficient's flattened slots."""
+    per real expert; None for controllers that select no experts. ``slot_labels(slot_shape)``: the names of a
+    coefficient's flattened slots. ``step``: for a router that returns only logits, the attribute of its parent
+    module that turns them into the routing (its caller's routing step); capture records it with the router
+    and replay replaces both, so ``to_values`` gets ``(router output, step output)`` and ``to_output`` returns
+    that pair."""
 
     name: str
     find: Callable[[str, nn.Module], bool]
@@ -39,6 +42,7 @@ class ControllerKind:
     to_output: Callable
     experts: Callable | None = None
     slot_labels: Callable[[tuple[int, ...]], list[str]] = index_slot_labels
+    step: str | None = None
 
 
 def class_suffix(*suffixes: str) -> Callable[[str, nn.Module], bool]:
@@ -120,8 +124,9 @@ SHARED_EXPERT_GATE = ControllerKind(
     "shared_expert_gate", name_pattern(r".*\.shared_expert_gate"), _tensor_values, _tensor_output
 )
 
-# Tried in order; the first kind that finds a module claims it.
-KINDS: list[ControllerKind] = [TOP_K_ROUTER, SHARED_EXPERT_GATE]
+# Tried in order; the first kind that finds a module claims it. MoE routers are found by role where no kind
+# claims them (``fca_workbench.adapters.routers``); ``TOP_K_ROUTER`` is for ``register_kind``.
+KINDS: list[ControllerKind] = [SHARED_EXPERT_GATE]
 
 
 def register_kind(kind: ControllerKind) -> None:

@@ -7,6 +7,7 @@ user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in
 """
 
 import contextlib
+import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,8 +76,29 @@ def controlled_view(model: Any) -> Iterator[ControlledModel]:
         model.train(was_training)
 
 
+def causal_lm_class(config: Any, folder: Path) -> Any:
+    """The class that loads ``config``'s folder as a causal LM: ``AutoModelForCausalLM`` where its mapping
+    has the config; else the family's own ``*ForCausalLM`` for this config class (Mistral-4, say); else, for
+    a multimodal model, its image-text-to-text class, run on text alone. An encoder-decoder or a text model
+    without a language-model head is refused in one line."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) in AutoModelForCausalLM._model_mapping:
+        return AutoModelForCausalLM
+    modeling = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    for name in sorted(dir(modeling)):
+        candidate = getattr(modeling, name)
+        if name.endswith("ForCausalLM") and getattr(candidate, "config_class", None) is type(config):
+            return candidate
+    if getattr(config, "is_encoder_decoder", False):
+        raise UserError(f"{folder} is an encoder-decoder ({config.model_type}); the workbench audits causal LMs")
+    if type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    raise UserError(f"{folder}: transformers has no causal LM for model_type '{config.model_type}'")
+
+
 def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_remote_code: bool) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` from local safetensors; remote code only when asked."""
+    """``causal_lm_class(config).from_pretrained`` from local safetensors; remote code only when asked."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -98,17 +120,18 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
-        parameters = parameters_on_meta(
-            lambda: AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        )
+        model_class: Any = AutoModelForCausalLM if raw.get("auto_map") else causal_lm_class(config, folder)
+        remote = {"trust_remote_code": trust_remote_code} if hasattr(model_class, "from_config") else {}
+        build = getattr(model_class, "from_config", None) or model_class._from_config
+        parameters = parameters_on_meta(lambda: build(config, **remote))
         check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
-        return AutoModelForCausalLM.from_pretrained(
+        return model_class.from_pretrained(
             folder,
             config=config,
             dtype=dtype,
             local_files_only=True,
             use_safetensors=True,
-            trust_remote_code=trust_remote_code,
+            **remote,
         )
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise UserError(f"cannot load {folder} with transformers: {first_line(exc)}") from None

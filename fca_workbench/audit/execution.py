@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.adapters.kinds import top_k
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 
 Runnable = nn.Module | ControlledModel  # what is counted and timed: a model, its baseline, a positive control
@@ -111,12 +112,27 @@ def count_execution(model: ControlledModel, windows: torch.Tensor, batch_size: i
     return result
 
 
+@contextlib.contextmanager
+def _no_parameter_grads(model: Runnable):
+    """Every parameter ``requires_grad=False`` for the block, put back on exit: a view of a parameter taken
+    under ``no_grad`` still requires grad but has no gradient function, which ``FlopCounterMode``'s module
+    tracker cannot hook (experts that index views of their weights call modules with them)."""
+    wanted = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for parameter in wanted:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter in wanted:
+            parameter.requires_grad_(True)
+
+
 def count_flops(model: Runnable, windows_batch: torch.Tensor) -> int:
     """FLOPs of one unperturbed forward of the batch, as ``torch.utils.flop_counter`` counts them (matmuls
     and attention; a skipped row's matmuls are simply absent)."""
     model.eval()
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
+    with torch.no_grad(), _no_parameter_grads(model), counter:
         model(windows_batch.to(_device(model)))
     return int(counter.get_total_flops())
 
@@ -185,9 +201,11 @@ def execution_audit(model: ControlledModel, windows: torch.Tensor, batch_size: i
 def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
     """For models whose controllers select experts (routers), from the cached routing of every eval window
     (no extra forward): ``expert_fraction_executed`` = expert evaluations run / (tokens × experts), overall
-    and per router (k/E for top-k), and each router's per-expert load (tokens routed to the expert / tokens).
-    Empty for models without routers."""
+    and per router (k/E for top-k), each router's per-expert load (tokens routed to the expert / tokens), and
+    ``zero_computation``: the share of its k routing slots that went to zero-computation experts (which run
+    nothing and are not among the E experts). Empty for models without routers."""
     counts: dict[int, torch.Tensor] = {}
+    slots: dict[int, int] = {}  # routing slots (tokens × k) per router
     tokens = 0
     if not model.controllers:
         return {}
@@ -197,6 +215,7 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
             count = model.expert_counts(index, value)
             if count is not None:
                 counts[index] = count if index not in counts else counts[index] + count
+                slots[index] = slots.get(index, 0) + value[COEFFICIENT].shape[:2].numel() * (top_k(value) or 0)
     if not counts:
         return {}
     names = cache.manifest.get("controllers") or list(model.controller_names)
@@ -209,5 +228,6 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
             "experts": [len(c) for c in counts.values()],
             "fraction_executed": [int(c.sum()) / (tokens * len(c)) for c in counts.values()],
             "load": [(c.double() / tokens).tolist() for c in counts.values()],
+            "zero_computation": [(slots[i] - int(c.sum())) / slots[i] if slots[i] else 0.0 for i, c in counts.items()],
         },
     }
