@@ -79,29 +79,50 @@ def token_ids(tokenizer: PreTrainedTokenizerBase, text: str, special: bool) -> l
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def text_blocks(path: Path) -> Iterator[str]:
-    """The normalised text of a UTF-8 file (gzipped when it ends in ``.gz``), a block at a time; a missing,
-    undecodable or oversized file is a one-line ``UserError``."""
+def raw_blocks(path: Path) -> Iterator[bytes]:
+    """The bytes of a file (decompressed when it ends in ``.gz``), a block at a time; a missing, unreadable
+    or oversized file is a one-line ``UserError``."""
     if not path.is_file():
         raise UserError(f"text file not found: {path}")
-    gzipped = path.suffix == ".gz"
-    decoder, normalizer, read = codecs.getincrementaldecoder("utf-8")(), TextNormalizer(), 0
+    gzipped, read = path.suffix == ".gz", 0
+    too_large = UserError(
+        f"{path} holds more than {TEXT_MAX_BYTES >> 20} MiB of text{' once decompressed' if gzipped else ''}; "
+        "the workbench reads at most that much from one text file"
+    )
+    if not gzipped and path.stat().st_size > TEXT_MAX_BYTES:
+        raise too_large
     try:
         with gzip.open(path, "rb") if gzipped else open(path, "rb") as handle:
             while block := handle.read(BLOCK_BYTES):
                 read += len(block)
                 if read > TEXT_MAX_BYTES:
-                    once = " once decompressed" if gzipped else ""
-                    raise UserError(
-                        f"{path} holds more than {TEXT_MAX_BYTES >> 20} MiB of text{once}; "
-                        "the workbench reads at most that much from one text file"
-                    )
-                yield normalizer.feed(decode(decoder, block, read, path))
-            yield normalizer.feed(decode(decoder, b"", read, path, final=True)) + normalizer.finish()
+                    raise too_large
+                yield block
     except (OSError, EOFError, zlib.error) as exc:
         if gzipped:
             raise UserError(f"{path} is not a readable gzip file: {exc}") from None
         raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def check_size(path: Path) -> None:
+    """Refuse a text over ``TEXT_MAX_BYTES`` before any of it is tokenized (a gzip file is decompressed once
+    to count, far faster than tokenizing what it holds)."""
+    blocks = raw_blocks(path)
+    if path.suffix != ".gz":
+        next(blocks, None)  # a plain file's size is checked before its first block
+        return
+    for _ in blocks:
+        pass
+
+
+def text_blocks(path: Path) -> Iterator[str]:
+    """The normalised text of a UTF-8 file (``raw_blocks``), a block at a time; bytes that are not UTF-8 are a
+    one-line ``UserError`` naming the offset."""
+    decoder, normalizer, read = codecs.getincrementaldecoder("utf-8")(), TextNormalizer(), 0
+    for block in raw_blocks(path):
+        read += len(block)
+        yield normalizer.feed(decode(decoder, block, read, path))
+    yield normalizer.feed(decode(decoder, b"", read, path, final=True)) + normalizer.finish()
 
 
 def decode(decoder: codecs.IncrementalDecoder, block: bytes, read: int, path: Path, final: bool = False) -> str:
@@ -149,6 +170,7 @@ def documents(path: str | Path) -> Iterator[Iterable[str]]:
 
 def read_documents(path: str | Path) -> list[str]:
     """Documents from a UTF-8 text file (one document) or JSONL of ``{"text": ...}``, optionally gzipped."""
+    check_size(Path(path))
     texts = [text for text in ("".join(pieces) for pieces in documents(path)) if text.strip()]
     if not texts:
         raise UserError(f"{path} contains no text")
@@ -239,6 +261,7 @@ def load_windows(
     path = Path(path)
     check_window(window)
     stamp = file_stamp(path)
+    check_size(path)
     chunking, eos = Chunking.of(tokenizer), tokenizer.eos_token_id
     counts, kept = [], []
     for ids in piece_ids(tokenizer, pieces_of(documents(path), chunking, eos, path), chunking):
