@@ -8,14 +8,15 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_one_line_error, fca
+from conftest import assert_one_line_error
 from filelock import FileLock
 
 import fca_workbench.data.windows as windows_module
-from fca_workbench.cli import build_parser
+from fca_workbench.cli import build_parser, main
 from fca_workbench.data.corpus import read_sdist_works, split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import even_sample, load_windows, read_documents
@@ -75,10 +76,13 @@ def test_streamed_windows_are_the_whole_document_windows_of_the_shipped_split(to
 
 
 @pytest.mark.parametrize("max_windows", [None, 3, 40])
-def test_streamed_windows_of_a_plain_text_with_awkward_whitespace(tokenizer, tmp_path, monkeypatch, max_windows):
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_streamed_windows_of_a_text_with_awkward_whitespace(tokenizer, tmp_path, monkeypatch, max_windows, kind):
+    """A plain text streamed in blocks, and one long JSONL record: many chunks, the whole text's windows."""
     monkeypatch.setattr(windows_module, "CHUNK_CHARS", 5000)
-    path = tmp_path / "awkward.txt"
-    path.write_text(AWKWARD, encoding="utf-8")
+    monkeypatch.setattr(windows_module, "BLOCK_BYTES", 3001)
+    path = tmp_path / f"awkward.{kind}"
+    path.write_text(AWKWARD if kind == "txt" else json.dumps({"text": AWKWARD}) + "\n", encoding="utf-8")
     expected = whole_windows(tokenizer, [AWKWARD], 128, max_windows)
     assert torch.equal(load_windows(path, tokenizer, 128, max_windows), expected)
 
@@ -216,56 +220,64 @@ def texts(tmp_path_factory):
     return paths
 
 
-def audit(checkpoint, out, texts, *extra):
-    return fca("audit", checkpoint, "--eval", texts["eval"], "--calib", texts["calibration"], "--out", out,
-               *SMALL_AUDIT, *extra)  # fmt: skip
+def fca_here(capsys, *args):
+    """``fca ARGS`` in this process (the imports paid once), as ``conftest.fca`` returns it."""
+    status = main([str(a) for a in args])
+    return SimpleNamespace(returncode=status, stderr=capsys.readouterr().err)
+
+
+def audit(capsys, checkpoint, out, texts, *extra):
+    options = ("--eval", texts["eval"], "--calib", texts["calibration"], "--out", out, *SMALL_AUDIT, *extra)
+    return fca_here(capsys, "audit", checkpoint, *options)
 
 
 @pytest.mark.parametrize(
     "planted", [PER_TOKEN_CSV, PER_TOKEN_PARQUET, PROFILES_FILE, "cache/eval/shard_00000.safetensors", "notes.txt"]
 )
-def test_an_out_folder_holding_the_users_files_is_refused_untouched(tiny_checkpoints, texts, tmp_path, planted):
+def test_an_out_folder_holding_the_users_files_is_refused_untouched(tiny_checkpoints, texts, tmp_path, planted, capsys):
     out = tmp_path / "mine"
     path = out / planted
     path.parent.mkdir(parents=True)
     path.write_bytes(b"the user's own bytes")
     before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
-    assert_one_line_error(audit(tiny_checkpoints["featuregate"], out, texts), "did not write", str(out))
+    assert_one_line_error(audit(capsys, tiny_checkpoints["featuregate"], out, texts), "did not write", str(out))
     assert path.read_bytes() == b"the user's own bytes"
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
 
 
-def test_an_audit_folder_is_reused_marked_or_from_an_earlier_version(tiny_checkpoints, texts, tmp_path):
+def test_an_audit_folder_is_reused_marked_or_from_an_earlier_version(tiny_checkpoints, texts, tmp_path, capsys):
     out = tmp_path / "audit"
-    first = audit(tiny_checkpoints["featuregate"], out, texts)
+    first = audit(capsys, tiny_checkpoints["featuregate"], out, texts)
     assert first.returncode == 0, first.stderr
     assert (out / OUTPUT_MARKER).read_text().splitlines()[0] == "fca audit"
-    assert audit(tiny_checkpoints["featuregate"], out, texts).returncode == 0
+    assert audit(capsys, tiny_checkpoints["featuregate"], out, texts).returncode == 0
     (out / OUTPUT_MARKER).unlink()  # a folder an earlier version wrote: a valid audit.json, no marker
-    again = audit(tiny_checkpoints["featuregate"], out, texts)
+    again = audit(capsys, tiny_checkpoints["featuregate"], out, texts)
     assert again.returncode == 0, again.stderr
     assert (out / OUTPUT_MARKER).is_file()
-    many = fca("audit-many", tiny_checkpoints["dense"], "--out", out, *SMALL_AUDIT)
+    many = fca_here(capsys, "audit-many", tiny_checkpoints["dense"], "--out", out, *SMALL_AUDIT)
     assert_one_line_error(many, "written by fca audit, not fca audit-many")
 
 
-def test_a_locked_out_folder_stops_a_second_audit_with_another_cache(tiny_checkpoints, texts, tmp_path):
+def test_a_locked_out_folder_stops_a_second_audit_with_another_cache(tiny_checkpoints, texts, tmp_path, capsys):
     """Two audits with one --out and different --cache: the second stops with one line and writes nothing
     into --out."""
     out = tmp_path / "shared-out"
     out.mkdir()
     with FileLock(out / LOCK_FILE):
-        result = audit(tiny_checkpoints["featuregate"], out, texts, "--cache", tmp_path / "other-cache")
+        result = audit(capsys, tiny_checkpoints["featuregate"], out, texts, "--cache", tmp_path / "other-cache")
     assert_one_line_error(result, "output folder", "in use by another audit")
     assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
     assert not any(p.name != LOCK_FILE for p in (tmp_path / "other-cache").rglob("*"))
 
 
-def test_audit_many_refuses_a_folder_with_the_users_files(tiny_checkpoints, tmp_path):
+def test_audit_many_refuses_a_folder_with_the_users_files(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "many"
     (out / "dense").mkdir(parents=True)
     (out / "dense" / PER_TOKEN_CSV).write_bytes(b"mine")
-    result = fca("audit-many", tiny_checkpoints["dense"], tiny_checkpoints["featuregate"], "--out", out, *SMALL_AUDIT)
+    result = fca_here(
+        capsys, "audit-many", tiny_checkpoints["dense"], tiny_checkpoints["featuregate"], "--out", out, *SMALL_AUDIT
+    )
     assert_one_line_error(result, "did not write")
     assert (out / "dense" / PER_TOKEN_CSV).read_bytes() == b"mine" and not (out / OUTPUT_MARKER).exists()
 
@@ -347,13 +359,17 @@ def test_good_numbers_pass_through():
 
 
 @pytest.mark.parametrize("device", ["meta", "nosuchdevice", "cuda:99" if torch.cuda.is_available() else "cuda"])
-def test_a_device_that_cannot_run_an_audit_is_one_line_and_leaves_nothing(tiny_checkpoints, texts, tmp_path, device):
+def test_a_device_that_cannot_run_an_audit_is_one_line_and_leaves_nothing(
+    tiny_checkpoints, texts, tmp_path, device, capsys
+):
     out = tmp_path / "out"
-    assert_one_line_error(audit(tiny_checkpoints["featuregate"], out, texts, "--device", device), f"--device {device}")
+    assert_one_line_error(
+        audit(capsys, tiny_checkpoints["featuregate"], out, texts, "--device", device), f"--device {device}"
+    )
     assert not out.exists()
 
 
-def test_train_on_the_meta_device_is_one_line(tmp_path):
-    result = fca("train", "--arch", "dense", "--device", "meta", "--out", tmp_path / "run")
+def test_train_on_the_meta_device_is_one_line(tmp_path, capsys):
+    result = fca_here(capsys, "train", "--arch", "dense", "--device", "meta", "--out", tmp_path / "run")
     assert_one_line_error(result, "--device meta")
     assert not (tmp_path / "run").exists()

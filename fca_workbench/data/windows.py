@@ -134,12 +134,18 @@ def decode(decoder: codecs.IncrementalDecoder, block: bytes, read: int, path: Pa
 
 
 def lines(blocks: Iterable[str]) -> Iterator[str]:
-    held = ""
+    """The LF-separated lines of text given in blocks (a long line's blocks joined once, not over and over)."""
+    held: list[str] = []
     for block in blocks:
-        *complete, held = (held + block).split("\n")
-        yield from complete
-    if held:
-        yield held
+        if "\n" not in block:
+            held.append(block)
+            continue
+        first, *middle, last = block.split("\n")
+        yield "".join([*held, first])
+        yield from middle
+        held = [last]
+    if tail := "".join(held):
+        yield tail
 
 
 def parse_jsonl(text_lines: Iterable[str], path: Path) -> Iterator[str]:
@@ -178,18 +184,24 @@ def read_documents(path: str | Path) -> list[str]:
 
 
 def chunks(pieces: Iterable[str], split: bool) -> Iterator[str]:
-    """The text of ``pieces`` in chunks of about ``CHUNK_CHARS``, each cut at a ``BOUNDARY`` (the whole text
-    as one chunk when not ``split``)."""
-    buffer, searched = "", CHUNK_CHARS  # no boundary before ``searched`` past CHUNK_CHARS
+    """The text of ``pieces`` in chunks of at least ``CHUNK_CHARS``, each ending before the first ``BOUNDARY``
+    from there (the whole text as one chunk when not ``split``); each piece is copied once, however many
+    chunks it holds."""
+    if not split:
+        if text := "".join(pieces):
+            yield text
+        return
+    buffer, searched = "", CHUNK_CHARS  # no boundary between CHUNK_CHARS and ``searched`` of the buffer
     for piece in pieces:
-        buffer += piece
-        while split and len(buffer) > CHUNK_CHARS:
-            cut = BOUNDARY.search(buffer, searched)
+        buffer, start = buffer + piece, 0
+        while len(buffer) - start > CHUNK_CHARS:
+            cut = BOUNDARY.search(buffer, start + searched)
             if cut is None:
-                searched = len(buffer) - 1  # the last character's fate waits for the next piece
+                searched = len(buffer) - start - 1  # the last character's fate waits for the next piece
                 break
-            yield buffer[: cut.start()]
-            buffer, searched = buffer[cut.start() :], CHUNK_CHARS
+            yield buffer[start : cut.start()]
+            start, searched = cut.start(), CHUNK_CHARS
+        buffer = buffer[start:]
     if buffer:
         yield buffer
 
