@@ -48,7 +48,10 @@ def check_output(out: Path, command: str, adopt: Callable[[Path], bool]) -> Path
 
 
 def marker_command(marker: Path) -> str | None:
-    """The command named on the first line of an output folder's marker (None: no readable marker)."""
+    """The command named on the first line of an output folder's marker (None: no readable marker; a link is
+    none, its target lies outside the folder)."""
+    if marker.is_symlink():
+        return None
     try:
         with open(marker, "rb") as handle:
             first = handle.read(MARKER_MAX_BYTES).decode("utf-8").partition("\n")[0]
