@@ -344,13 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dash.add_argument(
         "--max-sessions",
-        type=flags.non_negative_int,
+        type=flags.bounded(int),  # its range is ServedSettings' (shared with panel serve)
         default=None,
         help="sessions open at once; one more is shown a 'server is full' page (default 16, 0: no limit)",
     )
     dash.add_argument(
         "--model-idle-seconds",
-        type=flags.non_negative_float,
+        type=flags.bounded(float),  # its range is ServedSettings' (shared with panel serve)
         default=None,
         help="unload a checkpoint no session has used for this long (default 600, 0: never)",
     )

@@ -86,8 +86,8 @@ def served_settings(argv: Sequence[str], environ: Mapping[str, str] = os.environ
     parser.add_argument("--registry", default=default("registry"))
     parser.add_argument("--calibration-windows", type=flags.non_negative_int, default=default("calibration_windows"))
     parser.add_argument("--torch-threads", type=flags.non_negative_int, default=default("torch_threads"))
-    parser.add_argument("--max-sessions", type=flags.non_negative_int, default=default("max_sessions"))
-    parser.add_argument("--model-idle-seconds", type=flags.non_negative_float, default=default("model_idle_seconds"))
+    parser.add_argument("--max-sessions", type=flags.bounded(int), default=default("max_sessions"))
+    parser.add_argument("--model-idle-seconds", type=flags.bounded(float), default=default("model_idle_seconds"))
     parser.add_argument("--results", default=default("results"))
     args, _ = parser.parse_known_args(list(argv))
     args.calibration_windows = args.calibration_windows or None  # 0 or empty: every calibration window
