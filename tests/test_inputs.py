@@ -386,6 +386,13 @@ def test_a_device_that_cannot_run_an_audit_is_one_line_and_leaves_nothing(
     assert not out.exists()
 
 
+def test_audit_many_on_the_meta_device_leaves_no_folder(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "many"
+    result = fca_here(capsys, "audit-many", tiny_checkpoints["dense"], "--device", "meta", "--out", out, *SMALL_AUDIT)
+    assert_one_line_error(result, "--device meta")
+    assert not out.exists()
+
+
 def test_train_on_the_meta_device_is_one_line(tmp_path, capsys):
     result = fca_here(capsys, "train", "--arch", "dense", "--device", "meta", "--out", tmp_path / "run")
     assert_one_line_error(result, "--device meta")

@@ -7,7 +7,7 @@ from typing import cast
 
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.distributed import SINGLE, Ranks
-from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
+from fca_workbench.audit.run import AuditSettings, check_audit_out, check_device, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
 from fca_workbench.results.layout import AUDIT_MANY_FILE
@@ -46,6 +46,8 @@ def aggregate_audits(
     check_output(out, MANY_COMMAND, adopt=lambda folder: all(p.name in ours for p in folder.iterdir()))
     for name in names:
         check_audit_out(out / name)
+    for device in {settings.device for settings in settings_list}:
+        check_device(device)  # before the lock makes the folder
     with folder_lock(out, "output folder", lock_wait, ranks):
         if ranks.lead:
             mark_output(out, MANY_COMMAND)
