@@ -407,3 +407,51 @@ def test_audit_settings_refuse_numbers_out_of_range_from_any_entry(name, value):
 
     with pytest.raises(UserError, match=f"{name} must be a whole number of at least"):
         AuditSettings(checkpoint="c", **{name: value})
+
+
+def variant_tokenizer(change):
+    """The shipped tokenizer with one part of its pipeline changed by ``change(core)``."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from fca_workbench.data.tokenizer import EOS
+
+    core = Tokenizer.from_str(load_tokenizer().backend_tokenizer.to_str())
+    change(core)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, unk_token=EOS)
+
+
+def test_a_tokenizer_that_adds_special_tokens_gets_them_once_per_document(tmp_path, monkeypatch):
+    """A BOS the tokenizer puts before every document is put back once per document, not once per chunk."""
+    from tokenizers import processors
+
+    def with_bos(core):
+        core.post_processor = processors.TemplateProcessing(
+            single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]
+        )
+
+    tokenizer = variant_tokenizer(with_bos)
+    chunking = windows_module.Chunking.of(tokenizer)
+    assert chunking.split and chunking.prefix == (0,) and chunking.suffix == ()
+    monkeypatch.setattr(windows_module, "CHUNK_CHARS", 5000)
+    texts = [AWKWARD[:40_000], AWKWARD[40_000:90_000]]
+    path = write(tmp_path / "two.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    for max_windows in (None, 7):
+        assert torch.equal(
+            load_windows(path, tokenizer, 64, max_windows), whole_windows(tokenizer, texts, 64, max_windows)
+        )
+
+
+def test_a_tokenizer_whose_tokens_depend_on_the_cut_tokenizes_documents_whole(tmp_path, monkeypatch):
+    """A pre-tokenizer that adds a space before each text it is given would change a token at every cut: the
+    probe sees it, and the documents are tokenized whole (the windows still exact)."""
+    from tokenizers import pre_tokenizers
+
+    def prefix_space(core):
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+
+    tokenizer = variant_tokenizer(prefix_space)
+    assert not windows_module.Chunking.of(tokenizer).split
+    monkeypatch.setattr(windows_module, "CHUNK_CHARS", 5000)
+    path = write(tmp_path / "awkward.txt", AWKWARD.encode())
+    assert torch.equal(load_windows(path, tokenizer, 64, 9), whole_windows(tokenizer, [AWKWARD], 64, 9))
