@@ -28,6 +28,7 @@ from fca_workbench.results.layout import (
     PER_TOKEN_CSV,
     PER_TOKEN_PARQUET,
     PROFILES_FILE,
+    RESULTS_MARKER,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -455,3 +456,23 @@ def test_a_tokenizer_whose_tokens_depend_on_the_cut_tokenizes_documents_whole(tm
     monkeypatch.setattr(windows_module, "CHUNK_CHARS", 5000)
     path = write(tmp_path / "awkward.txt", AWKWARD.encode())
     assert torch.equal(load_windows(path, tokenizer, 64, 9), whole_windows(tokenizer, [AWKWARD], 64, 9))
+
+
+def test_a_locked_results_folder_stops_a_second_fca_reproduce(tiny_checkpoints, tmp_path, monkeypatch):
+    """Two ``fca reproduce --overwrite`` into one folder: the second stops with one line before it writes."""
+    from fca_workbench import reproduce
+    from fca_workbench.results.outputs import mark_results
+
+    out = tmp_path / "run"
+    out.mkdir()
+    mark_results(out)
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"notebooks": ["03_static_profiles"], "parameters": {"checkpoints": [str(tiny_checkpoints["dense"])]}}
+        )
+    )
+    monkeypatch.setattr(reproduce, "execute", lambda plan, progress: pytest.fail("ran while the folder was locked"))
+    with FileLock(out / LOCK_FILE), pytest.raises(UserError, match="results folder .* in use by another fca reproduce"):
+        reproduce.reproduce(config, out, overwrite=True, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted([LOCK_FILE, RESULTS_MARKER])
