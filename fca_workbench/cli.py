@@ -208,7 +208,7 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         type=flags.non_negative_float,
         default=0.0,
         metavar="SECONDS",
-        help="wait this long for another audit using the same cache folder (default 0: stop at once)",
+        help="wait this long for another audit using the same cache or output folder (default 0: stop at once)",
     )
 
 
