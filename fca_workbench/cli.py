@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--audit-windows",
-        type=flags.bounded(int, 2),
+        type=flags.bounded(int),  # its range is the mini-audit's (2 windows up to what the texts give)
         default=16,
         metavar="M",
         help="evenly spread eval and calibration windows per mini-audit (default 16)",

@@ -324,7 +324,7 @@ BAD_FLAGS = [
     ("train", "--arch", "dense", "--out", "o", "--layers", "0"),
     ("train", "--arch", "dense", "--out", "o", "--width", "-96"),
     ("train", "--arch", "dense", "--out", "o", "--audit-every", "0"),
-    ("train", "--arch", "dense", "--out", "o", "--audit-windows", "1"),
+    ("train", "--arch", "dense", "--out", "o", "--audit-windows", "2.5"),
     ("train", "--arch", "dense", "--out", "o", "--stop-after", "0"),
     ("data", "prepare", "--vocab-size", "10"),
     ("dashboard", "--port", "0"),
