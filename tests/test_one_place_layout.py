@@ -33,6 +33,8 @@ LAYOUT_FILES = {
     layout.PROVENANCE_FILE,
     layout.RESULTS_MARKER,
     layout.REPRODUCE_CONFIG_FILE,
+    layout.OUTPUT_MARKER,
+    layout.LOCK_FILE,
 }
 # Folder names collide with settings keys ("cache", "audits"), so a folder is flagged where a path is joined.
 LAYOUT_FOLDERS = {layout.CACHE_DIR, layout.AUDITS_DIR, layout.NOTEBOOKS_DIR, layout.TABLES_DIR, layout.FIGURES_DIR}

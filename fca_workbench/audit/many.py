@@ -4,14 +4,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.distributed import SINGLE, Ranks
-from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
+from fca_workbench.audit.run import AuditSettings, check_audit_out, check_device, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_json
 from fca_workbench.results.layout import AUDIT_MANY_FILE
-from fca_workbench.results.outputs import output_folder, refuse_foreign
+from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
 from fca_workbench.results.seeds import summarise
+
+MANY_COMMAND = "fca audit-many"  # what an audit-many folder's marker names
 
 
 def audit_names(checkpoints: Sequence[str | Path]) -> list[str]:
@@ -32,14 +35,22 @@ def aggregate_audits(
     settings_list: Sequence[AuditSettings], out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0
 ) -> dict | None:
     """Audit every checkpoint into ``out/<name>`` (``audit_names``), then ``out/audit_many.json``; every
-    output folder is checked before the first audit starts. Under torchrun (``ranks``) every audit is
-    distributed and rank 0 alone writes the summary and returns it (the other ranks return None)."""
+    output folder is checked before the first audit starts, and ``out`` is locked while they run.
+    Under torchrun (``ranks``) every audit is distributed and rank 0 alone writes the summary and returns it
+    (the other ranks return None)."""
     out = output_folder(out)
     refuse_foreign(out / AUDIT_MANY_FILE, AUDIT_MANY_SCHEMA)
     names = audit_names([settings.checkpoint for settings in settings_list])
+    ours = {*names, AUDIT_MANY_FILE}  # an earlier version's folder: its audits and summary, unmarked
+    check_output(out, MANY_COMMAND, adopt=lambda folder: all(p.name in ours for p in folder.iterdir()))
     for name in names:
         check_audit_out(out / name)
-    runs = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
+    for device in {settings.device for settings in settings_list}:
+        check_device(device)  # before the lock makes the folder
+    with folder_lock(out, "output folder", lock_wait, ranks):
+        if ranks.lead:
+            mark_output(out, MANY_COMMAND)
+        runs = [run_audit(settings, out / name, ranks, lock_wait) for settings, name in zip(settings_list, names)]
     if not ranks.lead:
         return None
     audits = cast(list[dict], runs)  # run_audit returns the audit on rank 0

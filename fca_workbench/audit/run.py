@@ -16,7 +16,7 @@ from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
-from fca_workbench.audit.cache_lock import cache_lock
+from fca_workbench.audit.cache_lock import cache_lock, folder_lock
 from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint, shard_count
 from fca_workbench.audit.conditions import Profiles, calibration_profiles, replay_conditions
 from fca_workbench.audit.distributed import SINGLE, Ranks
@@ -28,15 +28,18 @@ from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, swee
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
-from fca_workbench.results.outputs import output_folder, refuse_foreign
+from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.per_token import per_token_files
 from fca_workbench.results.profiles import save_profiles
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 from fca_workbench.results.verdicts import verdicts
+
+AUDIT_COMMAND = "fca audit"  # what an audit folder's marker names
+
 
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
@@ -66,17 +69,29 @@ class AuditSettings:
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
 
+    def __post_init__(self) -> None:
+        """A number out of range is one line here, whatever gave it (flags, a reproduce config, Python): never
+        a ``ZeroDivisionError`` or a silent default later."""
+        for name, least in SETTINGS_MINIMA.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
+
+
+SETTINGS_MINIMA = {"window": 2, "max_windows": 1, "batch_size": 1, "seed": 0, "resamples": 1, "latency_repeats": 1}
+
 
 def default_out(checkpoint: str | Path) -> Path:
     return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
 
 
 def check_audit_out(out: str | Path) -> Path:
-    """The audit's output folder, refused before any work when it is a file or holds an ``audit.json``
-    this workbench did not write (anything that is not a valid ``fca-audit/1`` audit)."""
+    """The audit's output folder, refused before any work when it is a file, holds an ``audit.json`` this
+    workbench did not write (anything that is not a valid ``fca-audit/1`` audit), or holds files without the
+    marker of an audit folder (``check_output``; a valid ``audit.json`` of an earlier version adopts it)."""
     out = output_folder(out)
     refuse_foreign(out / AUDIT_FILE, AUDIT_SCHEMA, validate_audit)
-    return out
+    return check_output(out, AUDIT_COMMAND, adopt=lambda folder: (folder / AUDIT_FILE).is_file())
 
 
 def load_audit_inputs(
@@ -91,12 +106,22 @@ def load_audit_inputs(
     )
 
 
+def check_device(name: str) -> None:
+    """Refuse, in one line and before anything is loaded or written, a device the audit cannot compute on: not
+    a torch device, CUDA without a GPU, or one that holds no values (``meta``); a tiny sum is tried there."""
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name} was asked for, but torch sees no CUDA device")
+    try:
+        (torch.ones(2, device=name) * 2).sum().item()
+    except (RuntimeError, NotImplementedError, AssertionError, ValueError) as exc:
+        raise UserError(f"--device {name} cannot run a model: {first_line(exc)[:200]}") from None
+
+
 def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
     """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
-    if settings.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for, but torch sees no CUDA device")
+    check_device(settings.device)
     model = load_controlled(
         settings.checkpoint,
         DTYPES[settings.dtype],
@@ -150,7 +175,12 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
     check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
-    with cache_lock(cache_root(settings.cache, out), lock_wait, ranks):
+    with (
+        cache_lock(cache_root(settings.cache, out), lock_wait, ranks),
+        folder_lock(out, "output folder", lock_wait, ranks),
+    ):
+        if ranks.lead:
+            mark_output(out, AUDIT_COMMAND)
         eval_cache = capture_split(model, eval_windows, "eval", settings, out, ranks)
         share = ranks.share(eval_cache.num_shards())
         profiles = None

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from fca_workbench import flags
 from fca_workbench.dashboard.live import SharedModel
 from fca_workbench.dashboard.pool import (
     DEFAULT_MAX_SESSIONS,
@@ -83,10 +84,10 @@ def served_settings(argv: Sequence[str], environ: Mapping[str, str] = os.environ
         return environ.get(ENVIRONMENT[name], getattr(defaults, name))
 
     parser.add_argument("--registry", default=default("registry"))
-    parser.add_argument("--calibration-windows", type=int, default=default("calibration_windows"))
-    parser.add_argument("--torch-threads", type=int, default=default("torch_threads"))
-    parser.add_argument("--max-sessions", type=int, default=default("max_sessions"))
-    parser.add_argument("--model-idle-seconds", type=float, default=default("model_idle_seconds"))
+    parser.add_argument("--calibration-windows", type=flags.non_negative_int, default=default("calibration_windows"))
+    parser.add_argument("--torch-threads", type=flags.non_negative_int, default=default("torch_threads"))
+    parser.add_argument("--max-sessions", type=flags.bounded(int), default=default("max_sessions"))
+    parser.add_argument("--model-idle-seconds", type=flags.bounded(float), default=default("model_idle_seconds"))
     parser.add_argument("--results", default=default("results"))
     args, _ = parser.parse_known_args(list(argv))
     args.calibration_windows = args.calibration_windows or None  # 0 or empty: every calibration window

