@@ -4,22 +4,33 @@ Every file is written through ``write_atomic`` (bytes) or ``atomic_path`` (a wri
 temporary sibling, then a rename, so a crash never leaves a half-written result; tensors and files are
 identified by sha256 of exactly their bytes. Every JSON file is read through ``read_json`` (bounded in
 size, any malformation one line naming the file) and written through ``write_json`` (strict JSON: a NaN or
-an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject).
+an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject). A file that
+a library parses (a tokenizer, weights, a pickled state, a CSV) is read inside ``reading``, the one boundary
+that turns the library's own exceptions into one line; a safetensors header is checked by
+``safetensors_shapes`` against the file's size before any library trusts what it declares.
 """
 
 import contextlib
+import csv
 import gzip
 import hashlib
 import importlib
 import io
 import json
+import math
+import pickle
 import shutil
+import struct
 import sys
+import tarfile
 import types
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from fca_workbench.errors import UserError, first_line
 
@@ -115,6 +126,103 @@ def dumps_json(value: object) -> bytes:
 def write_json(path: Path, value: object) -> None:
     """``dumps_json(value)`` written atomically."""
     write_atomic(path, dumps_json(value))
+
+
+# What libraries raise on a file that is malformed: parse errors, wrong types or keys in what was parsed,
+# truncation, nesting too deep, shapes that do not fit (torch's load_state_dict). The Rust ``tokenizers``
+# raises a bare ``Exception``, caught as that exact type only, so a real bug of any other type keeps its
+# traceback.
+MALFORMED = (
+    OSError,
+    EOFError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    RuntimeError,
+    csv.Error,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+    tarfile.TarError,
+    zlib.error,
+    SafetensorError,
+)
+
+
+@contextlib.contextmanager
+def reading(what: str, advice: str = "") -> Iterator[None]:
+    """The one boundary of a loader that hands a file to a library: whatever the library raises on a
+    malformed file becomes one ``UserError`` line: ``what`` (which names the file), the library's reason,
+    then ``advice`` (what to do about it) when given."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if not isinstance(exc, MALFORMED) and type(exc) is not Exception:
+            raise
+        raise UserError(f"{what}: {first_line(exc)}" + (f"; {advice}" if advice else "")) from None
+
+
+SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit
+SAFETENSORS_ITEM_BITS = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
+    **dict.fromkeys(("U16", "I16", "F16", "BF16"), 16),
+    **dict.fromkeys(("U32", "I32", "F32"), 32),
+    **dict.fromkeys(("U64", "I64", "F64", "C64"), 64),
+    "F4": 4,
+    **dict.fromkeys(("F6_E2M3", "F6_E3M2"), 6),
+}
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The names and shapes a safetensors file declares, read from its header alone and checked against the
+    file: the header's length, and every tensor's byte range (inside the data, the size its dtype and shape
+    need), so a header claiming absurd sizes is one ``UserError`` line before any library allocates for it."""
+    path = Path(path)
+    with reading(f"cannot read {path}"):
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise UserError(f"{path} is not a safetensors file: {size} bytes, shorter than its header length")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > min(size - 8, SAFETENSORS_HEADER_MAX_BYTES):
+                raise UserError(f"{path} is not a safetensors file: its header claims {length} bytes of {size}")
+            header = parse_json(handle.read(length), f"the header of {path}")
+    if not isinstance(header, dict):
+        raise UserError(f"the header of {path} is not a JSON object, so not a safetensors header")
+    data_bytes = size - 8 - length
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = tensor_entry_problem(entry, data_bytes)
+        if problem:
+            raise UserError(f"{path} declares tensor {name[:80]!r} {problem}")
+        shapes[name] = tuple(entry["shape"])
+    return shapes
+
+
+def tensor_entry_problem(entry: object, data_bytes: int) -> str | None:
+    """What is wrong with one tensor's header entry in a file of ``data_bytes`` bytes of data; None: nothing."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return "without a dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        return f"with shape {str(shape)[:80]}, not a list of sizes"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
+        return "without data_offsets [begin, end]"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        return f"at bytes {begin}..{end}, outside the file's {data_bytes} bytes of data"
+    bits = SAFETENSORS_ITEM_BITS.get(entry["dtype"])
+    if bits is not None and -(-math.prod(shape) * bits // 8) != end - begin:
+        return f"of shape {shape} in {entry['dtype']}, which is not its {end - begin} bytes"
+    return None
 
 
 def jsonl_gz(records: list[dict]) -> bytes:

@@ -18,9 +18,9 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.audit.mini import MiniAudit, has_controller
 from fca_workbench.errors import UserError
-from fca_workbench.files import write_atomic
+from fca_workbench.files import read_json, reading, write_atomic
 from fca_workbench.resources import shipped
-from fca_workbench.train_state import TrainSettings
+from fca_workbench.train_state import LOG_FILE, TrainSettings
 
 AUDIT_LOG = "audit_log.csv"
 
@@ -118,19 +118,20 @@ TRAINING_DYNAMICS_DIR = shipped("data") / "training_dynamics"  # the shipped stu
 def load_training_run(folder: str | Path) -> dict:
     """A training run's logs as DataFrames: ``audit`` (``audit_log.csv``), ``train`` (``train_log.csv``) and its
     model card (None while the run is unfinished: the logs are then partial)."""
-    import json
-
     import pandas as pd
 
     folder = Path(folder)
     if not (folder / AUDIT_LOG).is_file():
         raise UserError(f"{folder} has no {AUDIT_LOG}: train it with fca train --audit-every N")
-    card = folder / "model_card.json"
+    card, train_log = folder / "model_card.json", folder / LOG_FILE
+    with reading(f"unreadable training log in {folder}"):  # pandas' parser errors, a file that is not UTF-8
+        audit = pd.read_csv(folder / AUDIT_LOG)
+        train = pd.read_csv(train_log) if train_log.is_file() else None
     return {
         "name": folder.name,
-        "audit": pd.read_csv(folder / AUDIT_LOG),
-        "train": pd.read_csv(folder / "train_log.csv") if (folder / "train_log.csv").is_file() else None,
-        "card": json.loads(card.read_text()) if card.is_file() else None,
+        "audit": audit,
+        "train": train,
+        "card": read_json(card) if card.exists() else None,
     }
 
 

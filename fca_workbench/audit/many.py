@@ -1,6 +1,5 @@
 """``fca audit-many``: audit independently trained seeds and report every figure as mean ± sd."""
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
@@ -8,7 +7,7 @@ from typing import cast
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
 from fca_workbench.errors import UserError
-from fca_workbench.files import write_atomic
+from fca_workbench.files import write_json
 from fca_workbench.results.layout import AUDIT_MANY_FILE
 from fca_workbench.results.outputs import output_folder, refuse_foreign
 from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
@@ -51,5 +50,5 @@ def aggregate_audits(
         "archs": [a["model"]["arch"] for a in audits],
         "figures": summarise(audits),
     }
-    write_atomic(out / AUDIT_MANY_FILE, (json.dumps(summary, indent=2) + "\n").encode())
+    write_json(out / AUDIT_MANY_FILE, summary)
     return summary

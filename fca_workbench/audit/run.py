@@ -4,7 +4,6 @@ This is orchestration only; every number comes from capture, replay, metrics and
 the same line runs on every rank, each on its share of the shards (``distributed.py``); rank 0 writes.
 """
 
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -28,7 +27,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor, write_atomic
+from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import output_folder, refuse_foreign
@@ -368,4 +367,4 @@ def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor
     validate_audit(audit)
     for name, data in per_token_files(per_token, windows).items():  # CSV, and Parquet with pyarrow
         write_atomic(out / name, data)
-    write_atomic(out / AUDIT_FILE, (json.dumps(audit, indent=2) + "\n").encode())
+    write_json(out / AUDIT_FILE, audit)

@@ -7,7 +7,6 @@ downstream sees a ``LongTensor [N, window]``.
 from __future__ import annotations
 
 import gzip
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ if TYPE_CHECKING:  # the tokenizer's type only: importing transformers here woul
     from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.errors import UserError
+from fca_workbench.files import parse_json
 
 
 def read_documents(path: str | Path) -> list[str]:
@@ -46,13 +46,10 @@ def read_documents(path: str | Path) -> list[str]:
 def parse_jsonl(text: str, path: Path) -> list[str]:
     """The ``text`` field of each non-blank line; a line that is not such a record is a one-line ``UserError``."""
     documents = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit inside a string
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path} line {number} is not JSON: {exc.msg}") from None
+        record = parse_json(line.removeprefix("\ufeff") if number == 1 else line, f"{path} line {number}")
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UserError(f'{path} line {number} has no string field "text"')
         documents.append(record["text"])

@@ -25,7 +25,6 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
 picks how many windows the audit runs at once when ``--batch-size`` is not given.
 """
 
-import json
 import math
 import re
 import zipfile
@@ -37,6 +36,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from fca_workbench.errors import UserError, first_line
+from fca_workbench.files import read_json, reading, safetensors_shapes
 from fca_workbench.models.limits import check_memory, check_sizes
 
 Model = TypeVar("Model", bound=PreTrainedModel)
@@ -146,12 +146,7 @@ def read_config(
     ``families``: arch -> (config class, model class), the registry of ``fca_workbench.models``.
     """
     path = folder / CONFIG_FILE
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"unreadable checkpoint config in {folder}: {first_line(exc)}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"unreadable checkpoint config in {folder}: config.json is not a JSON object")
+    raw = cast(dict, read_json(path))
     model_type = raw.get("model_type")
     by_type = {config_class.model_type: config_class for config_class, _ in families.values()}
     if model_type not in by_type:
@@ -209,14 +204,11 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the tensors stored under ``path`` (a weight file or a shard index), data unread."""
     folder = path.parent
     if path.name.endswith(".index.json"):
-        try:
-            index = json.loads(path.read_text(encoding="utf-8"))
-            weight_map = index["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(
-                f"corrupt or missing weights in {folder}: unreadable {path.name}: {first_line(exc)}"
-            ) from None
+        index = cast(dict, read_json(path))
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UserError(f"corrupt or missing weights in {folder}: {path.name} has no weight_map object")
+        shards = sorted(set(map(str, weight_map.values())))
         if not all(isinstance(name, str) for name in [*weight_map, *shards]):
             raise UserError(f"corrupt or missing weights in {folder}: {path.name} maps names to non-strings")
         shapes, misplaced = {}, []
@@ -257,18 +249,11 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(path, framework="pt") as handle:
-                return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-        # ``.bin``: pickled state dict, read with the safe unpickler and no data (meta tensors)
+    if path.suffix == ".safetensors":
+        return safetensors_shapes(path)
+    # ``.bin``: pickled state dict, read with the safe unpickler and no data (meta tensors)
+    with reading(f"corrupt or missing weights in {path.parent}: {path.name}"):
         state = torch.load(path, map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except UserError:
-        raise
-    except Exception as exc:  # safetensors, torch and pickle each raise their own types on bad files
-        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {first_line(exc)}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"corrupt or missing weights in {path.parent}: {path.name} is not a state dict of tensors")
     return {key: tuple(value.shape) for key, value in state.items()}
@@ -324,7 +309,7 @@ def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfi
     """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
     dtype = dtype or torch.float32
     path = check_weights(folder, model_class, config, dtype)
-    try:
+    with reading(f"corrupt or missing weights in {folder}"):  # safetensors, torch, transformers: their own types
         loaded = model_class.from_pretrained(
             folder,
             config=config,
@@ -335,8 +320,6 @@ def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfi
             output_loading_info=True,
         )
         model, info = cast(tuple[Model, dict[str, list]], loaded)  # output_loading_info: (model, info)
-    except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
-        raise UserError(f"corrupt or missing weights in {folder}: {first_line(exc)}") from None
     leftovers = {
         k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")
     }

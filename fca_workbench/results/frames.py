@@ -8,7 +8,6 @@ per-token file the audit leaves behind. pandas is imported here, never by ``impo
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import import_jsonschema
+from fca_workbench.files import import_jsonschema, read_json
 from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
@@ -59,9 +58,9 @@ def read_audit_json(path: str | Path) -> tuple[dict, Path]:
     if not path.is_file():
         raise UserError(f"no {AUDIT_FILE} in {path.parent}" if path.name == AUDIT_FILE else f"not found: {path}")
     try:
-        audit = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not a complete {AUDIT_FILE} (truncated or not JSON: {exc})") from None
+        audit = read_json(path, expect=None)
+    except UserError as exc:
+        raise UserError(f"not a complete {AUDIT_FILE}: {exc}") from None
     if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
         found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
         raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected {AUDIT_SCHEMA!r})")
