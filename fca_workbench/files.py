@@ -164,7 +164,8 @@ def reading(what: str, advice: str = "") -> Iterator[None]:
     except Exception as exc:
         if not isinstance(exc, MALFORMED) and type(exc) is not Exception:
             raise
-        raise UserError(f"{what}: {first_line(exc)}" + (f"; {advice}" if advice else "")) from None
+        reason = f"no key {first_line(exc)}" if isinstance(exc, KeyError) else first_line(exc)
+        raise UserError(f"{what}: {reason}" + (f"; {advice}" if advice else "")) from None
 
 
 SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit

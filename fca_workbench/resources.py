@@ -60,7 +60,12 @@ def checkpoints_dir() -> Path:
     """The shipped checkpoints: ``$FCA_CHECKPOINTS`` if set, else ``data/checkpoints`` of the checkout; a wheel
     does not carry them, and says in one line where to get them."""
     if os.environ.get(CHECKPOINTS_ENV):
-        return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
+        try:
+            return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
+        except RuntimeError:  # ``~user`` of no such user
+            raise UserError(
+                f"{CHECKPOINTS_ENV}={os.environ[CHECKPOINTS_ENV]} names a home folder that does not exist"
+            ) from None
     if in_checkout():
         return CHECKOUT / "data" / "checkpoints"
     raise UserError(

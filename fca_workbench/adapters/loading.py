@@ -7,19 +7,20 @@ user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in
 """
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError
+from fca_workbench.files import read_json, reading
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
+from fca_workbench.models.loading import CONFIG_FILE, stored_shapes, weights_file
 from fca_workbench.resources import is_checkpoint
 
 
@@ -34,12 +35,9 @@ def load_controlled(
     folder = Path(path)
     if not is_checkpoint(folder):
         return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
-    try:
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raw = None
+    raw = cast(dict, read_json(folder / CONFIG_FILE))
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
-    if not isinstance(raw, dict) or raw.get("model_type") in native:
+    if raw.get("model_type") in native:
         if controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
@@ -85,7 +83,8 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
     if not any((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
         raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
     dtype = dtype or torch.float32
-    try:
+    stored_shapes(weights_file(folder))  # every header checked against its file before transformers reads it
+    with reading(f"cannot load {folder} with transformers"):  # config parsing, safetensors: their own types
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
         parameters = parameters_on_meta(
@@ -100,5 +99,3 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
         )
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise UserError(f"cannot load {folder} with transformers: {first_line(exc)}") from None
