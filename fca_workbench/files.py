@@ -19,6 +19,7 @@ import io
 import json
 import math
 import pickle
+import reprlib
 import shutil
 import struct
 import sys
@@ -254,6 +255,24 @@ def file_sha256(path: Path) -> str:
 # (Jupyter brings it), importing jsonschema builds ~40 Earley parsers, 2-20 s per process
 # (python-jsonschema/jsonschema#1428). No workbench schema uses the ``iri`` formats.
 SKIPPED = "rfc3987_syntax"
+
+
+def schema_problem(instance: object, schema: dict) -> str | None:
+    """Why ``instance`` (JSON read from a file) does not match ``schema``, as one short line (where, then
+    what); None when it matches. Not ``str`` of jsonschema's error, which pretty-prints the whole instance
+    (many lines, and a ``RecursionError`` for one nested deep enough)."""
+    jsonschema = import_jsonschema()
+    try:
+        jsonschema.validate(instance, schema)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(reprlib.repr(part) if not isinstance(part, str) else part[:40] for part in exc.absolute_path)
+        return f"{where or 'top level'}: {first_line(exc.message)[:PROBLEM_CHARS]}"
+    except RecursionError:
+        return "nested too deeply to be checked"
+    return None
+
+
+PROBLEM_CHARS = 200  # of a validation message, which quotes the offending value
 
 
 def import_jsonschema() -> types.ModuleType:

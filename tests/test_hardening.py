@@ -206,7 +206,7 @@ def test_corrupt_manifest_is_one_line(tmp_path):
     model, windows = tiny_model("featuregate"), cache_windows()
     capture(model, windows, tmp_path / "cache", batch_size=4)
     (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/2", "windows": ')
-    with pytest.raises(UserError, match="unreadable manifest.json"):
+    with pytest.raises(UserError, match="manifest.json is not valid JSON"):
         capture(model, windows, tmp_path / "cache", batch_size=4)
     (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/2"}))
     with pytest.raises(UserError, match="manifest.json is malformed"):

@@ -33,8 +33,8 @@ from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import (
     file_sha256,
     fingerprint_tensor,
-    import_jsonschema,
     read_json,
+    schema_problem,
     write_atomic,
     write_json,
 )
@@ -230,18 +230,15 @@ def read_manifest(folder: Path) -> dict | None:
         raise UserError(f"coefficient cache {folder}: {exc}; delete {folder} to capture again") from None
     if isinstance(manifest, dict) and manifest.get("format") in LEGACY_FORMATS:
         return None
-    jsonschema = import_jsonschema()  # slow to import; only needed when a cache is opened
-
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
         raise UserError(
             f"coefficient cache {folder}: {MANIFEST} is not a {CACHE_FORMAT} manifest; delete {folder} to capture again"
         )
-    try:
-        jsonschema.validate(manifest, MANIFEST_SCHEMA)
-    except jsonschema.ValidationError as exc:
+    problem = schema_problem(manifest, MANIFEST_SCHEMA)  # jsonschema: slow to import, only when a cache is opened
+    if problem:
         raise UserError(
-            f"coefficient cache {folder}: {MANIFEST} is malformed ({first_line(exc)}); delete {folder} to capture again"
-        ) from None
+            f"coefficient cache {folder}: {MANIFEST} is malformed ({problem}); delete {folder} to capture again"
+        )
     return manifest
 
 

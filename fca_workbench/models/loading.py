@@ -35,7 +35,7 @@ from typing import TypeVar, cast
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, safetensors_shapes
 from fca_workbench.models.limits import check_memory, check_sizes
 
@@ -156,10 +156,8 @@ def read_config(
     if model_type == "muddpythia":
         check_muddpythia_fields(fields, folder)
     config_class = by_type[model_type]
-    try:
+    with reading(str(path)):  # transformers' config parsing: its own types
         config = config_class.from_dict(fields)
-    except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
-        raise UserError(f"{path}: {first_line(exc)}") from None
     check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
@@ -208,15 +206,16 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict):
             raise UserError(f"corrupt or missing weights in {folder}: {path.name} has no weight_map object")
-        shards = sorted(set(map(str, weight_map.values())))
-        if not all(isinstance(name, str) for name in [*weight_map, *shards]):
+        if not all(isinstance(name, str) for name in [*weight_map, *weight_map.values()]):
             raise UserError(f"corrupt or missing weights in {folder}: {path.name} maps names to non-strings")
         shapes, misplaced = {}, []
-        for shard in shards:
+        for shard in sorted(set(weight_map.values())):
             shard_path = inside_folder(folder, shard, path.name)
-            if not shard_path.is_file():
+            with reading(f"corrupt or missing weights in {folder}: {path.name} names shard {shard[:80]!r}"):
+                found = shard_path.is_file()  # an OSError for a name too long for the file system
+            if not found:
                 raise UserError(
-                    f"corrupt or missing weights in {folder}: {path.name} names shard {shard}, which is missing"
+                    f"corrupt or missing weights in {folder}: {path.name} names shard {shard[:80]!r}, which is missing"
                 )
             in_shard = _file_shapes(shard_path)
             misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]

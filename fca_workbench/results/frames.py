@@ -8,6 +8,7 @@ per-token file the audit leaves behind. pandas is imported here, never by ``impo
 from __future__ import annotations
 
 import functools
+import reprlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,10 +16,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import import_jsonschema, read_json
+from fca_workbench.files import read_json, schema_problem
 from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
-from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
+from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
@@ -62,15 +63,11 @@ def read_audit_json(path: str | Path) -> tuple[dict, Path]:
     except UserError as exc:
         raise UserError(f"not a complete {AUDIT_FILE}: {exc}") from None
     if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
-        found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
-        raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected {AUDIT_SCHEMA!r})")
-    jsonschema = import_jsonschema()
-
-    try:
-        validate_audit(audit)
-    except jsonschema.ValidationError as exc:
-        where = ".".join(map(str, exc.absolute_path)) or "top level"
-        raise UserError(f"{path} is not a valid FCA audit ({where}: {first_line(exc.message)})") from None
+        found = reprlib.repr(audit.get("schema")) if isinstance(audit, dict) else type(audit).__name__
+        raise UserError(f"{path} is not an FCA audit (schema {found}, expected {AUDIT_SCHEMA!r})")
+    problem = schema_problem(audit, audit_json_schema())
+    if problem:
+        raise UserError(f"{path} is not a valid FCA audit ({problem})")
     return audit, path.parent
 
 

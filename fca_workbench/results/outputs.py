@@ -34,7 +34,7 @@ def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], object] |
         ours = isinstance(content, dict) and content.get("schema") == schema
         if ours and validate is not None:
             validate(cast(dict, content))
-    except (UserError, jsonschema.ValidationError):  # unreadable, not JSON, not valid: not ours
+    except (UserError, RecursionError, jsonschema.ValidationError):  # unreadable, not JSON, not valid: not ours
         ours = False
     if not ours:
         raise UserError(
