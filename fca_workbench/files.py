@@ -130,7 +130,8 @@ def write_json(path: Path, value: object) -> None:
 
 
 # What libraries raise on a file that is malformed: parse errors, wrong types or keys in what was parsed,
-# truncation, nesting too deep, shapes that do not fit (torch's load_state_dict). The Rust ``tokenizers``
+# truncation (``struct.error`` from torch's unpickler), nesting too deep, shapes that do not fit (torch's
+# load_state_dict). The Rust ``tokenizers``
 # raises a bare ``Exception``, caught as that exact type only, so a real bug of any other type keeps its
 # traceback.
 MALFORMED = (
@@ -146,6 +147,7 @@ MALFORMED = (
     RuntimeError,
     csv.Error,
     pickle.UnpicklingError,
+    struct.error,
     zipfile.BadZipFile,
     tarfile.TarError,
     zlib.error,

@@ -97,20 +97,25 @@ def read_state(out: Path, settings: TrainSettings) -> dict | None:
         return None
     with reading(f"{path} is not a training state fca train wrote", RESUME_ADVICE):
         state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or not STATE_KEYS <= state.keys() or not isinstance(state["settings"], dict):
-        raise UserError(f"{path} is not a training state fca train wrote; {RESUME_ADVICE}")
-    wanted = asdict(settings)
-    if state["settings"] != wanted:
-        changed = sorted(
-            k
-            for k in state["settings"].keys() | wanted.keys()
-            if state["settings"].get(k) != wanted.get(k) or (k in state["settings"]) != (k in wanted)
-        )
+        if not isinstance(state, dict) or not STATE_KEYS <= state.keys() or not isinstance(state["settings"], dict):
+            raise UserError(f"{path} is not a training state fca train wrote; {RESUME_ADVICE}")
+        changed = changed_settings(state["settings"], asdict(settings))  # a tensor among them: a RuntimeError
+    if changed:
         raise UserError(f"{out} holds a run with different settings ({', '.join(changed)}); choose another --out")
     step = state["step"]
     if type(step) is not int or not 0 <= step <= settings.steps:
         raise UserError(f"{path} holds step {str(step)[:40]!r}, not one of 0..{settings.steps}; {RESUME_ADVICE}")
     return state
+
+
+def changed_settings(saved: dict, wanted: dict) -> list[str]:
+    """The names of the settings that differ between a saved run and this one (a planted state's names may
+    be of any type and length)."""
+    return sorted(
+        str(k)[:40]
+        for k in saved.keys() | wanted.keys()
+        if saved.get(k) != wanted.get(k) or (k in saved) != (k in wanted)
+    )
 
 
 def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler) -> int:

@@ -272,7 +272,7 @@ def test_cache_manifest(audit_folder, place):
     def read(payload):
         (folder / "manifest.json").write_bytes(payload)
         one_line_or_success(lambda: read_manifest(folder))
-        assert audit_batch_size(None, 32, "cpu", folder) >= 1
+        assert audit_batch_size(None, 32, "cpu", folder) >= 1  # never a batch size of 0 from a damaged manifest
 
     read()
 
@@ -504,7 +504,7 @@ def test_trainer_state_structure(trainer_state):
     moment or a scheduler field should be."""
     out, run, model = trainer_state
     state = torch.load(out / STATE_FILE, weights_only=True)
-    places = [p for p in paths(state, limit=5) if p[0] != "settings"]
+    places = paths(state, limit=5)
     values = JSON_VALUES | TENSORS | st.just(...)
 
     @MANY

@@ -20,7 +20,7 @@ from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.models.loading import CONFIG_FILE, stored_shapes, weights_file
+from fca_workbench.models.loading import CONFIG_FILE, model_type_of, stored_shapes, weights_file
 from fca_workbench.resources import is_checkpoint
 
 
@@ -37,7 +37,7 @@ def load_controlled(
         return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
     raw = cast(dict, read_json(folder / CONFIG_FILE))
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
-    if raw.get("model_type") in native:
+    if model_type_of(raw, folder / CONFIG_FILE) in native:
         if controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"

@@ -83,9 +83,11 @@ def audit_batch_size(model: Any, window: int, device: str | torch.device, cache:
     manifest = Path(cache) / "manifest.json" if cache is not None else None
     if manifest is not None and manifest.is_file():
         try:
-            return int(cast(dict, read_json(manifest))["shard_size"])
-        except (UserError, ValueError, KeyError, TypeError):
-            pass  # an unreadable manifest is reported by capture itself
+            shard_size = cast(dict, read_json(manifest)).get("shard_size")
+        except UserError:
+            shard_size = None  # an unreadable manifest is reported by capture itself
+        if type(shard_size) is int and shard_size >= 1:
+            return shard_size
     device = torch.device(device)
     if device.type != "cuda":
         return CPU_BATCH_SIZE

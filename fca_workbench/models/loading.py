@@ -147,7 +147,7 @@ def read_config(
     """
     path = folder / CONFIG_FILE
     raw = cast(dict, read_json(path))
-    model_type = raw.get("model_type")
+    model_type = model_type_of(raw, path)
     by_type = {config_class.model_type: config_class for config_class, _ in families.values()}
     if model_type not in by_type:
         shown = "no model_type" if model_type is None else f"a '{model_type}' model"
@@ -161,6 +161,14 @@ def read_config(
     check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
+
+
+def model_type_of(raw: dict, path: Path) -> str | None:
+    """A config's ``model_type``: a name, or None when it has none; anything else is one ``UserError`` line."""
+    model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise UserError(f"{path}: model_type is a JSON {type(model_type).__name__}, not a name")
+    return model_type
 
 
 def check_muddpythia_fields(fields: dict, folder: Path) -> None:
@@ -278,7 +286,8 @@ def check_weights(
     """Check the model fits in memory in ``dtype``, then compare the stored names and shapes with the
     model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
-    expected, optional = expected_shapes(model_class, config)
+    with reading(f"{folder / CONFIG_FILE} describes no {config.model_type} model that can be built"):
+        expected, optional = expected_shapes(model_class, config)  # a size of the wrong type, say
     parameters = sum(math.prod(shape) for shape in expected.values())
     check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
     stored = stored_shapes(path)
