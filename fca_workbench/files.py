@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError, first_line, one_line
 
 
 def temporary_sibling(path: Path) -> Path:
@@ -167,8 +167,19 @@ def reading(what: str, advice: str = "") -> Iterator[None]:
     except Exception as exc:
         if not isinstance(exc, MALFORMED) and type(exc) is not Exception:
             raise
-        reason = f"no key {first_line(exc)}" if isinstance(exc, KeyError) else first_line(exc)
-        raise UserError(f"{what}: {reason}" + (f"; {advice}" if advice else "")) from None
+        raise UserError(f"{what}: {library_reason(exc)}" + (f"; {advice}" if advice else "")) from None
+
+
+REASON_CHARS = 300  # of a library's reason: torch lists every mismatched tensor
+
+
+def library_reason(exc: BaseException) -> str:
+    """A library's reason for refusing a file, as one short line: its first line, or all of it when the first
+    line only announces the detail (torch's ``Error(s) in loading state_dict for X:``)."""
+    if isinstance(exc, KeyError):
+        return f"no key {first_line(exc)}"
+    reason = one_line(exc) if first_line(exc).endswith(":") else first_line(exc)
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
 
 
 SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import read_json, schema_problem
+from fca_workbench.errors import UserError
+from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
@@ -139,10 +139,8 @@ class AuditResults:
         path = parquet if parquet.is_file() and _has_pyarrow() else csv
         if not path.is_file():
             raise UserError(f"no {PER_TOKEN_CSV} in {self.folder}")
-        try:
+        with reading(f"{path} cannot be read"):  # truncated gzip / Parquet, wrong bytes: the same to the user
             wide = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-        except Exception as exc:  # truncated gzip / Parquet, wrong bytes: all mean the same to the user
-            raise UserError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)})") from None
         conditions = [c for c in wide.columns if c not in PER_TOKEN_KEYS]
         if list(wide.columns[:3]) != PER_TOKEN_KEYS or set(conditions) != set(self.audit["conditions"]):
             raise UserError(f"{path} does not hold this audit's conditions ({', '.join(map(str, wide.columns))})")
