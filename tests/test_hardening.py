@@ -724,4 +724,3 @@ def test_a_damaged_resume_is_one_line_from_the_cli(tmp_path):
     run.mkdir()
     torch.save({"settings": {}, "step": "x", "model": {}, "optimizer": {}, "scheduler": {}}, run / STATE_FILE)
     assert_one_line_error(fca("train", "--arch", "dense", "--out", run), "holds a run with different settings")
-
