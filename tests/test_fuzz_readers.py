@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MIXTRAL, tiny_model
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
@@ -52,6 +52,7 @@ DEEP = [
     b"[" * 990 + b"]" * 990,  # parses; deep enough to trip whatever recurses into it afterwards
     b'{"a": ' * 490 + b"1" + b"}" * 490,
 ]
+ALWAYS_DEEP = example(DEEP[0])  # every JSON reader meets the 100,000 levels, whatever else is drawn
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()
@@ -159,6 +160,7 @@ def test_checkpoint_config(config_folder):
 
     @FUZZ
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         (config_folder / "config.json").write_bytes(payload)
         one_line_or_success(lambda: read_config(config_folder, FAMILIES))
@@ -171,6 +173,7 @@ def test_checkpoint_config_through_the_loader(checkpoint):
 
     @FEW
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         (checkpoint / "config.json").write_bytes(payload)
         one_line_or_success(lambda: load_controlled(checkpoint))
@@ -203,6 +206,7 @@ def test_shard_index(sharded):
 
     @FUZZ
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: stored_shapes(path))
@@ -229,6 +233,7 @@ def test_tokenizer_json(tokenizer_folder):
 
     @FUZZ
     @given(specific | malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: load_tokenizer(tokenizer_folder))
@@ -254,6 +259,7 @@ def test_audit_json(audit_folder, place):
 
     @FUZZ
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         (folder / "audit.json").write_bytes(payload)
         one_line_or_success(lambda: load_audit(folder))
@@ -269,6 +275,7 @@ def test_cache_manifest(audit_folder, place):
 
     @FUZZ
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         (folder / "manifest.json").write_bytes(payload)
         one_line_or_success(lambda: read_manifest(folder))
@@ -287,6 +294,7 @@ def test_reproduce_config(suffix, place):
 
     @FUZZ
     @given(malformed(valid) if suffix == ".json" else malformed(valid, structured=False) | deep_toml)
+    @example(DEEP[0] if suffix == ".json" else b"a = " + DEEP[0])
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: load_config(path))
@@ -301,6 +309,7 @@ def test_train_hf_config(place):
 
     @FEW
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: build_hf_model(read_hf_config(path), tokenizer, 32))
@@ -314,6 +323,7 @@ def test_registry(checkpoint, place):
 
     @FUZZ
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: Registry.from_file(path))
@@ -328,6 +338,7 @@ def test_basic_auth_file(place):
 
     @FUZZ
     @given(malformed(valid))
+    @ALWAYS_DEEP
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: basic_auth_option(args))
@@ -345,6 +356,7 @@ def test_eval_jsonl(place):
 
     @FUZZ
     @given(line_damage | malformed(valid, structured=False))
+    @example(b'{"text": "fine"}\n' + DEEP[0])
     def read(payload):
         path.write_bytes(payload)
         one_line_or_success(lambda: read_documents(path))

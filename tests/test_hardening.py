@@ -719,8 +719,10 @@ def test_resuming_with_a_garbage_train_log_is_one_line(log, interrupted_run):
     assert "\n" not in str(error.value)
 
 
-def test_a_damaged_resume_is_one_line_from_the_cli(tmp_path):
+def test_a_damaged_resume_is_one_line_from_the_cli(small_text, tmp_path):
     run = tmp_path / "run"
-    run.mkdir()
-    torch.save({"settings": {}, "step": "x", "model": {}, "optimizer": {}, "scheduler": {}}, run / STATE_FILE)
-    assert_one_line_error(fca("train", "--arch", "dense", "--out", run), "holds a run with different settings")
+    flags = ("--train", small_text, "--layers", 1, "--width", 16, "--heads", 2, "--window", 16, "--steps", 4)
+    command = ("train", "--arch", "dense", *flags, "--batch-size", 2, "--save-every", 2, "--out", run)
+    assert fca(*command, "--stop-after", 2).returncode == 0
+    resaved(run, lambda state: state.update(step="two"))
+    assert_one_line_error(fca(*command), "holds step 'two'", "remove it or choose another --out")
