@@ -77,11 +77,18 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a number too large for a float, read as infinity
+        raise ValueError(f"{text[:40]} is too large for a number")
+    return value
+
+
 def parse_json(text: str | bytes, source: str) -> object:
     """``text`` parsed as strict JSON (no ``NaN``/``Infinity``); any malformation, nesting too deep for the
     parser included, is one ``UserError`` line naming ``source``."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise UserError(f"{source} is nested too deeply to be read as JSON") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -131,9 +138,8 @@ def write_json(path: Path, value: object) -> None:
 
 # What libraries raise on a file that is malformed: parse errors, wrong types or keys in what was parsed,
 # truncation (``struct.error`` from torch's unpickler), nesting too deep, shapes that do not fit (torch's
-# load_state_dict). The Rust ``tokenizers``
-# raises a bare ``Exception``, caught as that exact type only, so a real bug of any other type keeps its
-# traceback.
+# load_state_dict). The Rust ``tokenizers`` raises a bare ``Exception``, caught as that exact type only, so
+# a real bug of any other type keeps its traceback.
 MALFORMED = (
     OSError,
     EOFError,

@@ -5,6 +5,7 @@ or the dashboard app, and the behaviour tests pin what that one home does.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -443,3 +444,20 @@ def test_reading_turns_a_librarys_errors_into_one_line_and_leaves_bugs_alone(tmp
 def test_a_user_error_is_one_line_wherever_it_is_printed():
     error = UserError("model_type 'a\nb' is unknown\r\n")
     assert str(error) == "model_type 'a b' is unknown" and error.args == ("model_type 'a\nb' is unknown\r\n",)
+
+
+def test_read_json_refuses_what_strict_json_has_not(tmp_path):
+    from fca_workbench.files import read_json
+
+    path = tmp_path / "a.json"
+    for text, message in [
+        ("[1e400]", "1e400 is too large for a number"),  # Python's json reads it as infinity
+        ('{"x": NaN}', "NaN is not a JSON value"),
+        ("[" * 100_000, "nested too deeply"),
+        ("[1]", "holds a JSON array, not a JSON object"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(UserError, match=re.escape(message)):
+            read_json(path)
+    path.write_bytes(b'\xef\xbb\xbf{"x": 1.5}')
+    assert read_json(path) == {"x": 1.5}
