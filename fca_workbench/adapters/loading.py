@@ -9,7 +9,7 @@ user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,10 +17,10 @@ from torch import nn
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.errors import UserError
-from fca_workbench.files import read_json, reading
+from fca_workbench.files import reading
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.models.loading import CONFIG_FILE, model_type_of, stored_shapes, weights_file
+from fca_workbench.models.loading import CONFIG_FILE, config_fields, model_type_of, stored_shapes, weights_file
 from fca_workbench.resources import is_checkpoint
 
 
@@ -35,7 +35,7 @@ def load_controlled(
     folder = Path(path)
     if not is_checkpoint(folder):
         return load_model(folder, dtype)  # its own one-line errors for a missing folder / config
-    raw = cast(dict, read_json(folder / CONFIG_FILE))
+    raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     if model_type_of(raw, folder / CONFIG_FILE) in native:
         if controllers is not None:

@@ -146,7 +146,7 @@ def read_config(
     ``families``: arch -> (config class, model class), the registry of ``fca_workbench.models``.
     """
     path = folder / CONFIG_FILE
-    raw = cast(dict, read_json(path))
+    raw = config_fields(folder)
     model_type = model_type_of(raw, path)
     by_type = {config_class.model_type: config_class for config_class, _ in families.values()}
     if model_type not in by_type:
@@ -161,6 +161,14 @@ def read_config(
     check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
+
+
+def config_fields(folder: Path) -> dict:
+    """The JSON object in a checkpoint's ``config.json``, as it is; unreadable: one ``UserError`` line."""
+    try:
+        return cast(dict, read_json(folder / CONFIG_FILE))
+    except UserError as exc:
+        raise UserError(f"unreadable checkpoint config: {exc}") from None
 
 
 def model_type_of(raw: dict, path: Path) -> str | None:
@@ -219,11 +227,11 @@ def stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         shapes, misplaced = {}, []
         for shard in sorted(set(weight_map.values())):
             shard_path = inside_folder(folder, shard, path.name)
-            with reading(f"corrupt or missing weights in {folder}: {path.name} names shard {shard[:80]!r}"):
+            with reading(f"corrupt or missing weights in {folder}: {path.name} names shard {shard[:80]}"):
                 found = shard_path.is_file()  # an OSError for a name too long for the file system
             if not found:
                 raise UserError(
-                    f"corrupt or missing weights in {folder}: {path.name} names shard {shard[:80]!r}, which is missing"
+                    f"corrupt or missing weights in {folder}: {path.name} names shard {shard[:80]}, which is missing"
                 )
             in_shard = _file_shapes(shard_path)
             misplaced += [k for k, s in weight_map.items() if s == shard and k not in in_shard]
@@ -257,7 +265,10 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     if path.suffix == ".safetensors":
-        return safetensors_shapes(path)
+        try:
+            return safetensors_shapes(path)
+        except UserError as exc:
+            raise UserError(f"corrupt or missing weights in {path.parent}: {exc}") from None
     # ``.bin``: pickled state dict, read with the safe unpickler and no data (meta tensors)
     with reading(f"corrupt or missing weights in {path.parent}: {path.name}"):
         state = torch.load(path, map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(path))
