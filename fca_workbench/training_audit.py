@@ -35,12 +35,20 @@ class AuditLog:
     def __init__(self, folder: str | Path, resume_step: int) -> None:
         self.path = Path(folder) / AUDIT_LOG
         self.rows: list[dict] = []
-        if self.path.is_file():
-            with self.path.open() as handle:
-                self.rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= resume_step]
+        if self.path.exists():
+            with reading(f"{self.path} is not a log fca train wrote", "remove it or choose another --out"):
+                with self.path.open(encoding="utf-8", newline="") as handle:
+                    rows = list(csv.DictReader(handle))
+                if any(None in row or None in row.values() for row in rows):  # fields beyond the header, or short
+                    raise ValueError("a row's fields do not match its header")
+                self.rows = [row for row in rows if int(row["step"]) <= resume_step]
 
     def append(self, step: int, audit_seconds: float, figures: dict[str, float]) -> dict:
         row = {"step": step, "audit_seconds": round(audit_seconds, 3), **figures}
+        if self.rows and not set(self.rows[0]) <= set(row):  # columns this run's audits do not have
+            raise UserError(
+                f"{self.path} holds other columns than this run's audits; remove it or choose another --out"
+            )
         self.rows.append(row)
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(row), lineterminator="\n")

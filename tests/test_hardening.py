@@ -726,3 +726,13 @@ def test_a_damaged_resume_is_one_line_from_the_cli(small_text, tmp_path):
     assert fca(*command, "--stop-after", 2).returncode == 0
     resaved(run, lambda state: state.update(step="two"))
     assert_one_line_error(fca(*command), "holds step 'two'", "remove it or choose another --out")
+
+
+@pytest.mark.parametrize("log", [b"\x00\xff garbage", b"step,audit_seconds\nx,1\n", b"step,audit_seconds\n1,2,3\n"])
+def test_resuming_with_a_garbage_audit_log_is_one_line(log, small_text, tmp_path):
+    settings = tiny_run(small_text, audit_every=2, audit_windows=2)
+    assert train(settings, tmp_path / "run", stop_after=2) is None
+    (tmp_path / "run" / "audit_log.csv").write_bytes(log)
+    with pytest.raises(UserError, match="audit_log.csv is not a log fca train wrote") as error:
+        train(settings, tmp_path / "run")
+    assert "\n" not in str(error.value)
