@@ -5,7 +5,12 @@ The CLI prints these as a single line and exits non-zero; anything else is a bug
 
 
 class UserError(Exception):
-    """A problem with the user's input, reported as one line without a traceback."""
+    """A problem with the user's input, reported as one line without a traceback: a line break in its message
+    (one inside a quoted name from a file, say) is shown as a space, so the message is one line wherever it is
+    printed."""
+
+    def __str__(self) -> str:
+        return " ".join(super().__str__().splitlines())
 
 
 def first_line(message: BaseException | str) -> str:

@@ -4,25 +4,37 @@ Every file is written through ``write_atomic`` (bytes) or ``atomic_path`` (a wri
 temporary sibling, then a rename, so a crash never leaves a half-written result; tensors and files are
 identified by sha256 of exactly their bytes. Every JSON file is read through ``read_json`` (bounded in
 size, any malformation one line naming the file) and written through ``write_json`` (strict JSON: a NaN or
-an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject).
+an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject). A file that
+a library parses (a tokenizer, weights, a pickled state, a CSV) is read inside ``reading``, the one boundary
+that turns the library's own exceptions into one line; a safetensors header is checked by
+``safetensors_shapes`` against the file's size before any library trusts what it declares.
 """
 
 import contextlib
+import csv
 import gzip
 import hashlib
 import importlib
 import io
 import json
+import math
+import pickle
+import reprlib
 import shutil
+import struct
 import sys
+import tarfile
 import tempfile
 import types
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError, first_line, one_line
 
 
 def temporary_sibling(path: Path) -> Path:
@@ -82,11 +94,18 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a number too large for a float, read as infinity
+        raise ValueError(f"{text[:40]} is too large for a number")
+    return value
+
+
 def parse_json(text: str | bytes, source: str) -> object:
     """``text`` parsed as strict JSON (no ``NaN``/``Infinity``); any malformation, nesting too deep for the
     parser included, is one ``UserError`` line naming ``source``."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise UserError(f"{source} is nested too deeply to be read as JSON") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -134,6 +153,116 @@ def write_json(path: Path, value: object) -> None:
     write_atomic(path, dumps_json(value))
 
 
+# What libraries raise on a file that is malformed: parse errors, wrong types or keys in what was parsed,
+# truncation (``struct.error`` from torch's unpickler), nesting too deep, shapes that do not fit (torch's
+# load_state_dict). The Rust ``tokenizers`` raises a bare ``Exception``, caught as that exact type only, so
+# a real bug of any other type keeps its traceback.
+MALFORMED = (
+    OSError,
+    EOFError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    RuntimeError,
+    csv.Error,
+    pickle.UnpicklingError,
+    struct.error,
+    zipfile.BadZipFile,
+    tarfile.TarError,
+    zlib.error,
+    SafetensorError,
+)
+
+
+@contextlib.contextmanager
+def reading(what: str, advice: str = "") -> Iterator[None]:
+    """The one boundary of a loader that hands a file to a library: whatever the library raises on a
+    malformed file becomes one ``UserError`` line: ``what`` (which names the file), the library's reason,
+    then ``advice`` (what to do about it) when given."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if not isinstance(exc, MALFORMED) and type(exc) is not Exception:
+            raise
+        raise UserError(f"{what}: {library_reason(exc)}" + (f"; {advice}" if advice else "")) from None
+
+
+REASON_CHARS = 300  # of a library's reason: torch lists every mismatched tensor
+
+
+def library_reason(exc: BaseException) -> str:
+    """A library's reason for refusing a file, as one short line: its first line, or all of it when the first
+    line only announces the detail (torch's ``Error(s) in loading state_dict for X:``)."""
+    if isinstance(exc, KeyError):
+        return f"no key {first_line(exc)}"
+    reason = one_line(exc) if first_line(exc).endswith(":") else first_line(exc)
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
+
+
+SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit
+SAFETENSORS_ITEM_BITS = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
+    **dict.fromkeys(("U16", "I16", "F16", "BF16"), 16),
+    **dict.fromkeys(("U32", "I32", "F32"), 32),
+    **dict.fromkeys(("U64", "I64", "F64", "C64"), 64),
+    "F4": 4,
+    **dict.fromkeys(("F6_E2M3", "F6_E3M2"), 6),
+}
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The names and shapes a safetensors file declares, read from its header alone and checked against the
+    file: the header's length, and every tensor's byte range (inside the data, the size its dtype and shape
+    need), so a header claiming absurd sizes is one ``UserError`` line before any library allocates for it."""
+    path = Path(path)
+    with reading(f"cannot read {path}"):
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise UserError(f"{path} is not a safetensors file: {size} bytes, shorter than its header length")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > min(size - 8, SAFETENSORS_HEADER_MAX_BYTES):
+                raise UserError(f"{path} is not a safetensors file: its header claims {length} bytes of {size}")
+            header = parse_json(handle.read(length), f"the header of {path}")
+    if not isinstance(header, dict):
+        raise UserError(f"the header of {path} is not a JSON object, so not a safetensors header")
+    data_bytes = size - 8 - length
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = tensor_entry_problem(entry, data_bytes)
+        if problem:
+            raise UserError(f"{path} declares tensor {name[:80]!r} {problem}")
+        shapes[name] = tuple(entry["shape"])
+    return shapes
+
+
+def tensor_entry_problem(entry: object, data_bytes: int) -> str | None:
+    """What is wrong with one tensor's header entry in a file of ``data_bytes`` bytes of data; None: nothing."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return "without a dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        return f"with shape {str(shape)[:80]}, not a list of sizes"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
+        return "without data_offsets [begin, end]"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        return f"at bytes {begin}..{end}, outside the file's {data_bytes} bytes of data"
+    bits = SAFETENSORS_ITEM_BITS.get(entry["dtype"])
+    if bits is not None and -(-math.prod(shape) * bits // 8) != end - begin:
+        return f"of shape {shape} in {entry['dtype']}, which is not its {end - begin} bytes"
+    return None
+
+
 def jsonl_gz(records: list[dict]) -> bytes:
     """Deterministic gzip (mtime 0), so the shipped files' sha256 only changes when their text does."""
     buffer = io.BytesIO()
@@ -162,6 +291,24 @@ def file_sha256(path: Path) -> str:
 # (Jupyter brings it), importing jsonschema builds ~40 Earley parsers, 2-20 s per process
 # (python-jsonschema/jsonschema#1428). No workbench schema uses the ``iri`` formats.
 SKIPPED = "rfc3987_syntax"
+
+
+def schema_problem(instance: object, schema: dict) -> str | None:
+    """Why ``instance`` (JSON read from a file) does not match ``schema``, as one short line (where, then
+    what); None when it matches. Not ``str`` of jsonschema's error, which pretty-prints the whole instance
+    (many lines, and a ``RecursionError`` for one nested deep enough)."""
+    jsonschema = import_jsonschema()
+    try:
+        jsonschema.validate(instance, schema)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(reprlib.repr(part) if not isinstance(part, str) else part[:40] for part in exc.absolute_path)
+        return f"{where or 'top level'}: {first_line(exc.message)[:PROBLEM_CHARS]}"
+    except RecursionError:
+        return "nested too deeply to be checked"
+    return None
+
+
+PROBLEM_CHARS = 200  # of a validation message, which quotes the offending value
 
 
 def import_jsonschema() -> types.ModuleType:

@@ -23,7 +23,7 @@ from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.data.corpus import split_path
 from fca_workbench.errors import UserError
 from fca_workbench.explore import Explorer
-from fca_workbench.files import write_atomic
+from fca_workbench.files import read_json, write_json
 from fca_workbench.resources import check_checkpoint, checkpoints_dir, results_root
 from fca_workbench.results.figures import write_figure
 from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache
@@ -88,18 +88,19 @@ def shared_cache(cache_root: str | Path, settings: AuditSettings) -> Path:
     return Path(cache_root).resolve() / f"{Path(settings.checkpoint).name}-{digest}"
 
 
-def read_json(path: str | Path) -> dict | None:
-    """A JSON file's content, or None when it is missing or incomplete (an audit to run again)."""
+def read_finished(path: str | Path) -> dict | None:
+    """A JSON file's content, or None when it is missing or unreadable (an audit to run again, which reports
+    what is wrong with its folder)."""
     try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return cast(dict, read_json(Path(path)))
+    except UserError:
         return None
 
 
 def audit_is_current(settings: AuditSettings, folder: str | Path) -> bool:
     """True when ``folder`` holds a finished audit of exactly these settings and inputs (``provenance``)."""
     folder = Path(folder)
-    if read_json(folder / PROVENANCE_FILE) != provenance(settings) or read_json(folder / AUDIT_FILE) is None:
+    if read_finished(folder / PROVENANCE_FILE) != provenance(settings) or read_finished(folder / AUDIT_FILE) is None:
         return False
     try:
         # None for a cache of an older format: captured again
@@ -113,11 +114,11 @@ def ensure_audit(settings: AuditSettings, folder: str | Path) -> dict:
     """The audit of ``settings`` in ``folder``: read back when its provenance matches, else run."""
     folder = Path(folder)
     if audit_is_current(settings, folder):
-        return cast(dict, read_json(folder / AUDIT_FILE))  # audit_is_current has read it
+        return cast(dict, read_finished(folder / AUDIT_FILE))  # audit_is_current has read it
     before = provenance(settings)
     (folder / PROVENANCE_FILE).unlink(missing_ok=True)  # an audit interrupted from here on is never current
     audit = cast(dict, run_audit(settings, folder))  # one process: the audit always comes back
-    write_atomic(folder / PROVENANCE_FILE, (json.dumps(before, indent=2) + "\n").encode())
+    write_json(folder / PROVENANCE_FILE, before)
     return audit
 
 

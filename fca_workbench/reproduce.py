@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.errors import UserError
-from fca_workbench.files import write_atomic
+from fca_workbench.files import read_json, reading, write_atomic, write_json
 
 # NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
 # README and tests import them from here
@@ -33,7 +32,7 @@ from fca_workbench.notebook_run import (
     PATH_PARAMETERS,
     NotebookRun,
     ensure_audit,
-    read_json,
+    read_finished,
     shipped_checkpoints,
 )
 from fca_workbench.resources import shipped
@@ -77,18 +76,15 @@ def load_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
-    text = path.read_text()
-    try:
-        if path.suffix == ".json":
-            config = json.loads(text)
+    if path.suffix == ".json":
+        config = read_json(path, expect=None)
+    else:
+        if sys.version_info >= (3, 11):
+            import tomllib
         else:
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:
-                import tomli as tomllib
-            config = tomllib.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+            import tomli as tomllib
+        with reading(f"{path} is not valid TOML"):
+            config = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     if not isinstance(config, dict):
         raise UserError(f"{path} must hold a table of settings")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -243,7 +239,7 @@ def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
     out = plan_.out
     out.mkdir(parents=True, exist_ok=True)
     mark_results(out)
-    write_atomic(out / layout.REPRODUCE_CONFIG_FILE, (json.dumps(plan_summary(plan_), indent=2) + "\n").encode())
+    write_json(out / layout.REPRODUCE_CONFIG_FILE, plan_summary(plan_))
     started = time.perf_counter()
     audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
     for checkpoint, settings in tqdm(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
@@ -276,7 +272,7 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
     """``DIR/README.md``: what ran on which models, data and settings, and where every output lies."""
     out = plan_.out
     audits = [
-        (Path(c).name, read_json(out / layout.AUDITS_DIR / Path(c).name / layout.AUDIT_FILE)) for c in plan_.audits
+        (Path(c).name, read_finished(out / layout.AUDITS_DIR / Path(c).name / layout.AUDIT_FILE)) for c in plan_.audits
     ]
     passed = sum(r.ok for r in results)
     lines = [
@@ -359,5 +355,7 @@ def reproduce(
     """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
     config = load_config(config_path) if config_path else {}
     plan_ = plan(config, out, overwrite, config_path)
-    with folder_lock(plan_.out, "results folder", holder="fca reproduce", hint="let it finish, or choose another --out"):
+    with folder_lock(
+        plan_.out, "results folder", holder="fca reproduce", hint="let it finish, or choose another --out"
+    ):
         return plan_, execute(plan_, progress)

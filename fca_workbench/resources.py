@@ -101,8 +101,10 @@ def checkpoints_dir() -> Path:
     if os.environ.get(CHECKPOINTS_ENV):
         try:
             return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
-        except RuntimeError as exc:  # ~user of no user
-            raise UserError(f"{CHECKPOINTS_ENV}={os.environ[CHECKPOINTS_ENV]!r}: {first_line(exc)}") from None
+        except RuntimeError:  # ``~user`` of no such user
+            raise UserError(
+                f"{CHECKPOINTS_ENV}={os.environ[CHECKPOINTS_ENV]} names a home folder that does not exist"
+            ) from None
     if in_checkout():
         return CHECKOUT / "data" / "checkpoints"
     raise UserError(

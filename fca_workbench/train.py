@@ -13,7 +13,6 @@ training (set the coefficient to 0 to train without it) and the saved config kee
 """
 
 import contextlib
-import json
 import math
 import shutil
 import time
@@ -36,6 +35,7 @@ from fca_workbench.data.corpus import CORPUS_DIR, split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream
 from fca_workbench.errors import UserError, first_line, one_line
+from fca_workbench.files import dumps_json, read_json, write_json
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
@@ -64,12 +64,9 @@ STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the 
 def read_hf_config(path: str | Path) -> dict:
     """The fields of a transformers config JSON file; one that names remote code is refused."""
     path = Path(path)
-    try:
-        fields = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"no config file {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"unreadable config {path}: {one_line(exc)}") from None
+    if not path.exists():
+        raise UserError(f"no config file {path}")
+    fields = read_json(path, expect=None)
     if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
         raise UserError(f'{path} is not a transformers config: it needs a JSON object with a "model_type"')
     if "auto_map" in fields:
@@ -322,7 +319,7 @@ def finish(
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    (staging / "model_card.json").write_text(json.dumps(card, indent=2) + "\n")
+    write_json(staging / "model_card.json", card)
     (staging / "README.md").write_text(model_card_markdown(card))
     shutil.copy(out / LOG_FILE, staging / LOG_FILE)
     staged = sorted(staging.iterdir())
@@ -369,7 +366,8 @@ def model_card_markdown(card: dict) -> str:
     else:
         command = f"fca train --hf-config CONFIG.json {common}{audit_flags} --out DIR"
         std_text = "not computed (transformers model)"
-        config_lines = ["", "where `CONFIG.json` holds", "", "```json", json.dumps(s["hf_config"], indent=2), "```"]
+        config_json = dumps_json(s["hf_config"]).decode().rstrip()
+        config_lines = ["", "where `CONFIG.json` holds", "", "```json", config_json, "```"]
         aux = card.get("router_aux_loss_coef")
         if aux is not None:
             objective = f"Trained on next-token NLL + {aux} × the router load-balancing loss"

@@ -18,9 +18,9 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.audit.mini import MiniAudit, has_controller
 from fca_workbench.errors import UserError
-from fca_workbench.files import write_atomic
+from fca_workbench.files import read_json, reading, write_atomic
 from fca_workbench.resources import shipped
-from fca_workbench.train_state import TrainSettings
+from fca_workbench.train_state import LOG_FILE, TrainSettings
 
 AUDIT_LOG = "audit_log.csv"
 
@@ -35,12 +35,20 @@ class AuditLog:
     def __init__(self, folder: str | Path, resume_step: int) -> None:
         self.path = Path(folder) / AUDIT_LOG
         self.rows: list[dict] = []
-        if self.path.is_file():
-            with self.path.open() as handle:
-                self.rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= resume_step]
+        if self.path.exists():
+            with reading(f"{self.path} is not a log fca train wrote", "remove it or choose another --out"):
+                with self.path.open(encoding="utf-8", newline="") as handle:
+                    rows = list(csv.DictReader(handle))
+                if any(None in row or None in row.values() for row in rows):  # fields beyond the header, or short
+                    raise ValueError("a row's fields do not match its header")
+                self.rows = [row for row in rows if int(row["step"]) <= resume_step]
 
     def append(self, step: int, audit_seconds: float, figures: dict[str, float]) -> dict:
         row = {"step": step, "audit_seconds": round(audit_seconds, 3), **figures}
+        if self.rows and not set(self.rows[0]) <= set(row):  # columns this run's audits do not have
+            raise UserError(
+                f"{self.path} holds other columns than this run's audits; remove it or choose another --out"
+            )
         self.rows.append(row)
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(row), lineterminator="\n")
@@ -118,19 +126,20 @@ TRAINING_DYNAMICS_DIR = shipped("data") / "training_dynamics"  # the shipped stu
 def load_training_run(folder: str | Path) -> dict:
     """A training run's logs as DataFrames: ``audit`` (``audit_log.csv``), ``train`` (``train_log.csv``) and its
     model card (None while the run is unfinished: the logs are then partial)."""
-    import json
-
     import pandas as pd
 
     folder = Path(folder)
     if not (folder / AUDIT_LOG).is_file():
         raise UserError(f"{folder} has no {AUDIT_LOG}: train it with fca train --audit-every N")
-    card = folder / "model_card.json"
+    card, train_log = folder / "model_card.json", folder / LOG_FILE
+    with reading(f"unreadable training log in {folder}"):  # pandas' parser errors, a file that is not UTF-8
+        audit = pd.read_csv(folder / AUDIT_LOG)
+        train = pd.read_csv(train_log) if train_log.is_file() else None
     return {
         "name": folder.name,
-        "audit": pd.read_csv(folder / AUDIT_LOG),
-        "train": pd.read_csv(folder / "train_log.csv") if (folder / "train_log.csv").is_file() else None,
-        "card": json.loads(card.read_text()) if card.is_file() else None,
+        "audit": audit,
+        "train": train,
+        "card": read_json(card) if card.exists() else None,
     }
 
 

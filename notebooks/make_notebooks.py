@@ -246,7 +246,8 @@ tables.show(fig)""",
         ),
     ],
     parameters=PARAMETERS.replace(
-        "None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0", "None: the shipped muddpythia-s0"
+        "None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0",
+        "None: the shipped muddpythia-s0",
     ),
     setup=SETUP.replace(
         "from fca_workbench.reproduce import NotebookRun",

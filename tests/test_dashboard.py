@@ -65,7 +65,7 @@ def test_registry_file_resolves_relative_folders_and_refuses_unknown_names(tmp_p
     with pytest.raises(UserError, match="unknown checkpoint '../etc'"):
         registry.folder("../etc")
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(UserError, match="not JSON"):
+    with pytest.raises(UserError, match="bad.json is not valid JSON"):
         Registry.from_file(tmp_path / "bad.json")
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(UserError, match="non-empty"):

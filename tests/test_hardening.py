@@ -3,6 +3,7 @@ workbench did not write, weights from outside the checkpoint folder. Each is ref
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -209,7 +210,7 @@ def test_corrupt_manifest_is_one_line(tmp_path):
     model, windows = tiny_model("featuregate"), cache_windows()
     capture(model, windows, tmp_path / "cache", batch_size=4)
     (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/3", "windows": ')
-    with pytest.raises(UserError, match="unreadable manifest.json"):
+    with pytest.raises(UserError, match="manifest.json is not valid JSON"):
         capture(model, windows, tmp_path / "cache", batch_size=4)
     (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/3"}))
     with pytest.raises(UserError, match="manifest.json is malformed"):
@@ -562,3 +563,179 @@ def test_reproduce_overwrites_only_a_folder_it_wrote(tiny_checkpoints, tmp_path)
     assert (out / "README.md").read_text() == "my README"
     mark_results(out)
     assert reproduce.plan(config, out, overwrite=True).out == out.resolve()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# issue 23, 4. every file reader bounded, every error one line
+
+DEEP_JSON = "[" * 100_000
+
+
+def damaged_copy(folder, tmp_path, name, payload):
+    """A copy of checkpoint ``folder`` whose file ``name`` holds ``payload``."""
+    import shutil
+
+    copy = shutil.copytree(folder, tmp_path / f"copy-{Path(name).stem}")
+    (copy / name).write_text(payload) if isinstance(payload, str) else (copy / name).write_bytes(payload)
+    return copy
+
+
+def test_deeply_nested_json_is_one_line_in_every_cli_reader(tiny_checkpoints, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP_JSON)
+    checkpoint = damaged_copy(tiny_checkpoints["featuregate"], tmp_path, "config.json", DEEP_JSON)
+    assert_one_line_error(fca("audit", checkpoint, "--out", tmp_path / "a"), "config.json is nested too deeply")
+    assert_one_line_error(fca("train", "--hf-config", deep, "--out", tmp_path / "t"), "deep.json is nested too deeply")
+    assert_one_line_error(fca("reproduce", "--config", deep, "--out", tmp_path / "r"), "deep.json is nested too deeply")
+    assert_one_line_error(fca("dashboard", "--registry", deep), "deep.json is nested too deeply")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "audit.json").write_text(DEEP_JSON)  # --out holding a deep audit.json
+    result = fca("audit", tiny_checkpoints["featuregate"], "--out", tmp_path / "a")
+    assert_one_line_error(result, "audit.json exists and is not a fca-audit/1 file")
+    eval_text = tmp_path / "eval.jsonl"
+    eval_text.write_text('{"text": "fine"}\n' + DEEP_JSON + "\n")
+    result = fca("audit", tiny_checkpoints["featuregate"], "--eval", eval_text, "--out", tmp_path / "e")
+    assert_one_line_error(result, "eval.jsonl line 2 is nested too deeply")
+
+
+@pytest.mark.parametrize(
+    "payload, fragment",
+    [
+        ("[]", "unreadable tokenizer in"),
+        ('{"model": 5}', "unreadable tokenizer in"),
+        ('{"version": "1.0", "model": {"type": "NoSuchModel"}, "added_tokens": []}', "unreadable tokenizer in"),
+        (DEEP_JSON, "unreadable tokenizer in"),
+    ],
+)
+def test_malformed_tokenizer_json_is_one_line(payload, fragment, tiny_checkpoints, tmp_path):
+    checkpoint = damaged_copy(tiny_checkpoints["featuregate"], tmp_path, "tokenizer.json", payload)
+    assert_one_line_error(fca("audit", checkpoint, "--out", tmp_path / "out"), fragment)
+
+
+def safetensors_with_header(path, header):
+    import struct
+
+    encoded = json.dumps(header).encode()
+    payload = path.read_bytes()
+    (length,) = struct.unpack("<Q", payload[:8])
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + payload[8 + length :])
+
+
+@pytest.mark.parametrize("claim", ["shape", "offsets", "header length"])
+def test_foreign_safetensors_header_claiming_absurd_sizes_is_one_line(claim, tiny_mixtral, tmp_path):
+    import shutil
+    import struct
+
+    folder = shutil.copytree(tiny_mixtral, tmp_path / "mixtral")
+    weights = folder / "model.safetensors"
+    if claim == "header length":
+        weights.write_bytes(struct.pack("<Q", 1 << 62) + weights.read_bytes()[8:])
+        fragment = "its header claims 4611686018427387904 bytes"
+    else:
+        from fca_workbench.files import safetensors_shapes
+
+        payload = weights.read_bytes()
+        (length,) = struct.unpack("<Q", payload[:8])
+        header = json.loads(payload[8 : 8 + length])
+        name = sorted(k for k in header if k != "__metadata__")[0]
+        header[name] = dict(header[name], **({"shape": [10**12, 10**6]} if claim == "shape" else {}))
+        if claim == "offsets":
+            header[name]["data_offsets"] = [0, 10**15]
+        safetensors_with_header(weights, header)
+        fragment = "which is not its" if claim == "shape" else "outside the file's"
+        with pytest.raises(UserError, match=fragment):
+            safetensors_shapes(weights)
+    assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "model.safetensors", fragment)
+
+
+def test_manifest_as_a_folder_or_nested_deep_is_one_line(tiny_checkpoints, tmp_path):
+    manifest = tmp_path / "out" / "cache" / "eval" / "manifest.json"
+    manifest.mkdir(parents=True)
+    args = ("audit", tiny_checkpoints["featuregate"], "--window", 32, "--max-windows", 2, "--out", tmp_path / "out")
+    assert_one_line_error(fca(*args), "manifest.json is a folder", "delete")
+    manifest.rmdir()
+    manifest.write_text(DEEP_JSON)
+    assert_one_line_error(fca(*args), "manifest.json is nested too deeply", "delete")
+
+
+def test_unknown_home_in_fca_checkpoints_is_one_line(monkeypatch):
+    from fca_workbench.resources import checkpoints_dir
+
+    monkeypatch.setenv("FCA_CHECKPOINTS", "~nosuchuser-fca/x")
+    with pytest.raises(UserError, match="FCA_CHECKPOINTS=~nosuchuser-fca/x names a home folder that does not exist"):
+        checkpoints_dir()
+
+
+@pytest.fixture
+def interrupted_run(small_text, tmp_path):
+    """A run stopped after 2 of 4 steps: its settings and folder, to be damaged and resumed."""
+    settings = tiny_run(small_text, arch="dense")
+    assert train(settings, tmp_path / "run", stop_after=2) is None
+    return settings, tmp_path / "run"
+
+
+def resaved(run, change):
+    state = torch.load(run / STATE_FILE, weights_only=True)
+    change(state)
+    torch.save(state, run / STATE_FILE)
+
+
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [
+        (lambda s: s.update(step="two"), "holds step 'two'"),
+        (lambda s: s.update(step=2.5), "holds step '2.5'"),
+        (lambda s: s.update(step=10**6), "holds step '1000000', not one of 0..4"),
+        (lambda s: s["model"].update({k: torch.zeros(3, 3) for k in list(s["model"])[:1]}), "size mismatch"),
+        (
+            lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(7)),
+            "optimizer state exp_avg has shape [7]",
+        ),
+        (lambda s: s["scheduler"].update(last_epoch="x"), "the scheduler is at step x"),
+        (lambda s: s["settings"].update(lr=torch.zeros(2)), "is not a training state fca train wrote"),
+    ],
+)
+def test_resuming_a_damaged_trainer_state_is_one_line(damage, fragment, interrupted_run):
+    settings, run = interrupted_run
+    resaved(run, damage)
+    with pytest.raises(UserError, match=re.escape(fragment)) as error:
+        train(settings, run)
+    assert "\n" not in str(error.value) and "remove it or choose another --out" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        b"\x00\xff garbage",
+        b"step,loss\n1,2\n",
+        b"step,loss,lr,tokens_seen,seconds\n1,x,1,1,1\n",
+        b"step,loss,lr,tokens_seen,seconds\n1,2,3\n",
+        b"step,loss,lr,tokens_seen,seconds\n1,2,3,4,5,6\n",
+        b'step,loss,lr,tokens_seen,seconds\n"1,2,3,4,5\n',
+    ],
+)
+def test_resuming_with_a_garbage_train_log_is_one_line(log, interrupted_run):
+    settings, run = interrupted_run
+    (run / "train_log.csv").write_bytes(log)
+    with pytest.raises(UserError, match="train_log.csv is not a log fca train wrote") as error:
+        train(settings, run)
+    assert "\n" not in str(error.value)
+
+
+def test_a_damaged_resume_is_one_line_from_the_cli(small_text, tmp_path):
+    run = tmp_path / "run"
+    flags = ("--train", small_text, "--layers", 1, "--width", 16, "--heads", 2, "--window", 16, "--steps", 4)
+    command = ("train", "--arch", "dense", *flags, "--batch-size", 2, "--save-every", 2, "--out", run)
+    assert fca(*command, "--stop-after", 2).returncode == 0
+    resaved(run, lambda state: state.update(step="two"))
+    assert_one_line_error(fca(*command), "holds step 'two'", "remove it or choose another --out")
+
+
+@pytest.mark.parametrize("log", [b"\x00\xff garbage", b"step,audit_seconds\nx,1\n", b"step,audit_seconds\n1,2,3\n"])
+def test_resuming_with_a_garbage_audit_log_is_one_line(log, small_text, tmp_path):
+    settings = tiny_run(small_text, audit_every=2, audit_windows=2)
+    assert train(settings, tmp_path / "run", stop_after=2) is None
+    (tmp_path / "run" / "audit_log.csv").write_bytes(log)
+    with pytest.raises(UserError, match="audit_log.csv is not a log fca train wrote") as error:
+        train(settings, tmp_path / "run")
+    assert "\n" not in str(error.value)

@@ -5,6 +5,7 @@ or the dashboard app, and the behaviour tests pin what that one home does.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,147 @@ def test_every_caller_uses_the_one_check(tmp_path):
             check(tmp_path / "missing")
         with pytest.raises(UserError, match=r"^not a checkpoint folder \(no config.json\): "):
             check(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------------
+# JSON files and the boundary of a loader (issue 23)
+# --------------------------------------------------------------------------------------------------------
+
+JSON_MODULES = {"json", "orjson", "ujson", "simplejson"}
+# Uses of the json module that neither read nor write a file: canonical JSON hashed into a fingerprint or a
+# cache key, and plotly's JSON handed to Jupyter as a dict. Any other is a JSON reader or writer by hand.
+JSON_NOT_FILES = {
+    ("fca_workbench/audit/capture.py", "model_fingerprint"),
+    ("fca_workbench/notebook_run.py", "shared_cache"),
+    ("fca_workbench/results/figures.py", "mimebundle"),
+}
+
+
+def json_by_hand(path: Path) -> list[str]:
+    tree, found = parsed(path), []
+    function_of = enclosing_functions(tree)
+    relative = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in JSON_MODULES:  # from json import loads
+            found.append(where_any(path, node))
+        elif isinstance(node, ast.Import):  # import json as j
+            found += [where_any(path, node) for alias in node.names if alias.name in JSON_MODULES and alias.asname]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in JSON_MODULES
+            and node.func.attr in {"load", "loads", "dump", "dumps"}
+            and (relative, function_of.get(node)) not in JSON_NOT_FILES
+        ):
+            found.append(where_any(path, node))
+    return found
+
+
+def test_json_is_read_and_written_only_through_files_py():
+    by_hand = [hit for path in SOURCES if path != FILES for hit in json_by_hand(path)]
+    assert not by_hand, (
+        f"read JSON with files.read_json/parse_json, write it with files.write_json/dumps_json: {by_hand}"
+    )
+
+
+def test_the_json_scan_catches_the_hand_written_ways(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import json\n"
+        "a = json.loads(path.read_text())\n"
+        "path.write_text(json.dumps(audit, indent=2))\n"
+        "from json import load\n"
+        "import json as j\n"
+        "with open(p) as f: b = json.load(f)\n"
+        "json.dump(x, f)\n"
+        "c = json.JSONDecodeError\n"
+        "def model_fingerprint(): return json.dumps(1)\n"
+    )
+    hits = json_by_hand(planted)
+    assert sorted(int(h.split(":")[0]) for h in hits) == [2, 3, 4, 5, 6, 7, 9], hits  # 9: allowed only in capture.py
+
+
+def broad_handlers_turned_into_user_errors(path: Path) -> list[str]:
+    """``except Exception`` (or bare, or ``BaseException``) whose body raises a ``UserError``: a loader's
+    boundary written by hand, which would turn a real bug into a one-line message."""
+    found = []
+    for node in ast.walk(parsed(path)):
+        if isinstance(node, ast.ExceptHandler):
+            caught = node.type
+            broad = caught is None or (isinstance(caught, ast.Name) and caught.id in {"Exception", "BaseException"})
+            raises_user_error = any(
+                isinstance(inner, ast.Raise)
+                and isinstance(inner.exc, ast.Call)
+                and isinstance(inner.exc.func, ast.Name)
+                and inner.exc.func.id == "UserError"
+                for inner in ast.walk(node)
+            )
+            if broad and raises_user_error:
+                found.append(where_any(path, node))
+    return found
+
+
+def test_a_libraries_exceptions_become_one_line_only_at_files_reading():
+    by_hand = [hit for path in SOURCES if path != FILES for hit in broad_handlers_turned_into_user_errors(path)]
+    assert not by_hand, f"hand the file to the library inside files.reading(...): {by_hand}"
+
+
+def test_the_broad_handler_scan_catches_a_hand_written_boundary(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "try:\n    load(p)\nexcept Exception as exc:\n    raise UserError(f'{p}: {exc}') from None\n"
+        "try:\n    load(p)\nexcept:\n    raise UserError('bad')\n"
+        "try:\n    load(p)\nexcept ValueError as exc:\n    raise UserError('bad') from None\n"
+        "try:\n    run()\nexcept Exception as exc:\n    report(exc)\n"
+    )
+    assert [int(h.split(":")[0]) for h in broad_handlers_turned_into_user_errors(planted)] == [3, 7]
+
+
+def test_reading_turns_a_librarys_errors_into_one_line_and_leaves_bugs_alone(tmp_path):
+    from fca_workbench.files import reading
+
+    with pytest.raises(UserError, match=r"^cannot read x: no key 'added_tokens'; try again$"):
+        with reading("cannot read x", "try again"):
+            {}["added_tokens"]
+    with pytest.raises(UserError, match=r"^cannot read x: data did not match any variant$"):
+        with reading("cannot read x"):
+            raise Exception("data did not match any variant\nat line 1")  # the Rust tokenizers' bare Exception
+    with pytest.raises(UserError, match=r"^cannot read x: maximum recursion depth exceeded$"):
+        with reading("cannot read x"):
+            raise RecursionError("maximum recursion depth exceeded")
+    with pytest.raises(UserError, match=r"^already one line$"):
+        with reading("cannot read x"):
+            raise UserError("already one line")
+
+    class Bug(Exception):
+        pass
+
+    with pytest.raises(Bug):  # not what a library raises on a bad file: a bug keeps its traceback
+        with reading("cannot read x"):
+            raise Bug("a bug")
+    with pytest.raises(AssertionError):
+        with reading("cannot read x"):
+            raise AssertionError("a bug")
+
+
+def test_a_user_error_is_one_line_wherever_it_is_printed():
+    error = UserError("model_type 'a\nb' is unknown\r\n")
+    assert str(error) == "model_type 'a b' is unknown" and error.args == ("model_type 'a\nb' is unknown\r\n",)
+
+
+def test_read_json_refuses_what_strict_json_has_not(tmp_path):
+    from fca_workbench.files import read_json
+
+    path = tmp_path / "a.json"
+    for text, message in [
+        ("[1e400]", "1e400 is too large for a number"),  # Python's json reads it as infinity
+        ('{"x": NaN}', "NaN is not a JSON value"),
+        ("[" * 100_000, "nested too deeply"),
+        ("[1]", "holds a JSON array, not a JSON object"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(UserError, match=re.escape(message)):
+            read_json(path)
+    path.write_bytes(b'\xef\xbb\xbf{"x": 1.5}')
+    assert read_json(path) == {"x": 1.5}

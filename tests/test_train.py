@@ -165,7 +165,7 @@ def test_hf_training_loss_is_the_nll_plus_the_weighted_router_loss_as_transforme
     "content, fragment",
     [
         (None, "no config file"),
-        ("{not json", "unreadable config"),
+        ("{not json", "config.json is not valid JSON"),
         ('["mixtral"]', "needs a JSON object"),
         ('{"model_type": "no-such-model"}', "unknown model_type 'no-such-model'"),
         ('{"model_type": "mixtral", "auto_map": {"AutoConfig": "x.Config"}}', "remote code"),

@@ -8,7 +8,6 @@ user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in
 
 import contextlib
 import importlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,11 @@ from torch import nn
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError
+from fca_workbench.files import reading
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.models.loading import index_shards
+from fca_workbench.models.loading import CONFIG_FILE, config_fields, model_type_of, stored_shapes
 from fca_workbench.resources import check_checkpoint, inside_folder
 
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -41,12 +41,9 @@ def load_controlled(
     with ``only_controllers``, the modules it names alone.
     """
     folder = check_checkpoint(path)  # links out of the folder refused before any file in it is read
-    try:
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raw = None
+    raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
-    if not isinstance(raw, dict) or raw.get("model_type") in native:
+    if model_type_of(raw, folder / CONFIG_FILE) in native:
         if controllers is not None or only_controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
@@ -117,7 +114,7 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
     config_class = None if raw.get("auto_map") else CONFIG_MAPPING[str(model_type)]
     check_fields(raw, config_class, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
     dtype = dtype or torch.float32
-    try:
+    with reading(f"cannot load {folder} with transformers"):  # config parsing, safetensors: their own types
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
         check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
         model_class: Any = AutoModelForCausalLM if raw.get("auto_map") else causal_lm_class(config, folder)
@@ -133,8 +130,6 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
             use_safetensors=True,
             **remote,
         )
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        raise UserError(f"cannot load {folder} with transformers: {first_line(exc)}") from None
 
 
 def check_safetensors_inside(folder: Path) -> None:
@@ -143,10 +138,8 @@ def check_safetensors_inside(folder: Path) -> None:
     present = [name for name in SAFETENSORS_WEIGHTS if (folder / name).is_file()]
     if not present:
         raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
-    for name in present:
-        index = inside_folder(folder, name, name)
-        if name.endswith(".index.json"):
-            index_shards(index)
+    for name in present:  # every header checked against its file, every shard inside the folder
+        stored_shapes(inside_folder(folder, name, name))
 
 
 def check_code_inside(folder: Path, auto_map: object) -> None:

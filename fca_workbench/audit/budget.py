@@ -4,13 +4,13 @@ A no-grad forward's memory is estimated from the model's sizes; on CUDA the batc
 less a reserve, on CPU it is fixed (a CPU gains no speed from a bigger batch).
 """
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from fca_workbench.errors import UserError
+from fca_workbench.files import read_json
 
 CPU_BATCH_SIZE = 16
 
@@ -83,9 +83,11 @@ def audit_batch_size(model: Any, window: int, device: str | torch.device, cache:
     manifest = Path(cache) / "manifest.json" if cache is not None else None
     if manifest is not None and manifest.is_file():
         try:
-            return int(json.loads(manifest.read_text())["shard_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # an unreadable manifest is reported by capture itself
+            shard_size = cast(dict, read_json(manifest)).get("shard_size")
+        except UserError:
+            shard_size = None  # an unreadable manifest is reported by capture itself
+        if type(shard_size) is int and shard_size >= 1:
+            return shard_size
     device = torch.device(device)
     if device.type != "cuda":
         return CPU_BATCH_SIZE

@@ -24,7 +24,7 @@ import json
 import re
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from filelock import FileLock
@@ -36,7 +36,15 @@ from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.guard import require_finite
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import file_sha256, fingerprint_tensor, import_jsonschema, parse_json, write_atomic
+from fca_workbench.files import (
+    file_sha256,
+    fingerprint_tensor,
+    parse_json,
+    read_json,
+    schema_problem,
+    write_atomic,
+    write_json,
+)
 from fca_workbench.models import next_token_nll
 
 Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
@@ -228,28 +236,23 @@ def shard_count(windows: int, shard_size: int) -> int:
 def read_manifest(folder: Path) -> dict | None:
     """The cache's manifest; None when there is none, or one of an older format (recaptured)."""
     path = Path(folder) / MANIFEST
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(
-            f"coefficient cache {folder}: unreadable {MANIFEST} ({first_line(exc)}); delete {folder} to capture again"
-        ) from None
+        manifest = read_json(path, expect=None)
+    except UserError as exc:
+        raise UserError(f"coefficient cache {folder}: {exc}; delete {folder} to capture again") from None
     if isinstance(manifest, dict) and manifest.get("format") in LEGACY_FORMATS:
         return None
-    jsonschema = import_jsonschema()  # slow to import; only needed when a cache is opened
-
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
         raise UserError(
             f"coefficient cache {folder}: {MANIFEST} is not a {CACHE_FORMAT} manifest; delete {folder} to capture again"
         )
-    try:
-        jsonschema.validate(manifest, MANIFEST_SCHEMA)
-    except jsonschema.ValidationError as exc:
+    problem = schema_problem(manifest, MANIFEST_SCHEMA)  # jsonschema: slow to import, only when a cache is opened
+    if problem:
         raise UserError(
-            f"coefficient cache {folder}: {MANIFEST} is malformed ({first_line(exc)}); delete {folder} to capture again"
-        ) from None
+            f"coefficient cache {folder}: {MANIFEST} is malformed ({problem}); delete {folder} to capture again"
+        )
     return manifest
 
 
@@ -310,9 +313,9 @@ def record_claim(manifest_path: Path, name: str, claim: dict) -> None:
     """Add one written shard to the manifest on disk. Under torchrun several ranks write shards of one
     cache at once, so each claim is read-modify-written under a lock beside the manifest."""
     with FileLock(manifest_path.with_name(f".{MANIFEST}.lock")):
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = cast(dict, read_json(manifest_path))
         manifest["shards"] = dict(sorted({**manifest["shards"], name: claim}.items()))  # the same file for any ranks
-        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+        write_json(manifest_path, manifest)
 
 
 def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
@@ -367,7 +370,7 @@ def capture(
     manifest_path = folder / MANIFEST
     if ranks.lead:
         remove_unclaimed_shards(folder, manifest["shards"])
-        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+        write_json(manifest_path, manifest)
     ranks.barrier()
     model.eval()
     cache = CoefficientCache(folder, manifest)
@@ -404,11 +407,11 @@ def capture(
         record_claim(manifest_path, path.name, write_shard(tensors, path, binding))
     ranks.barrier()
     if ranks.lead:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))  # with every rank's claims
+        manifest = cast(dict, read_json(manifest_path))  # with every rank's claims
         manifest["complete"] = True
-        write_atomic(manifest_path, json.dumps(manifest, indent=2).encode())
+        write_json(manifest_path, manifest)
     ranks.barrier()
     # not ``open_cache``: every shard's hash was just taken from the bytes written (or checked before reuse),
     # and re-reading them and validating this manifest (importing jsonschema: seconds) cost up to 17% of a capture;
     # the manifest is read back from disk, where every rank's claims are
-    return CoefficientCache(folder, json.loads(manifest_path.read_text(encoding="utf-8")))
+    return CoefficientCache(folder, cast(dict, read_json(manifest_path)))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import threading
 import time
 import weakref
@@ -17,6 +16,7 @@ from pathlib import Path
 from fca_workbench.dashboard.live import DashboardSession, SharedModel
 from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.errors import UserError
+from fca_workbench.files import read_json
 from fca_workbench.resources import checkpoints_dir, is_checkpoint
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
@@ -42,10 +42,7 @@ class Registry:
         path = Path(path)
         if not path.is_file():
             raise UserError(f"registry file not found: {path}")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UserError(f"registry {path} is not JSON: {exc}") from None
+        raw = read_json(path, expect=None)
         if isinstance(raw, dict) and isinstance(raw.get("checkpoints"), dict):
             raw = raw["checkpoints"]
         if (

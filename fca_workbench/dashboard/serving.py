@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
-import json
 import os
 import sys
 import threading
@@ -35,6 +34,7 @@ from fca_workbench.dashboard.pool import (
 )
 from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.errors import UserError
+from fca_workbench.files import read_json
 
 # ServedSettings field -> the variable ``panel serve`` reads it from when ``--args`` does not give it
 ENVIRONMENT = {
@@ -190,9 +190,9 @@ def basic_auth_option(args: argparse.Namespace) -> str | None:
         value, file = None, value
     if file:
         try:
-            if isinstance(json.loads(Path(file).read_text(encoding="utf-8")), dict):
+            if isinstance(read_json(Path(file), expect=None), dict):
                 return str(file)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        except UserError:
             pass  # not credentials: the file holds the password (a read error is reported next)
     return dashboard_secret(value, file, "FCA_BASIC_AUTH", "--basic-auth")
 

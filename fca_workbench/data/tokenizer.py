@@ -5,7 +5,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError
+from fca_workbench.files import reading
 from fca_workbench.resources import check_links_inside, shipped
 
 TOKENIZER_DIR = shipped("data") / "tokenizer"  # the checkout's data/tokenizer, or the copy bundled in the wheel
@@ -35,7 +36,5 @@ def load_tokenizer(folder: str | Path = TOKENIZER_DIR) -> PreTrainedTokenizerBas
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
         raise UserError(f"no tokenizer files in {folder}")
     check_links_inside(folder)
-    try:
+    with reading(f"unreadable tokenizer in {folder}"):  # tokenizers and transformers: their own types
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"unreadable tokenizer in {folder}: {first_line(exc)}") from None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import codecs
 import gzip
-import json
 import os
 import re
 import zlib
@@ -29,6 +28,7 @@ if TYPE_CHECKING:  # the tokenizer's type only: importing transformers here woul
 
 from fca_workbench.data.corpus import TextNormalizer, normalize_text
 from fca_workbench.errors import UserError
+from fca_workbench.files import parse_json
 
 TEXT_MAX_BYTES = 256 << 20  # of text, after decompression: far above the shipped splits (~0.6 MB each)
 
@@ -153,10 +153,7 @@ def parse_jsonl(text_lines: Iterable[str], path: Path) -> Iterator[str]:
     for number, line in enumerate(text_lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path} line {number} is not JSON: {exc.msg}") from None
+        record = parse_json(line.removeprefix("\ufeff") if number == 1 else line, f"{path} line {number}")
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UserError(f'{path} line {number} has no string field "text"')
         yield normalize_text(record["text"])

@@ -26,7 +26,6 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
 picks how many windows the audit runs at once when ``--batch-size`` is not given.
 """
 
-import json
 import math
 import re
 import zipfile
@@ -37,8 +36,8 @@ from typing import TypeVar, cast
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import read_json
+from fca_workbench.errors import UserError
+from fca_workbench.files import read_json, reading, safetensors_shapes
 from fca_workbench.models.limits import check_memory, check_sizes
 from fca_workbench.resources import inside_folder
 
@@ -149,13 +148,8 @@ def read_config(
     ``families``: arch -> (config class, model class), the registry of ``fca_workbench.models``.
     """
     path = folder / CONFIG_FILE
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"unreadable checkpoint config in {folder}: {first_line(exc)}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"unreadable checkpoint config in {folder}: config.json is not a JSON object")
-    model_type = raw.get("model_type")
+    raw = config_fields(folder)
+    model_type = model_type_of(raw, path)
     by_type = {config_class.model_type: config_class for config_class, _ in families.values()}
     if model_type not in by_type:
         shown = "no model_type" if model_type is None else f"a '{model_type}' model"
@@ -164,13 +158,27 @@ def read_config(
     if model_type == "muddpythia":
         check_muddpythia_fields(fields, folder)
     config_class = by_type[model_type]
-    try:
+    with reading(str(path)):  # transformers' config parsing: its own types
         config = config_class.from_dict(fields)
-    except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
-        raise UserError(f"{path}: {first_line(exc)}") from None
     check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
+
+
+def config_fields(folder: Path) -> dict:
+    """The JSON object in a checkpoint's ``config.json``, as it is; unreadable: one ``UserError`` line."""
+    try:
+        return cast(dict, read_json(folder / CONFIG_FILE))
+    except UserError as exc:
+        raise UserError(f"unreadable checkpoint config: {exc}") from None
+
+
+def model_type_of(raw: dict, path: Path) -> str | None:
+    """A config's ``model_type``: a name, or None when it has none; anything else is one ``UserError`` line."""
+    model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise UserError(f"{path}: model_type is a JSON {type(model_type).__name__}, not a name")
+    return model_type
 
 
 def check_muddpythia_fields(fields: dict, folder: Path) -> None:
@@ -247,26 +255,24 @@ def index_shards(index: Path, weight_map: Mapping[str, str] | None = None) -> di
     shards = {}
     for shard in sorted(set(weight_map.values())):
         shards[shard] = inside_folder(folder, shard, index.name)
-        if not shards[shard].is_file():
+        with reading(f"corrupt or missing weights in {folder}: {index.name} names shard {shard[:80]}"):
+            found = shards[shard].is_file()  # an OSError for a name too long for the file system
+        if not found:
             raise UserError(
-                f"corrupt or missing weights in {folder}: {index.name} names shard {shard}, which is missing"
+                f"corrupt or missing weights in {folder}: {index.name} names shard {shard[:80]}, which is missing"
             )
     return shards
 
 
 def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(path, framework="pt") as handle:
-                return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-        # ``.bin``: pickled state dict, read with the safe unpickler and no data (meta tensors)
+    if path.suffix == ".safetensors":
+        try:
+            return safetensors_shapes(path)
+        except UserError as exc:
+            raise UserError(f"corrupt or missing weights in {path.parent}: {exc}") from None
+    # ``.bin``: pickled state dict, read with the safe unpickler and no data (meta tensors)
+    with reading(f"corrupt or missing weights in {path.parent}: {path.name}"):
         state = torch.load(path, map_location="meta", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except UserError:
-        raise
-    except Exception as exc:  # safetensors, torch and pickle each raise their own types on bad files
-        raise UserError(f"corrupt or missing weights in {path.parent}: {path.name}: {first_line(exc)}") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"corrupt or missing weights in {path.parent}: {path.name} is not a state dict of tensors")
     return {key: tuple(value.shape) for key, value in state.items()}
@@ -292,7 +298,8 @@ def check_weights(
     """Check the model fits in memory in ``dtype``, then compare the stored names and shapes with the
     model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
-    expected, optional = expected_shapes(model_class, config)
+    with reading(f"{folder / CONFIG_FILE} describes no {config.model_type} model that can be built"):
+        expected, optional = expected_shapes(model_class, config)  # a size of the wrong type, say
     parameters = sum(math.prod(shape) for shape in expected.values())
     check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
     stored = stored_shapes(path)
@@ -322,7 +329,7 @@ def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfi
     """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
     dtype = dtype or torch.float32
     path = check_weights(folder, model_class, config, dtype)
-    try:
+    with reading(f"corrupt or missing weights in {folder}"):  # safetensors, torch, transformers: their own types
         loaded = model_class.from_pretrained(
             folder,
             config=config,
@@ -333,8 +340,6 @@ def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfi
             output_loading_info=True,
         )
         model, info = cast(tuple[Model, dict[str, list]], loaded)  # output_loading_info: (model, info)
-    except Exception as exc:  # safetensors, torch and transformers each raise their own types on bad weights
-        raise UserError(f"corrupt or missing weights in {folder}: {first_line(exc)}") from None
     leftovers = {
         k: sorted(v) for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")
     }

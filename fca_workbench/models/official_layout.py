@@ -1,12 +1,12 @@
 """Writing a model in the official MUDDPythia release layout (``config.json`` with ``auto_map``, safetensors or
 ``.bin`` weights, optionally sharded with an index): what the loader must read, for tests and GPU checks."""
 
-import json
 from pathlib import Path
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from fca_workbench.files import write_json
 from fca_workbench.models.loading import CONFIG_FILE, OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
 
 
@@ -44,7 +44,7 @@ def save_official(
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     dtype = next(iter(state.values())).dtype
-    (folder / CONFIG_FILE).write_text(json.dumps(official_config_dict(model.config, dtype), indent=2) + "\n")
+    write_json(folder / CONFIG_FILE, official_config_dict(model.config, dtype))
     stem, suffix = ("model", "safetensors") if weights == "safetensors" else ("pytorch_model", "bin")
     groups = _split_evenly(list(state), shards, state)
     names = (
@@ -65,7 +65,7 @@ def save_official(
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
             "weight_map": {k: name for name, keys in zip(names, groups) for k in keys},
         }
-        (folder / f"{stem}.{suffix}.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        write_json(folder / f"{stem}.{suffix}.index.json", index)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder

@@ -8,18 +8,18 @@ per-token file the audit leaves behind. pandas is imported here, never by ``impo
 from __future__ import annotations
 
 import functools
-import json
+import reprlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import import_jsonschema
+from fca_workbench.errors import UserError
+from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
-from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
+from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
@@ -59,19 +59,15 @@ def read_audit_json(path: str | Path) -> tuple[dict, Path]:
     if not path.is_file():
         raise UserError(f"no {AUDIT_FILE} in {path.parent}" if path.name == AUDIT_FILE else f"not found: {path}")
     try:
-        audit = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path} is not a complete {AUDIT_FILE} (truncated or not JSON: {exc})") from None
+        audit = read_json(path, expect=None)
+    except UserError as exc:
+        raise UserError(f"not a complete {AUDIT_FILE}: {exc}") from None
     if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
-        found = audit.get("schema") if isinstance(audit, dict) else type(audit).__name__
-        raise UserError(f"{path} is not an FCA audit (schema {found!r}, expected {AUDIT_SCHEMA!r})")
-    jsonschema = import_jsonschema()
-
-    try:
-        validate_audit(audit)
-    except jsonschema.ValidationError as exc:
-        where = ".".join(map(str, exc.absolute_path)) or "top level"
-        raise UserError(f"{path} is not a valid FCA audit ({where}: {first_line(exc.message)})") from None
+        found = reprlib.repr(audit.get("schema")) if isinstance(audit, dict) else type(audit).__name__
+        raise UserError(f"{path} is not an FCA audit (schema {found}, expected {AUDIT_SCHEMA!r})")
+    problem = schema_problem(audit, audit_json_schema())
+    if problem:
+        raise UserError(f"{path} is not a valid FCA audit ({problem})")
     return audit, path.parent
 
 
@@ -143,10 +139,8 @@ class AuditResults:
         path = parquet if parquet.is_file() and _has_pyarrow() else csv
         if not path.is_file():
             raise UserError(f"no {PER_TOKEN_CSV} in {self.folder}")
-        try:
+        with reading(f"{path} cannot be read"):  # truncated gzip / Parquet, wrong bytes: the same to the user
             wide = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-        except Exception as exc:  # truncated gzip / Parquet, wrong bytes: all mean the same to the user
-            raise UserError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)})") from None
         conditions = [c for c in wide.columns if c not in PER_TOKEN_KEYS]
         if list(wide.columns[:3]) != PER_TOKEN_KEYS or set(conditions) != set(self.audit["conditions"]):
             raise UserError(f"{path} does not hold this audit's conditions ({', '.join(map(str, wide.columns))})")

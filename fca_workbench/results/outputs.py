@@ -8,12 +8,12 @@ or deleted); a result file already there is replaced only when it is one the wor
 reproduce run leaves in it.
 """
 
-import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from fca_workbench.errors import UserError
-from fca_workbench.files import import_jsonschema, write_atomic
+from fca_workbench.files import import_jsonschema, read_json, write_atomic
 from fca_workbench.results.layout import LOCK_FILE, OUTPUT_MARKER, RESULTS_MARKER
 
 MARKER_MAX_BYTES = 4096
@@ -73,11 +73,11 @@ def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], object] |
     jsonschema = import_jsonschema()  # slow to import; only needed when there is a file to judge
 
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
+        content = read_json(path, expect=None)
         ours = isinstance(content, dict) and content.get("schema") == schema
         if ours and validate is not None:
-            validate(content)
-    except (OSError, ValueError, jsonschema.ValidationError):  # unreadable, not JSON, not valid: not ours
+            validate(cast(dict, content))
+    except (UserError, RecursionError, jsonschema.ValidationError):  # unreadable, not JSON, not valid: not ours
         ours = False
     if not ours:
         raise UserError(

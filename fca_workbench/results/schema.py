@@ -2,10 +2,10 @@
 validated against before it is written or read."""
 
 import functools
-import json
 from pathlib import Path
+from typing import cast
 
-from fca_workbench.files import import_jsonschema
+from fca_workbench.files import import_jsonschema, read_json
 from fca_workbench.results.conditions import ALL_CONDITIONS, RETAINED
 
 AUDIT_SCHEMA = "fca-audit/1"  # audit.json
@@ -16,7 +16,7 @@ AUDIT_MANY_SCHEMA = "fca-audit-many/1"  # audit_many.json
 def audit_json_schema() -> dict:
     """``audit.schema.json`` with its name enums filled from the condition vocabulary (``results/conditions.py``),
     so the schema accepts exactly the conditions and retention profiles the workbench names."""
-    schema = json.loads((Path(__file__).with_name("audit.schema.json")).read_text())
+    schema = cast(dict, read_json(Path(__file__).with_name("audit.schema.json")))
     schema["$defs"]["condition_name"]["enum"] = list(ALL_CONDITIONS)
     schema["$defs"]["retention_name"]["enum"] = list(RETAINED)
     return schema
