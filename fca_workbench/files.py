@@ -148,6 +148,12 @@ def dumps_json(value: object) -> bytes:
     return (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
 
 
+def canonical_json(value: object) -> str:
+    """``value`` as compact, key-sorted, strict JSON: the same value always gives the same text (metadata
+    stored inside a file and compared byte for byte)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def write_json(path: Path, value: object) -> None:
     """``dumps_json(value)`` written atomically."""
     write_atomic(path, dumps_json(value))

@@ -649,9 +649,10 @@ def test_foreign_safetensors_header_claiming_absurd_sizes_is_one_line(claim, tin
 
 
 def test_manifest_as_a_folder_or_nested_deep_is_one_line(tiny_checkpoints, tmp_path):
-    manifest = tmp_path / "out" / "cache" / "eval" / "manifest.json"
+    manifest = tmp_path / "cache" / "eval" / "manifest.json"  # a cache of its own: --out holds only audits
     manifest.mkdir(parents=True)
     args = ("audit", tiny_checkpoints["featuregate"], "--window", 32, "--max-windows", 2, "--out", tmp_path / "out")
+    args += ("--cache", tmp_path / "cache")
     assert_one_line_error(fca(*args), "manifest.json is a folder", "delete")
     manifest.rmdir()
     manifest.write_text(DEEP_JSON)

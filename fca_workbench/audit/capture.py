@@ -37,6 +37,7 @@ from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.guard import require_finite
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import (
+    canonical_json,
     file_sha256,
     fingerprint_tensor,
     parse_json,
@@ -304,7 +305,7 @@ def binding_mismatch(path: Path, expected: dict) -> str | None:
 def write_shard(tensors: dict[str, torch.Tensor], path: Path, binding: dict) -> dict:
     """Write one shard atomically, ``binding`` in its metadata; returns the sha256 and size of exactly the bytes
     written."""
-    payload = save(tensors, metadata={BINDING: json.dumps(binding, sort_keys=True)})
+    payload = save(tensors, metadata={BINDING: canonical_json(binding)})
     write_atomic(path, payload)
     return {"sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload)}
 
