@@ -29,6 +29,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when not run by ``panel serve``
 
 import panel as pn
+import tornado.httputil
+import tornado.routing
+import tornado.web
 from page import DashboardApp
 from panel_writes import fix_stranded_writes
 
@@ -38,7 +41,7 @@ from fca_workbench.dashboard import (
     release_memory,
     unload_idle_models,
 )
-from fca_workbench.dashboard.serving import ServedSettings, Server, served_settings
+from fca_workbench.dashboard.serving import ServedHosts, ServedSettings, Server, served_settings
 from fca_workbench.dashboard.serving import configure as configure_process
 from fca_workbench.errors import UserError
 
@@ -82,12 +85,49 @@ def configure(settings: ServedSettings) -> Server:
     return configure_process(settings)
 
 
+class ForeignHost(tornado.routing.Matcher):
+    """Matches a request whose ``Host`` is not a name the server is served as (``ServedHosts``)."""
+
+    def __init__(self, hosts: ServedHosts) -> None:
+        self.hosts = hosts
+
+    def match(self, request: tornado.httputil.HTTPServerRequest) -> dict | None:
+        return None if self.hosts.allows(request.host) else {}
+
+
+class RefusedHost(tornado.web.RequestHandler):
+    """403 for every method, websocket upgrades included, before any session or page is made."""
+
+    def prepare(self) -> None:
+        self.set_status(403)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish("403: this dashboard answers only to the names it is served as (fca dashboard --allow-host NAME)\n")
+
+
+def refuse_foreign_hosts(server: Any, hosts: ServedHosts) -> None:
+    """Answer a request for any other ``Host`` with 403 (a DNS-rebinding page gets neither the app nor its
+    websocket): a rule ahead of every route of the server's Tornado application (``server._tornado``, as
+    Panel itself reaches it)."""
+    application = getattr(server, "_tornado", None)
+    if not isinstance(application, tornado.web.Application):
+        raise UserError("this Bokeh server has no Tornado application to check Host headers on; refusing to serve")
+    router = application.default_router
+    router.rules.insert(0, router.process_rule(tornado.routing.Rule(ForeignHost(hosts), [(r".*", RefusedHost)])))
+
+
 def serve(
-    settings: ServedSettings, port: int = 5006, address: str = "127.0.0.1", show: bool = False, **kwargs: Any
+    settings: ServedSettings,
+    port: int = 5006,
+    address: str = "127.0.0.1",
+    show: bool = False,
+    hosts: ServedHosts | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """Serve the app (blocking). ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret,
-    num_threads, ...). The default checkpoint is found before the first session; closed sessions are cleaned
-    up within ~10 s."""
+    """Serve the app (blocking), answering only the ``hosts`` it is served as (default: those of ``address``).
+    ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret, num_threads, ...). The default
+    checkpoint is found before the first session; closed sessions are cleaned up within ~10 s."""
+    hosts = hosts or ServedHosts.of(address)
+    kwargs.setdefault("websocket_origin", hosts.websocket_origins(port))
     server = configure(settings)
     server.default_checkpoint()
 
@@ -99,9 +139,20 @@ def serve(
     kwargs.pop("num_threads", None)
     kwargs.setdefault("check_unused_sessions", 5000)
     kwargs.setdefault("unused_session_lifetime", 5000)
-    return pn.serve(
-        {"/": session_app}, port=port, address=address, show=show, title="FCA dashboard", admin=False, **kwargs
+    served = pn.serve(
+        {"/": session_app},
+        port=port,
+        address=address,
+        show=show,
+        title="FCA dashboard",
+        admin=False,
+        start=False,
+        **kwargs,
     )
+    refuse_foreign_hosts(served, hosts)
+    served.start()
+    served.io_loop.start()
+    return served
 
 
 if __name__.startswith("bokeh"):  # ``panel serve dashboards/app.py [--args ...]``: runs once per session
