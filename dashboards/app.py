@@ -86,7 +86,11 @@ class SessionPage:
             await self.document.call(self.build, entries)
 
     def build(self, entries: list) -> None:
-        self.app = DashboardApp(self.server, entries)
+        try:
+            self.app = DashboardApp(self.server, entries)
+        except UserError as exc:
+            self.show(pn.pane.Alert(markdown_text(exc), alert_type="danger", css_classes=["fca-message"]))
+            return
         self.show(self.app.layout)
 
     def show(self, page: pn.viewable.Viewable) -> None:
