@@ -227,7 +227,8 @@ def test_credentials_are_a_json_object_of_user_to_password(tmp_path, monkeypatch
 def test_a_password_on_the_command_line_is_refused(tmp_path, monkeypatch, capsys):
     for variable in ("FCA_BASIC_AUTH", "FCA_COOKIE_SECRET"):
         monkeypatch.delenv(variable, raising=False)
-    assert main(["dashboard", "--basic-auth", "hunter2", "--cookie-secret", "s"]) == 2
+    missing = ["--registry", str(tmp_path / "missing.json")]  # were the refusal absent, this error would show
+    assert main(["dashboard", "--basic-auth", "hunter2", "--cookie-secret", "s", *missing]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--basic-auth on the command line is visible" in err[0]
     assert "--basic-auth-file" in err[0] and "--basic-auth-password-file" in err[0] and "FCA_BASIC_AUTH" in err[0]
