@@ -364,6 +364,7 @@ def test_in_a_browser_no_rebinding_no_link_no_remote_fetch(tiny_checkpoints, tmp
                 message = page.locator(".fca-message .fca-text").inner_text()
                 assert f"[click here](http://{EVIL}/phish)" in message and "<a href" in message
                 assert _links_to(page, EVIL) == [] and remote == []
+                _wait_for(page, ".fca-update")  # the update shown: closing the page interrupts no write
             finally:
                 browser.close()
         assert "Traceback" not in log.read_text()
@@ -386,6 +387,7 @@ def test_plain_gets_take_no_place_and_one_over_the_cap_gets_a_polite_page(tiny_c
                 first.goto(url)
                 _wait_for(first, ".fca-checkpoint, .fca-server-full")
                 assert first.locator(".fca-checkpoint").count() == 1  # the GETs locked nobody out
+                _wait_for(first, ".fca-update")  # its first update shown: closing it interrupts no write
                 over = browser.new_page()
                 over.goto(url)
                 _wait_for(over, ".fca-server-full")
@@ -400,6 +402,7 @@ def test_plain_gets_take_no_place_and_one_over_the_cap_gets_a_polite_page(tiny_c
                     again.goto(url)
                     _wait_for(again, ".fca-checkpoint, .fca-server-full")
                     if again.locator(".fca-checkpoint").count():
+                        _wait_for(again, ".fca-update")
                         break
                     again.close()
                     assert time.monotonic() < deadline, "a closed session kept its place"
