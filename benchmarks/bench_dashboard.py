@@ -198,21 +198,27 @@ class Client:
             asyncio.set_event_loop(asyncio.new_event_loop())
             self.session = pull_session(url=url)
             self.widgets = {}
-            for model in self.session.document.models:
-                for css in getattr(model, "css_classes", None) or []:
-                    if css.startswith("fca-"):
-                        self.widgets[css] = model
             self.connection = self.session._connection
-            self.full = "fca-server-full" in self.widgets
-            if not self.full:
-                self.status = self.widgets["fca-status"]
-                self.session.document.callbacks.send_event(DocumentReady())  # what a browser sends once drawn
+            # what a browser sends once drawn: the server builds the app (or the "full" page) only then
+            self.session.document.callbacks.send_event(DocumentReady())
         except Exception as exc:
             self.error = exc
             self.ready.set()
             return
-        self.ready.set()
         self.connection._loop.run_sync(self._pump)
+
+    def _found(self) -> bool:
+        """Whether the page (the app or the "server is full" page) has arrived; its widgets by CSS class."""
+        self.widgets = {
+            css: model
+            for model in self.session.document.models
+            for css in getattr(model, "css_classes", None) or []
+            if css.startswith("fca-")
+        }
+        self.full = "fca-server-full" in self.widgets
+        if not self.full and "fca-status" in self.widgets:
+            self.status = self.widgets["fca-status"]
+        return self.full or "fca-status" in self.widgets
 
     async def _pump(self):
         # Read whole messages one after another and apply the document patches. (The client's own loop,
@@ -220,9 +226,14 @@ class Client:
         while not self.closing:
             message = await self.connection._pop_message()
             if message is None:  # closed
+                if not self.ready.is_set():
+                    self.error = RuntimeError("the session closed before its page arrived")
+                    self.ready.set()
                 return
             if message.msgtype == "PATCH-DOC":
                 self.session._handle_patch(message)
+                if not self.ready.is_set() and self._found():
+                    self.ready.set()
 
     def state(self):
         match = UPDATE.search(self.status.text or "")

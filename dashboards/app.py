@@ -14,14 +14,15 @@ the order of a session's updates (``session``) and the server's settings (``serv
 Per process: each checkpoint is loaded once (``fca_workbench.dashboard.MODELS``) and shared read-only by
 every session, and unloaded when no session has used it for ``--model-idle-seconds``; forwards on it run in a
 worker thread under the checkpoint's lock, so the server keeps answering other sessions while one computes.
-At most ``--max-sessions`` sessions are open at once; one more gets a page saying the server is full. Per
-session: a bounded prefix store and result cache, freed when the session ends.
+At most ``--max-sessions`` sessions are connected at once (a request that never opens the websocket takes no
+place); one more gets a page saying the server is full. Per session: a bounded prefix store and result cache,
+freed when the session ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
-import html
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when not run by ``panel serve``
 
 import panel as pn
+import results_view
+import tornado.httputil
+import tornado.routing
+import tornado.web
 from page import DashboardApp
 from panel_writes import fix_stranded_writes
 
@@ -38,8 +43,10 @@ from fca_workbench.dashboard import (
     release_memory,
     unload_idle_models,
 )
-from fca_workbench.dashboard.serving import ServedSettings, Server, served_settings
+from fca_workbench.dashboard.escaping import markdown_text
+from fca_workbench.dashboard.serving import ServedHosts, ServedSettings, Server, served_settings
 from fca_workbench.dashboard.serving import configure as configure_process
+from fca_workbench.dashboard.session import Document
 from fca_workbench.errors import UserError
 
 pn.extension("plotly", sizing_mode="stretch_width", notifications=False)
@@ -54,25 +61,56 @@ def server_full_page() -> pn.pane.Alert:
     )
 
 
-def create_app(server: Server) -> pn.viewable.Viewable:
-    """One session's app, or the polite "server is full" page past ``--max-sessions``; frees that session's
-    memory when the session ends."""
-    if not SESSIONS.admit():
-        return server_full_page()
-    app = None
+class SessionPage:
+    """One session's page. It takes a place under ``--max-sessions`` only once its browser has connected and
+    rendered it (Panel's ``onload``), so requests that never open the websocket lock nobody out; past the cap
+    it says the server is full. The results folder is read in a worker thread, then the app is built inside
+    the session's document; everything the session holds is freed when it ends."""
 
-    def destroyed(session_context: object) -> None:
-        SESSIONS.leave()
-        if app is not None:
-            app.close()
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.document = Document(pn.state.curdoc)
+        self.layout = pn.Column(pn.pane.HTML("<i>Starting the FCA dashboard…</i>", css_classes=["fca-starting"]))
+        self.admitted = self.ended = False
+        self.app: DashboardApp | None = None
+        pn.state.on_session_destroyed(self.destroyed)
+        pn.state.onload(self.connected)
+
+    async def connected(self) -> None:
+        if not SESSIONS.admit():
+            await self.document.call(self.show, server_full_page())
+            return
+        self.admitted = True
+        entries = await asyncio.to_thread(results_view.scan, self.server.results)
+        if not self.ended:
+            await self.document.call(self.build, entries)
+
+    def build(self, entries: list) -> None:
+        try:
+            self.app = DashboardApp(self.server, entries)
+        except UserError as exc:
+            self.show(pn.pane.Alert(markdown_text(exc), alert_type="danger", css_classes=["fca-message"]))
+            return
+        self.show(self.app.layout)
+
+    def show(self, page: pn.viewable.Viewable) -> None:
+        self.layout.objects = [page]
+
+    def destroyed(self, session_context: object) -> None:
+        self.ended = True
+        if self.admitted:
+            SESSIONS.leave()
+        if self.app is not None:
+            self.app.close()
         release_memory()
 
-    pn.state.on_session_destroyed(destroyed)
+
+def create_app(server: Server) -> pn.viewable.Viewable:
+    """One session's page (``SessionPage``); the process's idle models are unloaded on a schedule."""
     if MODELS.idle_seconds:  # idempotent: scheduled once per process
         period = datetime.timedelta(seconds=max(1.0, min(60.0, MODELS.idle_seconds / 4)))
         pn.state.schedule_task("fca-unload-idle-models", unload_idle_models, period=period)
-    app = DashboardApp(server)
-    return app.layout
+    return SessionPage(server).layout
 
 
 def configure(settings: ServedSettings) -> Server:
@@ -82,12 +120,49 @@ def configure(settings: ServedSettings) -> Server:
     return configure_process(settings)
 
 
+class ForeignHost(tornado.routing.Matcher):
+    """Matches a request whose ``Host`` is not a name the server is served as (``ServedHosts``)."""
+
+    def __init__(self, hosts: ServedHosts) -> None:
+        self.hosts = hosts
+
+    def match(self, request: tornado.httputil.HTTPServerRequest) -> dict | None:
+        return None if self.hosts.allows(request.host) else {}
+
+
+class RefusedHost(tornado.web.RequestHandler):
+    """403 for every method, websocket upgrades included, before any session or page is made."""
+
+    def prepare(self) -> None:
+        self.set_status(403)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish("403: this dashboard answers only to the names it is served as (fca dashboard --allow-host NAME)\n")
+
+
+def refuse_foreign_hosts(server: Any, hosts: ServedHosts) -> None:
+    """Answer a request for any other ``Host`` with 403 (a DNS-rebinding page gets neither the app nor its
+    websocket): a rule ahead of every route of the server's Tornado application (``server._tornado``, as
+    Panel itself reaches it)."""
+    application = getattr(server, "_tornado", None)
+    if not isinstance(application, tornado.web.Application):
+        raise UserError("this Bokeh server has no Tornado application to check Host headers on; refusing to serve")
+    router = application.default_router
+    router.rules.insert(0, router.process_rule(tornado.routing.Rule(ForeignHost(hosts), [(r".*", RefusedHost)])))
+
+
 def serve(
-    settings: ServedSettings, port: int = 5006, address: str = "127.0.0.1", show: bool = False, **kwargs: Any
+    settings: ServedSettings,
+    port: int = 5006,
+    address: str = "127.0.0.1",
+    show: bool = False,
+    hosts: ServedHosts | None = None,
+    **kwargs: Any,
 ) -> Any:
-    """Serve the app (blocking). ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret,
-    num_threads, ...). The default checkpoint is found before the first session; closed sessions are cleaned
-    up within ~10 s."""
+    """Serve the app (blocking), answering only the ``hosts`` it is served as (default: those of ``address``).
+    ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret, num_threads, ...). The default
+    checkpoint is found before the first session; closed sessions are cleaned up within ~10 s."""
+    hosts = hosts or ServedHosts.of(address)
+    kwargs.setdefault("websocket_origin", hosts.websocket_origins(port))
     server = configure(settings)
     server.default_checkpoint()
 
@@ -99,13 +174,24 @@ def serve(
     kwargs.pop("num_threads", None)
     kwargs.setdefault("check_unused_sessions", 5000)
     kwargs.setdefault("unused_session_lifetime", 5000)
-    return pn.serve(
-        {"/": session_app}, port=port, address=address, show=show, title="FCA dashboard", admin=False, **kwargs
+    served = pn.serve(
+        {"/": session_app},
+        port=port,
+        address=address,
+        show=show,
+        title="FCA dashboard",
+        admin=False,
+        start=False,
+        **kwargs,
     )
+    refuse_foreign_hosts(served, hosts)
+    served.start()
+    served.io_loop.start()
+    return served
 
 
 if __name__.startswith("bokeh"):  # ``panel serve dashboards/app.py [--args ...]``: runs once per session
     try:
         create_app(configure(served_settings(sys.argv[1:]))).servable(title="FCA dashboard")
     except UserError as exc:
-        pn.pane.Alert(html.escape(str(exc)), alert_type="danger").servable(title="FCA dashboard")
+        pn.pane.Alert(markdown_text(exc), alert_type="danger").servable(title="FCA dashboard")

@@ -20,6 +20,7 @@ from fca_workbench.dashboard import (
     Analysis,
     SharedModel,
 )
+from fca_workbench.dashboard.escaping import markdown_text
 from fca_workbench.dashboard.links import (
     DEFAULT_CONDITION,
     TEXT_SOURCE,
@@ -42,7 +43,8 @@ from fca_workbench.results.conditions import CONDITIONS
 class DashboardApp:
     """One session's page: the live replay view and the results view, their selection kept in the URL."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, entries: list[AuditEntry] | None = None) -> None:
+        """``entries``: the results folder's scan, made off the event loop by the caller (None: scanned here)."""
         self.server = server
         self.replay = LiveReplay(server.results)
         self.document = Document(pn.state.curdoc)  # this session's document (None outside a server)
@@ -121,7 +123,7 @@ class DashboardApp:
         self.live_per_layer = views.FigurePane(None, css_classes=["fca-live-per-layer"], visible=False)
         self.live_per_layer_entry: AuditEntry | None = None
         self.link_alert = pn.pane.Alert("", alert_type="warning", visible=False, css_classes=["fca-link-message"])
-        self.results_view = ResultsView(server.results, on_change=self.publish, later=self.document.later)
+        self.results_view = ResultsView(server.results, self.publish, self.document.later, entries)
 
         for widget in (
             self.checkpoint,
@@ -266,9 +268,7 @@ class DashboardApp:
         else:
             self.render(analysis, started)
         self.pending_link = None  # the link is applied (or was left for a checkpoint that failed to load)
-        self.link_alert.object = "".join(
-            f"<div class='fca-link-note'>{html.escape(note)}</div>" for note in self.link_notes
-        )
+        self.link_alert.object = "".join(markdown_text(note, "fca-link-note") for note in self.link_notes)
         self.link_alert.visible = bool(self.link_notes)
         self.publish()
 
@@ -329,7 +329,7 @@ class DashboardApp:
 
     def show_error(self, message: str, started: float) -> None:
         self.shown += 1
-        self.alert.object = html.escape(message)
+        self.alert.object = markdown_text(message)
         self.alert.visible = True
         self.status.object = (
             f"<span class='fca-update' data-update='{self.shown}' data-state='error'>"

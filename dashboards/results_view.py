@@ -7,29 +7,31 @@ offers each table as CSV and the audit as ``audit.json`` (``pn.widgets.FileDownl
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 import io
-from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import panel as pn
 import views
 
 from fca_workbench import tables
-from fca_workbench.dashboard.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, audit_tables
-from fca_workbench.errors import UserError
+from fca_workbench.dashboard.escaping import markdown_text
+from fca_workbench.dashboard.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, SizedCache, audit_tables
+from fca_workbench.errors import UserError, first_line
 
-RENDERED_KEPT = 32  # audits whose tables and figure are kept rendered, per process
-_RENDERED: OrderedDict = OrderedDict()
+RENDERED_BYTES = 64 << 20  # the tables (HTML and CSV text) and figures kept rendered, per process
+_RENDERED = SizedCache(RENDERED_BYTES)
 
 
 def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
     """An audit's tables as (name, caption, HTML, CSV) and its per-layer figure, made once per version of its
     audit.json and shared by the sessions of the process."""
-    if entry.version in _RENDERED:
-        _RENDERED.move_to_end(entry.version)
-        return _RENDERED[entry.version]
+    kept = _RENDERED.get(entry.version)
+    if kept is not None:
+        return kept
     made = audit_tables(entry.valid_audit)
     parts = [
         (
@@ -48,9 +50,8 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
             per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one layer alone"
         )
     )
-    _RENDERED[entry.version] = (parts, figure)
-    while len(_RENDERED) > RENDERED_KEPT:
-        _RENDERED.popitem(last=False)
+    size = sum(len(table_html) + len(csv) for _, _, table_html, csv in parts)
+    _RENDERED.put(entry.version, (parts, figure), size + (0 if per_layer is None else 64 * len(per_layer)))
     return parts, figure
 
 
@@ -61,8 +62,10 @@ class ResultsView:
         self,
         results: ResultsFolder | None,
         on_change: Callable[[], None] | None = None,
-        later: Callable[[Callable[[], None]], None] = lambda fn: fn(),
+        later: Callable[[Callable[[], Any]], None] = lambda fn: fn(),
+        entries: list[AuditEntry] | None = None,
     ) -> None:
+        """``entries``: the folder's scan, made by the caller off the event loop (None: scanned here)."""
         self.results = results  # a ResultsFolder, or None when the server has no results folder
         self.on_change = on_change  # called after the shown audit changed (the app puts it in the URL)
         self.later = later  # runs a change of the page inside the session's document (the app's ``later``)
@@ -76,7 +79,7 @@ class ResultsView:
         self.downloads = pn.FlexBox(css_classes=["fca-downloads"])
         self.tables = pn.Column(css_classes=["fca-results-tables"])
         self.select.param.watch(lambda event: self.later(self.show), "value")
-        self.refresh.on_click(lambda event: self.later(self.scan))
+        self.refresh.on_click(lambda event: self.later(self.rescan))
         self.layout = pn.Column(
             pn.Row(self.select, self.refresh),
             self.problems,
@@ -86,11 +89,15 @@ class ResultsView:
             self.heatmap,
             self.tables,
         )
-        self.scan()
+        self.show_entries(scan(self.results) if entries is None else entries)
 
-    def scan(self) -> None:
-        """List the audits found now; keep the selection if it is still there."""
-        entries = self.results.scan() if self.results is not None else []
+    async def rescan(self) -> None:
+        """Look for new audits, reading the files in a worker thread (a large or broken audit.json never holds
+        up the server), then list them."""
+        self.show_entries(await asyncio.to_thread(scan, self.results))
+
+    def show_entries(self, entries: list[AuditEntry]) -> None:
+        """List these audits; keep the selection if it is still there."""
         shown = {entry.label: entry.name for entry in entries if entry.audit is not None}
         current = self.select.value
         self.select.options = shown
@@ -144,9 +151,11 @@ class ResultsView:
             self.render(self.results.entry(name))
         except UserError as exc:
             self.show_error(str(exc))
+        except Exception as exc:  # an audit the tables cannot be made of is that audit's message, never a blank page
+            self.show_error(f"{name}: cannot be shown: {first_line(exc)}")
 
     def show_error(self, message: str) -> None:
-        self.message.object = html.escape(message)
+        self.message.object = markdown_text(message)
         self.message.visible = True
 
     def render(self, entry: AuditEntry) -> None:
@@ -215,3 +224,8 @@ class ResultsView:
 
 def text_bytes(text: str) -> io.BytesIO:
     return io.BytesIO(text.encode())
+
+
+def scan(results: ResultsFolder | None) -> list[AuditEntry]:
+    """The entries of the results folder now (none without one)."""
+    return results.scan() if results is not None else []

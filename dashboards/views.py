@@ -12,6 +12,7 @@ import pandas as pd
 import panel as pn
 
 from fca_workbench.dashboard import SEEDED, Analysis
+from fca_workbench.dashboard.escaping import plotly_text
 
 
 class FigurePane(pn.pane.Plotly):
@@ -61,7 +62,7 @@ def token_html(tokens: list[str], delta: np.ndarray) -> str:
 
 def _title(text: str, x: float, y: float) -> dict:
     return dict(
-        text=text,
+        text=plotly_text(text),
         x=x,
         y=y,
         xref="paper",
@@ -79,7 +80,7 @@ def delta_figure(analysis: Analysis) -> dict:
     Figures are plain plotly dicts: building ``go.Figure`` objects validates every property and costs
     ~35 ms a figure here, most of an update's time."""
     positions = np.arange(1, len(analysis.nll_correct) + 1)
-    labels = [html.escape(t) for t in analysis.tokens[1:]]
+    labels = [plotly_text(t) for t in analysis.tokens[1:]]
     delta = analysis.delta
     data = [
         dict(
@@ -108,7 +109,7 @@ def delta_figure(analysis: Analysis) -> dict:
             mode="lines",
             x=positions,
             y=analysis.nll_condition,
-            name=analysis.condition,
+            name=plotly_text(analysis.condition),
             xaxis="x2",
             yaxis="y2",
             line=dict(color="#d62728"),
@@ -146,7 +147,7 @@ def _heatmaps(original, intervened, diff, y_labels, title) -> dict:
     layout: dict[str, Any] = dict(
         height=max(260, 40 + 14 * len(y_labels)),
         margin=dict(l=70, r=30, t=60, b=40),
-        title=dict(text=title, font=dict(size=14)),
+        title=dict(text=plotly_text(title), font=dict(size=14)),
         annotations=[],
     )
     for index, ((values, scale, zmin, zmax, name), domain) in enumerate(zip(panels, domains), start=1):
@@ -156,7 +157,7 @@ def _heatmaps(original, intervened, diff, y_labels, title) -> dict:
                 type="heatmap",
                 z=np.ascontiguousarray(values, dtype=np.float64),
                 x=x,
-                y=list(y_labels),
+                y=[plotly_text(label) for label in y_labels],
                 colorscale=scale,
                 zmin=zmin,
                 zmax=zmax,
@@ -238,7 +239,7 @@ def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
         dict(
             type="heatmap",
             z=delta,
-            x=conditions,
+            x=[plotly_text(condition) for condition in conditions],
             y=[f"layer {layer}" for layer in layers],
             text=text,
             colorscale=VALUE_SCALE,
@@ -249,7 +250,7 @@ def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
     layout = dict(
         height=max(260, 80 + 36 * len(layers)),
         margin=dict(l=70, r=30, t=50, b=80),
-        title=dict(text=html.escape(title), font=dict(size=14)),
+        title=dict(text=plotly_text(title), font=dict(size=14)),
         yaxis=dict(autorange="reversed"),
     )
     return dict(data=data, layout=layout)

@@ -147,9 +147,10 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
     if not app_path.is_file():
         raise UserError(f"dashboard app not found at {app_path}; reinstall the workbench")
     from fca_workbench.dashboard import load_registry
-    from fca_workbench.dashboard.serving import ServedSettings, is_loopback, serving_auth
+    from fca_workbench.dashboard.serving import ServedHosts, ServedSettings, is_loopback, serving_auth
 
     options = serving_auth(args)
+    hosts = ServedHosts.of(args.address, [*(args.allow_host or []), *(args.allow_websocket_origin or [])])
     load_registry(args.registry)  # a bad registry is a one-line error here, before any server starts
     settings = ServedSettings.from_args(args)
     spec = importlib.util.spec_from_file_location("fca_dashboard_app", app_path)
@@ -157,14 +158,13 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
         raise UserError(f"dashboard app at {app_path} cannot be loaded; reinstall the workbench")
     app = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(app)
-    if args.allow_websocket_origin:
-        options["websocket_origin"] = args.allow_websocket_origin
+    options["websocket_origin"] = [*hosts.websocket_origins(args.port), *(args.allow_websocket_origin or [])]
     if args.num_threads is not None:
         options["num_threads"] = args.num_threads
     if args.no_auth and not is_loopback(args.address):
         print(f"fca dashboard: warning: serving {args.address} WITHOUT authentication (--no-auth)", file=sys.stderr)
     print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
-    app.serve(settings, port=args.port, address=args.address, **options)
+    app.serve(settings, port=args.port, address=args.address, hosts=hosts, **options)
 
 
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
@@ -328,23 +328,32 @@ def build_parser() -> argparse.ArgumentParser:
         help='JSON file {"name": "checkpoint folder", ...} (default: the shipped checkpoints)',
     )
     dash.add_argument(
+        "--allow-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a name browsers may reach the server as, besides --address (repeatable); any other Host gets 403",
+    )
+    dash.add_argument(
         "--allow-websocket-origin",
         action="append",
         default=None,
         metavar="HOST[:PORT]",
-        help="a host browsers may reach the server as (repeatable); needed with a non-local --address",
+        help="a host browsers may reach the server as, and open its websocket from (repeatable)",
     )
     dash.add_argument("--num-threads", type=flags.positive_int, default=None, help="Panel's callback thread pool size")
-    dash.add_argument(
-        "--basic-auth",
-        default=None,
-        help="Panel basic auth: a JSON credentials file, or a password (visible in ps: prefer the next)",
-    )
+    dash.add_argument("--basic-auth", default=None, help=argparse.SUPPRESS)  # refused: visible in ps
     dash.add_argument(
         "--basic-auth-file",
         default=None,
+        metavar="CREDENTIALS.json",
+        help='Panel basic auth: a JSON object {"user": "password", ...} (default: $FCA_BASIC_AUTH)',
+    )
+    dash.add_argument(
+        "--basic-auth-password-file",
+        default=None,
         metavar="FILE",
-        help="a file holding the password or JSON credentials (default: $FCA_BASIC_AUTH)",
+        help="Panel basic auth with one shared password (any user name): a file holding only that password",
     )
     dash.add_argument(
         "--cookie-secret",

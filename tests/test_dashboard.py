@@ -508,12 +508,15 @@ def test_fca_dashboard_refuses_unsafe_serving_in_one_line(tmp_path, monkeypatch,
     for variable in ("FCA_BASIC_AUTH", "FCA_COOKIE_SECRET"):
         monkeypatch.delenv(variable, raising=False)
     missing = ["--registry", str(tmp_path / "missing.json")]  # were the checks absent, this error would show
+    (tmp_path / "password").write_text("hunter2\n")
+    password = ["--basic-auth-password-file", str(tmp_path / "password")]
     for argv, message in [
         (["--address", "0.0.0.0"], "--address 0.0.0.0 lets the network reach the dashboard"),
         (["--address", "lab.example"], "--address lab.example lets the network reach the dashboard"),
-        (["--basic-auth", "hunter2"], "--basic-auth needs a --cookie-secret"),
-        (["--address", "0.0.0.0", "--basic-auth", "hunter2"], "--basic-auth needs a --cookie-secret"),
-        (["--basic-auth", "pw", "--cookie-secret", "s", "--no-auth"], "--no-auth contradicts --basic-auth"),
+        (["--basic-auth", "hunter2"], "--basic-auth on the command line is visible to every user in `ps`"),
+        (password, "basic auth needs a --cookie-secret-file"),
+        (["--address", "0.0.0.0", *password], "basic auth needs a --cookie-secret-file"),
+        ([*password, "--cookie-secret", "s", "--no-auth"], "--no-auth contradicts --basic-auth-file"),
         (["--cookie-secret-file", str(tmp_path / "nope")], "--cookie-secret-file"),
     ]:
         assert main(["dashboard", *argv, *missing]) == 2, argv
@@ -521,7 +524,7 @@ def test_fca_dashboard_refuses_unsafe_serving_in_one_line(tmp_path, monkeypatch,
         assert err[-1].startswith(f"fca: error: {message}"), err
     monkeypatch.setenv("FCA_BASIC_AUTH", "hunter2")  # a password from the environment needs the secret too
     assert main(["dashboard", *missing]) == 2
-    assert "--basic-auth needs a --cookie-secret" in capsys.readouterr().err
+    assert "basic auth needs a --cookie-secret-file" in capsys.readouterr().err
 
 
 def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatch, capsys):
@@ -533,13 +536,13 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
     (tmp_path / "users.json").write_text(json.dumps({"alice": "pw"}))
     files = ["--cookie-secret-file", str(tmp_path / "secret")]
     assert _dashboard_args(
-        monkeypatch, "--address", "0.0.0.0", "--basic-auth-file", str(tmp_path / "password"), *files
+        monkeypatch, "--address", "0.0.0.0", "--basic-auth-password-file", str(tmp_path / "password"), *files
     ) == {"basic_auth": "hunter2", "cookie_secret": "s" * 64}
-    for flag in ("--basic-auth-file", "--basic-auth"):  # JSON credentials: Panel reads the file itself
-        assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", flag, str(tmp_path / "users.json"), *files) == {
-            "basic_auth": str(tmp_path / "users.json"),
-            "cookie_secret": "s" * 64,
-        }
+    users = ["--basic-auth-file", str(tmp_path / "users.json")]  # JSON credentials: Panel reads the file itself
+    assert _dashboard_args(monkeypatch, "--address", "0.0.0.0", *users, *files) == {
+        "basic_auth": str(tmp_path / "users.json"),
+        "cookie_secret": "s" * 64,
+    }
     assert "visible" not in capsys.readouterr().err  # nothing secret was on the command line
     monkeypatch.setenv("FCA_BASIC_AUTH", "from-env")
     monkeypatch.setenv("FCA_COOKIE_SECRET", "secret-from-env")
@@ -550,8 +553,8 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
         "basic_auth": "from-env",
         "cookie_secret": "secret-from-env",
     }
-    assert serving_auth(build_parser().parse_args(["dashboard", "--basic-auth", "typed", "--cookie-secret", "x"])) == {
-        "basic_auth": "typed",
+    assert serving_auth(build_parser().parse_args(["dashboard", "--cookie-secret", "x"])) == {
+        "basic_auth": "from-env",
         "cookie_secret": "x",
     }
     assert "visible to every user in `ps`" in capsys.readouterr().err  # typed secrets are warned about
@@ -635,45 +638,6 @@ def _logged_in(url: str, password: str):
     form = urllib.parse.urlencode({"username": "alice", "password": password}).encode()
     status, location, _ = _status(opener, url + "login", form)
     return opener, status, location, {cookie.name for cookie in jar}
-
-
-def _open_session(url: str):
-    """One session opened over the websocket, as a browser does: (session, its CSS classes, its text); the
-    caller closes it."""
-    import asyncio
-
-    import panel.models.plotly  # noqa: F401  (registers Panel's Bokeh models for the client)
-    from bokeh.client import pull_session
-
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    session = pull_session(url=url)
-    models = list(session.document.models)
-    classes = {css for model in models for css in (getattr(model, "css_classes", None) or [])}
-    return session, classes, " ".join(str(getattr(model, "text", "") or "") for model in models)
-
-
-def _wait_for_a_place(url: str, message: str):
-    """A session that got the app (not the 'server is full' page) within 60 s; the caller closes it."""
-    deadline = time.monotonic() + 60
-    while True:
-        session, classes, _ = _open_session(url)
-        if "fca-checkpoint" in classes:
-            return session
-        session.close()
-        assert time.monotonic() < deadline, message
-        time.sleep(1)
-
-
-def test_a_session_over_the_limit_gets_a_polite_page(tiny_checkpoints, tmp_path):
-    with dashboard_server(tmp_path, {"fg": str(tiny_checkpoints["featuregate"])}, "--max-sessions", "1") as (url, log):
-        first = _wait_for_a_place(url, "no session got the app")
-        over, classes, text = _open_session(url)  # one more than --max-sessions 1
-        over.close()
-        first.close()
-        assert "fca-server-full" in classes and "fca-checkpoint" not in classes
-        assert "The FCA dashboard is full: 1 sessions are open" in text
-        _wait_for_a_place(url, "a closed session kept its place").close()  # reaped within ~10 s
-        assert_quiet(log)
 
 
 # ------------------------------------------------------------------------------------------------ browser

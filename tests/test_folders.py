@@ -543,7 +543,9 @@ def test_checkpoints_env_naming_an_unknown_users_home_is_one_line(monkeypatch):
     from fca_workbench.resources import CHECKPOINTS_ENV, checkpoints_dir
 
     monkeypatch.setenv(CHECKPOINTS_ENV, "~nosuchuser/x")
-    with pytest.raises(UserError, match="FCA_CHECKPOINTS=~nosuchuser/x names a home folder that does not exist") as error:
+    with pytest.raises(
+        UserError, match="FCA_CHECKPOINTS=~nosuchuser/x names a home folder that does not exist"
+    ) as error:
         checkpoints_dir()
     assert "\n" not in str(error.value)
 

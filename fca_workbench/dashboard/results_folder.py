@@ -3,8 +3,9 @@
 ``fca dashboard --results DIR`` lists every ``audit.json`` under DIR (``fca audit``'s ``results/audit-NAME``,
 ``audit-many``'s ``OUT/NAME``, ``fca reproduce``'s ``OUT/audits/NAME``); the browser picks an entry by its name
 (the folder relative to DIR), never by a path. Only regular files inside DIR are read: a link, or a file that
-resolves outside DIR, is refused with a message. An entry that cannot be shown (truncated, foreign, invalid)
-keeps its one-line message and the others still work.
+resolves outside DIR, is refused with a message. An entry that cannot be shown for any reason (too large, truncated,
+nested too deeply, foreign, invalid) keeps its one-line message and the others still work; parsed files are
+kept in a cache bounded by bytes.
 
 Every table is one of ``tables.py``'s, so a download equals the table ``fca reproduce`` writes; the audit's
 static profiles serve the live view when their fingerprints match the checkpoint and calibration data.
@@ -15,19 +16,21 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from fca_workbench import tables
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.results.frames import read_audit_json
 from fca_workbench.results.layout import AUDIT_FILE, CACHE_DIR, FIGURES_DIR, NOTEBOOKS_DIR, PROFILES_FILE, TABLES_DIR
 from fca_workbench.results.profiles import verified_profiles
 
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
 PRUNED = {CACHE_DIR, TABLES_DIR, FIGURES_DIR, NOTEBOOKS_DIR, "__pycache__"}  # hold no audit.json, may hold many files
-PARSED_KEPT = 256  # parsed audit.json files kept per process, keyed by (path, mtime, size)
+AUDIT_MAX_BYTES = 16 << 20  # an audit.json larger than this is listed as a problem, never parsed
+PARSED_BYTES = 64 << 20  # the audit.json bytes whose parsed audits are kept per process, keyed by (path, mtime, size)
 
 
 class AuditedModel(Protocol):
@@ -84,12 +87,42 @@ def audit_tables(audit: dict) -> list:
     return [table for table in made if len(table)]
 
 
+class SizedCache:
+    """Values kept by key, least recently used first out, while their sizes add up to at most ``max_bytes`` (a
+    value larger than that is not kept); safe to share between threads."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._values: OrderedDict = OrderedDict()
+        self._mutex = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        """The value kept for ``key``, else None."""
+        with self._mutex:
+            if key not in self._values:
+                return None
+            self._values.move_to_end(key)
+            return self._values[key][0]
+
+    def put(self, key: Hashable, value: Any, size: int) -> None:
+        with self._mutex:
+            if key in self._values:
+                self.bytes -= self._values.pop(key)[1]
+            if size > self.max_bytes:
+                return
+            self._values[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                self.bytes -= self._values.popitem(last=False)[1][1]
+
+
 class ResultsFolder:
     """The audits under ``root``, rescanned on ``scan``; parsed files are kept while unchanged."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, max_bytes: int = AUDIT_MAX_BYTES) -> None:
         self.root = Path(root).resolve()
-        self._parsed: OrderedDict = OrderedDict()
+        self.max_bytes = max_bytes
+        self._parsed = SizedCache(PARSED_BYTES)
         self._entries: dict[str, AuditEntry] = {}
         self._mutex = threading.Lock()
 
@@ -120,27 +153,33 @@ class ResultsFolder:
         return folder.relative_to(self.root).as_posix()
 
     def _entry(self, folder: Path) -> AuditEntry:
+        """The entry of one folder's audit.json: its audit, or whatever went wrong as its one-line problem."""
         name = self._name(folder)
         key: tuple = ()
         try:
             path = self.inside(folder / AUDIT_FILE)
             stat = path.stat()
             key = (str(path), stat.st_mtime_ns, stat.st_size)
-            with self._mutex:
-                cached = self._parsed.get(key)
+            cached = self._parsed.get(key)
             if cached is None:
-                try:
-                    cached = (read_audit_json(path)[0], None)
-                except UserError as exc:  # the message names the server's path: name the entry instead
-                    cached = (None, str(exc).replace(str(path), f"{name}/{AUDIT_FILE}"))
-                with self._mutex:
-                    self._parsed[key] = cached
-                    while len(self._parsed) > PARSED_KEPT:
-                        self._parsed.popitem(last=False)
+                cached = self._parse(path, name, stat.st_size)
+                self._parsed.put(key, cached, stat.st_size)
             audit, problem = cached
-        except UserError as exc:
-            audit, problem, key = None, str(exc), ()
+        except (UserError, OSError) as exc:
+            audit, problem, key = None, first_line(exc), ()
         return AuditEntry(name, folder, audit, problem, key)
+
+    def _parse(self, path: Path, name: str, size: int) -> tuple[dict | None, str | None]:
+        """(audit, None), or (None, the problem) naming the entry, never the server's path."""
+        shown = f"{name}/{AUDIT_FILE}"
+        if size > self.max_bytes:
+            return None, f"{shown} is larger than {self.max_bytes >> 20} MiB: not read"
+        try:
+            return read_audit_json(path)[0], None
+        except UserError as exc:
+            return None, first_line(str(exc).replace(str(path), shown))
+        except Exception as exc:  # any failure of one file (nested too deeply, ...) is that entry's problem
+            return None, f"{shown} cannot be read: {first_line(exc)}"
 
     def inside(self, path: Path) -> Path:
         """``path`` if it is a regular file inside the results folder and no link; else a ``UserError``."""
@@ -180,7 +219,7 @@ class ResultsFolder:
                 continue
             if shared.fingerprint == audit["model"]["fingerprint"]:
                 matching.append(entry)
-        return sorted(matching, key=lambda e: (e.folder / AUDIT_FILE).stat().st_mtime_ns, reverse=True)
+        return sorted(matching, key=lambda e: e.version[1], reverse=True)  # version: (path, mtime, size)
 
 
 def matching_profiles(

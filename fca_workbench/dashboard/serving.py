@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import socket
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ from fca_workbench.dashboard.pool import (
     load_registry,
 )
 from fca_workbench.dashboard.results_folder import ResultsFolder
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import read_json
 
 # ServedSettings field -> the variable ``panel serve`` reads it from when ``--args`` does not give it
@@ -158,6 +159,61 @@ def configure(settings: ServedSettings) -> Server:
         return _SERVERS[key]
 
 
+# ------------------------------------------------------------------------------------------------ served names
+
+WILDCARD_ADDRESSES = ("", "0.0.0.0", "::")  # every interface: the names the machine has are not known here
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def host_name(host: str) -> str:
+    """A ``Host`` header's (or ``NAME[:PORT]`` flag's) name: lower case, port dropped, IPv6 kept in brackets."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        return name[: name.find("]") + 1] if "]" in name else name
+    return name.rsplit(":", 1)[0] if name.count(":") == 1 else (f"[{name}]" if ":" in name else name)
+
+
+def is_ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ServedHosts:
+    """The names a browser may reach the server as, the only ``Host`` (and websocket ``Origin``) it answers: a
+    page of another origin whose name resolves to this server (DNS rebinding) is refused. The served address
+    (``localhost`` and the loopback literals too, for a loopback one) and the names given with ``--allow-host``
+    or ``--allow-websocket-origin``; behind a wildcard address also this machine's own names and any IP literal
+    (a rebinding page has a name of its own, never the server's address)."""
+
+    names: frozenset[str]
+    any_ip_literal: bool = False
+
+    @classmethod
+    def of(cls, address: str, extra: Sequence[str] = ()) -> ServedHosts:
+        names = {host_name(name) for name in extra if name.strip()}
+        if address in WILDCARD_ADDRESSES:
+            names |= {*LOOPBACK_NAMES, socket.gethostname().lower(), socket.getfqdn().lower()}
+        else:
+            names.add(host_name(f"[{address}]" if ":" in address and not address.startswith("[") else address))
+            if is_loopback(address):
+                names |= set(LOOPBACK_NAMES)
+        return cls(frozenset(names), any_ip_literal=address in WILDCARD_ADDRESSES)
+
+    def allows(self, host: str) -> bool:
+        """Whether a request with this ``Host`` header is answered."""
+        name = host_name(host)
+        return name in self.names or (self.any_ip_literal and is_ip_literal(name))
+
+    def websocket_origins(self, port: int) -> list[str]:
+        """Bokeh's websocket-origin allowlist (``HOST:PORT``) for these names; an IPv6 literal, which it cannot
+        spell, still connects from its own page (Tornado accepts an ``Origin`` equal to the ``Host``)."""
+        return sorted(f"{name}:{port or '*'}" for name in self.names if not name.startswith("["))
+
+
 # ------------------------------------------------------------------------------------------------ authentication
 
 
@@ -171,30 +227,57 @@ def dashboard_secret(value: str | None, file: str | None, variable: str, flag: s
         )
         return value
     if file:
-        try:
-            value = Path(file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise UserError(f"{flag}-file {file} cannot be read: {reason}") from None
-        if not value:
-            raise UserError(f"{flag}-file {file} is empty")
-        return value
+        return secret_file(file, f"{flag}-file")
     return os.environ.get(variable) or None
 
 
+def secret_file(file: str, flag: str) -> str:
+    """The one secret a file holds (surrounding whitespace dropped)."""
+    try:
+        value = Path(file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+        raise UserError(f"{flag} {file} cannot be read: {reason}") from None
+    if not value:
+        raise UserError(f"{flag} {file} is empty")
+    return value
+
+
+def credentials_file(file: str, flag: str) -> str:
+    """``file`` when it is a JSON object of user name -> password (what Panel's basic auth reads at each login);
+    anything else is refused in one line, never taken as a password."""
+    credentials = read_json(Path(file))
+    assert isinstance(credentials, dict)  # read_json's default ``expect``
+    if not credentials:
+        raise UserError(f'{flag} {file} names no user: it must be a JSON object {{"user": "password", ...}}')
+    for user, password in credentials.items():
+        if not isinstance(password, str) or not user or not password:
+            raise UserError(
+                f"{flag} {file}: user {user[:40]!r} needs a non-empty password string "
+                '(a JSON object {"user": "password", ...})'
+            )
+    return str(file)
+
+
 def basic_auth_option(args: argparse.Namespace) -> str | None:
-    """Panel's ``basic_auth``: the path of a JSON credentials file (Panel reads it at each login), or the
-    shared password (from the flag, a file holding it, or ``FCA_BASIC_AUTH``)."""
-    value, file = args.basic_auth, args.basic_auth_file
-    if value and Path(value).is_file():  # ``--basic-auth credentials.json``: nothing secret in `ps`
-        value, file = None, value
-    if file:
-        try:
-            if isinstance(read_json(Path(file), expect=None), dict):
-                return str(file)
-        except UserError:
-            pass  # not credentials: the file holds the password (a read error is reported next)
-    return dashboard_secret(value, file, "FCA_BASIC_AUTH", "--basic-auth")
+    """Panel's ``basic_auth``: the path of a JSON credentials file (``--basic-auth-file``; Panel reads it at each
+    login), or one shared password, from ``--basic-auth-password-file`` or ``FCA_BASIC_AUTH`` (a password, or
+    the path of a credentials file). A password on the command line (``--basic-auth``) is refused."""
+    if args.basic_auth:
+        raise UserError(
+            "--basic-auth on the command line is visible to every user in `ps`: give --basic-auth-file "
+            "CREDENTIALS.json (a JSON object of user -> password), --basic-auth-password-file FILE or FCA_BASIC_AUTH"
+        )
+    if args.basic_auth_file and args.basic_auth_password_file:
+        raise UserError("--basic-auth-file and --basic-auth-password-file contradict each other: choose one")
+    if args.basic_auth_file:
+        return credentials_file(args.basic_auth_file, "--basic-auth-file")
+    if args.basic_auth_password_file:
+        return secret_file(args.basic_auth_password_file, "--basic-auth-password-file")
+    value = os.environ.get("FCA_BASIC_AUTH") or None
+    if value and Path(value).is_file():
+        return credentials_file(value, "FCA_BASIC_AUTH")
+    return value
 
 
 def is_loopback(address: str) -> bool:
@@ -202,7 +285,7 @@ def is_loopback(address: str) -> bool:
     if address == "localhost":
         return True
     try:
-        return ipaddress.ip_address(address).is_loopback
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
     except ValueError:  # a host name (or "" = every interface): assume the network can reach it
         return False
 
@@ -215,14 +298,12 @@ def serving_auth(args: argparse.Namespace) -> dict:
         args.cookie_secret, args.cookie_secret_file, "FCA_COOKIE_SECRET", "--cookie-secret"
     )
     if basic_auth and args.no_auth:
-        raise UserError("--no-auth contradicts --basic-auth (or FCA_BASIC_AUTH): choose one")
+        raise UserError("--no-auth contradicts --basic-auth-file (or FCA_BASIC_AUTH): choose one")
     if basic_auth and not cookie_secret:
-        raise UserError(
-            "--basic-auth needs a --cookie-secret (or --cookie-secret-file, FCA_COOKIE_SECRET) to sign its login cookie"
-        )
+        raise UserError("basic auth needs a --cookie-secret-file (or FCA_COOKIE_SECRET) to sign its login cookie")
     if not basic_auth and not args.no_auth and not is_loopback(args.address):
         raise UserError(
             f"--address {args.address} lets the network reach the dashboard: give --basic-auth-file "
-            "FILE (or FCA_BASIC_AUTH) with --cookie-secret-file FILE (or FCA_COOKIE_SECRET), or --no-auth"
+            "CREDENTIALS.json (or FCA_BASIC_AUTH) with --cookie-secret-file FILE (or FCA_COOKIE_SECRET), or --no-auth"
         )
     return {"basic_auth": basic_auth, "cookie_secret": cookie_secret} if basic_auth else {}
