@@ -42,11 +42,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
     check_device(args.device)
-
     shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
     if args.hf_config and shape:
-        flags = ", ".join(f"--{k.replace('_', '-')}" for k in shape)
-        raise UserError(f"{flags} shape --arch models; a --hf-config file sets its own sizes")
+        named = ", ".join(f"--{k.replace('_', '-')}" for k in shape)
+        raise UserError(f"{named} shape --arch models; a --hf-config file sets its own sizes")
     settings = TrainSettings(
         arch=args.arch,
         hf_config=read_hf_config(args.hf_config) if args.hf_config else None,

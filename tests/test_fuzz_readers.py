@@ -334,7 +334,7 @@ def test_registry(checkpoint, place):
 def test_basic_auth_file(place):
     path = place / "credentials.json"
     valid = json.dumps({"alice": "a long enough password", "bob": "another long password"}).encode()
-    args = argparse.Namespace(basic_auth=None, basic_auth_file=str(path))
+    args = argparse.Namespace(basic_auth=None, basic_auth_file=str(path), basic_auth_password_file=None)
 
     @FUZZ
     @given(malformed(valid))
