@@ -39,7 +39,8 @@ def cmd_data_checkpoints(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
-    shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
+    shaping = ("layers", "width", "heads", "gate_groups", "gate_range", "gate_input")
+    shape = {k: getattr(args, k) for k in shaping if getattr(args, k) is not None}
     if args.hf_config and shape:
         flags = ", ".join(f"--{k.replace('_', '-')}" for k in shape)
         raise UserError(f"{flags} shape --arch models; a --hf-config file sets its own sizes")
@@ -53,6 +54,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
+        controller_weight_decay=args.controller_weight_decay,
+        controller_lr_mult=args.controller_lr_mult,
         save_every=args.save_every,
         device=args.device,
         audit_every=args.audit_every,
@@ -238,6 +241,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--width", type=int, default=None, help="--arch only (default 96)")
     train.add_argument("--heads", type=int, default=None, help="--arch only (default 4)")
     train.add_argument("--gate-groups", type=int, default=None, help="FeatureGate groups (default: heads)")
+    train.add_argument(
+        "--gate-range", choices=["2sigmoid", "sigmoid", "1+tanh"], default=None, help="FeatureGate (default 2sigmoid)"
+    )
+    train.add_argument(
+        "--gate-input",
+        choices=["normed", "raw", "detached"],
+        default=None,
+        help="what a FeatureGate controller reads: rmsnorm(h) (default), h, or rmsnorm(h) without its gradient",
+    )
+    train.add_argument(
+        "--controller-weight-decay", type=float, default=None, help="the controllers' (default: the model's, 0.1)"
+    )
+    train.add_argument("--controller-lr-mult", type=float, default=1.0, help="controller lr = lr × this (default 1)")
     train.add_argument("--window", type=int, default=256)
     train.add_argument("--steps", type=int, default=300)
     train.add_argument("--batch-size", type=int, default=16)

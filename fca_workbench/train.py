@@ -129,6 +129,7 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
             heads=settings.heads,
             window=settings.window,
             gate_groups=settings.gate_groups,
+            **gate_design(settings),
         )
     except (ValueError, ZeroDivisionError) as exc:  # the config classes refuse shapes they cannot build
         raise UserError(f"fca train's model config: {first_line(exc)}") from None
@@ -136,6 +137,11 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
     check_training_memory(lambda: model_class(config))
     torch.manual_seed(settings.seed)
     return model_class(config)
+
+
+def gate_design(settings: TrainSettings) -> dict[str, str]:
+    """The FeatureGate config fields the settings choose (only those given: the others keep the config's defaults)."""
+    return {k: v for k in ("gate_range", "gate_input") if (v := getattr(settings, k)) is not None}
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
@@ -146,15 +152,35 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def parameter_groups(model: torch.nn.Module, settings: TrainSettings) -> list[dict]:
+    """AdamW's groups: weight decay on matrices only. The controllers' parameters get groups of their own when
+    their weight decay or learning rate differs from the model's (``--controller-weight-decay``,
+    ``--controller-lr-mult``); otherwise the two groups are those of every run before these options."""
+    own_decay = settings.controller_weight_decay
+    controllers = getattr(model, "controllers", []) if settings.arch else []
+    if (own_decay is not None or settings.controller_lr_mult != 1.0) and not controllers:
+        raise UserError(
+            f"--controller-weight-decay and --controller-lr-mult need a model with controllers; {settings.name} has none"
+        )
+    separate = (own_decay is not None and own_decay != settings.weight_decay) or settings.controller_lr_mult != 1.0
+    mine = [p for c in controllers for p in c.parameters()] if separate else []
+    rest = [p for p in model.parameters() if all(p is not q for q in mine)]
+    groups = [
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": settings.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    lr = settings.lr * settings.controller_lr_mult
+    for params, decay in ([p for p in mine if p.dim() >= 2], own_decay), ([p for p in mine if p.dim() < 2], 0.0):
+        if params:
+            groups.append(
+                {"params": params, "weight_decay": settings.weight_decay if decay is None else decay, "lr": lr}
+            )
+    return groups
+
+
 def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Optimizer, LRScheduler]:
-    """AdamW (no weight decay on biases and norms) with the warm-up and cosine schedule of ``lr_factor``."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lr,
-        betas=(0.9, 0.95),
-    )
+    """AdamW (``parameter_groups``) with the warm-up and cosine schedule of ``lr_factor``."""
+    optimizer = torch.optim.AdamW(parameter_groups(model, settings), lr=settings.lr, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
     return optimizer, scheduler
 
@@ -331,6 +357,7 @@ def model_card_markdown(card: dict) -> str:
         command = (
             f"fca train --arch {s['arch']} --layers {s['layers']} --width {s['width']} --heads {s['heads']} {common}"
             + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "")
+            + controller_flags(s)
             + audit_flags
             + " --out DIR"
         )
@@ -363,6 +390,40 @@ def model_card_markdown(card: dict) -> str:
             "",
             f"Reproduce: `{command}`",
             *config_lines,
+            *controller_lines(s),
             "",
         ]
     )
+
+
+CONTROLLER_FLAGS = ("gate_range", "gate_input", "controller_weight_decay", "controller_lr_mult")
+GATE_FORMULAS = {"2sigmoid": "2·sigmoid(z)", "sigmoid": "sigmoid(z)", "1+tanh": "1 + tanh(z)"}
+GATE_INPUT_TEXT = {
+    "normed": "rmsnorm(h), the normalised block input",
+    "raw": "h, the raw residual stream",
+    "detached": "rmsnorm(h) detached: no gradient reaches the hidden state through the controller",
+}
+
+
+def controller_flags(s: dict) -> str:
+    """The controller-design flags a run was given (``s``: a model card's settings; older cards lack them)."""
+    given = {k: s.get(k) for k in CONTROLLER_FLAGS if s.get(k) is not None}
+    if given.get("controller_lr_mult") == 1.0:
+        del given["controller_lr_mult"]
+    return "".join(f" --{k.replace('_', '-')} {v}" for k, v in given.items())
+
+
+def controller_lines(s: dict) -> list[str]:
+    """The FeatureGate controller's design and optimizer settings, for the model card."""
+    if s.get("arch") != "featuregate":
+        return []
+    gate = s.get("gate_range") or "2sigmoid"
+    decay = s.get("controller_weight_decay")
+    return [
+        "",
+        f"Controller (one per block): gates = {GATE_FORMULAS[gate]} with z = W·x + b, W and b starting at zero"
+        f" (gates start at {0.5 if gate == 'sigmoid' else 1}), x = {GATE_INPUT_TEXT[s.get('gate_input') or 'normed']};"
+        f" {s['gate_groups'] or s['heads']} channel groups per branch; weight decay"
+        f" {s['weight_decay'] if decay is None else decay} (the model's: {s['weight_decay']}), learning rate"
+        f" {s.get('controller_lr_mult', 1.0)} × the model's.",
+    ]
