@@ -34,8 +34,8 @@ def small_text(tmp_path_factory):
 
 
 def two_steps(small_text, **overrides) -> TrainSettings:
-    sizes = dict(layers=2, width=32, heads=4, window=32, batch_size=8, lr=1e-2, warmup=5, eval_windows=4)
-    return TrainSettings(arch="featuregate", train_data=small_text, steps=2, save_every=10, **{**sizes, **overrides})
+    fixed = dict(arch="featuregate", layers=2, width=32, heads=4, window=32, batch_size=8, lr=1e-2, warmup=5)
+    return TrainSettings(train_data=small_text, steps=2, save_every=10, eval_windows=4, **{**fixed, **overrides})
 
 
 def test_a_default_run_gives_the_weights_of_the_trainer_before_the_design_options(small_text, tmp_path):
@@ -140,6 +140,18 @@ def test_controller_optimizer_groups_carry_their_own_decay_and_learning_rate(sma
     assert not controller_ids & {id(p) for g in groups[:2] for p in g["params"]}
     assert [(g["weight_decay"], g.get("lr")) for g in groups] == [(0.1, None), (0.0, None), (0.0, 0.1), (0.0, 0.1)]
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_muddpythia_controllers_take_the_optimizer_options_too(small_text, tmp_path):
+    settings = two_steps(small_text, arch="muddpythia", controller_weight_decay=0.0, controller_lr_mult=2.0)
+    model = build_model(settings, load_tokenizer())
+    groups = parameter_groups(model, settings)
+    assert {id(p) for g in groups[2:] for p in g["params"]} == {
+        id(p) for c in model.controllers for p in c.parameters()
+    }
+    assert all(g["lr"] == 0.02 for g in groups[2:])
+    card = train(settings, tmp_path / "run")
+    assert card["settings"]["controller_lr_mult"] == 2.0
 
 
 def test_the_cli_offers_exactly_the_model_choices():
