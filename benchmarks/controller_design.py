@@ -151,7 +151,8 @@ def seconds_taken(run: Run, out: Path) -> float | None:
 
 def listing(runs: list[Run], work: Path, out: Path) -> str:
     """The plan, each run's state and time, and the time the rest would take at the measured pace."""
-    lines, taken = [], {}
+    lines: list[str] = []
+    taken: dict[str, list[float]] = {}
     for run in runs:
         seconds = seconds_taken(run, out)
         if seconds is not None:
