@@ -18,6 +18,7 @@ from fca_workbench.cli import build_parser
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
+from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.models.featuregate import GATE_INPUTS, GATE_RANGES
 from fca_workbench.train import TrainSettings, build_model, coefficient_summary, parameter_groups, train
@@ -240,3 +241,12 @@ def test_the_study_trains_audits_summarises_and_resumes(small_text, tmp_path, mo
     assert study.status(runs[1], work, out) == "audited"
     assert study.study(runs, work, out) == []
     assert json.loads((out / "combo-s0" / study.SUMMARY_FILE).read_text())["audit_seconds"] is None
+
+
+@pytest.mark.parametrize("field, value", [("gate_range", "3sigmoid"), ("gate_input", "normal")])
+def test_a_checkpoint_with_an_unknown_design_is_refused_in_one_line(field, value, small_text, tmp_path):
+    build_model(two_steps(small_text), load_tokenizer()).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(UserError, match=f"config.json: {field}='{value}': choose from"):
+        load_model(tmp_path / "m")
