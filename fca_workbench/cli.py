@@ -8,9 +8,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from fca_workbench import flags
+from fca_workbench.cli_options import Parser, add_audit_options, add_dashboard_options, add_train_options
 from fca_workbench.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
 from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
@@ -42,7 +43,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
     check_device(args.device)
-    shape = {k: getattr(args, k) for k in ("layers", "width", "heads", "gate_groups") if getattr(args, k) is not None}
+    shaping = ("layers", "width", "heads", "gate_groups", "gate_range", "gate_input")
+    shape = {k: getattr(args, k) for k in shaping if getattr(args, k) is not None}
     if args.hf_config and shape:
         named = ", ".join(f"--{k.replace('_', '-')}" for k in shape)
         raise UserError(f"{named} shape --arch models; a --hf-config file sets its own sizes")
@@ -56,6 +58,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
+        controller_weight_decay=args.controller_weight_decay,
+        controller_lr_mult=args.controller_lr_mult,
         save_every=args.save_every,
         device=args.device,
         audit_every=args.audit_every,
@@ -166,79 +170,6 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
     app.serve(settings, port=args.port, address=args.address, hosts=hosts, **options)
 
 
-def add_audit_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
-    parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
-    parser.add_argument(
-        "--window", type=flags.window_size, default=None, help="tokens per window (default: min(256, context))"
-    )
-    parser.add_argument(
-        "--max-windows",
-        type=flags.positive_int,
-        default=None,
-        help="use N windows of each set, spread evenly over it (default: all)",
-    )
-    parser.add_argument(
-        "--per-layer",
-        action="store_true",
-        help="also apply every condition at each layer alone (audit.json per_layer; prefix reuse)",
-    )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    parser.add_argument("--seed", type=flags.seed, default=0, help="seeds the derangement, shuffles and bootstrap")
-    parser.add_argument(
-        "--batch-size",
-        type=flags.positive_int,
-        default=None,
-        help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
-    )
-    parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
-    parser.add_argument(
-        "--resamples", type=flags.positive_int, default=1000, help="bootstrap resamples of the intervals (default 1000)"
-    )
-    parser.add_argument(
-        "--latency-repeats",
-        type=flags.positive_int,
-        default=10,
-        help="timed forwards of the model and of its baseline (default 10; 1 for a quick check)",
-    )
-    controllers = parser.add_mutually_exclusive_group()
-    controllers.add_argument(
-        "--controllers",
-        default=None,
-        metavar="REGEX",
-        help="more controller modules of a foreign model, beside those found by themselves (MoE routers, "
-        "shared-expert gates, selective SSMs and gates): a regex over whole module paths inside the decoder "
-        "layers, each output a tensor",
-    )
-    controllers.add_argument(
-        "--only-controllers",
-        default=None,
-        metavar="REGEX",
-        help="like --controllers, but these modules alone are the controllers (the built-in kinds find none)",
-    )
-    parser.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="let a foreign checkpoint folder whose config needs its own code RUN THAT CODE",
-    )
-    parser.add_argument(
-        "--lock-wait",
-        type=flags.non_negative_float,
-        default=0.0,
-        metavar="SECONDS",
-        help="wait this long for another audit using the same cache or output folder (default 0: stop at once)",
-    )
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, with its errors (a bad flag value, a missing argument) one ``fca: error:`` line, exit 2, like
-    every other user error; ``--help`` still shows the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"fca: error: {self.prog}: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fca", description="Frozen-Controller Auditing workbench")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -264,38 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_kind.add_argument(
         "--hf-config", default=None, help="a transformers causal-LM config JSON (with model_type), e.g. mixtral"
     )
-    train.add_argument("--seed", type=flags.seed, default=0)
-    train.add_argument("--out", required=True, help="checkpoint folder (rerun to resume)")
-    train.add_argument("--train", default=None, help="training text (default: the shipped train split)")
-    train.add_argument("--layers", type=flags.positive_int, default=None, help="--arch only (default 4)")
-    train.add_argument("--width", type=flags.positive_int, default=None, help="--arch only (default 96)")
-    train.add_argument("--heads", type=flags.positive_int, default=None, help="--arch only (default 4)")
-    train.add_argument(
-        "--gate-groups", type=flags.positive_int, default=None, help="FeatureGate groups (default: heads)"
-    )
-    train.add_argument("--window", type=flags.window_size, default=256)
-    train.add_argument("--steps", type=flags.positive_int, default=300)
-    train.add_argument("--batch-size", type=flags.positive_int, default=16)
-    train.add_argument("--lr", type=flags.positive_float, default=3e-3)
-    train.add_argument("--save-every", type=flags.positive_int, default=100)
-    train.add_argument(
-        "--stop-after", type=flags.positive_int, default=None, help="stop (checkpointed) after N steps of this run"
-    )
-    train.add_argument("--device", default="cpu")
-    train.add_argument(
-        "--audit-every",
-        type=flags.positive_int,
-        default=None,
-        metavar="N",
-        help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv",
-    )
-    train.add_argument(
-        "--audit-windows",
-        type=flags.bounded(int),  # its range is the mini-audit's (2 windows up to what the texts give)
-        default=16,
-        metavar="M",
-        help="evenly spread eval and calibration windows per mini-audit (default 16)",
-    )
+    add_train_options(train)
     train.set_defaults(func=cmd_train)
 
     audit = commands.add_parser(
@@ -315,88 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     many.set_defaults(func=cmd_audit_many)
 
     dash = commands.add_parser("dashboard", help="serve the Panel dashboard (see README, Dashboard)")
-    dash.add_argument("--port", type=flags.port, default=5006)
-    dash.add_argument(
-        "--address",
-        default="127.0.0.1",
-        help="interface to listen on (default: this machine only; any other needs auth or --no-auth)",
-    )
-    dash.add_argument(
-        "--registry",
-        default=None,
-        help='JSON file {"name": "checkpoint folder", ...} (default: the shipped checkpoints)',
-    )
-    dash.add_argument(
-        "--allow-host",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="a name browsers may reach the server as, besides --address (repeatable); any other Host gets 403",
-    )
-    dash.add_argument(
-        "--allow-websocket-origin",
-        action="append",
-        default=None,
-        metavar="HOST[:PORT]",
-        help="a host browsers may reach the server as, and open its websocket from (repeatable)",
-    )
-    dash.add_argument("--num-threads", type=flags.positive_int, default=None, help="Panel's callback thread pool size")
-    dash.add_argument("--basic-auth", default=None, help=argparse.SUPPRESS)  # refused: visible in ps
-    dash.add_argument(
-        "--basic-auth-file",
-        default=None,
-        metavar="CREDENTIALS.json",
-        help='Panel basic auth: a JSON object {"user": "password", ...} (default: $FCA_BASIC_AUTH)',
-    )
-    dash.add_argument(
-        "--basic-auth-password-file",
-        default=None,
-        metavar="FILE",
-        help="Panel basic auth with one shared password (any user name): a file holding only that password",
-    )
-    dash.add_argument(
-        "--cookie-secret",
-        default=None,
-        help="secret that signs the login cookie, needed with auth (visible in ps: prefer the next)",
-    )
-    dash.add_argument(
-        "--cookie-secret-file",
-        default=None,
-        metavar="FILE",
-        help="a file holding the cookie secret (default: $FCA_COOKIE_SECRET)",
-    )
-    dash.add_argument(
-        "--no-auth",
-        action="store_true",
-        help="serve a non-loopback --address without authentication (anyone who reaches it may use it)",
-    )
-    dash.add_argument(
-        "--max-sessions",
-        type=flags.bounded(int),  # its range is ServedSettings' (shared with panel serve)
-        default=None,
-        help="sessions open at once; one more is shown a 'server is full' page (default 16, 0: no limit)",
-    )
-    dash.add_argument(
-        "--model-idle-seconds",
-        type=flags.bounded(float),  # its range is ServedSettings' (shared with panel serve)
-        default=None,
-        help="unload a checkpoint no session has used for this long (default 600, 0: never)",
-    )
-    dash.add_argument(
-        "--calibration-windows",
-        type=flags.positive_int,
-        default=None,
-        help="calibration windows for the static profiles (default: all)",
-    )
-    dash.add_argument(
-        "--torch-threads", type=flags.non_negative_int, default=1, help="torch intra-op threads (default 1)"
-    )
-    dash.add_argument(
-        "--results",
-        default="results",
-        metavar="DIR",
-        help="folder whose finished audits the results view lists; nothing outside it is read (default: results)",
-    )
+    add_dashboard_options(dash)
     dash.set_defaults(func=cmd_dashboard)
 
     reproduce = commands.add_parser(

@@ -31,11 +31,11 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench.audit.cache_lock import folder_lock, lock_path
-from fca_workbench.data.corpus import CORPUS_DIR, split_path
+from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream
 from fca_workbench.errors import UserError, first_line, one_line
-from fca_workbench.files import dumps_json, read_json, write_json
+from fca_workbench.files import read_json, write_json
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
@@ -44,6 +44,7 @@ from fca_workbench.models.limits import (
     check_sizes,
     parameters_on_meta,
 )
+from fca_workbench.train_card import model_card_markdown
 from fca_workbench.train_state import (  # TrainSettings, CHECKPOINT_FILES, STATE_FILE: also imported from here
     CHECKPOINT_FILES,
     LOG_FILE,
@@ -134,6 +135,7 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
             heads=settings.heads,
             window=settings.window,
             gate_groups=settings.gate_groups,
+            **gate_design(settings),
         )
     except (ValueError, ZeroDivisionError) as exc:  # the config classes refuse shapes they cannot build
         raise UserError(f"fca train's model config: {first_line(exc)}") from None
@@ -141,6 +143,11 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
     check_training_memory(lambda: model_class(config))
     torch.manual_seed(settings.seed)
     return model_class(config)
+
+
+def gate_design(settings: TrainSettings) -> dict[str, str]:
+    """The FeatureGate config fields the settings choose (only those given: the others keep the config's defaults)."""
+    return {k: v for k in ("gate_range", "gate_input") if (v := getattr(settings, k)) is not None}
 
 
 def lr_factor(step: int, settings: TrainSettings) -> float:
@@ -151,15 +158,35 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def parameter_groups(model: torch.nn.Module, settings: TrainSettings) -> list[dict]:
+    """AdamW's groups: weight decay on matrices only. The controllers' parameters get groups of their own when
+    their weight decay or learning rate differs from the model's (``--controller-weight-decay``,
+    ``--controller-lr-mult``); otherwise the two groups are those of every run before these options."""
+    own_decay = settings.controller_weight_decay
+    controllers = getattr(model, "controllers", []) if settings.arch else []
+    if (own_decay is not None or settings.controller_lr_mult != 1.0) and not controllers:
+        raise UserError(
+            f"--controller-weight-decay and --controller-lr-mult need a model with controllers; {settings.name} has none"
+        )
+    separate = (own_decay is not None and own_decay != settings.weight_decay) or settings.controller_lr_mult != 1.0
+    mine = [p for c in controllers for p in c.parameters()] if separate else []
+    rest = [p for p in model.parameters() if all(p is not q for q in mine)]
+    groups = [
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": settings.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    lr = settings.lr * settings.controller_lr_mult
+    for params, decay in ([p for p in mine if p.dim() >= 2], own_decay), ([p for p in mine if p.dim() < 2], 0.0):
+        if params:
+            groups.append(
+                {"params": params, "weight_decay": settings.weight_decay if decay is None else decay, "lr": lr}
+            )
+    return groups
+
+
 def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Optimizer, LRScheduler]:
-    """AdamW (no weight decay on biases and norms) with the warm-up and cosine schedule of ``lr_factor``."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lr,
-        betas=(0.9, 0.95),
-    )
+    """AdamW (``parameter_groups``) with the warm-up and cosine schedule of ``lr_factor``."""
+    optimizer = torch.optim.AdamW(parameter_groups(model, settings), lr=settings.lr, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
     return optimizer, scheduler
 
@@ -334,62 +361,3 @@ def finish(
     staging.rmdir()
     (out / STATE_FILE).unlink()
     return card
-
-
-def model_card_markdown(card: dict) -> str:
-    s = card["settings"]
-    audit_flags = (
-        f" --audit-every {s['audit_every']} --audit-windows {s['audit_windows']}" if s.get("audit_every") else ""
-    )
-    audit = card.get("audit")
-    audit_rows = (
-        []
-        if not audit
-        else [
-            f"| mini-audits (`audit_log.csv`: every {audit['every']} steps and at the end, {audit['windows']} windows) "
-            f"| {audit['audits']}, {audit['audit_seconds']} s = {100 * audit['fraction_of_training']:.1f}% of training time |"
-        ]
-    )
-    common = (
-        f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
-    )
-    if s["hf_config"] is None:
-        command = (
-            f"fca train --arch {s['arch']} --layers {s['layers']} --width {s['width']} --heads {s['heads']} {common}"
-            + (f" --gate-groups {s['gate_groups']}" if s["gate_groups"] else "")
-            + audit_flags
-            + " --out DIR"
-        )
-        std = card["within_layer_coefficient_std"]
-        std_text = "n/a (no controller)" if std is None else std
-        config_lines = []
-    else:
-        command = f"fca train --hf-config CONFIG.json {common}{audit_flags} --out DIR"
-        std_text = "not computed (transformers model)"
-        config_json = dumps_json(s["hf_config"]).decode().rstrip()
-        config_lines = ["", "where `CONFIG.json` holds", "", "```json", config_json, "```"]
-        aux = card.get("router_aux_loss_coef")
-        if aux is not None:
-            objective = f"Trained on next-token NLL + {aux} × the router load-balancing loss"
-            config_lines += ["", f"{objective}; the logged loss is the NLL."]
-    return "\n".join(
-        [
-            f"# {card['arch']} (seed {s['seed']})",
-            "",
-            f"Trained by the FCA workbench on the train split of `{CORPUS_DIR.name}/` (Shakespeare, split by work).",
-            "",
-            "| figure | value |",
-            "|---|---|",
-            f"| parameters | {card['params']:,} |",
-            f"| tokens seen | {card['tokens_seen']:,} |",
-            f"| final train loss (nats) | {card['final_train_loss']} |",
-            f"| eval NLL (nats, {card['eval_windows']} windows of {s['window']}) | {card['eval_nll']} |",
-            f"| within-(layer, slot) coefficient std | {std_text} |",
-            f"| training time (s, this machine) | {card['train_seconds']} |",
-            *audit_rows,
-            "",
-            f"Reproduce: `{command}`",
-            *config_lines,
-            "",
-        ]
-    )

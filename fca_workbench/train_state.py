@@ -6,6 +6,7 @@ refused before any work when the finished checkpoint would replace files this tr
 """
 
 import csv
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,12 +47,16 @@ class TrainSettings:
     width: int | None = 96
     heads: int | None = 4
     gate_groups: int | None = None
+    gate_range: str | None = None  # FeatureGate only (None: the config's default, 2sigmoid)
+    gate_input: str | None = None  # FeatureGate only (None: the config's default, normed)
     window: int = 256
     steps: int = 300
     batch_size: int = 16
     lr: float = 3e-3
     warmup: int = 50
     weight_decay: float = 0.1
+    controller_weight_decay: float | None = None  # the controllers' weights (None: weight_decay)
+    controller_lr_mult: float = 1.0  # the controllers' learning rate is lr times this
     save_every: int = 100
     eval_windows: int = 64
     device: str = "cpu"
@@ -63,6 +68,16 @@ class TrainSettings:
             raise UserError("give exactly one of --arch and --hf-config")
         if self.hf_config is not None:
             self.layers = self.width = self.heads = self.gate_groups = None
+        design = [k for k in ("gate_range", "gate_input") if getattr(self, k) is not None]
+        if design and self.arch != "featuregate":
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in design)
+            raise UserError(f"{flags} shape FeatureGate controllers; {self.name} has none")
+        if not (math.isfinite(self.controller_lr_mult) and self.controller_lr_mult > 0):
+            raise UserError(f"--controller-lr-mult must be a positive number, got {self.controller_lr_mult}")
+        if self.controller_weight_decay is not None and not (
+            math.isfinite(self.controller_weight_decay) and self.controller_weight_decay >= 0
+        ):
+            raise UserError(f"--controller-weight-decay must be 0 or more, got {self.controller_weight_decay}")
 
     @property
     def name(self) -> str:

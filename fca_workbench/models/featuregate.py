@@ -4,11 +4,18 @@ For block l with input h (per token): ``a = 2·sigmoid(W_l · rmsnorm(h) + b_l)`
 ``a[0]`` gates the attention branch and ``a[1]`` the MLP branch, each group covering ``d/G`` channels.
 ``W_l, b_l`` start at zero, so every gate starts at 1 and the untrained model equals Dense.
 
+Two config fields vary that design (the controller-design study, ``benchmarks/controller_design.py``):
+``gate_range`` (``GATE_RANGES``: ``2sigmoid`` as above, ``sigmoid`` in (0, 1), whose gates start at 0.5,
+``1+tanh`` in (0, 2)) and ``gate_input`` (``GATE_INPUTS``: ``normed`` as above, ``raw``: the residual ``h``
+itself, ``detached``: ``rmsnorm(h)`` cut from the graph, so no gradient reaches the hidden state through
+the controller).
+
 ``skip_threshold`` turns the model into the audit's positive control: tokens whose MLP gates all fall
 below it skip the MLP branch (gather/scatter), so the execution audit has a real saving to find.
 """
 
 import copy
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -21,20 +28,49 @@ from fca_workbench.models.dense import Block, DenseConfig, GPTBackbone
 
 BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` gate
 
+# The gate as a function of the controller's logits; each is 1 at logit 0 except ``sigmoid`` (0.5).
+GATE_RANGES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "2sigmoid": lambda logits: 2 * torch.sigmoid(logits),
+    "sigmoid": torch.sigmoid,
+    "1+tanh": lambda logits: 1 + torch.tanh(logits),
+}
+GATE_INPUTS = ("normed", "raw", "detached")  # what the controller reads of the block input h
+
 
 class FeatureGateConfig(DenseConfig):
     model_type = "fca-featuregate"
 
-    def __init__(self, gate_groups: int | None = None, skip_threshold: float | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        gate_groups: int | None = None,
+        skip_threshold: float | None = None,
+        gate_range: str = "2sigmoid",
+        gate_input: str = "normed",
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         self.gate_groups = gate_groups or self.n_head
         if self.n_embd % self.gate_groups:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by gate_groups={self.gate_groups}")
+        if gate_range not in GATE_RANGES:
+            raise ValueError(f"gate_range={gate_range!r}: choose from {', '.join(GATE_RANGES)}")
+        if gate_input not in GATE_INPUTS:
+            raise ValueError(f"gate_input={gate_input!r}: choose from {', '.join(GATE_INPUTS)}")
         self.skip_threshold = skip_threshold
+        self.gate_range = gate_range
+        self.gate_input = gate_input
 
     @classmethod
     def from_sizes(
-        cls, vocab_size: int, layers: int, width: int, heads: int, window: int, gate_groups: int | None = None
+        cls,
+        vocab_size: int,
+        layers: int,
+        width: int,
+        heads: int,
+        window: int,
+        gate_groups: int | None = None,
+        gate_range: str = "2sigmoid",
+        gate_input: str = "normed",
     ) -> "FeatureGateConfig":
         return cls(
             vocab_size=vocab_size,
@@ -43,21 +79,26 @@ class FeatureGateConfig(DenseConfig):
             n_head=heads,
             block_size=window,
             gate_groups=gate_groups,
+            gate_range=gate_range,
+            gate_input=gate_input,
         )
 
 
 class GateController(nn.Module):
-    """Reads the block input and emits its gates ``[B, T, 2, G]`` in (0, 2)."""
+    """Reads the block input (as ``gate_input`` says) and emits its gates ``[B, T, 2, G]`` in ``gate_range``."""
 
     def __init__(self, config: FeatureGateConfig):
         super().__init__()
         self.groups = config.gate_groups
+        self.gate = GATE_RANGES[config.gate_range]
+        self.input = config.gate_input
         self.proj = nn.Linear(config.n_embd, 2 * config.gate_groups)
-        self.proj.init_scale = 0.0  # type: ignore[assignment]  # read by ``_init_weights``: gates start at exactly 1
+        self.proj.init_scale = 0.0  # type: ignore[assignment]  # read by ``_init_weights``: logits start at 0
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.proj(F.rms_norm(h, (h.shape[-1],)))
-        return 2 * torch.sigmoid(logits).unflatten(-1, (2, self.groups))
+        if self.input != "raw":
+            h = F.rms_norm(h.detach() if self.input == "detached" else h, (h.shape[-1],))
+        return self.gate(self.proj(h)).unflatten(-1, (2, self.groups))
 
 
 def expand_groups(gate: torch.Tensor, width: int) -> torch.Tensor:

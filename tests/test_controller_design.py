@@ -1,0 +1,252 @@
+"""The controller-design options of ``fca train`` (issue 27) and the study that runs them.
+
+Each option trains for 2 steps, saves, reloads as the same variant, and audits; the default run still gives
+the weights today's trainer gave; ``benchmarks/controller_design.py`` runs, summarises and resumes.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_one_line_error, fca
+from safetensors.torch import load_file
+
+from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.cli import build_parser
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows, read_documents
+from fca_workbench.errors import UserError
+from fca_workbench.models import load_model
+from fca_workbench.models.featuregate import GATE_INPUTS, GATE_RANGES
+from fca_workbench.train import TrainSettings, build_model, coefficient_summary, parameter_groups, train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def small_text(tmp_path_factory):
+    """The first 40,000 characters of the calibration split (the text the expectation below was trained on)."""
+    path = tmp_path_factory.mktemp("text") / "small.txt"
+    path.write_text(read_documents(split_path("calibration"))[0][:40_000], encoding="utf-8")
+    return str(path)
+
+
+def two_steps(small_text, **overrides) -> TrainSettings:
+    fixed = dict(arch="featuregate", layers=2, width=32, heads=4, window=32, batch_size=8, lr=1e-2, warmup=5)
+    return TrainSettings(train_data=small_text, steps=2, save_every=10, eval_windows=4, **{**fixed, **overrides})
+
+
+def test_a_default_run_gives_the_weights_of_the_trainer_before_the_design_options(small_text, tmp_path):
+    """Figures of this 2-step run as the trainer gave them before the options existed (commit 1812562); the
+    same run with every option spelled out at its default value gives bit-identical weights."""
+    card = train(two_steps(small_text), tmp_path / "default")
+    weights = load_file(tmp_path / "default" / "model.safetensors")
+    rows = (tmp_path / "default" / "train_log.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[1] for row in rows] == ["8.31012", "8.26390"]
+    assert card["eval_nll"] == 8.1819
+    assert sum(w.double().sum().item() for w in weights.values()) == pytest.approx(151.5826297675996, rel=1e-6)
+    assert sum(w.double().pow(2).sum().item() for w in weights.values()) == pytest.approx(222.0229930350255, rel=1e-6)
+    controller = sum(w.double().abs().sum().item() for k, w in weights.items() if "controller" in k)
+    assert controller == pytest.approx(1.984679395915009, rel=1e-6)
+
+    spelled = two_steps(
+        small_text, gate_range="2sigmoid", gate_input="normed", controller_weight_decay=0.1, controller_lr_mult=1.0
+    )
+    train(spelled, tmp_path / "spelled")
+    again = load_file(tmp_path / "spelled" / "model.safetensors")
+    assert weights.keys() == again.keys() and all(torch.equal(weights[k], again[k]) for k in weights)
+
+
+OPTIONS = {
+    "range-sigmoid": dict(gate_range="sigmoid"),
+    "range-1tanh": dict(gate_range="1+tanh"),
+    "input-raw": dict(gate_input="raw"),
+    "input-detached": dict(gate_input="detached"),
+    "groups-per-channel": dict(gate_groups=32),  # the full width
+    "cwd-0": dict(controller_weight_decay=0.0),
+    "cwd-10x": dict(controller_weight_decay=1.0),
+    "clr-10": dict(controller_lr_mult=10.0),
+}
+
+
+def gates_by_hand(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Layer 0's gates from the weights and the config's formula, written out independently of the model."""
+    h = model.embed(input_ids)
+    config, proj = model.config, model.gated_blocks[0].controller.proj
+    x = h if config.gate_input == "raw" else h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + torch.finfo().eps)
+    z = x @ proj.weight.T + proj.bias
+    gate = {"2sigmoid": 2 / (1 + torch.exp(-z)), "sigmoid": 1 / (1 + torch.exp(-z)), "1+tanh": 1 + torch.tanh(z)}
+    return gate[config.gate_range].unflatten(-1, (2, config.gate_groups))
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_each_option_trains_saves_reloads_as_its_variant_and_audits(option, small_text, tmp_path):
+    settings = two_steps(small_text, **OPTIONS[option])
+    card = train(settings, tmp_path / "run")
+    assert card["settings"] | OPTIONS[option] == card["settings"]
+    model = load_model(tmp_path / "run").eval()
+    for field in ("gate_range", "gate_input", "gate_groups"):
+        if field in OPTIONS[option]:
+            assert getattr(model.config, field) == OPTIONS[option][field]
+    windows = load_windows(split_path("eval"), load_tokenizer(tmp_path / "run"), 32, 4)
+    nll, within_std = coefficient_summary(model, windows)  # the trained model's figures, from the reloaded one
+    assert (round(nll, 4), round(within_std, 4)) == (card["eval_nll"], card["within_layer_coefficient_std"])
+    with torch.no_grad():
+        out = model(windows[:2], return_coefficients=True)
+        torch.testing.assert_close(out.coefficients[0], gates_by_hand(model, windows[:2]))
+
+    audit = run_audit(
+        AuditSettings(str(tmp_path / "run"), max_windows=4, resamples=50, latency_repeats=1), tmp_path / "a"
+    )
+    groups = model.config.gate_groups
+    labels = [f"{branch} g{g}" for branch in ("attn", "mlp") for g in range(groups)]
+    assert audit["model"]["slot_labels"] == [labels, labels]
+    assert audit["model"]["controllers"] == ["h.0.controller", "h.1.controller"]
+    assert "layer_mean" in audit["retention"] and audit["variance"]["r2_layer"] is not None
+
+
+def test_untrained_gates_start_at_one_except_plain_sigmoid_at_a_half(small_text):
+    ids = torch.arange(16).unsqueeze(0)
+    for gate_range in GATE_RANGES:
+        model = build_model(two_steps(small_text, gate_range=gate_range), load_tokenizer())
+        gates = torch.cat(model(ids, return_coefficients=True).coefficients)
+        assert torch.all(gates == (0.5 if gate_range == "sigmoid" else 1.0)), gate_range
+
+
+def test_a_detached_controller_sends_no_gradient_into_the_hidden_state(small_text):
+    """With ``detached`` input, d(gates)/dh is zero; with ``normed`` and ``raw`` it is not."""
+    for gate_input in GATE_INPUTS:
+        model = build_model(two_steps(small_text, gate_input=gate_input), load_tokenizer())
+        controller = model.gated_blocks[0].controller
+        torch.nn.init.normal_(controller.proj.weight)
+        h = torch.randn(1, 4, 32, requires_grad=True)
+        controller(h).sum().backward()
+        reaches = h.grad is not None and bool(h.grad.abs().sum() > 0)
+        assert reaches == (gate_input != "detached"), gate_input
+        assert controller.proj.weight.grad.abs().sum() > 0  # the controller itself still learns
+
+
+def test_controller_optimizer_groups_carry_their_own_decay_and_learning_rate(small_text):
+    model = build_model(two_steps(small_text), load_tokenizer())
+    controller_ids = {id(p) for c in model.controllers for p in c.parameters()}
+    default = parameter_groups(model, two_steps(small_text))
+    assert [g["weight_decay"] for g in default] == [0.1, 0.0] and all("lr" not in g for g in default)
+
+    groups = parameter_groups(model, two_steps(small_text, controller_weight_decay=0.0, controller_lr_mult=10.0))
+    assert len(groups) == 4
+    assert {id(p) for g in groups[2:] for p in g["params"]} == controller_ids
+    assert not controller_ids & {id(p) for g in groups[:2] for p in g["params"]}
+    assert [(g["weight_decay"], g.get("lr")) for g in groups] == [(0.1, None), (0.0, None), (0.0, 0.1), (0.0, 0.1)]
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_muddpythia_controllers_take_the_optimizer_options_too(small_text, tmp_path):
+    settings = two_steps(small_text, arch="muddpythia", controller_weight_decay=0.0, controller_lr_mult=2.0)
+    model = build_model(settings, load_tokenizer())
+    groups = parameter_groups(model, settings)
+    assert {id(p) for g in groups[2:] for p in g["params"]} == {
+        id(p) for c in model.controllers for p in c.parameters()
+    }
+    assert all(g["lr"] == 0.02 for g in groups[2:])
+    card = train(settings, tmp_path / "run")
+    assert card["settings"]["controller_lr_mult"] == 2.0
+
+
+def test_the_cli_offers_exactly_the_model_choices():
+    actions = {a.dest: a for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions}
+    assert tuple(actions["gate_range"].choices) == tuple(GATE_RANGES)
+    assert tuple(actions["gate_input"].choices) == GATE_INPUTS
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--arch", "dense", "--gate-range", "sigmoid"], "--gate-range shape FeatureGate controllers; dense has none"),
+        (["--arch", "dense", "--controller-lr-mult", "2"], "need a model with controllers; dense has none"),
+        (["--arch", "featuregate", "--controller-lr-mult", "0"], "--controller-lr-mult must be a positive number"),
+        (["--arch", "featuregate", "--controller-weight-decay", "-1"], "--controller-weight-decay must be 0 or more"),
+        (["--arch", "featuregate", "--controller-weight-decay", "nan"], "--controller-weight-decay must be 0 or more"),
+        (["--arch", "featuregate", "--gate-groups", "5"], "not divisible by gate_groups=5"),
+    ],
+)
+def test_a_bad_design_option_is_one_line(flags, fragment, small_text, tmp_path):
+    result = fca("train", *flags, "--train", small_text, "--window", "32", "--steps", "2", "--out", tmp_path / "o")
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "o" / "config.json").exists()
+
+
+def test_hf_config_refuses_the_gate_flags(tmp_path):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"model_type": "llama"}))
+    result = fca("train", "--hf-config", config, "--gate-input", "raw", "--out", tmp_path / "o")
+    assert_one_line_error(result, "--gate-input shape --arch models")
+
+
+def test_the_model_card_names_the_variant(small_text, tmp_path):
+    train(two_steps(small_text, gate_range="sigmoid", controller_lr_mult=0.5), tmp_path / "run")
+    readme = (tmp_path / "run" / "README.md").read_text()
+    assert "--gate-range sigmoid --controller-lr-mult 0.5 --out DIR" in readme
+    assert "gates = sigmoid(z)" in readme and "gates start at 0.5" in readme
+    assert "learning rate 0.5 × the model's" in readme
+
+
+def load_study():
+    spec = importlib.util.spec_from_file_location("controller_design", ROOT / "benchmarks" / "controller_design.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_study_plan_puts_every_variant_of_seed_0_first_and_every_variant_parses():
+    study = load_study()
+    runs = study.plan()
+    assert len(runs) == 3 * len(study.VARIANTS)
+    assert [r.seed for r in runs] == sorted(r.seed for r in runs)
+    assert [r.variant for r in runs[: len(study.VARIANTS)]] == list(study.VARIANTS)
+    parser = build_parser()
+    for run in runs[: len(study.VARIANTS)]:
+        args = parser.parse_args(run.train_args(Path("/w")))
+        assert (args.steps, args.seed, args.arch) == (300, 0, "featuregate")
+
+
+def test_the_study_trains_audits_summarises_and_resumes(small_text, tmp_path, monkeypatch):
+    study = load_study()
+    tiny = ("--layers", "2", "--width", "32", "--window", "32", "--batch-size", "8", "--train", small_text)
+    runs = study.plan(
+        seeds=(0,), variants=("default", "combo"), steps=2, train_extra=tiny, audit_extra=("--max-windows", "4")
+    )
+    work, out = tmp_path / "work", tmp_path / "out"
+    assert study.study(runs, work, out) == []
+    for run in runs:
+        assert sorted(p.name for p in (out / run.name).iterdir()) == [
+            study.SUMMARY_FILE,
+            "model_card.json",
+            "train_log.csv",
+        ]
+        summary = json.loads((out / run.name / study.SUMMARY_FILE).read_text())
+        audit = json.loads((work / f"{run.name}-audit" / "audit.json").read_text())
+        assert summary["retention"] == audit["retention"] and summary["variance"] == audit["variance"]
+        assert summary["conditions"]["cross_input"] == audit["conditions"]["cross_input"]
+        assert summary["eval_nll"] == json.loads((out / run.name / "model_card.json").read_text())["eval_nll"]
+        assert summary["commands"]["train"].startswith("fca train --arch featuregate --seed 0 --steps 2")
+        assert not list((out / run.name).glob("*.safetensors"))
+    assert json.loads((out / "combo-s0" / "model_card.json").read_text())["settings"]["gate_input"] == "detached"
+    assert "2 of 2 runs done" in study.listing(runs, work, out)
+
+    (out / "combo-s0" / study.SUMMARY_FILE).unlink()  # audited, not summarised: summarised without rerunning fca
+    monkeypatch.setattr(study, "fca", lambda argv: pytest.fail(f"reran fca {argv}"))
+    assert study.status(runs[1], work, out) == "audited"
+    assert study.study(runs, work, out) == []
+    assert json.loads((out / "combo-s0" / study.SUMMARY_FILE).read_text())["audit_seconds"] is None
+
+
+@pytest.mark.parametrize("field, value", [("gate_range", "3sigmoid"), ("gate_input", "normal")])
+def test_a_checkpoint_with_an_unknown_design_is_refused_in_one_line(field, value, small_text, tmp_path):
+    build_model(two_steps(small_text), load_tokenizer()).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(UserError, match=f"config.json: {field}='{value}': choose from"):
+        load_model(tmp_path / "m")
