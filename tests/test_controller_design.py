@@ -167,7 +167,10 @@ def test_the_cli_offers_exactly_the_model_choices():
         (["--arch", "dense", "--gate-range", "sigmoid"], "--gate-range shape FeatureGate controllers; dense has none"),
         (["--arch", "dense", "--controller-lr-mult", "2"], "need a model with controllers; dense has none"),
         (["--arch", "featuregate", "--controller-lr-mult", "0"], "argument --controller-lr-mult: must be above 0"),
-        (["--arch", "featuregate", "--controller-weight-decay", "-1"], "argument --controller-weight-decay: must be at"),
+        (
+            ["--arch", "featuregate", "--controller-weight-decay", "-1"],
+            "argument --controller-weight-decay: must be at",
+        ),
         (["--arch", "featuregate", "--controller-weight-decay", "nan"], "--controller-weight-decay: expected a finite"),
         (["--arch", "featuregate", "--gate-groups", "5"], "not divisible by gate_groups=5"),
     ],

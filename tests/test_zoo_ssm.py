@@ -1,4 +1,4 @@
-"""The zoo of selective SSMs and gated models: every family of ``fca_workbench.adapters.selective.FAMILY_KINDS``
+"""The zoo of selective SSMs and gated models: every family of ``fca_workbench.adapters.selective.SELECTIVE_FAMILIES``
 built tiny from its config class (seeded, the project tokenizer's vocab), saved with ``save_pretrained`` and
 audited by the ``fca audit`` CLI with no controller flags; plus the ``--controllers`` / ``--only-controllers``
 flags and their refusals.
@@ -15,7 +15,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.selective import FAMILY_KINDS
+from fca_workbench.adapters.families import SELECTIVE_FAMILIES
 from fca_workbench.cli import main
 
 VOCAB = 4096  # the shipped tokenizer's
@@ -213,7 +213,7 @@ def test_every_family_audits_its_selective_controllers_with_no_flags(model_type,
     audit = cli_audit(folder, tmp_path / "audit")
     model = audit["model"]
     assert model["arch"] == model_type
-    assert set(model["controller_kinds"]) >= set(FAMILY_KINDS[model_type])
+    assert set(model["controller_kinds"]) >= set(SELECTIVE_FAMILIES[model_type])
     assert len(model["controller_kinds"]) == len(model["controllers"]) == len(model["slot_labels"])
     conditions = audit["conditions"]
     assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]  # bit-exact frozen replay
@@ -241,9 +241,9 @@ def test_every_selective_family_of_the_causal_lm_mapping_is_in_the_registry():
         source = inspect.getsource(inspect.getmodule(getattr(transformers, class_name)))
         if MARKERS.search(source):
             found.add(model_type)
-    assert sorted(found - set(FAMILY_KINDS)) == []
-    assert set(FAMILY_KINDS) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    assert set(ZOO) <= set(FAMILY_KINDS)
+    assert sorted(found - set(SELECTIVE_FAMILIES)) == []
+    assert set(SELECTIVE_FAMILIES) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    assert set(ZOO) <= set(SELECTIVE_FAMILIES)
 
 
 @pytest.fixture(scope="module")

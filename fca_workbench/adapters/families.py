@@ -1,9 +1,12 @@
-"""What transformers does not make uniform across its mixture-of-experts families, declared as data: per
-``model_type``, how its routers are named, which shape their output has, the routing step of a router that
-returns only logits, its zero-computation experts, and how its decoder layers are counted. ``FAMILIES`` lists every MoE ``model_type`` of transformers' causal-LM
-mapping (``tests/test_zoo_moe.py`` fails when transformers adds one it does not list); a family absent from
-it gets ``DEFAULT``: a ``gate`` or ``router`` child of a block that holds experts, returning
-``(router_logits, top_k_weights, top_k_index)``.
+"""What transformers does not make uniform across its dynamic families, declared as data.
+
+``FAMILIES``: per mixture-of-experts ``model_type``, how its routers are named, which shape their output has,
+the routing step of a router that returns only logits, its zero-computation experts, and how its decoder
+layers are counted. It lists every MoE ``model_type`` of transformers' causal-LM mapping
+(``tests/test_zoo_moe.py`` fails when transformers adds one it does not list); a family absent from it gets
+``DEFAULT``: a ``gate`` or ``router`` child of a block that holds experts, returning ``(router_logits,
+top_k_weights, top_k_index)``. ``SELECTIVE_FAMILIES``: the selective SSM and gate kinds each family has
+(``fca_workbench.adapters.selective`` finds them by role; ``tests/test_zoo_ssm.py`` checks each).
 """
 
 from dataclasses import dataclass
@@ -105,6 +108,53 @@ FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorted
 }
 
 
+# The kinds of selective SSMs and gates (``fca_workbench.adapters.selective`` finds them by role)
+SELECTIVE_SSM = "selective_ssm"  # Δ, B, C of a Mamba-style selective scan
+DELTA_RULE_GATE = "delta_rule_gate"  # the decay and β of a gated delta rule
+ATTENTION_OUTPUT_GATE = "attention_output_gate"  # a sigmoid gate on softmax attention's output
+LSTM_GATE = "lstm_gate"  # xLSTM's input and forget gate pre-activations
+CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
+ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
+SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
+DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (Inkling2)
+
+# The families whose controllers the roles of ``fca_workbench.adapters.selective`` find, with the kinds they
+# find (beside any MoE router): the zoo test builds each one and checks it; a family of transformers' causal-LM mapping whose code holds
+# a selective SSM or gate and is missing here fails the coverage test.
+SELECTIVE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "mamba": (SELECTIVE_SSM,),
+    "falcon_mamba": (SELECTIVE_SSM,),
+    "mamba2": (SELECTIVE_SSM,),
+    "bamba": (SELECTIVE_SSM,),
+    "falcon_h1": (SELECTIVE_SSM,),
+    "zamba": (SELECTIVE_SSM,),
+    "zamba2": (SELECTIVE_SSM,),
+    "nemotron_h": (SELECTIVE_SSM,),
+    "granitemoehybrid": (SELECTIVE_SSM,),
+    "jamba": (SELECTIVE_SSM,),
+    "qwen3_next": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5_moe": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "qwen3_5_moe_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "olmo_hybrid": (DELTA_RULE_GATE,),
+    "kimi_linear": (DELTA_RULE_GATE,),
+    "bailing_hybrid": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
+    "lara_mini": (DELTA_RULE_GATE,),
+    "qwen4_exp": (DELTA_RULE_GATE,),
+    "qwen4_exp_text": (DELTA_RULE_GATE,),
+    "inkling2_text": (ATTENTION_OUTPUT_GATE,),
+    "inkling2_loop_text": (ATTENTION_OUTPUT_GATE,),
+    "xlstm": (LSTM_GATE,),
+    "lfm2": (CONV_GATE,),
+    "lfm2_moe": (CONV_GATE,),
+    "lfm3": (CONV_GATE, ATTENTION_OUTPUT_GATE),
+    "recurrent_gemma": (SELECTIVE_GATE,),
+    "gemma3n": (ALTUP_ROUTER,),
+    "gemma3n_text": (ALTUP_ROUTER,),
+}
+
+
 def family_of(config: Any) -> Family:
     """The declared family of a model with this config, else ``DEFAULT``."""
     return FAMILIES.get(getattr(config, "model_type", ""), DEFAULT)
@@ -129,23 +179,27 @@ OUTPUT_SHAPES = {  # Family.output → what the router returns (the docs' table)
 
 
 def family_table() -> str:
-    """The Markdown table of ``FAMILIES`` (docs/guides/foreign-models.md holds it between ``<!-- families -->``
+    """The Markdown table of every declared family, ``FAMILIES`` (MoE routers) and ``SELECTIVE_FAMILIES``
+    (selective SSMs and gates) together (docs/guides/foreign-models.md holds it between ``<!-- families -->``
     markers; a test checks that the committed table is this one)."""
     rows = [
-        "| model_type | routers (child of the MoE block) | controller kind: router output | notes |",
-        "|---|---|---|---|",
+        "| model_type | MoE routers (child of the MoE block) | router output | selective SSM and gate kinds | notes |",
+        "|---|---|---|---|---|",
     ]
-    for model_type, family in sorted(FAMILIES.items()):
-        notes = []
-        if family.step:
-            notes.append(f"routing step `{family.step}` replaced with the router")
-        if family.zero_experts:
-            notes.append(f"zero-computation experts: `{family.zero_experts}`")
-        if family.layers:
-            notes.append(f"decoder layers counted by `{family.layers}`")
-        if family.fixed_k:
-            notes.append("static profiles replayed as their top-k")
-        routers = ", ".join(f"`{name}`" for name in family.router_names)
-        output = f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
-        rows.append(f"| `{model_type}` | {routers} | {output} | {'; '.join(notes)} |")
+    for model_type in sorted(set(FAMILIES) | set(SELECTIVE_FAMILIES)):
+        family, notes = FAMILIES.get(model_type), []
+        routers = output = ""
+        if family is not None:
+            if family.step:
+                notes.append(f"routing step `{family.step}` replaced with the router")
+            if family.zero_experts:
+                notes.append(f"zero-computation experts: `{family.zero_experts}`")
+            if family.layers:
+                notes.append(f"decoder layers counted by `{family.layers}`")
+            if family.fixed_k:
+                notes.append("static profiles replayed as their top-k")
+            routers = ", ".join(f"`{name}`" for name in family.router_names)
+            output = f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
+        selective = ", ".join(f"`{kind}`" for kind in SELECTIVE_FAMILIES.get(model_type, ()))
+        rows.append(f"| `{model_type}` | {routers} | {output} | {selective} | {'; '.join(notes)} |")
     return "\n".join(rows) + "\n"

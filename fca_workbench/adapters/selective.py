@@ -23,20 +23,22 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fca_workbench.adapters.families import (
+    ALTUP_ROUTER,
+    ATTENTION_OUTPUT_GATE,
+    CONV_GATE,
+    DELTA_RULE_GATE,
+    DYNAMIC_CONV,
+    LSTM_GATE,
+    SELECTIVE_FAMILIES,
+    SELECTIVE_GATE,
+    SELECTIVE_SSM,
+)
 from fca_workbench.adapters.kinds import ControllerKind
 from fca_workbench.adapters.protocol import COEFFICIENT
 from fca_workbench.errors import UserError
 
 Span = tuple[str, int, int]  # a labelled run of output columns: (label, start, stop)
-
-SELECTIVE_SSM = "selective_ssm"  # Δ, B, C of a Mamba-style selective scan
-DELTA_RULE_GATE = "delta_rule_gate"  # the decay and β of a gated delta rule
-ATTENTION_OUTPUT_GATE = "attention_output_gate"  # a sigmoid gate on softmax attention's output
-LSTM_GATE = "lstm_gate"  # xLSTM's input and forget gate pre-activations
-CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
-ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
-SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
-DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (Inkling2)
 
 
 def _never(name: str, module: nn.Module) -> bool:
@@ -347,47 +349,10 @@ ROLES: list[Role] = [
 ]
 
 
-# The families whose controllers the roles above find, with the kinds they find (beside any MoE router):
-# the zoo test builds each one and checks it; a family of transformers' causal-LM mapping whose code holds
-# a selective SSM or gate and is missing here fails the coverage test.
-FAMILY_KINDS: dict[str, tuple[str, ...]] = {
-    "mamba": (SELECTIVE_SSM,),
-    "falcon_mamba": (SELECTIVE_SSM,),
-    "mamba2": (SELECTIVE_SSM,),
-    "bamba": (SELECTIVE_SSM,),
-    "falcon_h1": (SELECTIVE_SSM,),
-    "zamba": (SELECTIVE_SSM,),
-    "zamba2": (SELECTIVE_SSM,),
-    "nemotron_h": (SELECTIVE_SSM,),
-    "granitemoehybrid": (SELECTIVE_SSM,),
-    "jamba": (SELECTIVE_SSM,),
-    "qwen3_next": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5_moe": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5_moe_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "olmo_hybrid": (DELTA_RULE_GATE,),
-    "kimi_linear": (DELTA_RULE_GATE,),
-    "bailing_hybrid": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "lara_mini": (DELTA_RULE_GATE,),
-    "qwen4_exp": (DELTA_RULE_GATE,),
-    "qwen4_exp_text": (DELTA_RULE_GATE,),
-    "inkling2_text": (ATTENTION_OUTPUT_GATE,),
-    "inkling2_loop_text": (ATTENTION_OUTPUT_GATE,),
-    "xlstm": (LSTM_GATE,),
-    "lfm2": (CONV_GATE,),
-    "lfm2_moe": (CONV_GATE,),
-    "lfm3": (CONV_GATE, ATTENTION_OUTPUT_GATE),
-    "recurrent_gemma": (SELECTIVE_GATE,),
-    "gemma3n": (ALTUP_ROUTER,),
-    "gemma3n_text": (ALTUP_ROUTER,),
-}
-
-
 def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:
     """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order. A gate held as a
     parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time. A
-    family of ``FAMILY_KINDS`` in which no role finds anything (a version of transformers that changed its
+    family of ``SELECTIVE_FAMILIES`` in which no role finds anything (a version of transformers that changed its
     modules) is a one-line error, never an audit that says it has no controller."""
     found = []
     for name, owner in model.named_modules():
@@ -395,9 +360,9 @@ def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, Contro
             for attr, module, kind in role(owner):
                 found.append((f"{name}.{attr}" if name else attr, module, kind))
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if not found and model_type in FAMILY_KINDS:
+    if not found and model_type in SELECTIVE_FAMILIES:
         raise UserError(
-            f"no {'/'.join(FAMILY_KINDS[model_type])} controller found in this {model_type} model (its modules are "
+            f"no {'/'.join(SELECTIVE_FAMILIES[model_type])} controller found in this {model_type} model (its modules are "
             "not the ones the adapter knows); name its controllers with --only-controllers REGEX"
         )
     return found

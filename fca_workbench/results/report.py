@@ -7,7 +7,7 @@ disagree with a verdict using the numbers beside it.
 import itertools
 import textwrap
 
-from fca_workbench.adapters.selective import DELTA_RULE_GATE, LSTM_GATE, SELECTIVE_GATE, SELECTIVE_SSM
+from fca_workbench.adapters.families import DELTA_RULE_GATE, LSTM_GATE, SELECTIVE_GATE, SELECTIVE_SSM
 
 # What a static profile (global_mean ... layer_position_mean) makes of a controller kind, where it is more
 # than "the controller without its input".
