@@ -43,6 +43,14 @@ def tiny_model(arch: str, seed: int = 0, **sizes):
     return model.eval()
 
 
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The project tokenizer (vocab 4096), which every tiny foreign model of the tests is saved with."""
+    from fca_workbench.data.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
 @pytest.fixture(params=sorted(FAMILIES))
 def arch(request):
     return request.param

@@ -34,11 +34,6 @@ from fca_workbench.results.layout import (
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
-
-
 def whole_windows(tokenizer, texts, window, max_windows=None):
     """Today's windows, computed the plain way: every document tokenized whole, EOS after each, cut into
     windows, ``max_windows`` of them at ``even_sample``'s indices."""

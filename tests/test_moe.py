@@ -106,26 +106,13 @@ def build(family: str, seed: int = 0, router_scale: float = 20.0, **overrides):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from fca_workbench.data.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-def save(model, folder, tokenizer):
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def ids():
     return torch.randint(1, VOCAB, (3, 12), generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_family_replays_correct_bit_exactly_without_running_a_router(family, ids, tmp_path, tokenizer):
-    controlled = load_controlled(save(build(family), tmp_path / family, tokenizer))
+    controlled = load_controlled(zoo.save(build(family), tmp_path / family, tokenizer))
     assert isinstance(controlled, TransformersControlled) and controlled.arch == family
     assert len(controlled.controller_names) == EXPECTED_CONTROLLERS.get(family, 2)
     with torch.no_grad():
@@ -177,7 +164,7 @@ def audit(folder, tmp_path, **settings):
 
 
 def test_constant_routing_costs_nothing_and_counts_k_over_e(tmp_path, tokenizer):
-    result = audit(save(build("mixtral", router_scale=0.0), tmp_path / "m", tokenizer), tmp_path)
+    result = audit(zoo.save(build("mixtral", router_scale=0.0), tmp_path / "m", tokenizer), tmp_path)
     conditions = result["conditions"]
     assert "layer_mean_topk" in conditions
     for name in ("cross_input", "token_shuffle", "layer_mean", "layer_mean_topk"):
@@ -193,7 +180,7 @@ def test_constant_routing_costs_nothing_and_counts_k_over_e(tmp_path, tokenizer)
 
 
 def test_routed_audit_is_input_dependent_and_k_over_e(tmp_path, tokenizer):
-    result = audit(save(build("olmoe"), tmp_path / "o", tokenizer), tmp_path)
+    result = audit(zoo.save(build("olmoe"), tmp_path / "o", tokenizer), tmp_path)
     assert result["model"]["arch"] == "olmoe"
     assert result["conditions"]["correct"]["delta"] == 0.0
     # an untrained model's mean ΔNLL may fall either side of 0; per token, reassignment must move the NLL
@@ -210,7 +197,7 @@ def test_correct_replay_through_the_cache_equals_the_live_nll(tmp_path, tokenize
     """capture → shards → ConditionCoefficients → replay_run: the whole router output round-trips bit-exactly."""
     from fca_workbench.audit.capture import capture
 
-    controlled = load_controlled(save(build("qwen2_moe"), tmp_path / "q", tokenizer))
+    controlled = load_controlled(zoo.save(build("qwen2_moe"), tmp_path / "q", tokenizer))
     windows = torch.randint(1, VOCAB, (4, 10), generator=torch.Generator().manual_seed(2))
     cache = capture(controlled, windows, tmp_path / "cache", batch_size=2)
     values = ConditionCoefficients("correct", cache).values(torch.arange(2))
@@ -223,7 +210,7 @@ def test_correct_replay_through_the_cache_equals_the_live_nll(tmp_path, tokenize
 def test_controllers_regex_on_a_plain_gating_module(ids, tmp_path, tokenizer):
     torch.manual_seed(0)
     llama = T.LlamaForCausalLM(T.LlamaConfig(**COMMON, intermediate_size=32)).eval()
-    folder = save(llama, tmp_path / "llama", tokenizer)
+    folder = zoo.save(llama, tmp_path / "llama", tokenizer)
     assert load_controlled(folder).controller_names == []  # no built-in kind: a model without controllers
     controlled = load_controlled(folder, controllers=r"model\.layers\.\d+\.mlp\.gate_proj")
     assert controlled.controller_names == ["model.layers.0.mlp.gate_proj", "model.layers.1.mlp.gate_proj"]
@@ -242,7 +229,7 @@ def one_line(excinfo) -> str:
 
 
 def test_refusals(tmp_path, tokenizer):
-    folder = save(build("mixtral"), tmp_path / "m", tokenizer)
+    folder = zoo.save(build("mixtral"), tmp_path / "m", tokenizer)
     with pytest.raises(UserError) as excinfo:
         load_controlled(folder, controllers=r"no\.such\.module")
     assert "matches no module" in one_line(excinfo)
@@ -279,7 +266,9 @@ def test_a_registered_kind_finds_the_controllers_of_a_model_class_of_ones_own(id
     monkeypatch.setattr(kinds, "KINDS", list(kinds.KINDS))
     monkeypatch.setattr("fca_workbench.adapters.hf.KINDS", kinds.KINDS)
     torch.manual_seed(0)
-    folder = save(T.LlamaForCausalLM(T.LlamaConfig(**COMMON, intermediate_size=32)).eval(), tmp_path / "l", tokenizer)
+    folder = zoo.save(
+        T.LlamaForCausalLM(T.LlamaConfig(**COMMON, intermediate_size=32)).eval(), tmp_path / "l", tokenizer
+    )
     register_kind(tensor_kind(r"model\.layers\.\d+\.mlp\.up_proj"))
     controlled = load_controlled(folder)
     assert controlled.controller_names == ["model.layers.0.mlp.up_proj", "model.layers.1.mlp.up_proj"]
@@ -423,12 +412,12 @@ def test_a_causal_lm_outside_the_auto_mapping_loads_and_an_encoder_decoder_is_re
     LM, the second as its image-text-to-text model run on text alone; Switch Transformers is refused."""
     torch.manual_seed(0)
     mistral4 = T.Mistral4ForCausalLM._from_config(zoo.tiny_config("mistral4"))
-    controlled = load_controlled(save(mistral4, tmp_path / "m4", tokenizer))
+    controlled = load_controlled(zoo.save(mistral4, tmp_path / "m4", tokenizer))
     assert type(controlled.model).__name__ == "Mistral4ForCausalLM" and controlled.controller_names
     vision = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
     config = T.Qwen3VLMoeConfig(text_config=zoo.tiny_config("qwen3_vl_moe_text").to_dict(), vision_config=vision)
     torch.manual_seed(0)
-    multimodal = load_controlled(save(T.Qwen3VLMoeForConditionalGeneration(config), tmp_path / "vl", tokenizer))
+    multimodal = load_controlled(zoo.save(T.Qwen3VLMoeForConditionalGeneration(config), tmp_path / "vl", tokenizer))
     assert multimodal.controller_names == [f"model.language_model.layers.{i}.mlp.gate" for i in range(2)]
     with torch.no_grad():
         logits, values = multimodal.capture_run(ids)
@@ -438,7 +427,7 @@ def test_a_causal_lm_outside_the_auto_mapping_loads_and_an_encoder_decoder_is_re
     )
     switch = T.SwitchTransformersForConditionalGeneration(switch_config)
     with pytest.raises(UserError) as excinfo:
-        load_controlled(save(switch, tmp_path / "switch", tokenizer))
+        load_controlled(zoo.save(switch, tmp_path / "switch", tokenizer))
     assert "encoder-decoder" in one_line(excinfo)
 
 

@@ -25,13 +25,6 @@ AUDITED = sorted(set(zoo.moe_model_types()) - set(COVERED_BY))
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from fca_workbench.data.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def texts(tmp_path_factory) -> list[str]:
     """``--eval`` and ``--calib`` files: the start of the shipped splits (tokenizing whole splits would
     cost more than auditing a tiny model)."""

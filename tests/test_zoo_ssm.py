@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 import transformers as T
+import zoo
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench import load_audit
@@ -189,19 +190,6 @@ def build(model_type: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from fca_workbench.data.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-def save(model, folder, tokenizer):
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def cli_audit(folder, out, *flags: str) -> dict:
     assert main(["audit", str(folder), "--max-windows", "2", "--window", "32", "--out", str(out), *flags]) == 0
     return json.loads((out / "audit.json").read_text())
@@ -209,7 +197,7 @@ def cli_audit(folder, out, *flags: str) -> dict:
 
 @pytest.mark.parametrize("model_type", sorted(ZOO))
 def test_every_family_audits_its_selective_controllers_with_no_flags(model_type, tmp_path, tokenizer):
-    folder = save(build(model_type), tmp_path / model_type, tokenizer)
+    folder = zoo.save(build(model_type), tmp_path / model_type, tokenizer)
     audit = cli_audit(folder, tmp_path / "audit")
     model = audit["model"]
     assert model["arch"] == model_type
@@ -248,7 +236,7 @@ def test_every_selective_family_of_the_causal_lm_mapping_is_in_the_registry():
 
 @pytest.fixture(scope="module")
 def mamba2_folder(tmp_path_factory, tokenizer):
-    return save(build("mamba2"), tmp_path_factory.mktemp("mamba2") / "m", tokenizer)
+    return zoo.save(build("mamba2"), tmp_path_factory.mktemp("mamba2") / "m", tokenizer)
 
 
 @pytest.fixture(scope="module")
