@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, schema_problem
@@ -183,7 +183,7 @@ def read_design_study(folder: str | Path | None = None) -> DesignStudy:
     return DesignStudy(folder, runs, skipped)
 
 
-def _figure(run: dict, path: str) -> object:
+def _figure(run: dict, path: str) -> Any:
     return functools.reduce(lambda tree, key: tree[key], path.split("."), run)
 
 
