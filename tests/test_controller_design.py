@@ -399,6 +399,11 @@ def another_runs_summary(run):
     shutil.copy(run.parent / "default-s0" / "audit_summary.json", run / "audit_summary.json")
 
 
+def another_eval_nll(run):
+    card = json.loads((run / "model_card.json").read_text())
+    (run / "model_card.json").write_text(json.dumps({**card, "eval_nll": card["eval_nll"] + 0.5}))
+
+
 def a_link_outside(run):
     outside = run.parent.parent / "elsewhere.json"
     (run / "audit_summary.json").rename(outside)
@@ -413,6 +418,7 @@ def a_link_outside(run):
         (no_cross_input, "is not a study audit_summary.json: conditions: 'cross_input' is a required property"),
         (three_bounds, "retention.layer_mean.ci95: [0.1, 0.2, 0.3] is too long"),
         (another_runs_summary, "cwd-0-s0: its audit_summary.json is the run default-s0, not cwd-0-s0"),
+        (another_eval_nll, "cwd-0-s0: its audit_summary.json has eval_nll 5.0346, its model_card.json 5.5346"),
         (a_link_outside, "points outside the folder"),
     ],
     ids=lambda v: getattr(v, "__name__", ""),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fca_workbench.errors import UserError
+from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import read_json, schema_problem
 from fca_workbench.resources import inside_folder, shipped
 from fca_workbench.results.audit_tables import seed_summary
@@ -152,12 +152,17 @@ def _read_checked(folder: Path, run: str, name: str, schema: dict) -> dict:
 
 def read_run(folder: Path, run: str) -> dict:
     """One run's summary with its card under ``card``; a one-line ``UserError`` when either is missing or broken,
-    or the folder's name is not the run its summary names (a copied folder would count a seed twice)."""
+    or the folder's name is not the run its summary names (a copied folder would count a seed twice), or the two
+    disagree on the eval NLL."""
     summary = _read_checked(folder, run, STUDY_SUMMARY_FILE, summary_schema())
     card = _read_checked(folder, run, MODEL_CARD_FILE, CARD_SCHEMA)
     named = f"{summary['variant']}-s{summary['seed']}"
     if named != run:
         raise UserError(f"its {STUDY_SUMMARY_FILE} is the run {named}, not {run}")
+    if summary["eval_nll"] != card["eval_nll"]:
+        raise UserError(
+            f"its {STUDY_SUMMARY_FILE} has eval_nll {summary['eval_nll']}, its {MODEL_CARD_FILE} {card['eval_nll']}"
+        )
     return {**summary, "card": card}
 
 
@@ -168,8 +173,12 @@ def read_design_study(folder: str | Path | None = None) -> DesignStudy:
     folder = Path(folder) if folder else STUDY_DIR
     if not folder.is_dir():
         raise UserError(f"study folder not found: {folder}")
+    try:
+        names = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError as exc:
+        raise UserError(f"cannot list the study folder {folder}: {exc.strerror or first_line(exc)}") from None
     runs, skipped = [], []
-    for run in sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for run in names:
         try:
             runs.append(read_run(folder, run))
         except UserError as exc:
