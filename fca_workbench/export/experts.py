@@ -1,0 +1,84 @@
+"""Mixture-of-experts models with a static routing profile folded into their experts.
+
+Under a static profile the audit's replay (``kinds._router_output``) runs, in each MoE block, every expert
+whose gate is nonzero, weighted by that gate, for every token: ``Σ_e w_e · expert_e(h)``. The exported model
+is the same family with ``num_experts = K`` (the most experts a layer keeps) and ``num_experts_per_tok = K``:
+its routers' weights are zero, so every token's softmax gives each of the K experts ``1/K`` (renormalised
+or not), and ``K · w_e`` is folded into expert e's down projection; a layer keeping fewer experts than K is
+padded with silent ones (zero weights). ``layer_mean_topk`` keeps k experts a layer (k/E of the expert
+compute); ``layer_mean`` keeps every routed one (exact, no saving).
+
+Only families whose router is a bare ``weight [E, hidden]`` followed by softmax and top-k, and whose experts
+are the fused ``gate_up_proj [E, 2I, hidden]`` / ``down_proj [E, hidden, I]`` without biases, are folded
+(``FOLDABLE``); others, and models with controllers other than their routers, are refused in one line.
+"""
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fca_workbench.adapters.hf import TransformersControlled
+from fca_workbench.adapters.routers import find_routers
+from fca_workbench.errors import UserError
+
+# model_type → the config field counting its routed experts (/work/shared/moe-routing.md: softmax → top-k)
+FOLDABLE = {"mixtral": "num_local_experts", "olmoe": "num_experts", "qwen3_moe": "num_experts"}
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def check_foldable(controlled: TransformersControlled) -> None:
+    """Refuse, in one line, a foreign model whose static profile this module cannot fold exactly."""
+    model_type = controlled.arch
+    if model_type not in FOLDABLE:
+        kinds = ", ".join(sorted({kind.name for kind in controlled.kinds})) or "none"
+        raise UserError(
+            f"fca export folds the routers of {', '.join(sorted(FOLDABLE))} and the workbench families; "
+            f"a {model_type} model (controllers: {kinds}) is not supported"
+        )
+    routers = find_routers(controlled.model)
+    others = [name for name in controlled.controller_names if name not in routers]
+    if others:
+        raise UserError(f"controller {others[0]} is not an MoE router; fca export folds routers only")
+    for name in routers:
+        block = controlled.model.get_submodule(name.rpartition(".")[0])
+        router, experts = block.get_submodule(name.rpartition(".")[2]), getattr(block, "experts", None)
+        if [n for n, _ in router.named_parameters()] != ["weight"] or experts is None:
+            raise UserError(f"router {name} is not a bare weight beside its experts; fca export cannot fold it")
+        if sorted(n for n, _ in experts.named_parameters()) != sorted(EXPERT_WEIGHTS):
+            raise UserError(f"the experts beside {name} are not fused gate_up_proj/down_proj; cannot fold them")
+
+
+def kept_experts(gates: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+    """Per router, the experts its static gate ``[E]`` runs (nonzero, as the replay's static mixture), and K,
+    the most any router keeps."""
+    kept = [gate.nonzero().squeeze(1) for gate in gates]
+    return kept, max(1, max(len(k) for k in kept))
+
+
+def fold_routers(controlled: TransformersControlled, gates: list[torch.Tensor]) -> nn.Module:
+    """The model's family with K experts per MoE block, every one taken by every token (zero router weights),
+    each expert's down projection scaled by ``K · w_e``; the rest of the weights as they are."""
+    model: Any = controlled.model
+    kept, k = kept_experts(gates)
+    fields = model.config.to_dict()
+    fields[FOLDABLE[controlled.arch]] = k
+    fields["num_experts_per_tok"] = k
+    config = type(model.config)(**fields)
+    state = dict(model.state_dict())
+    for name, gate, experts in zip(controlled.controller_names, gates, kept):
+        block = name.rpartition(".")[0]
+        weight = state[f"{name}.weight"]
+        state[f"{name}.weight"] = torch.zeros(k, weight.shape[1], dtype=weight.dtype)
+        scale = (gate[experts] * k).to(weight.dtype)
+        gate_up, down = (state[f"{block}.experts.{w}"] for w in EXPERT_WEIGHTS)
+        state[f"{block}.experts.gate_up_proj"] = padded(gate_up[experts], k)
+        state[f"{block}.experts.down_proj"] = padded(down[experts] * scale[:, None, None], k)
+    folded = type(model)(config)
+    folded.load_state_dict(state, strict=True)
+    return folded.to(weight.dtype).eval()
+
+
+def padded(weights: torch.Tensor, k: int) -> torch.Tensor:
+    """``weights [n, ...]`` with ``k - n`` silent (all-zero) experts after them."""
+    return torch.cat([weights, weights.new_zeros(k - len(weights), *weights.shape[1:])]).contiguous()
