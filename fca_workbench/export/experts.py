@@ -13,6 +13,7 @@ are the fused ``gate_up_proj [E, 2I, hidden]`` / ``down_proj [E, hidden, I]`` wi
 (``FOLDABLE``); others, and models with controllers other than their routers, are refused in one line.
 """
 
+import copy
 from typing import Any
 
 import torch
@@ -61,10 +62,9 @@ def fold_routers(controlled: TransformersControlled, gates: list[torch.Tensor]) 
     each expert's down projection scaled by ``K · w_e``; the rest of the weights as they are."""
     model: Any = controlled.model
     kept, k = kept_experts(gates)
-    fields = model.config.to_dict()
-    fields[FOLDABLE[controlled.arch]] = k
-    fields["num_experts_per_tok"] = k
-    config = type(model.config)(**fields)
+    config = copy.deepcopy(model.config)
+    setattr(config, FOLDABLE[controlled.arch], k)  # through the config's attribute_map, where it has one
+    config.num_experts_per_tok = k
     state = dict(model.state_dict())
     for name, gate, experts in zip(controlled.controller_names, gates, kept):
         block = name.rpartition(".")[0]
