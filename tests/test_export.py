@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import zoo
-from conftest import assert_one_line_error, fca
+from conftest import assert_one_line_error, fca, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -22,6 +22,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.errors import UserError
 from fca_workbench.export import export_static
+from fca_workbench.export.native import featuregate_to_gpt2
 from fca_workbench.files import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
@@ -196,3 +197,19 @@ def test_models_it_cannot_fold_are_refused(checkpoint, words, tmp_path):
     with pytest.raises(UserError, match=words):
         export_static(checkpoints_dir() / checkpoint, "layer_mean", tmp_path / "out", max_windows=1)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("threshold", [None, 0.0, 10.0], ids=["no-skip", "below-every-gate", "above-every-gate"])
+def test_featuregate_fold_equals_the_replay_of_constant_gates(threshold):
+    """The GPT-2 of ``featuregate_to_gpt2`` against FeatureGate's own replay of the same constant gates,
+    with the positive control's ``skip_threshold`` (an MLP whose gates all fall below it is skipped)."""
+    model = tiny_model("featuregate")
+    model.config.skip_threshold = threshold
+    gates = [torch.rand(2, model.config.gate_groups, generator=torch.Generator().manual_seed(i)) * 2 for i in range(2)]
+    ids = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        replayed = model(ids, coefficients=[g.expand(3, 16, *g.shape) for g in gates]).logits
+        folded = featuregate_to_gpt2(model, gates)(ids).logits
+    assert torch.allclose(folded, replayed, atol=1e-5, rtol=0)
+    if threshold == 10.0:  # every MLP skipped: the folded MLP projections are zero
+        assert not featuregate_to_gpt2(model, gates).transformer.h[0].mlp.c_proj.weight.any()

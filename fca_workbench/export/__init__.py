@@ -10,7 +10,7 @@ replay of that profile computes, so its NLL on the audit's eval windows is the a
 from pathlib import Path
 from typing import Any, cast
 
-from torch import nn
+from transformers import PreTrainedModel
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
@@ -96,7 +96,7 @@ def check_exportable(model: ControlledModel) -> None:
         raise UserError(f"fca export does not fold a {model.arch} model's controllers")
 
 
-def folded(model: ControlledModel, coefficients: list) -> nn.Module:
+def folded(model: ControlledModel, coefficients: list) -> PreTrainedModel:
     """The model with its static coefficients folded in, by family."""
     if isinstance(model, FeatureGateForCausalLM):
         return featuregate_to_gpt2(model, coefficients)

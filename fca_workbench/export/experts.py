@@ -17,7 +17,7 @@ import copy
 from typing import Any
 
 import torch
-from torch import nn
+from transformers import PreTrainedModel
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.routers import find_routers
@@ -57,7 +57,7 @@ def kept_experts(gates: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
     return kept, max(1, max(len(k) for k in kept))
 
 
-def fold_routers(controlled: TransformersControlled, gates: list[torch.Tensor]) -> nn.Module:
+def fold_routers(controlled: TransformersControlled, gates: list[torch.Tensor]) -> PreTrainedModel:
     """The model's family with K experts per MoE block, every one taken by every token (zero router weights),
     each expert's down projection scaled by ``K · w_e``; the rest of the weights as they are."""
     model: Any = controlled.model
