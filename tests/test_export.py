@@ -110,7 +110,11 @@ def test_calibration_text_gives_the_audits_profile(name, checkpoints, audits, te
 
 
 def test_featuregate_exports_a_gpt2_that_loads_without_the_workbench(checkpoints, audits, tmp_path):
-    out = export_static(checkpoints["featuregate"], "layer_mean", tmp_path / "gpt2", audit=audits["featuregate"])
+    out = tmp_path / "gpt2"
+    result = fca(
+        "export", checkpoints["featuregate"], "--profile", "layer_mean", "--audit", audits["featuregate"], "--out", out
+    )
+    assert result.returncode == 0 and f"wrote {out}" in result.stdout, result.stderr
     assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
     ids = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(0))
     script = (
