@@ -41,8 +41,9 @@ How faithfulness to the reference was matched (read line by line, then re-writte
   written functional form (complex-number rotary, einsum mixing) and checks the logits agree.
 
 Deviations, all outside the numerics of a full-window forward: no KV/layer caches or ``generate`` (the
-workbench scores whole windows); only the configuration the checkpoints use is built (dense, dynamic,
-``dense_type='qkvr'``, separate stream norms, unstacked hiddens), and others are refused in the config;
+workbench scores whole windows); only the configuration the checkpoints use is built (dense, dynamic, or
+static for ``fca export``; ``dense_type='qkvr'``, separate stream norms, unstacked hiddens), and others are
+refused in the config;
 the rotary table is built lazily per device instead of in ``setup_caches``; ``_init_weights`` gives a
 from-scratch init (the reference is inference-only): controllers as in the official JAX trainer (``w1``
 fan-in normal, ``w2`` zero, ``dense_bs`` one-hot on the newest layer, so training starts as a plain Pythia).
