@@ -17,11 +17,13 @@ from conftest import assert_one_line_error, fca, tiny_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from fca_workbench.adapters import COEFFICIENT, TransformersControlled
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.errors import UserError
 from fca_workbench.export import export_static
+from fca_workbench.export.experts import fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2
 from fca_workbench.files import fingerprint_tensor
 from fca_workbench.models import next_token_nll
@@ -217,3 +219,17 @@ def test_featuregate_fold_equals_the_replay_of_constant_gates(threshold):
     assert torch.allclose(folded, replayed, atol=1e-5, rtol=0)
     if threshold == 10.0:  # every MLP skipped: the folded MLP projections are zero
         assert not featuregate_to_gpt2(model, gates).transformer.h[0].mlp.c_proj.weight.any()
+
+
+def test_layers_keeping_fewer_experts_are_padded_with_silent_ones():
+    """Static gates that keep 3 experts at one layer and 1 at the other: K = 3, the second layer padded with
+    two all-zero experts; logits as the replay's static mixture of the same gates."""
+    controlled = TransformersControlled(zoo.build("mixtral"))
+    gates = [torch.tensor([0.5, 0.0, 0.3, 0.2]), torch.tensor([0.0, 0.7, 0.0, 0.0])]
+    folded = fold_routers(controlled, gates)
+    assert folded.config.num_local_experts == folded.config.num_experts_per_tok == 3
+    assert not folded.model.layers[1].mlp.experts.down_proj[1:].any()
+    ids = torch.randint(0, 4096, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        replayed = controlled.replay_run(ids, [{COEFFICIENT: g.expand(2, 16, 4)} for g in gates])
+        assert torch.allclose(folded(ids).logits, replayed, atol=1e-5, rtol=0)
