@@ -233,3 +233,23 @@ def test_layers_keeping_fewer_experts_are_padded_with_silent_ones():
     with torch.no_grad():
         replayed = controlled.replay_run(ids, [{COEFFICIENT: g.expand(2, 16, 4)} for g in gates])
         assert torch.allclose(folded(ids).logits, replayed, atol=1e-5, rtol=0)
+
+
+def test_a_shared_expert_gate_is_folded_into_its_shared_expert():
+    """Qwen2-MoE: a router and a shared-expert gate per block; their static values folded, the logits are the
+    replay's (the router's static mixture, sigmoid of the gate's constant logit on the shared expert)."""
+    controlled = TransformersControlled(zoo.build("qwen2_moe"))
+    generator = torch.Generator().manual_seed(0)
+    static = [
+        torch.tensor([0.6, 0.0, 0.4, 0.0]) if shape == (4,) else torch.randn(shape, generator=generator)
+        for shape in controlled.coefficient_slot_shapes
+    ]
+    assert sorted(set(controlled.coefficient_slot_shapes)) == [(1,), (4,)]
+    before = {k: v.clone() for k, v in controlled.model.state_dict().items()}
+    folded = fold_routers(controlled, static)
+    assert all(torch.equal(v, controlled.model.state_dict()[k]) for k, v in before.items())  # source untouched
+    assert folded.config.num_experts == 2 and not folded.model.layers[0].mlp.shared_expert_gate.weight.any()
+    ids = torch.randint(0, 4096, (2, 16), generator=generator)
+    with torch.no_grad():
+        values = [{COEFFICIENT: c.expand(2, 16, *c.shape)} for c in static]
+        assert torch.allclose(folded(ids).logits, controlled.replay_run(ids, values), atol=1e-5, rtol=0)

@@ -18,7 +18,7 @@ from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.run import AuditSettings, load_audit_model
 from fca_workbench.errors import UserError
 from fca_workbench.export.card import CARD_JSON, export_card_markdown
-from fca_workbench.export.experts import check_foldable, fold_routers, kept_experts
+from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2, muddpythia_static
 from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile, static_coefficients
 from fca_workbench.files import atomic_folder, write_atomic, write_json
@@ -71,7 +71,7 @@ def export_static(
     coefficients = static_coefficients(source, list(model.coefficient_slot_shapes))
     exported = folded(model, coefficients)
     line = command(checkpoint, profile, out, audit, calib, max_windows)
-    card = export_card(model, exported, source, coefficients, checkpoint, seed, line)
+    card = export_card(model, exported, source, checkpoint, seed, line)
     with atomic_folder(out) as folder:
         exported.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -116,7 +116,6 @@ def export_card(
     model: ControlledModel,
     exported: Any,
     source: ProfileSource,
-    coefficients: list,
     checkpoint: str | Path,
     seed: int,
     line: str,
@@ -138,5 +137,5 @@ def export_card(
         "command": line,
     }
     if isinstance(model, TransformersControlled):
-        card["experts"] = {"kept": kept_experts(coefficients)[1], "source": int(coefficients[0].shape[-1])}
+        card["experts"] = expert_counts(model, exported)
     return card

@@ -10,13 +10,15 @@ compute); ``layer_mean`` keeps every routed one (exact, no saving).
 
 Only families whose router is a bare ``weight [E, hidden]`` followed by softmax and top-k, and whose experts
 are the fused ``gate_up_proj [E, 2I, hidden]`` / ``down_proj [E, hidden, I]`` without biases, are folded
-(``FOLDABLE``); others, and models with controllers other than their routers, are refused in one line.
+(``FOLDABLE``), with Qwen2-MoE's shared-expert gate (a constant sigmoid on the shared expert); others, and
+models with any other controller, are refused in one line.
 """
 
 import copy
 from typing import Any
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from fca_workbench.adapters.hf import TransformersControlled
@@ -24,8 +26,24 @@ from fca_workbench.adapters.routers import find_routers
 from fca_workbench.errors import UserError
 
 # model_type → the config field counting its routed experts (/work/shared/moe-routing.md: softmax → top-k)
-FOLDABLE = {"mixtral": "num_local_experts", "olmoe": "num_experts", "qwen3_moe": "num_experts"}
+FOLDABLE = {
+    "mixtral": "num_local_experts",
+    "olmoe": "num_experts",
+    "qwen2_moe": "num_experts",
+    "qwen3_moe": "num_experts",
+}
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+SHARED_GATE = "shared_expert_gate"  # Qwen2-MoE: sigmoid(shared_expert_gate(h)) scales the block's shared expert
+
+
+def is_shared_gate(model: nn.Module, name: str) -> bool:
+    """A bias-free ``shared_expert_gate`` beside a ``shared_expert`` whose ``down_proj`` has no bias."""
+    parent, _, child = name.rpartition(".")
+    block = model.get_submodule(parent)
+    down = getattr(getattr(block, "shared_expert", None), "down_proj", None)
+    gate = getattr(block, SHARED_GATE, None)
+    plain = [isinstance(m, nn.Linear) and m.bias is None for m in (gate, down)]
+    return child == SHARED_GATE and all(plain)
 
 
 def check_foldable(controlled: TransformersControlled) -> None:
@@ -38,9 +56,11 @@ def check_foldable(controlled: TransformersControlled) -> None:
             f"a {model_type} model (controllers: {kinds}) is not supported"
         )
     routers = find_routers(controlled.model)
-    others = [name for name in controlled.controller_names if name not in routers]
+    others = [n for n in controlled.controller_names if n not in routers and not is_shared_gate(controlled.model, n)]
     if others:
-        raise UserError(f"controller {others[0]} is not an MoE router; fca export folds routers only")
+        raise UserError(
+            f"controller {others[0]} is not an MoE router; fca export folds routers and shared-expert gates"
+        )
     for name in routers:
         block = controlled.model.get_submodule(name.rpartition(".")[0])
         router, experts = block.get_submodule(name.rpartition(".")[2]), getattr(block, "experts", None)
@@ -59,16 +79,26 @@ def kept_experts(gates: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
 
 def fold_routers(controlled: TransformersControlled, gates: list[torch.Tensor]) -> PreTrainedModel:
     """The model's family with K experts per MoE block, every one taken by every token (zero router weights),
-    each expert's down projection scaled by ``K · w_e``; the rest of the weights as they are."""
+    each expert's down projection scaled by ``K · w_e``; a shared-expert gate's constant logit c becomes a zero
+    weight (sigmoid 1/2) and ``2·sigmoid(c)`` in the shared expert's down projection; the rest as they are."""
     model: Any = controlled.model
-    kept, k = kept_experts(gates)
+    routers = find_routers(model)
+    names = [name for name in controlled.controller_names if name in routers]
+    kept, k = kept_experts([gate for name, gate in zip(controlled.controller_names, gates) if name in routers])
+    experts_of = dict(zip(names, kept))
     config = copy.deepcopy(model.config)
     setattr(config, FOLDABLE[controlled.arch], k)  # through the config's attribute_map, where it has one
     config.num_experts_per_tok = k
     state = dict(model.state_dict())
-    for name, gate, experts in zip(controlled.controller_names, gates, kept):
+    for name, gate in zip(controlled.controller_names, gates):
         block = name.rpartition(".")[0]
         weight = state[f"{name}.weight"]
+        if name not in experts_of:  # a shared-expert gate
+            state[f"{name}.weight"] = torch.zeros_like(weight)
+            down = f"{block}.shared_expert.down_proj.weight"
+            state[down] = state[down] * (2 * torch.sigmoid(gate.to(weight.dtype))).squeeze()
+            continue
+        experts = experts_of[name]
         state[f"{name}.weight"] = torch.zeros(k, weight.shape[1], dtype=weight.dtype)
         scale = (gate[experts] * k).to(weight.dtype)
         gate_up, down = (state[f"{block}.experts.{w}"] for w in EXPERT_WEIGHTS)
@@ -77,6 +107,12 @@ def fold_routers(controlled: TransformersControlled, gates: list[torch.Tensor]) 
     folded = type(model)(config)
     folded.load_state_dict(state, strict=True)
     return folded.to(weight.dtype).eval()
+
+
+def expert_counts(controlled: TransformersControlled, folded: PreTrainedModel) -> dict[str, int]:
+    """The model card's ``experts``: per MoE block, experts kept (K) of the source's routed experts (E)."""
+    field = FOLDABLE[controlled.arch]
+    return {"kept": getattr(folded.config, field), "source": getattr(controlled.model.config, field)}
 
 
 def padded(weights: torch.Tensor, k: int) -> torch.Tensor:
