@@ -34,7 +34,7 @@ TEXT_CHARS = 6000  # of each shipped split: a few windows of 32 tokens, tokenize
 AUDIT = dict(max_windows=2, batch_size=2, resamples=20, latency_repeats=1)  # the window export uses: min(256, context)
 NATIVE_PROFILES = ("global_mean", "layer_scalar", "layer_mean")
 ROUTER_PROFILES = ("layer_mean_topk", "layer_mean", "global_mean")
-MODELS = ["featuregate", "muddpythia", "moe-s0", "olmoe", "qwen3_moe"]
+MODELS = ["featuregate", "muddpythia", "moe-s0", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +51,11 @@ def texts(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def checkpoints(tokenizer, tmp_path_factory) -> dict[str, Path]:
     """The shipped FeatureGate, MUDDPythia and MoE (trained: their profiles differ by more than the test's
-    tolerance) and two tiny zoo MoE families."""
+    tolerance) and three tiny zoo MoE families."""
     root = tmp_path_factory.mktemp("zoo")
     folders = {name: checkpoints_dir() / f"{name}-s0" for name in ("featuregate", "muddpythia")}
     folders["moe-s0"] = checkpoints_dir() / "moe-s0"
-    for model_type in ("olmoe", "qwen3_moe"):
+    for model_type in ("olmoe", "qwen2_moe", "qwen3_moe"):
         folders[model_type] = zoo.save(zoo.build(model_type), root / model_type, tokenizer)
     return folders
 
@@ -93,9 +93,9 @@ def test_exported_nll_is_the_audits_nll_for_the_profile(name, checkpoints, audit
     for profile in profiles:
         out = export_static(checkpoints[name], profile, tmp_path / profile, audit=audits[name])
         assert exported_nll(out, audit) == pytest.approx(audit["conditions"][profile]["nll"], abs=1e-5, rel=0)
-    # the tolerance tells the profiles apart: each export matched its own profile, not another's
+    # the tolerance tells the profiles apart (they lie more than twice it apart): each export matched its own
     nlls = sorted(audit["conditions"][p]["nll"] for p in (*profiles, "unperturbed"))
-    assert min(b - a for a, b in zip(nlls, nlls[1:])) > 1e-4
+    assert min(b - a for a, b in zip(nlls, nlls[1:])) > 2e-5
 
 
 @pytest.mark.parametrize("name", ["featuregate", "moe-s0"])
