@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench import flags
-from fca_workbench.cli_options import Parser, add_audit_options, add_dashboard_options, add_train_options
+from fca_workbench.cli_options import (
+    Parser,
+    add_audit_options,
+    add_dashboard_options,
+    add_export_parser,
+    add_train_options,
+)
 from fca_workbench.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
 from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
@@ -121,6 +127,23 @@ def cmd_audit_many(args: argparse.Namespace) -> None:
         print(f"\nwrote {out / AUDIT_MANY_FILE}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from fca_workbench.export import export_static
+
+    out = export_static(
+        args.checkpoint,
+        args.profile,
+        args.out,
+        audit=args.audit,
+        calib=args.calib,
+        max_windows=args.max_windows,
+        seed=args.seed,
+    )
+    print(
+        f"wrote {out}: {args.checkpoint} with its '{args.profile}' profile folded in (model card: {out / 'README.md'})"
+    )
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from fca_workbench.reproduce import reproduce
 
@@ -213,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     many.add_argument("checkpoints", nargs="+")
     add_audit_options(many)
     many.set_defaults(func=cmd_audit_many)
+
+    add_export_parser(commands).set_defaults(func=cmd_export)
 
     dash = commands.add_parser("dashboard", help="serve the Panel dashboard (see README, Dashboard)")
     add_dashboard_options(dash)
