@@ -278,5 +278,6 @@ def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> 
         title=dict(text=plotly_text(title), font=dict(size=14)),
         yaxis=dict(title=dict(text=plotly_text(y_title)), tickformat=".0%" if percent else None),
         legend=dict(orientation="h"),
+        showlegend=True,
     )
     return dict(data=data, layout=layout)

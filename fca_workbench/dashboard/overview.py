@@ -149,5 +149,5 @@ def chosen_sort(requested: dict) -> tuple[tuple[str, str], list[str]]:
 
 def notebook_snippet(root_name: str, names: list[str]) -> str:
     """The Python that gives a notebook the same DataFrame (``audit``: each folder's name)."""
-    listed = ",\n".join(f"    {repr(f'{root_name}/{name}')}" for name in names)
-    return f"from fca_workbench import load_audits\n\naudits = load_audits([\n{listed},\n])\naudits.overview\n"
+    listed = "".join(f"    {repr(f'{root_name}/{name}')},\n" for name in names)
+    return f"from fca_workbench import load_audits\n\naudits = load_audits([\n{listed}])\naudits.overview\n"
