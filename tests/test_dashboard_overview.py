@@ -179,7 +179,7 @@ def _opened(browser, url: str):
 
 def _rows(page) -> list[str]:
     """The overview's first column (audit) in the order shown."""
-    return page.locator(".fca-overview .tabulator-row .tabulator-cell:first-child").all_inner_texts()
+    return page.locator(".fca-overview .tabulator-row .tabulator-cell[tabulator-field='audit']").all_inner_texts()
 
 
 @pytest.mark.timeout(900)
@@ -209,9 +209,9 @@ def test_overview_in_a_real_browser(served_overview, overview_root):
             page.locator(".fca-overview .tabulator-row").nth(expected.index("audit-featuregate-s1")).click()
             page.wait_for_selector(".fca-results-title", timeout=60_000)
             assert page.locator(".fca-results-title").inner_text() == "audit-featuregate-s1"
-            page.locator(".fca-compare-with select").select_option(value="audit-featuregate-s0")
+            page.locator(".fca-compare-with select").select_option(label="audit-featuregate-s0 (featuregate-s0, featuregate)")
             page.wait_for_selector(".fca-compare-title", timeout=60_000)
-            assert "different models" in page.locator(".fca-compare-header").inner_text()
+            assert "different models" in " ".join(page.locator(".fca-compare-difference").all_inner_texts())
             page.wait_for_function("() => location.search.includes('compare=audit-featuregate-s0')", timeout=30_000)
             query = _query(page)
             assert {k: query.get(k) for k in ("view", "audit", "compare", "sort", "order")} == {
