@@ -73,6 +73,8 @@ class CompareView:
             )
         self.downloads.objects, self.tables.objects = downloads, panes
         if comparison.per_layer is not None:
-            for pane, table, name in zip((self.first, self.second), comparison.per_layer, (comparison.first, comparison.second)):
+            for pane, table, name in zip(
+                (self.first, self.second), comparison.per_layer, (comparison.first, comparison.second)
+            ):
                 pane.object = views.per_layer_heatmap(table, f"{name}: ΔNLL vs correct, each condition at one layer")
             self.heatmaps.visible = True

@@ -122,4 +122,3 @@ class OverviewView:
 
     def apply(self, sort: tuple[str, str]) -> None:
         self.sort.value, self.order.value = sort
-

@@ -267,7 +267,7 @@ def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> 
             x=[plotly_text(x) for x in b.x],
             y=b.mean,
             error_y=dict(type="data", array=b.sd, visible=b.n > 1),
-            hovertemplate="%{x}: %{y" + (":.2%" if percent else ":+.4f") + "}<extra>" + plotly_text(b.arch) + "</extra>",
+            hovertemplate=f"%{{x}}: %{{y:{'.2%' if percent else '+.4f'}}}<extra>{plotly_text(b.arch)}</extra>",
         )
         for b in bars
     ]

@@ -209,7 +209,9 @@ def test_overview_in_a_real_browser(served_overview, overview_root):
             page.locator(".fca-overview .tabulator-row").nth(expected.index("audit-featuregate-s1")).click()
             page.wait_for_selector(".fca-results-title", timeout=60_000)
             assert page.locator(".fca-results-title").inner_text() == "audit-featuregate-s1"
-            page.locator(".fca-compare-with select").select_option(label="audit-featuregate-s0 (featuregate-s0, featuregate)")
+            page.locator(".fca-compare-with select").select_option(
+                label="audit-featuregate-s0 (featuregate-s0, featuregate)"
+            )
             page.wait_for_selector(".fca-compare-title", timeout=60_000)
             assert "different models" in " ".join(page.locator(".fca-compare-difference").all_inner_texts())
             page.wait_for_function("() => location.search.includes('compare=audit-featuregate-s0')", timeout=30_000)

@@ -163,7 +163,10 @@ def condition_comparison(first: dict, second: dict, names: tuple[str, str]) -> p
             }
         )
     return make_table(
-        "compare_conditions", "ΔNLL vs correct of each condition in both audits (95% CIs), and their difference", columns, rows
+        "compare_conditions",
+        "ΔNLL vs correct of each condition in both audits (95% CIs), and their difference",
+        columns,
+        rows,
     )
 
 
@@ -211,7 +214,13 @@ def per_layer_comparison(first: dict, second: dict, names: tuple[str, str]) -> p
         for r in first["per_layer"]
         if (r["layer"], r["condition"]) in cells
     ]
-    columns = [Column("layer", "layer", "int"), *_side_by_side(names, "delta", Column("condition", "condition", "text"))]
+    columns = [
+        Column("layer", "layer", "int"),
+        *_side_by_side(names, "delta", Column("condition", "condition", "text")),
+    ]
     return make_table(
-        "compare_per_layer", "Per layer: ΔNLL vs correct of each condition at one layer alone, in both sweeps", columns, rows
+        "compare_per_layer",
+        "Per layer: ΔNLL vs correct of each condition at one layer alone, in both sweeps",
+        columns,
+        rows,
     )

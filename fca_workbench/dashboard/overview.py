@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from fca_workbench import tables
 from fca_workbench.dashboard.query import choose
 from fca_workbench.dashboard.results_folder import AuditEntry
+from fca_workbench.errors import first_line
 from fca_workbench.results.audit_tables import assignment_seed_table, retention_seed_table
 from fca_workbench.results.conditions import INTERVENTIONS, RETENTION_PROFILES
-from fca_workbench.errors import first_line
 from fca_workbench.results.overview import OVERVIEW_COLUMNS, overview_row, overview_table
 
 if TYPE_CHECKING:
