@@ -96,7 +96,9 @@ class OverviewView:
         """The table in the chosen order; then tell the app (the order is in the URL)."""
         if self.overview is not None:
             self.order_shown = list(self.overview.sorted(self.sort.value, self.order.value)["audit"])
-            self.table.value = self.overview.readable(self.sort.value, self.order.value)
+            shown = self.overview.readable(self.sort.value, self.order.value)
+            self.table.formatters = {column: {"type": "plaintext"} for column in shown.columns}  # text, never HTML
+            self.table.value = shown
             self.mark(self.marked)
         self.on_change()
 
