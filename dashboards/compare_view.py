@@ -14,6 +14,7 @@ import views
 
 from fca_workbench import tables
 from fca_workbench.dashboard.compare import Comparison
+from fca_workbench.dashboard.escaping import markdown_text
 
 
 class CompareView:
@@ -40,7 +41,7 @@ class CompareView:
 
     def refuse(self, message: str) -> None:
         self.clear()
-        self.message.object = html.escape(message)
+        self.message.object = markdown_text(message)
         self.message.visible = True
 
     def show(self, comparison: Comparison) -> None:
