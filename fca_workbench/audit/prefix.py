@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
@@ -170,7 +170,7 @@ class PrefixCache:
             output, _, _ = self.stepper.run_blocks(state, start, as_coefficients(values))
             return self.stepper.head(output) if finish is None else finish(output)
 
-    def replay_nll_many(self, variants: list[list[Values | torch.Tensor]], layer: int) -> torch.Tensor:
+    def replay_nll_many(self, variants: Sequence[Sequence[Values | torch.Tensor]], layer: int) -> torch.Tensor:
         """Per-token NLL ``[K, B, T-1]`` of K per-controller lists (values or coefficients) that differ from the
         window's own at ``layer`` only, run from the state before it as one batch of K x B windows."""
         values = [
