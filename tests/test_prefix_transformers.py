@@ -14,6 +14,7 @@ from test_zoo_ssm import COMMON, ZOO
 from fca_workbench.adapters import SteppingModel, TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.selective import ColumnKind
+from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.prefix import PrefixCache
@@ -138,3 +139,14 @@ def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
     layers = [model.resume_layer(i) for i in range(cache.num_layers)]
     # block b runs in each batch's prefix pass and once per controller whose layer is at or before it
     assert calls == [batches * (1 + sum(layer <= b for layer in layers)) for b in range(len(model.blocks))]
+
+
+def test_conditions_per_pass_of_a_model_without_sizes_is_one(monkeypatch):
+    """On CUDA the sweep fits its conditions per pass to the memory from the config's sizes; a Mamba names no
+    heads (its audit is given --batch-size), so its sweep resumes one condition at a time instead of failing."""
+    config_class, fields = ZOO["mamba"]
+    torch.manual_seed(0)
+    mamba = TransformersControlled(T.MambaForCausalLM(config_class(**COMMON, **fields)).eval())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+    assert conditions_per_pass(mamba, random_windows(2, 16, seed=0), 5, "cuda") == 1
+    assert conditions_per_pass(moe_s0(), random_windows(2, 16, seed=0), 5, "cuda") == 5  # sized: all at once
