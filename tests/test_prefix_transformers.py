@@ -11,18 +11,19 @@ import transformers as T
 import zoo
 from test_zoo_ssm import COMMON, ZOO
 
-from fca_workbench.adapters import SteppingModel, TransformersControlled
+from fca_workbench.adapters import COEFFICIENT, SteppingModel, TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.selective import ColumnKind
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import capture
+from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.audit.sweep import PREFIX, full_forward_window_nll, prefix_window_nll, sweep_mode
 from fca_workbench.models import next_token_nll
 from fca_workbench.resources import checkpoints_dir
 
-SWEPT = ["cross_input", "token_shuffle"]  # the conditions that move a router's whole output
+SWEPT = ["cross_input", "layer_mean", "token_shuffle"]  # a router's whole output moved, a static mixture
 
 
 def moe_s0():
@@ -116,20 +117,23 @@ def test_batched_variants_equal_one_at_a_time(model):
     window = random_windows(2, 16, seed=4)
     prefix = PrefixCache(model, window, coefficients=model.capture_run(window)[1])
     layer = prefix.num_layers - 1
-    variants = [restrict_to_layer(v, prefix.values, layer) for v in (shifted(prefix.values), prefix.values)]
-    many = prefix.replay_nll_many(variants, layer)
-    assert many.shape == (2, *prefix.nll.shape)
+    mean = [{COEFFICIENT: v[COEFFICIENT].mean(dim=(0, 1)).expand_as(v[COEFFICIENT])} for v in prefix.values]
+    variants = [restrict_to_layer(v, prefix.values, layer) for v in (shifted(prefix.values), mean, prefix.values)]
+    many = prefix.replay_nll_many(variants, layer)  # a static mixture among whole router outputs
+    assert many.shape == (3, *prefix.nll.shape)
     for got, values in zip(many, variants):
         assert torch.allclose(got, prefix.replay_nll(values, layer), rtol=0, atol=1e-5)
-    assert torch.allclose(many[1], prefix.nll, rtol=0, atol=1e-5)
+    assert torch.allclose(many[2], prefix.nll, rtol=0, atol=1e-5)
+    assert not torch.allclose(many[1], prefix.nll, rtol=0, atol=1e-3)
 
 
 def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
     windows = random_windows(5, 16, seed=1)
     cache = capture(model, windows, tmp_path / "eval", batch_size=3)
-    with counting(model.blocks) as calls:
-        prefix_nll, prefix_correct = prefix_window_nll(model, windows, cache, SWEPT, None, 0, "cpu", group=2)
-    full_nll, full_correct = full_forward_window_nll(model, windows, cache, SWEPT, None, 0, "cpu")
+    profiles = calibration_profiles(capture(model, random_windows(4, 16, seed=2), tmp_path / "calib", batch_size=4))
+    with counting(model.blocks) as calls:  # two conditions per pass: a router's whole output beside a profile
+        prefix_nll, prefix_correct = prefix_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu", group=2)
+    full_nll, full_correct = full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu")
     assert prefix_nll.keys() == full_nll.keys()
     assert torch.allclose(prefix_correct, full_correct, rtol=0, atol=1e-7)
     for key in full_nll:
@@ -137,8 +141,12 @@ def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
     assert any((full_nll[key] - full_correct).abs().max() > 1e-4 for key in full_nll)
     batches = len(list(cache.shard_indices()))
     layers = [model.resume_layer(i) for i in range(cache.num_layers)]
-    # block b runs in each batch's prefix pass and once per controller whose layer is at or before it
-    assert calls == [batches * (1 + sum(layer <= b for layer in layers)) for b in range(len(model.blocks))]
+    # per controller, the passes of 3 conditions two at a time: 3 where its values hold more than a coefficient
+    # (a router's output), so that the profile's coefficient alone runs apart
+    passes = [2 if value.keys() == {COEFFICIENT} else 3 for value in cache.values(torch.arange(1))]
+    # block b runs in each batch's prefix pass and in the passes of every controller whose layer is at or before it
+    expected = [1 + sum(p for p, layer in zip(passes, layers) if layer <= b) for b in range(len(model.blocks))]
+    assert calls == [batches * count for count in expected]
 
 
 def test_conditions_per_pass_of_a_model_without_sizes_is_one(monkeypatch):

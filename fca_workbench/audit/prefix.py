@@ -172,13 +172,22 @@ class PrefixCache:
 
     def replay_nll_many(self, variants: Sequence[Sequence[Values | torch.Tensor]], layer: int) -> torch.Tensor:
         """Per-token NLL ``[K, B, T-1]`` of K per-controller lists (values or coefficients) that differ from the
-        window's own at ``layer`` only, run from the state before it as one batch of K x B windows."""
-        values = [
-            {name: torch.cat([value[name] for value in same]) for name in same[0]}
-            for same in zip(*(as_values(variant) for variant in variants))
-        ]
-        nll = self.replay_nll(values, layer, copies=len(variants))
-        return nll.view(len(variants), *self.nll.shape)
+        window's own at ``layer`` only, run from the state before it as one batch of K x B windows; variants
+        whose values hold different entries (a router's whole output, a static profile's coefficient) run as
+        one batch each."""
+        given = [as_values(variant) for variant in variants]
+        entries = [tuple(tuple(value) for value in variant) for variant in given]
+        nll: list[torch.Tensor] = [self.nll] * len(given)
+        for names in dict.fromkeys(entries):
+            members = [i for i, held in enumerate(entries) if held == names]
+            values = [
+                {name: torch.cat([given[i][index][name] for i in members]) for name in held}
+                for index, held in enumerate(names)
+            ]
+            rows = self.replay_nll(values, layer, copies=len(members)).view(len(members), *self.nll.shape)
+            for i, row in zip(members, rows):
+                nll[i] = row
+        return torch.stack(nll)
 
 
 def repeat_batch(state: State, copies: int) -> State:
