@@ -14,10 +14,10 @@ audit replays for the model (``layer_mean_topk`` too):
   cost before), taking turns;
 - **limit**: what the sweep would cost if the layers before each replay's first cost nothing: per swept
   (controller, condition), the time its replay spends from the start of its first decoder layer that runs
-  (``resume_layer``) to the LM head's output (layers l..L-1, the final norm, the LM head), timed by hooks
-  inside the very sweep that is timed, plus the NLL of its logits (``next_token_nll``, timed alone on logits
-  of the same shape). ``limit_with_prefix_pass`` adds each batch's one frozen pass (the sweep's reference,
-  which it also needs), timed the same way.
+  (``resume_layer``) to the LM head's call (layers l..L-1, the final norm), plus its LM head and NLL
+  (``head_nll``), both timed inside the very sweep round that is timed (``kernel_clock``).
+  ``limit_with_prefix_pass`` adds the layers of each batch's one frozen pass (the sweep's reference, which
+  it needs as well).
 
 Writes benchmarks/results/bench_sweep_transformers.json and .md.
 """
@@ -32,6 +32,7 @@ import torch
 from results_file import write_results
 
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit import prefix
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
 from fca_workbench.audit.metrics import bootstrap_counts
@@ -39,7 +40,7 @@ from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep, 
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
-from fca_workbench.models import head_nll, next_token_nll
+from fca_workbench.models import head_nll
 from fca_workbench.results.conditions import BASELINES
 
 
@@ -50,10 +51,12 @@ def cpu_seconds(fn) -> float:
 
 
 @contextlib.contextmanager
-def kernel_clock(model, spans: list[tuple[str, float]]):
-    """Append ``(kind, seconds)`` per forward of ``model.run_blocks``: ``kind`` is ``prefix`` for the frozen
-    pass that keeps the states, else ``replay``; seconds run from the first decoder layer that really runs
-    (one replaced by its recorded output has an instance ``forward``) to the LM head's output."""
+def kernel_clock(model, spans: list[list]):
+    """Append ``[kind, layers, head]`` per forward of ``model.run_blocks``: ``kind`` is ``prefix`` for the
+    frozen pass that keeps the states, else ``replay``; ``layers``: seconds from the first decoder layer that
+    really runs (one replaced by its recorded output has an instance ``forward``) to the LM head's call in
+    the forward (a placeholder: the sweep runs the head with the NLL); ``head``: seconds in ``head_nll``
+    (the LM head and the NLL, a chunk of rows at a time) after it."""
     started: list[float] = []
     run_blocks = model.run_blocks
 
@@ -61,21 +64,40 @@ def kernel_clock(model, spans: list[tuple[str, float]]):
         if not started and "forward" not in module.__dict__:
             started.append(time.process_time())
 
-    def head_ends(module, args, output):
-        spans[-1] = (spans[-1][0], time.process_time() - started[0])
+    def head_called(module, args, output):
+        if started and not spans[-1][1]:  # its call in the forward, not ``head_nll``'s chunks after it
+            spans[-1][1] = time.process_time() - started[0]
 
     def timed_run_blocks(state, start, coefficients=None, keep_states=False):
         started.clear()
-        spans.append(("prefix" if keep_states else "replay", 0.0))
+        spans.append(["prefix" if keep_states else "replay", 0.0, 0.0])
         return run_blocks(state, start, coefficients, keep_states)
+
+    def timed_head_nll(*args):
+        start = time.process_time()
+        nll = head_nll(*args)
+        spans[-1][2] += time.process_time() - start
+        return nll
 
     with contextlib.ExitStack() as stack:
         for layer in model.blocks:
             stack.callback(layer.register_forward_pre_hook(layer_starts).remove)
-        stack.callback(model.model.get_output_embeddings().register_forward_hook(head_ends).remove)
+        stack.callback(model.model.get_output_embeddings().register_forward_hook(head_called).remove)
         model.run_blocks = timed_run_blocks  # on the instance, for this block only
         stack.callback(model.__dict__.pop, "run_blocks")
+        stack.enter_context(patched(prefix, "head_nll", timed_head_nll))
         yield
+
+
+@contextlib.contextmanager
+def patched(module, name: str, value):
+    """``module.name`` is ``value`` for the block."""
+    previous = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, previous)
 
 
 def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> dict:
@@ -87,10 +109,10 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
     profiles = calibration_profiles(capture(model, calib, tmp / "calib", batch_size=batch_size))
     swept = [c for c in replay_conditions(profiles) if c not in BASELINES]
     counts = bootstrap_counts(len(windows), 100, 0)
-    rounds: list[tuple[float, list[tuple[str, float]]]] = []  # per round: the prefix sweep, its kernel spans
+    rounds: list[tuple[float, list[list]]] = []  # per round: the prefix sweep's seconds, its kernel spans
     full_forward: list[float] = []
     for _ in range(repeats):  # the two sides take turns, so load that drifts falls on both alike
-        spans: list[tuple[str, float]] = []
+        spans: list[list] = []
         with kernel_clock(model, spans):
             start = time.process_time()
             per_layer_sweep(model, windows, cache, swept, profiles, 0, counts)
@@ -99,38 +121,30 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
         full_forward_window_nll(model, windows, cache, swept, profiles, 0, "cpu")
         full_forward.append(time.process_time() - start)
     seconds = {"prefix": min(rounds)[0], "full_forward": min(full_forward)}
-    indices = next(cache.shard_indices())
-    with torch.no_grad():
-        logits = model(windows[indices]).logits
-    nll = {
-        "next_token_nll": lambda: next_token_nll(logits, windows[indices]),
-        "head_nll": lambda: head_nll(model, logits, windows[indices]),  # what the sweep runs
-    }
-    nll_seconds = min(cpu_seconds(fn) for fn in nll.values() for _ in range(5))
     sweep_seconds, spans = min(rounds)  # the fastest round, with the kernel times measured in it
-    replays = [s for kind, s in spans if kind == "replay"]
-    prefix_passes = [s for kind, s in spans if kind == "prefix"]
-    layers = cache.num_layers
-    assert len(replays) == layers * len(swept) * len(list(cache.shard_indices()))
-    limit = sum(replays) + len(replays) * nll_seconds
-    with_prefix = limit + sum(prefix_passes) + len(prefix_passes) * nll_seconds
+    replays = [(layers, head) for kind, layers, head in spans if kind == "replay"]
+    prefix_passes = [(layers, head) for kind, layers, head in spans if kind == "prefix"]
+    assert len(replays) == cache.num_layers * len(swept) * len(list(cache.shard_indices()))
+    limit = sum(layers + head for layers, head in replays)
+    with_prefix = limit + sum(layers + head for layers, head in prefix_passes)
     return {
         "checkpoint": checkpoint,
         "arch": model.arch,
         "sweep_mode": sweep_mode(model),
+        "separate_head": bool(model.lm_head),  # the sweep runs the LM head with the NLL, a chunk of rows at a time
         "windows": len(windows),
         "window": windows.shape[1],
-        "controllers": layers,
+        "controllers": cache.num_layers,
         "decoder_layers": len(model.blocks),
         "conditions": swept,
-        "resume_layers": [model.resume_layer(i) for i in range(layers)],
+        "resume_layers": [model.resume_layer(i) for i in range(cache.num_layers)],
         "sweep_seconds": seconds,
         "prefix_round_seconds": [round_seconds for round_seconds, _ in rounds],
         "limit_seconds": limit,
         "limit_with_prefix_pass_seconds": with_prefix,
         "replays": len(replays),
-        "replay_kernel_seconds": sum(replays),
-        "nll_seconds_per_replay": nll_seconds,
+        "replay_layer_seconds": sum(layers for layers, _ in replays),
+        "replay_head_nll_seconds": sum(head for _, head in replays),
         "prefix_over_limit": sweep_seconds / limit,
         "prefix_over_limit_with_prefix_pass": sweep_seconds / with_prefix,
         "prefix_over_full_forward": seconds["prefix"] / seconds["full_forward"],
@@ -166,8 +180,8 @@ def markdown(r: dict) -> str:
         f"{r['prefix_over_limit_with_prefix_pass']:.3f} | {r['prefix_over_full_forward']:.3f} |",
         "",
         f"Seconds: sweep prefix {s['prefix']:.1f} (rounds: {rounds}), full forwards {s['full_forward']:.1f}; limit "
-        f"{r['limit_seconds']:.1f} ({r['replays']} replays: layers from the resume layer + head "
-        f"{r['replay_kernel_seconds']:.1f}, NLL {r['nll_seconds_per_replay']:.3f} each), with the prefix passes "
+        f"{r['limit_seconds']:.1f} ({r['replays']} replays: layers from the resume layer + final norm "
+        f"{r['replay_layer_seconds']:.1f}, head + NLL {r['replay_head_nll_seconds']:.1f}), with the prefix passes "
         f"{r['limit_with_prefix_pass_seconds']:.1f}. Resume layers {r['resume_layers']} of {r['decoder_layers']} "
         f"decoder layers. Conditions: {', '.join(r['conditions'])}.",
     ]

@@ -158,3 +158,22 @@ def test_conditions_per_pass_of_a_model_without_sizes_is_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
     assert conditions_per_pass(mamba, random_windows(2, 16, seed=0), 5, "cuda") == 1
     assert conditions_per_pass(moe_s0(), random_windows(2, 16, seed=0), 5, "cuda") == 5  # sized: all at once
+
+
+def test_the_lm_head_runs_apart_only_where_the_logits_are_its_output():
+    """moe-s0's logits are its LM head's output: the sweep runs the head a chunk of rows at a time with the NLL.
+    Cohere2-MoE scales the head's output (``logit_scale``): its head stays inside the forward, and the replay
+    from a layer still equals the full frozen forward."""
+    mixtral = moe_s0()
+    assert mixtral.lm_head == [mixtral.model.get_output_embeddings()]
+    cohere = TransformersControlled(zoo.build("cohere2_moe"))
+    assert cohere.lm_head == [] and cohere.model.config.logit_scale != 1.0
+    window = random_windows(2, 16, seed=5)
+    with torch.no_grad():
+        _, own = cohere.capture_run(window)
+    prefix = PrefixCache(cohere, window, coefficients=own)
+    values = restrict_to_layer(shifted(own), own, 1)
+    with torch.no_grad():
+        full = cohere.replay_run(window, values)
+    assert torch.equal(prefix.logits(values, 1), full)
+    assert torch.equal(prefix.replay_nll(values, 1), next_token_nll(full, window))

@@ -25,7 +25,7 @@ from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
 from fca_workbench.adapters.selective import ColumnKind, selective_controllers
-from fca_workbench.adapters.stepping import LayerStepping, controller_layers
+from fca_workbench.adapters.stepping import LayerStepping, controller_layers, separate_head
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window
 
@@ -174,6 +174,8 @@ class TransformersControlled(LayerStepping, nn.Module):
         self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
             self.coefficient_slot_shapes = self._probe_slot_shapes()
+        probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=self._device).view(PROBE_SHAPE)
+        self.lm_head = separate_head(self, probe)  # [the LM head] where the logits are its output alone
 
     def _probe_slot_shapes(self) -> list[tuple[int, ...]]:
         """Each controller's slot shape, from probes of two lengths: a coefficient that is not floating point
