@@ -131,7 +131,7 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
         "checkpoint": checkpoint,
         "arch": model.arch,
         "sweep_mode": sweep_mode(model),
-        "separate_head": bool(model.lm_head),  # the sweep runs the LM head with the NLL, a chunk of rows at a time
+        "separate_lm_head": bool(model.separate_lm_head),  # the sweep runs the head with the NLL (head_nll)
         "windows": len(windows),
         "window": windows.shape[1],
         "controllers": cache.num_layers,

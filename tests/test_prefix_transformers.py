@@ -165,9 +165,9 @@ def test_the_lm_head_runs_apart_only_where_the_logits_are_its_output():
     Cohere2-MoE scales the head's output (``logit_scale``): its head stays inside the forward, and the replay
     from a layer still equals the full frozen forward."""
     mixtral = moe_s0()
-    assert mixtral.lm_head == [mixtral.model.get_output_embeddings()]
+    assert mixtral.separate_lm_head == [mixtral.model.get_output_embeddings()]
     cohere = TransformersControlled(zoo.build("cohere2_moe"))
-    assert cohere.lm_head == [] and cohere.model.config.logit_scale != 1.0
+    assert cohere.separate_lm_head == [] and cohere.model.config.logit_scale != 1.0
     window = random_windows(2, 16, seed=5)
     with torch.no_grad():
         _, own = cohere.capture_run(window)

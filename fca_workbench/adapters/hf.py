@@ -175,7 +175,7 @@ class TransformersControlled(LayerStepping, nn.Module):
         if found:
             self.coefficient_slot_shapes = self._probe_slot_shapes()
         probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=self._device).view(PROBE_SHAPE)
-        self.lm_head = separate_head(self, probe)  # [the LM head] where the logits are its output alone
+        self.separate_lm_head = separate_head(self, probe)  # [the LM head] where the logits are its output alone
 
     def _probe_slot_shapes(self) -> list[tuple[int, ...]]:
         """Each controller's slot shape, from probes of two lengths: a coefficient that is not floating point

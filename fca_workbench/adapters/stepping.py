@@ -29,7 +29,7 @@ class WholeForward(Protocol):
     (``controller_layers``), its LM head where it is separate (``separate_head``) and its two runs."""
 
     controller_layers: list[int]
-    lm_head: list[nn.Module]  # [the LM head] where the logits are its output alone (``separate_head``), else []
+    separate_lm_head: list[nn.Module]  # [the LM head] where the logits are its output alone, else []
 
     def __call__(self, input_ids: torch.Tensor) -> Any: ...
 
@@ -121,7 +121,7 @@ class LayerStepping:
     def head(self: WholeForward, output: torch.Tensor) -> torch.Tensor:
         """The LM head on ``run_blocks``'s last hidden state; the identity where ``run_blocks`` ran the head
         inside the forward and returned the logits."""
-        return self.lm_head[0](output) if self.lm_head else output
+        return self.separate_lm_head[0](output) if self.separate_lm_head else output
 
     def run_blocks(
         self: WholeForward,
@@ -146,8 +146,8 @@ class LayerStepping:
         recorded: list[tuple[int, Any]] = []
         last: list[torch.Tensor] = []  # the LM head's input, where it is separate
         replaced = {layers[j]: returning(before[j]) for j in range(start)}
-        if self.lm_head:
-            replaced[self.lm_head[0]] = keeping(last)
+        if self.separate_lm_head:
+            replaced[self.separate_lm_head[0]] = keeping(last)
         with contextlib.ExitStack() as stack:
             stack.enter_context(frozen(replaced))
             if keep_states:
@@ -158,7 +158,7 @@ class LayerStepping:
                 values = as_values(coefficients)
                 logits = self.replay_run(input_ids, values)
         used = [value for value, layer in zip(values, self.controller_layers) if layer >= start]
-        output = last[0] if self.lm_head else logits
+        output = last[0] if self.separate_lm_head else logits
         if not keep_states:
             return output, used, None
         if [index for index, _ in recorded] != list(range(len(layers) - start)):
