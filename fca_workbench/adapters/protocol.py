@@ -5,8 +5,9 @@ dashboard) speaks to, whatever the model family.
 capability the core asks for with ``isinstance(model, SteppingModel)`` (prefix reuse, the per-layer sweep).
 The native families implement both through their seam (``fca_workbench.models.CoefficientModel``);
 ``TransformersControlled`` implements both for any ``transformers`` causal LM by replacing controllers'
-``forward`` (``frozen``), and the decoder layers before a replay's first one (``adapters.stepping``). Both protocols are runtime-checkable, and ``load_controlled``'s return
-type makes the type checker check both implementations.
+``forward`` (``frozen``), and the decoder layers before a replay's first one (``adapters.stepping``). Both
+protocols are runtime-checkable, and ``load_controlled``'s return type makes the type checker check both
+implementations.
 """
 
 import contextlib
