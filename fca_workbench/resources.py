@@ -50,15 +50,16 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
     """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
     symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
     audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
-    one exception is the Hugging Face hub cache, whose ``snapshots/<revision>/`` files are symlinks into the
-    same repository's ``blobs/``."""
+    one exception is the Hugging Face hub cache, whose ``models--org--name/snapshots/<revision>/`` files are
+    symlinks into the same repository's ``blobs/``, and nowhere else."""
     try:
         root, resolved = folder.resolve(), (folder / name).resolve()
     except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte in the name, a symlink loop
         raise UserError(
             f"{named_by} in {folder} names a path that cannot be resolved ({name!r}): {first_line(exc)}"
         ) from None
-    allowed = [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
+    in_hub_cache = root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--")
+    allowed = [root, root.parent.parent / "blobs"] if in_hub_cache else [root]
     if not any(resolved.is_relative_to(place) for place in allowed):
         raise UserError(
             f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
