@@ -85,7 +85,11 @@ def test_a_name_missing_offline_is_one_line_saying_how_to_fetch_it(offline_cache
         assert "hf download " + name.split("@")[0] in str(error.value) and "\n" not in str(error.value)
         assert "'*.py'" not in str(error.value)
     result = fca("audit", "lab/absent@v1", "--out", tmp_path / "out")
-    assert_one_line_error(result, "lab/absent@v1 is neither a folder nor in the Hugging Face cache", "hf download lab/absent --revision v1")
+    assert_one_line_error(
+        result,
+        "lab/absent@v1 is neither a folder nor in the Hugging Face cache",
+        "hf download lab/absent --revision v1",
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -121,7 +125,9 @@ def test_a_folder_wins_over_a_hub_name(offline_cache, tiny_checkpoints, tmp_path
 def test_a_ref_leading_out_of_the_repository_is_refused(offline_cache, tiny_checkpoints):
     cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
     cache_snapshot(offline_cache, "lab/other", tiny_checkpoints["dense"], OTHER_COMMIT)
-    (offline_cache / "models--lab--fg" / "refs" / "evil").write_text(f"../../models--lab--other/snapshots/{OTHER_COMMIT}")
+    (offline_cache / "models--lab--fg" / "refs" / "evil").write_text(
+        f"../../models--lab--other/snapshots/{OTHER_COMMIT}"
+    )
     with pytest.raises(UserError, match="outside its own folder"):
         resolve_checkpoint("lab/fg@evil")
 
