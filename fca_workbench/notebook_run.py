@@ -58,8 +58,8 @@ def _stat(path: Path) -> list[int] | None:
 
 def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
     """Size and mtime of every file the audit reads: the checkpoint folder's files and both data sets."""
-    hub = hub_name(settings.checkpoint)  # a hub name: the snapshot its revision points at now
-    folder = resolve_checkpoint(settings.checkpoint).folder if hub else Path(settings.checkpoint)
+    named = settings.checkpoint  # a hub name: the snapshot its revision points at now
+    folder = resolve_checkpoint(named).folder if hub_name(named) else Path(named)
     files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
     files += [
         Path(settings.eval) if settings.eval else split_path("eval"),
@@ -178,7 +178,7 @@ class NotebookRun:
         return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
 
     def audit_dir(self, audit_or_checkpoint: dict | str | Path) -> Path:
-        """The folder of a checkpoint's audit (``<audits>/<checkpoint folder name>``, ``org--name`` for a hub name)."""
+        """The folder of a checkpoint's audit: ``<audits>/<checkpoint folder name>``, ``org--name`` for a hub name."""
         if isinstance(audit_or_checkpoint, dict):
             return self.audits / recorded_name(audit_or_checkpoint["model"])
         return self.audits / checkpoint_name(audit_or_checkpoint)

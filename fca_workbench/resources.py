@@ -125,9 +125,9 @@ def checkpoints_dir() -> Path:
 
 def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
     """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder (default: the installed
-    package's or the checkout's) into the new folder ``into``, through a fresh private folder renamed at the end (``files.atomic_folder``: removed on any
-    error); returns the checkpoint names. Links are never followed, and no more than
-    ``CHECKPOINTS_MAX_BYTES`` in ``CHECKPOINTS_MAX_FILES`` is written."""
+    package's or the checkout's) into the new folder ``into``, through a fresh private folder renamed at the
+    end (``files.atomic_folder``: removed on any error); returns the checkpoint names. Links are never
+    followed, and no more than ``CHECKPOINTS_MAX_BYTES`` in ``CHECKPOINTS_MAX_FILES`` is written."""
     if source is None:
         source = shipped_root()
         if not source.joinpath(*CHECKPOINTS_IN_SOURCE).is_dir():

@@ -50,7 +50,8 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None) -> CoefficientModel:
-    """Load a checkpoint folder (or hub name, ``models.hub``) strictly, turning every way it can be broken into one-line UserErrors.
+    """Load a checkpoint folder (or a hub name, ``models.hub``) strictly, turning every way it can be broken
+    into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
