@@ -104,6 +104,7 @@ def test_a_name_missing_offline_is_one_line_saying_how_to_fetch_it(offline_cache
         ("lab/fg@main/../../x", "revision"),
         ("lab/fg@", "revision"),
         ("lab/fg@ma in", "revision"),
+        ("lab/fg@" + "v" * 300, "revision"),
     ],
 )
 def test_malformed_hub_names_are_one_line(offline_cache, name, why):

@@ -25,6 +25,7 @@ HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
 CODE_FILES = ("*.py",)  # fetched only with --trust-remote-code
 HUB_NAME = re.compile(r"[^/@~.\\][^/@\\]*/[^/@\\]+(@.*)?", re.DOTALL)  # ORG/NAME[@REVISION], validated below
 REVISION = re.compile(r"[\w.\-]+(/[\w.\-]+)*")  # a branch, tag or commit; refs/pr/1 too
+MAX_REVISION = 255  # the cache keeps refs/<revision> as a file: longer is no name a file system takes
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def hub_name(name: str | Path) -> tuple[str, str | None] | None:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
         raise UserError(f"{name!r} is neither a folder nor a valid hub name: {first_line(exc)}") from None
-    if "@" in name and (not REVISION.fullmatch(revision) or ".." in revision):
+    if "@" in name and (not REVISION.fullmatch(revision) or ".." in revision or len(revision) > MAX_REVISION):
         raise UserError(f"{name!r}: the revision {revision!r} is not a branch, tag or commit name")
     return repo_id, revision or None
 
