@@ -311,10 +311,12 @@ def other_seed(study, run, seed, shift):
 
 @pytest.fixture
 def mixed_study(tmp_path):
-    """The committed seed-0 runs, the default with seeds 1 and 2 besides (1 and 3 seeds per variant), and one
+    """The committed seed-0 runs only, the default with seeds 1 and 2 besides (1 and 3 seeds per variant), and one
     run folder still being trained (its card, no summary)."""
     study = tmp_path / "study"
     shutil.copytree(STUDY, study)
+    for later in study.glob("*-s[1-9]*"):  # the study's own later seeds, whatever has been committed so far
+        shutil.rmtree(later)
     other_seed(study, "default-s0", 1, 0.01)
     other_seed(study, "default-s0", 2, -0.03)
     (study / "groups-1-s1").mkdir()

@@ -17,6 +17,7 @@ from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import read_json, schema_problem
 from fca_workbench.resources import inside_folder, shipped
 from fca_workbench.results.audit_tables import seed_summary
+from fca_workbench.results.conditions import REASSIGNMENTS
 from fca_workbench.results.layout import MODEL_CARD_FILE, STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
 from fca_workbench.results.tables import Column, make_table
@@ -121,7 +122,7 @@ def summary_schema() -> dict:
             "variant": {"type": "string", "minLength": 1},
             "seed": {"type": "integer", "minimum": 0},
             "eval_nll": {"$ref": "#/$defs/number"},
-            "conditions": requiring("conditions", ["correct", "cross_input", "token_shuffle"]),
+            "conditions": requiring("conditions", ["correct", *REASSIGNMENTS]),
             "retention": {
                 **requiring("retention", ["layer_mean"]),
                 "properties": {"layer_mean": {**audit["$defs"]["retention"], "properties": RETENTION_PROPERTIES}},
