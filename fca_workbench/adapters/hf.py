@@ -26,7 +26,7 @@ from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
 from fca_workbench.adapters.selective import ColumnKind, selective_controllers
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.models.common import PositiveControl, check_window
+from fca_workbench.models.common import PositiveControl, check_window, execution_device
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
 # the frozen replay's allowance where bit-exactness is not promised: a model class from a checkpoint folder's own
@@ -193,7 +193,7 @@ class TransformersControlled(nn.Module):
 
     @property
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return execution_device(self.model)
 
     @property
     def config(self) -> Any:

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.placement import Placement, placed, placement
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock, folder_lock
@@ -44,7 +45,7 @@ AUDIT_COMMAND = "fca audit"  # what an audit folder's marker names
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
 
-PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache")  # may differ between nodes; contents are compared
+PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")  # may differ between nodes; contents are compared
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,6 +69,9 @@ class AuditSettings:
     only_controllers: str | None = None  # regex naming a foreign model's controllers, instead of the built-in kinds
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
+    device_map: str | None = None  # big-model inference (adapters/placement.py): auto, balanced, sequential, FILE.json
+    max_memory: str | None = None  # what each device may hold, as --max-memory gives it (cpu=200MB,0=10GiB)
+    offload_folder: str | None = None  # where a fresh folder of offloaded weights is made (default: the temp folder)
 
     def __post_init__(self) -> None:
         """A number out of range is one line here, whatever gave it (flags, a reproduce config, Python): never
@@ -95,10 +99,10 @@ def check_audit_out(out: str | Path) -> Path:
 
 
 def load_audit_inputs(
-    settings: AuditSettings,
+    settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE
 ) -> tuple[ControlledModel, tuple[Path, torch.Tensor], tuple[Path, torch.Tensor]]:
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
-    model, tokenizer = load_audit_model(settings)
+    model, tokenizer = load_audit_model(settings, out, ranks)
     return (
         model,
         audit_windows(settings, "eval", model, tokenizer),
@@ -117,19 +121,27 @@ def check_device(name: str) -> None:
         raise UserError(f"--device {name} cannot run a model: {first_line(exc)[:200]}") from None
 
 
-def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
-    """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other."""
+def load_audit_model(
+    settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE
+) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
+    """The controlled model (on the settings' device and dtype, or placed across devices, CPU and disk by
+    big-model inference: ``audit_placement``) and its tokenizer, checked against each other."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     check_device(settings.device)
-    model = load_controlled(
-        settings.checkpoint,
-        DTYPES[settings.dtype],
-        settings.controllers,
-        settings.trust_remote_code,
-        settings.only_controllers,
+    model = placed(
+        audit_placement(settings, out, ranks),
+        lambda place: load_controlled(
+            settings.checkpoint,
+            DTYPES[settings.dtype],
+            settings.controllers,
+            settings.trust_remote_code,
+            settings.only_controllers,
+            place,
+        ),
     )
-    model.to(settings.device)
+    if settings.device_map is None:
+        model.to(settings.device)
     tokenizer = load_tokenizer(settings.checkpoint)
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(
@@ -137,6 +149,21 @@ def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrain
             f"vocabulary of {model.config.vocab_size}: they do not belong together"
         )
     return model, tokenizer
+
+
+def audit_placement(settings: AuditSettings, out: Path | None, ranks: Ranks) -> Placement | None:
+    """The settings' big-model placement (``placement.placement``): its offload folder never inside the
+    checkpoint, the output folder or the coefficient cache; under torchrun, on this rank's own devices."""
+    forbidden = {"checkpoint": Path(settings.checkpoint)}
+    if settings.cache:
+        forbidden["coefficient cache"] = Path(settings.cache)
+    if out is not None:
+        forbidden["output folder"] = out  # and the cache beside its audit.json
+    torchrun = ranks.world_size > 1
+    gpu = ranks.device.index if torchrun and ranks.device.type == "cuda" else None
+    return placement(
+        settings.device_map, settings.max_memory, settings.offload_folder, settings.device, forbidden, gpu, torchrun
+    )
 
 
 def audit_windows(
@@ -171,7 +198,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
     """
     out = check_audit_out(out)
-    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
+    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings, out, ranks)
     settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
     check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
