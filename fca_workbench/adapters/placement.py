@@ -50,7 +50,11 @@ class Placement:
     offload_folder: Path
 
     def loading_kwargs(self) -> dict[str, Any]:
-        return {"device_map": self.device_map, "max_memory": self.max_memory, "offload_folder": str(self.offload_folder)}
+        return {
+            "device_map": self.device_map,
+            "max_memory": self.max_memory,
+            "offload_folder": str(self.offload_folder),
+        }
 
 
 def parse_device_map(text: str) -> str | dict[str, int | str]:

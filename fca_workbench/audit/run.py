@@ -45,7 +45,8 @@ AUDIT_COMMAND = "fca audit"  # what an audit folder's marker names
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
 
-PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")  # may differ between nodes; contents are compared
+# may differ between nodes; contents are compared
+PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -52,7 +52,6 @@ def execution_device(module: nn.Module, default: torch.device | None = None) -> 
     return default or torch.device("cpu")
 
 
-
 class PositiveControl(NamedTuple):
     """A copy of a model that really skips work (``positive_control``), and the settings that make it skip,
     recorded beside its figures in ``audit.json`` ``execution.positive_control``."""
