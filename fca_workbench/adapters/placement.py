@@ -81,18 +81,18 @@ def parse_max_memory(text: str) -> MaxMemory:
 
     memory: MaxMemory = {}
     for entry in text.split(","):
-        key, equals, size = entry.strip().partition("=")
+        key, equals, size = (part.strip() for part in entry.partition("="))
         if not equals or not (key == "cpu" or GPU_KEY.match(key)):
             raise UserError(f"--max-memory {text!r}: each entry is DEVICE=SIZE, DEVICE cpu or a GPU index (0=10GiB)")
         device: int | str = int(key) if GPU_KEY.match(key) else key
         if device in memory:
             raise UserError(f"--max-memory {text!r} names {key} twice")
         try:
-            memory[device] = convert_file_size_to_int(size.strip())
+            memory[device] = convert_file_size_to_int(size)
         except ValueError:
             memory[device] = -1
         if memory[device] <= 0:
-            raise UserError(f"--max-memory {text!r}: {size.strip()!r} is not a size (like 200MB, 10GiB)")
+            raise UserError(f"--max-memory {text!r}: {size!r} is not a size (like 200MB, 10GiB)")
     return memory
 
 
