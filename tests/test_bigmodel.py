@@ -19,6 +19,7 @@ from conftest import assert_one_line_error, fca
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.placement import OFFLOAD_PREFIX, is_placed, parse_max_memory, placement
 from fca_workbench.audit.capture import model_fingerprint
+from fca_workbench.audit.distributed import Ranks
 from fca_workbench.audit.run import AuditSettings, load_audit_model, run_audit
 from fca_workbench.errors import UserError
 
@@ -140,11 +141,13 @@ def test_bad_placements_are_refused_before_anything_is_made(tiny_checkpoints, tm
     (tmp_path / "afile").write_text("")
     with pytest.raises(UserError, match="is a file"):
         load_audit_model(settings(folder, device_map="auto", offload_folder=str(tmp_path / "afile")))
-    forbidden = {"checkpoint": folder}
+    outside = {"checkpoint": folder}
+    two_ranks = Ranks(rank=1, world_size=2, device=torch.device("cpu"))
     with pytest.raises(UserError, match="under torchrun"):  # the same file would put every rank on the same devices
-        placement(str(good_map), None, None, "cpu", forbidden, torchrun=True)
+        placement(str(good_map), None, None, "cpu", outside, two_ranks)
+    on_gpu = Ranks(rank=1, world_size=2, device=torch.device("cuda", 1))
     with pytest.raises(UserError, match="name only cpu"):
-        placement("auto", "0=1GiB", None, "cuda", forbidden, torchrun_gpu=0, torchrun=True)
+        placement("auto", "1=1GiB", None, "cuda", outside, on_gpu)
 
 
 def test_the_cli_takes_the_placement_flags_and_says_a_bad_value_in_one_line(tiny_checkpoints, tmp_path):

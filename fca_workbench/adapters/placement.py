@@ -175,14 +175,17 @@ def placement(
     max_memory: str | None,
     offload_folder: str | None,
     device: str,
-    forbidden: dict[str, Path],
-    torchrun_gpu: int | None = None,
-    torchrun: bool = False,
+    outside: dict[str, str | Path | None],
+    ranks: Any = None,
 ) -> Placement | None:
     """The ``Placement`` that ``--device-map``, ``--max-memory`` and ``--offload-folder`` ask for on ``device``
     (None: none asked for, the model is held whole on ``device``); every bad value one line, checked before the
-    offload folder is made (``offload_space``, not inside ``forbidden``). Under torchrun (``torchrun``) each
-    rank places its own model on its own GPU (``torchrun_gpu``, with ``--device cuda``), the CPU and disk."""
+    offload folder is made (``offload_space``; not inside the folders ``outside`` names by what they are, None:
+    no such folder). Under torchrun (``ranks``: ``audit.distributed.Ranks``) each rank places its own model on
+    its own GPU (``--device cuda``: cuda:LOCAL_RANK), the CPU and disk."""
+    torchrun = ranks is not None and ranks.world_size > 1
+    torchrun_gpu = ranks.device.index if torchrun and ranks.device.type == "cuda" else None
+    forbidden = {what: Path(folder) for what, folder in outside.items() if folder is not None}
     if device_map is None:
         if max_memory is not None or offload_folder is not None:
             given = "--max-memory" if max_memory is not None else "--offload-folder"

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
-from fca_workbench.adapters.placement import Placement, placed, placement
+from fca_workbench.adapters.placement import placed, placement
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock, folder_lock
@@ -126,12 +126,17 @@ def load_audit_model(
     settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE
 ) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
     """The controlled model (on the settings' device and dtype, or placed across devices, CPU and disk by
-    big-model inference: ``audit_placement``) and its tokenizer, checked against each other."""
+    big-model inference: ``placement.placement``, its offload folder outside the checkpoint, the output folder and
+    the cache, under torchrun on this rank's own devices) and its tokenizer, checked against each other."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     check_device(settings.device)
-    model = placed(
-        audit_placement(settings, out, ranks),
+    outside = {"checkpoint": settings.checkpoint, "coefficient cache": settings.cache, "output folder": out}
+    place = placement(
+        settings.device_map, settings.max_memory, settings.offload_folder, settings.device, outside, ranks
+    )
+    model = placed(  # offloaded weights, if any, removed with the model
+        place,
         lambda place: load_controlled(
             settings.checkpoint,
             DTYPES[settings.dtype],
@@ -150,21 +155,6 @@ def load_audit_model(
             f"vocabulary of {model.config.vocab_size}: they do not belong together"
         )
     return model, tokenizer
-
-
-def audit_placement(settings: AuditSettings, out: Path | None, ranks: Ranks) -> Placement | None:
-    """The settings' big-model placement (``placement.placement``): its offload folder never inside the
-    checkpoint, the output folder or the coefficient cache; under torchrun, on this rank's own devices."""
-    forbidden = {"checkpoint": Path(settings.checkpoint)}
-    if settings.cache:
-        forbidden["coefficient cache"] = Path(settings.cache)
-    if out is not None:
-        forbidden["output folder"] = out  # and the cache beside its audit.json
-    torchrun = ranks.world_size > 1
-    gpu = ranks.device.index if torchrun and ranks.device.type == "cuda" else None
-    return placement(
-        settings.device_map, settings.max_memory, settings.offload_folder, settings.device, forbidden, gpu, torchrun
-    )
 
 
 def audit_windows(
