@@ -74,7 +74,8 @@ def test_a_model_bigger_than_max_memory_audits_with_disk_offload_to_the_in_memor
     tokens = per_token(tmp_path / "memory"), per_token(tmp_path / "placed")
     assert list(tokens[0].columns) == list(tokens[1].columns) and len(tokens[0]) == 4 * 31
     assert (tokens[0] - tokens[1]).abs().max().max() <= 1e-6
-    assert [p.name for p in offload.iterdir()] == ["notes.txt"] and (offload / "notes.txt").read_text().startswith("the")
+    assert [p.name for p in offload.iterdir()] == ["notes.txt"]  # nothing of the user's lost, nothing of ours left
+    assert (offload / "notes.txt").read_text() == "the user's own file"
 
 
 def test_a_device_map_file_places_modules_where_it_says(tiny_checkpoints, tmp_path):

@@ -11,6 +11,7 @@ exists.
 import contextlib
 import statistics
 import time
+from typing import cast
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ Runnable = nn.Module | ControlledModel  # what is counted and timed: a model, it
 
 
 def _device(model: Runnable) -> torch.device:
-    return execution_device(model)
+    return execution_device(cast(nn.Module, model))  # every controlled model is a module
 
 
 def _batches(windows: torch.Tensor, batch_size: int):
