@@ -12,7 +12,9 @@ import transformers as T
 import zoo
 
 from fca_workbench.adapters.loading import load_controlled
-from fca_workbench.audit.capture import MANIFEST
+from fca_workbench.audit.capture import MANIFEST, capture
+from fca_workbench.audit.conditions import calibration_profiles
+from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.audit_tables import assignment_table, per_layer_table
@@ -92,3 +94,18 @@ def test_every_printed_nll_is_headed_with_its_dtype(tiny_checkpoints, tmp_path):
     for table in (assignment_table, per_layer_table):
         assert [c.header for c in table(audits[1:]).attrs["columns"] if c.key == "nll"] == ["NLL (bfloat16)"]
         assert [c.header for c in table(audits).attrs["columns"] if c.key == "nll"] == ["NLL (bfloat16, float32)"]
+
+
+@pytest.mark.parametrize("name", ["featuregate", "mixtral"])
+def test_a_static_profile_equal_to_the_live_coefficients_replays_exactly_in_bfloat16(
+    name, tiny_checkpoints, foreign, tmp_path
+):
+    """One window is its own calibration set, so its ``layer_position_mean`` profile is its live coefficients; cast
+    to the dtype each controller gives them in (a Mixtral router's gate is float32 in a bfloat16 model), the
+    replay is the live run exactly."""
+    model = load_controlled(tiny_checkpoints.get(name) or foreign[name], torch.bfloat16)
+    window = torch.randint(0, zoo.VOCAB, (1, 32), generator=torch.Generator().manual_seed(3))
+    cache = capture(model, window, tmp_path / "cache", batch_size=1)
+    profiles = calibration_profiles(cache)
+    replayed = replay_nll(model, window, cache, "layer_position_mean", profiles)
+    assert torch.equal(replayed, cache.nll([0]))

@@ -166,6 +166,7 @@ class TransformersControlled(nn.Module):
         self.kinds = [kind for _, _, kind in found]
         self._steps = [self._step_owner(name, kind) for name, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
+        self.coefficient_dtypes: list[torch.dtype] = []  # as the probe found them (a router's gate: float32)
         # per controller, per output tensor in the order its kind reads them: [B·T, ...] (True) or [B, T, ...]
         self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
@@ -189,6 +190,7 @@ class TransformersControlled(nn.Module):
                 )
             if not value[COEFFICIENT].is_floating_point():
                 raise UserError(f"controller {name} gives {value[COEFFICIENT].dtype} values, not coefficients")
+        self.coefficient_dtypes = [value[COEFFICIENT].dtype for value in values]
         return shapes[0]
 
     @property

@@ -182,6 +182,11 @@ class CoefficientModel(PreTrainedModel):
         return []
 
     @property
+    def coefficient_dtypes(self) -> list[torch.dtype]:
+        """The native controllers compute their coefficients in the model's dtype."""
+        return [self.dtype] * len(self.controllers)
+
+    @property
     def context_length(self) -> int:
         raise NotImplementedError
 
