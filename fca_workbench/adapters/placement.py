@@ -202,11 +202,11 @@ def is_placed(model: nn.Module) -> bool:
     return any(getattr(part, "_hf_hook", None) is not None for part in model.modules())
 
 
-def value_devices(model: Any, device: torch.device | str) -> list[torch.device]:
-    """Per controller, the device its replayed values go to: ``device``, or, for a model big-model inference
-    placed, the controller's own execution device (the model's where the controller holds no weights)."""
+def value_devices(model: Any, device: torch.device | str) -> torch.device | list[torch.device]:
+    """Where replayed values go: ``device``, or, for a model big-model inference placed, per controller its own
+    execution device (the model's where the controller holds no weights)."""
     if not is_placed(model):
-        return [torch.device(device)] * len(model.controllers)
+        return torch.device(device)
     main = execution_device(model)
     return [execution_device(controller, main) for controller in model.controllers]
 
@@ -217,6 +217,8 @@ def tensor_fingerprints(model: nn.Module, fingerprint: Any) -> dict[str, str]:
     model held in memory, never held whole."""
     from accelerate.utils import align_module_device
 
+    if not is_placed(model):
+        return {name: fingerprint(tensor) for name, tensor in model.state_dict().items()}
     names = set(model.state_dict(keep_vars=True))
     found: dict[str, str] = {}
     for prefix, part in model.named_modules(remove_duplicate=False):
@@ -225,6 +227,7 @@ def tensor_fingerprints(model: nn.Module, fingerprint: Any) -> dict[str, str]:
         if not own:
             continue
         with align_module_device(part):  # onloaded to its execution device while read, offloaded again
+            tensors = {**part._parameters, **part._buffers}  # as state_dict reads them (not a wrapper's attribute)
             for name in own:
-                found[f"{prefix}.{name}".lstrip(".")] = fingerprint(getattr(part, name))
+                found[f"{prefix}.{name}".lstrip(".")] = fingerprint(tensors[name])
     return found
