@@ -43,10 +43,10 @@ def load_controlled(
     with ``only_controllers``, the modules it names alone. ``placement``: big-model inference places the
     model across devices, CPU and disk (``adapters.placement``), instead of one device holding it whole.
     """
-    placing = placement.loading_kwargs() if placement is not None else None
     folder = check_checkpoint(path)  # links out of the folder refused before any file in it is read
     raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
+    placing = placement.loading_kwargs() if placement is not None else None
     if model_type_of(raw, folder / CONFIG_FILE) in native:
         if controllers is not None or only_controllers is not None:
             raise UserError(
