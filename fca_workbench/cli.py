@@ -98,6 +98,9 @@ def audit_settings(args: argparse.Namespace, checkpoint: str) -> "AuditSettings"
         only_controllers=args.only_controllers,
         trust_remote_code=args.trust_remote_code,
         per_layer=args.per_layer,
+        device_map=args.device_map,
+        max_memory=args.max_memory,
+        offload_folder=args.offload_folder,
     )
 
 

@@ -71,6 +71,7 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="wait this long for another audit using the same cache or output folder (default 0: stop at once)",
     )
+    add_placement_options(parser)
 
 
 class Parser(argparse.ArgumentParser):
@@ -248,3 +249,28 @@ def add_export_parser(sub: "argparse._SubParsersAction") -> argparse.ArgumentPar
         help="recorded in the model card; a static profile draws nothing at random (default 0)",
     )
     return export
+
+
+def add_placement_options(parser: argparse.ArgumentParser) -> None:
+    """Models bigger than one device: accelerate's big-model inference (docs/guides/big-models.md)."""
+    parser.add_argument(
+        "--device-map",
+        default=None,
+        metavar="auto|balanced|sequential|FILE.json",
+        help="place the model across the GPUs (--device cuda), the CPU and disk with accelerate: a strategy, or "
+        "a JSON file of module name -> device (default: the whole model on --device)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        default=None,
+        metavar="DEVICE=SIZE,...",
+        help="what each device may hold under --device-map, e.g. cpu=200MB or 0=10GiB,cpu=30GiB "
+        "(default: the free memory of each); the rest is offloaded to disk",
+    )
+    parser.add_argument(
+        "--offload-folder",
+        default=None,
+        metavar="DIR",
+        help="where the weights offloaded to disk go, in a new subfolder removed afterwards (default: the "
+        "system's temporary folder); never inside the checkpoint, --out or --cache",
+    )

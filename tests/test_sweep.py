@@ -53,6 +53,10 @@ class WithoutStepping(nn.Module):
         """The protocol's frozen replay, as every controlled model has it (adapters/protocol.py)."""
         return self.inner.replay_run(input_ids, values)
 
+    @property
+    def coefficient_dtypes(self):
+        return self.inner.coefficient_dtypes
+
 
 def sweep(model, windows, cache, profiles, group=None):
     counts = bootstrap_counts(len(windows), 200, seed=0)

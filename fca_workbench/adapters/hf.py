@@ -27,7 +27,7 @@ from fca_workbench.adapters.routers import find_routers, split_routing_step, unc
 from fca_workbench.adapters.selective import ColumnKind, selective_controllers
 from fca_workbench.adapters.stepping import LayerStepping, controller_layers, separate_head
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.models.common import PositiveControl, check_window
+from fca_workbench.models.common import PositiveControl, check_window, execution_device
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs
 # the frozen replay's allowance where bit-exactness is not promised: a model class from a checkpoint folder's own
@@ -170,6 +170,7 @@ class TransformersControlled(LayerStepping, nn.Module):
         self.kinds = [kind for _, _, kind in found]
         self._steps = [self._step_owner(name, kind) for name, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
+        self.coefficient_dtypes: list[torch.dtype] = []  # as the probe found them (a router's gate: float32)
         # per controller, per output tensor in the order its kind reads them: [B·T, ...] (True) or [B, T, ...]
         self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
@@ -195,11 +196,12 @@ class TransformersControlled(LayerStepping, nn.Module):
                 )
             if not value[COEFFICIENT].is_floating_point():
                 raise UserError(f"controller {name} gives {value[COEFFICIENT].dtype} values, not coefficients")
+        self.coefficient_dtypes = [value[COEFFICIENT].dtype for value in values]
         return shapes[0]
 
     @property
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return execution_device(self.model)
 
     @property
     def config(self) -> Any:

@@ -8,7 +8,7 @@ user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fca_workbench.adapters.hf import TransformersControlled
+from fca_workbench.adapters.placement import Placement
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.errors import UserError
 from fca_workbench.files import reading
@@ -34,25 +35,28 @@ def load_controlled(
     controllers: str | None = None,
     trust_remote_code: bool = False,
     only_controllers: str | None = None,
+    placement: Placement | None = None,
 ) -> ControlledModel:
     """The model in ``path`` (a folder, or a hub name ``ORG/NAME[@REVISION]``) as a controlled model; every way
     the folder can be wrong is a one-line UserError.
 
     A foreign model's controllers are found by the built-in kinds (MoE routers, shared-expert gates,
     selective SSMs and gates), plus the modules ``controllers`` names (a regex over whole module paths), or,
-    with ``only_controllers``, the modules it names alone.
+    with ``only_controllers``, the modules it names alone. ``placement``: big-model inference places the
+    model across devices, CPU and disk (``adapters.placement``), instead of one device holding it whole.
     """
     # a hub name resolved (code files fetched only with trust_remote_code); links out of the folder refused
     folder = resolve_checkpoint(path, trust_remote_code).folder
     raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
+    placing = placement.loading_kwargs() if placement is not None else None
     if model_type_of(raw, folder / CONFIG_FILE) in native:
         if controllers is not None or only_controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
             )
-        return load_model(folder, dtype)
-    model = load_transformers(folder, raw, dtype, trust_remote_code)
+        return load_model(folder, dtype, placing)
+    model = load_transformers(folder, raw, dtype, trust_remote_code, placing)
     return TransformersControlled(model, controllers, only_controllers)
 
 
@@ -97,8 +101,15 @@ def causal_lm_class(config: Any, folder: Path) -> Any:
     raise UserError(f"{folder}: transformers has no causal LM for model_type '{config.model_type}'")
 
 
-def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_remote_code: bool) -> nn.Module:
-    """``causal_lm_class(config).from_pretrained`` from local safetensors; remote code only when asked."""
+def load_transformers(
+    folder: Path,
+    raw: dict,
+    dtype: torch.dtype | None,
+    trust_remote_code: bool,
+    placing: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """``causal_lm_class(config).from_pretrained`` from local safetensors; remote code only when asked;
+    ``placing``: big-model inference's arguments, under which the model need not fit in memory."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -124,7 +135,8 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
         remote = {"trust_remote_code": trust_remote_code} if hasattr(model_class, "from_config") else {}
         build = getattr(model_class, "from_config", None) or model_class._from_config
         parameters = parameters_on_meta(lambda: build(config, **remote))
-        check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+        if placing is None:
+            check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
         return model_class.from_pretrained(
             folder,
             config=config,
@@ -132,6 +144,7 @@ def load_transformers(folder: Path, raw: dict, dtype: torch.dtype | None, trust_
             local_files_only=True,
             use_safetensors=True,
             **remote,
+            **(placing or {}),
         )
 
 

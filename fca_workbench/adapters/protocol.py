@@ -68,6 +68,12 @@ class ControlledModel(Protocol):
         ...
 
     @property
+    def coefficient_dtypes(self) -> list[torch.dtype]:
+        """Per controller, the dtype its coefficient comes in (a router's gate may be float32 in a bfloat16
+        model): what replayed coefficients, static profiles too, are cast to, so replay is exact."""
+        ...
+
+    @property
     def context_length(self) -> int:
         """The longest window the model takes."""
         ...

@@ -32,6 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 from tqdm.auto import tqdm
 
+from fca_workbench.adapters.placement import tensor_fingerprints
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.guard import require_finite
@@ -106,13 +107,14 @@ MANIFEST_SCHEMA = {
 def model_fingerprint(model: Any) -> str:
     """sha256 over the config and every weight, so any change to the model changes it; not over where it was
     loaded from (the config's ``_name_or_path``), so one checkpoint reached by two spellings of its path, or
-    from two nodes that mount it differently, shares its caches."""
+    from two nodes that mount it differently, shares its caches; nor over where its weights are (a model placed
+    by big-model inference, offloaded weights streamed in, fingerprints as the same model held in memory)."""
     fields = json.loads(model.config.to_json_string(use_diff=False))
     fields.pop("_name_or_path", None)
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor_fingerprint in sorted(tensor_fingerprints(model, fingerprint_tensor).items()):
         digest.update(name.encode())
-        digest.update(fingerprint_tensor(tensor).encode())
+        digest.update(tensor_fingerprint.encode())
     return digest.hexdigest()
 
 

@@ -143,10 +143,18 @@ class ConditionCoefficients:
         )
 
 
-def values_on(values: Values, device: torch.device | str, dtype: torch.dtype) -> Values:
-    """Values moved to ``device``, coefficients cast to the model's ``dtype`` (the rest of a controller's
-    output keeps the dtype it was captured in, so replaying it is exact)."""
+def values_on(
+    values: Values,
+    device: torch.device | str | Sequence[torch.device],
+    dtype: torch.dtype | Sequence[torch.dtype],
+) -> Values:
+    """Values moved to ``device`` (or, a sequence, each controller's to its own: ``placement.value_devices``),
+    coefficients cast to ``dtype`` (or, a sequence, each to its controller's: ``coefficient_dtypes``, a router's
+    float32 gate in a bfloat16 model too); the rest of a controller's output keeps the dtype it was captured in,
+    so replaying it is exact."""
+    devices = [device] * len(values) if isinstance(device, (str, torch.device)) else device
+    dtypes = [dtype] * len(values) if isinstance(dtype, torch.dtype) else dtype
     return [
-        {name: t.to(device=device, dtype=dtype if name == COEFFICIENT else t.dtype) for name, t in value.items()}
-        for value in values
+        {name: t.to(device=where, dtype=cast if name == COEFFICIENT else t.dtype) for name, t in value.items()}
+        for value, where, cast in zip(values, devices, dtypes)
     ]

@@ -11,12 +11,14 @@ exists.
 import contextlib
 import statistics
 import time
+from typing import cast
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from fca_workbench.adapters.kinds import top_k
+from fca_workbench.adapters.placement import execution_device
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 
@@ -24,7 +26,7 @@ Runnable = nn.Module | ControlledModel  # what is counted and timed: a model, it
 
 
 def _device(model: Runnable) -> torch.device:
-    return next(model.parameters()).device
+    return execution_device(cast(nn.Module, model))  # every controlled model is a module
 
 
 def _batches(windows: torch.Tensor, batch_size: int):

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 from tqdm.auto import tqdm
 
+from fca_workbench.adapters.placement import value_devices
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
@@ -41,12 +42,12 @@ def replay_nll(
         require_finite(nll, "NLL", named, indices)
         return nll
     assign = ConditionCoefficients(condition, cache, profiles, seed, layer)
-    dtype = next(model.parameters()).dtype
+    devices = value_devices(model, device)  # each controller's own, where big-model inference placed the model
     model.eval()
     rows = []
     for indices in tqdm(list(cache.shard_indices(shards)), desc=condition, leave=False):
         batch = windows[indices].to(device)
-        values = values_on(assign.values(indices), device, dtype)
+        values = values_on(assign.values(indices), devices, model.coefficient_dtypes)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
         require_finite(rows[-1], "NLL", named, indices)
     return torch.cat(rows)

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.placement import placed, placement
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock, folder_lock
@@ -45,7 +46,8 @@ AUDIT_COMMAND = "fca audit"  # what an audit folder's marker names
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
 
-PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache")  # may differ between nodes; contents are compared
+# may differ between nodes; contents are compared
+PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -69,6 +71,9 @@ class AuditSettings:
     only_controllers: str | None = None  # regex naming a foreign model's controllers, instead of the built-in kinds
     trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
     per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
+    device_map: str | None = None  # big-model inference (adapters/placement.py): auto, balanced, sequential, FILE.json
+    max_memory: str | None = None  # what each device may hold, as --max-memory gives it (cpu=200MB,0=10GiB)
+    offload_folder: str | None = None  # where a fresh folder of offloaded weights is made (default: the temp folder)
 
     def __post_init__(self) -> None:
         """A number out of range is one line here, whatever gave it (flags, a reproduce config, Python): never
@@ -96,10 +101,10 @@ def check_audit_out(out: str | Path) -> Path:
 
 
 def load_audit_inputs(
-    settings: AuditSettings, checkpoint: Checkpoint | None = None
+    settings: AuditSettings, checkpoint: Checkpoint | None = None, out: Path | None = None, ranks: Ranks = SINGLE
 ) -> tuple[ControlledModel, tuple[Path, torch.Tensor], tuple[Path, torch.Tensor]]:
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
-    model, tokenizer = load_audit_model(settings, checkpoint)
+    model, tokenizer = load_audit_model(settings, checkpoint, out, ranks)
     return (
         model,
         audit_windows(settings, "eval", model, tokenizer),
@@ -119,23 +124,35 @@ def check_device(name: str) -> None:
 
 
 def load_audit_model(
-    settings: AuditSettings, checkpoint: Checkpoint | None = None
+    settings: AuditSettings, checkpoint: Checkpoint | None = None, out: Path | None = None, ranks: Ranks = SINGLE
 ) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
-    """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other,
-    both from ``checkpoint`` (default: ``settings.checkpoint`` resolved, ``models.hub``)."""
+    """The controlled model (on the settings' device and dtype, or placed across devices, CPU and disk by
+    big-model inference: ``placement.placement``, its offload folder outside the checkpoint, the output folder and
+    the cache, under torchrun on this rank's own devices) and its tokenizer, checked against each other, both
+    from ``checkpoint`` (default: ``settings.checkpoint`` resolved, ``models.hub``)."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     check_device(settings.device)
     checkpoint = checkpoint or resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
-    model = load_controlled(
-        checkpoint.folder,
-        DTYPES[settings.dtype],
-        settings.controllers,
-        settings.trust_remote_code,
-        settings.only_controllers,
+    outside = {"checkpoint": checkpoint.folder, "coefficient cache": settings.cache, "output folder": out}
+    place = placement(
+        settings.device_map, settings.max_memory, settings.offload_folder, settings.device, outside, ranks
     )
-    model.to(settings.device)
-    tokenizer = load_tokenizer(checkpoint.folder)
+    folder = checkpoint.folder
+    model = placed(  # offloaded weights, if any, removed with the model
+        place,
+        lambda place: load_controlled(
+            folder,
+            DTYPES[settings.dtype],
+            settings.controllers,
+            settings.trust_remote_code,
+            settings.only_controllers,
+            place,
+        ),
+    )
+    if settings.device_map is None:
+        model.to(settings.device)
+    tokenizer = load_tokenizer(folder)
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(
             f"the tokenizer in {settings.checkpoint} has {len(tokenizer)} tokens, more than the model's "
@@ -177,7 +194,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     """
     out = check_audit_out(out)
     checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
-    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings, checkpoint)
+    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings, checkpoint, out, ranks)
     settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
     check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)

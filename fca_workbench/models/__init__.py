@@ -1,6 +1,8 @@
 """The model families, registered with the Auto classes so ``from_pretrained`` resolves them offline."""
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
@@ -49,16 +51,19 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
     return family[1].slot_labels_for(tuple(slot_shape)) if family else index_slot_labels(tuple(slot_shape))
 
 
-def load_model(path: str | Path, dtype: torch.dtype | None = None) -> CoefficientModel:
+def load_model(
+    path: str | Path, dtype: torch.dtype | None = None, placing: Mapping[str, Any] | None = None
+) -> CoefficientModel:
     """Load a checkpoint folder (or a hub name, ``models.hub``) strictly, turning every way it can be broken
     into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
     and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
-    match the model exactly before anything is loaded (see ``fca_workbench.models.loading``).
+    match the model exactly before anything is loaded (see ``fca_workbench.models.loading``). ``placing``:
+    big-model inference's ``from_pretrained`` arguments (``adapters.placement.Placement.loading_kwargs``).
     """
     folder = resolve_checkpoint(path).folder
     config = read_config(folder, FAMILIES)
     model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
-    return load_weights(folder, model_class, config, dtype)
+    return load_weights(folder, model_class, config, dtype, placing)

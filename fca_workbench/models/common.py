@@ -30,6 +30,28 @@ class CoefficientLMOutput(ModelOutput):
     coefficients: list[torch.Tensor] | None = None
 
 
+def _hook_device(module: nn.Module) -> torch.device | None:
+    hook = getattr(module, "_hf_hook", None)
+    for one in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):  # a SequentialHook: its hooks
+        if getattr(one, "execution_device", None) is not None:
+            return torch.device(one.execution_device)
+    return None
+
+
+def execution_device(module: nn.Module, default: torch.device | None = None) -> torch.device:
+    """Where ``module`` computes: accelerate's hook's execution device where big-model inference placed it
+    (its weights may be on ``meta``, offloaded), else the device of its first weight that holds values, else
+    ``default`` (the CPU). The first module (in ``modules()`` order) with either decides."""
+    for part in module.modules():
+        hooked = _hook_device(part)
+        if hooked is not None:
+            return hooked
+        for tensor in [*part.parameters(recurse=False), *part.buffers(recurse=False)]:
+            if tensor.device.type != "meta":
+                return tensor.device
+    return default or torch.device("cpu")
+
+
 class PositiveControl(NamedTuple):
     """A copy of a model that really skips work (``positive_control``), and the settings that make it skip,
     recorded beside its figures in ``audit.json`` ``execution.positive_control``."""
@@ -164,6 +186,11 @@ class CoefficientModel(PreTrainedModel):
     @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
         return []
+
+    @property
+    def coefficient_dtypes(self) -> list[torch.dtype]:
+        """The native controllers compute their coefficients in the model's dtype."""
+        return [self.dtype] * len(self.controllers)
 
     @property
     def context_length(self) -> int:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel
+from fca_workbench.models.common import CoefficientLMOutput, CoefficientModel, execution_device
 
 
 class DenseConfig(PretrainedConfig):
@@ -235,7 +235,7 @@ def shape_matched_dense(model: CoefficientModel) -> DenseForCausalLM:
 
     Latency only depends on shapes, so random weights are enough; it lands on the model's device and dtype.
     """
-    parameter = next(model.parameters())
+    parameter = next(model.parameters())  # its dtype (a placed model's weights may be on meta, not its device)
     sizes: Any = model.config.sizes  # every native family's config has ``sizes``
     dense = DenseForCausalLM(DenseConfig.from_sizes(**sizes()))
-    return dense.to(device=parameter.device, dtype=parameter.dtype).eval()  # type: ignore[call-arg]  # wrapped ``to``
+    return dense.to(device=execution_device(model), dtype=parameter.dtype).eval()  # type: ignore[call-arg]  # wrapped ``to``

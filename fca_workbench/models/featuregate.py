@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fca_workbench.models.common import CoefficientLMOutput, PositiveControl
+from fca_workbench.models.common import CoefficientLMOutput, PositiveControl, execution_device
 from fca_workbench.models.dense import Block, DenseConfig, GPTBackbone
 
 BRANCHES = ("attn", "mlp")  # what the two rows of a layer's gates ``[2, G]`` gate
@@ -195,7 +195,7 @@ def positive_control(
     maxima: list[torch.Tensor] = []
     with torch.no_grad():
         for batch in calibration_windows.split(batch_size):
-            out = model(batch.to(model.device), return_coefficients=True)
+            out = model(batch.to(execution_device(model)), return_coefficients=True)
             maxima.extend(gates[..., 1, :].amax(-1).flatten().float().cpu() for gates in out.coefficients)
     threshold = float(np.quantile(torch.cat(maxima).numpy(), quantile))
 

@@ -31,7 +31,7 @@ import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
@@ -293,15 +293,20 @@ def expected_shapes(
 
 
 def check_weights(
-    folder: Path, model_class: type[PreTrainedModel], config: PretrainedConfig, dtype: torch.dtype
+    folder: Path,
+    model_class: type[PreTrainedModel],
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    fits_in_memory: bool = True,
 ) -> Path:
-    """Check the model fits in memory in ``dtype``, then compare the stored names and shapes with the
-    model's, strictly; returns the weight file to load."""
+    """Check the model fits in memory in ``dtype`` (unless big-model inference places it: ``fits_in_memory``
+    False), then compare the stored names and shapes with the model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
     with reading(f"{folder / CONFIG_FILE} describes no {config.model_type} model that can be built"):
         expected, optional = expected_shapes(model_class, config)  # a size of the wrong type, say
     parameters = sum(math.prod(shape) for shape in expected.values())
-    check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+    if fits_in_memory:
+        check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
     stored = stored_shapes(path)
     allowed_extra = MUDDPYTHIA_CACHE_KEYS if config.model_type == "muddpythia" else None
     missing = [k for k in expected if k not in stored and k not in optional]
@@ -325,10 +330,18 @@ def check_weights(
     return path
 
 
-def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfig, dtype: torch.dtype | None) -> Model:
-    """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly."""
+def load_weights(
+    folder: Path,
+    model_class: type[Model],
+    config: PretrainedConfig,
+    dtype: torch.dtype | None,
+    placing: Mapping[str, Any] | None = None,
+) -> Model:
+    """``check_weights``, then load them (safe unpickling for ``.bin``) into the model, strictly; ``placing``:
+    big-model inference's ``device_map``, ``max_memory`` and ``offload_folder`` (``adapters.placement``), under
+    which the model need not fit in memory."""
     dtype = dtype or torch.float32
-    path = check_weights(folder, model_class, config, dtype)
+    path = check_weights(folder, model_class, config, dtype, fits_in_memory=placing is None)
     with reading(f"corrupt or missing weights in {folder}"):  # safetensors, torch, transformers: their own types
         loaded = model_class.from_pretrained(
             folder,
@@ -338,6 +351,7 @@ def load_weights(folder: Path, model_class: type[Model], config: PretrainedConfi
             use_safetensors=path.name.startswith("model.safetensors"),
             weights_only=True,
             output_loading_info=True,
+            **(placing or {}),
         )
         model, info = cast(tuple[Model, dict[str, list]], loaded)  # output_loading_info: (model, info)
     leftovers = {

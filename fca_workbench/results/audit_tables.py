@@ -12,10 +12,12 @@ precision; Markdown and LaTeX are rounded for reading.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from fca_workbench.models.hub import recorded_name
 from fca_workbench.results.conditions import ALL_CONDITIONS, CONDITIONS, HEADLINE_CONDITIONS, RETENTION_PROFILES
+from fca_workbench.results.report import nll_label
 from fca_workbench.results.seeds import summarise
 from fca_workbench.results.tables import Column, make_table
 
@@ -109,12 +111,17 @@ def variation_seed_table(audits: list[dict]) -> pd.DataFrame:
     )
 
 
-CONDITION_COLUMNS = [
+CONDITION_COLUMNS = [  # the NLL's header names the audits' dtype (``condition_columns``)
     Column("nll", "NLL", "float"),
     Column("ci95", "95% CI", "float", "ci"),
     Column("delta", "ΔNLL", "delta"),
     Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci"),
 ]
+
+
+def condition_columns(audits: list[dict]) -> list[Column]:
+    """``CONDITION_COLUMNS``, the NLL headed with the dtype the audits computed it in (``report.nll_label``)."""
+    return [replace(c, header=nll_label(audits)) if c.key == "nll" else c for c in CONDITION_COLUMNS]
 
 
 def condition_rows(audit: dict, conditions: Sequence[str] | None = None) -> list[dict]:
@@ -132,8 +139,9 @@ def condition_rows(audit: dict, conditions: Sequence[str] | None = None) -> list
 
 def assignment_table(audits: list[dict]) -> pd.DataFrame:
     """NLL and ΔNLL (against ``correct``) with 95% bootstrap CIs for every condition, per model."""
-    columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
-    rows = [row for audit in with_controller(audits) for row in condition_rows(audit)]
+    audits = with_controller(audits)
+    columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *condition_columns(audits)]
+    rows = [row for audit in audits for row in condition_rows(audit)]
     return make_table(
         "assignment_per_model",
         "Assignment dependence: NLL and ΔNLL vs correct (95% bootstrap CIs over windows), per model",
@@ -148,7 +156,7 @@ def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
         Column("arch", "arch", "text"),
         Column("condition", "condition", "text"),
         Column("n", "seeds", "int"),
-        Column("nll", "NLL", "float", "msd"),
+        Column("nll", nll_label(with_controller(audits)), "float", "msd"),
         Column("delta", "ΔNLL", "delta", "msd"),
     ]
     rows = []
@@ -295,7 +303,7 @@ MUDD_CONDITIONS = CONDITIONS  # section 4's conditions: MUDDPythia has no router
 def mudd_table(audits: list[dict]) -> pd.DataFrame:
     """The MUDDPythia table: NLL and penalties (ΔNLL vs correct) of cross-input reassignment and token
     shuffling, with the static profiles for comparison."""
-    columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *CONDITION_COLUMNS]
+    columns = [Column("model", "model", "text"), Column("condition", "condition", "text"), *condition_columns(audits)]
     rows = [row for audit in audits for row in condition_rows(audit, MUDD_CONDITIONS)]
     return make_table(
         "muddpythia_penalties",
@@ -312,7 +320,7 @@ def per_layer_table(audits: list[dict]) -> pd.DataFrame:
         Column("model", "model", "text"),
         Column("layer", "layer", "int"),
         Column("condition", "condition", "text"),
-        Column("nll", "NLL", "float"),
+        Column("nll", nll_label(audits), "float"),
         Column("delta", "ΔNLL", "delta"),
         Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci"),
     ]

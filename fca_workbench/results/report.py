@@ -6,6 +6,7 @@ disagree with a verdict using the numbers beside it.
 
 import itertools
 import textwrap
+from collections.abc import Iterable
 
 from fca_workbench.adapters.families import DELTA_RULE_GATE, LSTM_GATE, SELECTIVE_GATE, SELECTIVE_SSM
 
@@ -21,6 +22,19 @@ STATIC_PROFILE_MEANING = {
 }
 
 
+def nll_dtype(audit: dict) -> str:
+    """The dtype an audit's model computed its NLLs in (``settings.dtype``; an audit that records none ran in
+    float32, the default)."""
+    return audit.get("settings", {}).get("dtype", "float32")
+
+
+def nll_label(audits: Iterable[dict], label: str = "NLL") -> str:
+    """``label`` with the dtype(s) the audits' NLLs were computed in, as every printed NLL is headed:
+    ``NLL (bfloat16)``; audits in several dtypes name them all (no audits: ``label`` alone)."""
+    dtypes = sorted({nll_dtype(audit) for audit in audits})
+    return f"{label} ({', '.join(dtypes)})" if dtypes else label
+
+
 def format_report(audit: dict, width: int = 38) -> str:
     """The condition table, then the three properties side by side, each with figures and verdict."""
     model = audit["model"]
@@ -29,11 +43,11 @@ def format_report(audit: dict, width: int = 38) -> str:
         f"eval: {audit['data']['eval']['windows']} windows × {audit['data']['eval']['window']} tokens "
         f"from {audit['data']['eval']['source']}",
         "",
-        f"{'condition':22s} {'NLL':>8s} {'95% CI':>19s} {'ΔNLL':>9s} {'95% CI':>21s}",
+        f"{'condition':22s} {nll_label([audit]):>14s} {'95% CI':>19s} {'ΔNLL':>9s} {'95% CI':>21s}",
     ]
     for name, c in audit["conditions"].items():
         lines.append(
-            f"{name:22s} {c['nll']:8.4f} [{c['ci95'][0]:7.4f}, {c['ci95'][1]:7.4f}] {c['delta']:+9.4f} "
+            f"{name:22s} {c['nll']:14.4f} [{c['ci95'][0]:7.4f}, {c['ci95'][1]:7.4f}] {c['delta']:+9.4f} "
             f"[{c['delta_ci95'][0]:+8.4f}, {c['delta_ci95'][1]:+8.4f}]"
         )
     lines += per_layer_table(audit.get("per_layer"))
