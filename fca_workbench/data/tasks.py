@@ -7,13 +7,12 @@ eval split alone, deterministically from a seed, so ``fca eval`` runs offline an
 JSONL can be rebuilt byte for byte (``build_next_line``); ``data/tasks/fca_next_line.yaml`` is its lm-eval task.
 """
 
-import json
 import random
 from pathlib import Path
 
 from fca_workbench.data.corpus import DATA_DIR, split_path
 from fca_workbench.data.windows import read_documents
-from fca_workbench.files import write_atomic
+from fca_workbench.files import canonical_json, write_atomic
 
 TASKS_DIR = DATA_DIR / "tasks"
 NEXT_LINE_TASK = "fca_next_line"
@@ -62,9 +61,9 @@ def is_spoken(line: str) -> bool:
 
 
 def next_line_jsonl(seed: int = 0) -> bytes:
-    """The task's JSONL from the shipped eval split: one item per line, keys sorted, ASCII-escaped."""
+    """The task's JSONL from the shipped eval split: one item per line (``files.canonical_json``)."""
     items = next_line_items(read_documents(split_path("eval")), seed)
-    return "".join(json.dumps(item, sort_keys=True) + "\n" for item in items).encode()
+    return "".join(canonical_json(item) + "\n" for item in items).encode()
 
 
 def build_next_line(folder: Path = TASKS_DIR, seed: int = 0) -> Path:

@@ -1,22 +1,23 @@
 """``fca eval``: lm-eval tasks under FCA conditions, their accuracy and its retention, as ``downstream.json``.
 
 The static profiles come from the calibration set exactly as ``fca audit`` makes them (its loader, windows,
-capture and ``calibration_profiles``; the capture is the audit folder's own, so an audit of the same model and
-calibration windows already there is reused). Tasks run through ``lm_eval.simple_evaluate`` with lm-eval's
+capture and ``calibration_profiles``), captured into a temporary folder as the mini-audit does, so an audit's
+own cache in the output folder is never touched. Tasks run through ``lm_eval.simple_evaluate`` with lm-eval's
 own task definitions, metrics and standard errors; the shipped ``data/tasks/`` ones run offline.
 """
 
 import importlib.metadata
 import logging
 import math
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import lm_eval
 import yaml
 from lm_eval.tasks import TaskManager
 
-from fca_workbench.audit.cache_lock import cache_lock, folder_lock
+from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
 from fca_workbench.audit.run import (
@@ -30,13 +31,13 @@ from fca_workbench.audit.run import (
     with_batch_size,
 )
 from fca_workbench.data.tasks import TASKS_DIR
-from fca_workbench.downstream.frozen import REFERENCES, ConditionLogits, eval_conditions
+from fca_workbench.downstream.frozen import LOW, REFERENCE, ConditionLogits, eval_conditions
 from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_json
 from fca_workbench.resources import inside_folder
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
-from fca_workbench.results.layout import DOWNSTREAM_FILE, cache_root
+from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.results.outputs import mark_output, refuse_foreign
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
@@ -46,7 +47,7 @@ BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is
 class EvalSettings:
     checkpoint: str
     tasks: list[str]
-    conditions: list[str] = field(default_factory=lambda: ["correct", "global_mean", "layer_mean"])
+    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, "layer_mean"])
     limit: int | None = None  # the first N documents of each task
     calibration: str | None = None
     window: int | None = None
@@ -99,7 +100,7 @@ def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str | dict]]:
     unknown name is one line, before any model is loaded."""
     shipped = local_tasks()
     others = [name for name in names if name not in shipped]
-    manager = TaskManager(verbosity="ERROR", include_defaults=bool(others))
+    manager = TaskManager(include_defaults=bool(others))
     unknown = [name for name in others if name not in manager.all_tasks]
     if unknown:
         raise UserError(
@@ -123,11 +124,15 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     conditions = eval_conditions(settings.conditions, bool(model.controllers))
     calib_path, calib_windows = audit_windows(audit_settings, "calibration", model, tokenizer)
     audit_settings = with_batch_size(audit_settings, model, calib_windows, out)
-    with cache_lock(cache_root(None, out)), folder_lock(out, "output folder"):
+    with folder_lock(out, "output folder"):
         mark_output(out, AUDIT_COMMAND)
         profiles = None
         if model.controllers:
-            profiles = calibration_profiles(capture_split(model, calib_windows, "calibration", audit_settings, out))
+            with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
+                audit_settings = replace(audit_settings, cache=cache)
+                profiles = calibration_profiles(
+                    capture_split(model, calib_windows, "calibration", audit_settings, None)
+                )
             routed = [c for c in conditions if c not in replay_conditions(profiles)]
             if routed:
                 raise UserError(f"--conditions {routed[0]}: only for models whose controllers are top-k routers")
@@ -214,25 +219,23 @@ def retention(value: float, correct: float, global_mean: float) -> float | None:
 
 
 def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
-    """Per task: ``samples`` and, per condition and metric, value, stderr and retention (None without both
-    references: a model without a controller evaluates ``correct`` alone)."""
-    first = next(iter(by_condition.values()))
+    """Per task: ``samples`` and, per condition and metric, value, stderr and retention (None where a reference
+    lacks the metric, or the model has no controller and evaluates ``correct`` alone)."""
     figures = {}
-    for task, entry in first.items():
+    for task, entry in by_condition[REFERENCE].items():
         rows = {condition: results[task]["metrics"] for condition, results in by_condition.items()}
-        conditions = {}
-        for condition, metrics in rows.items():
-            conditions[condition] = {
-                metric: {
-                    **figure,
-                    "retention": retention(figure["value"], *(rows[r][metric]["value"] for r in REFERENCES))
-                    if all(r in rows and metric in rows[r] for r in REFERENCES)
-                    else None,
-                }
-                for metric, figure in metrics.items()
-            }
+        conditions = {
+            condition: {metric: {**f, "retention": kept(rows, metric, f["value"])} for metric, f in metrics.items()}
+            for condition, metrics in rows.items()
+        }
         figures[task] = {"samples": entry["samples"], "conditions": conditions}
     return figures
+
+
+def kept(rows: dict[str, dict], metric: str, value: float) -> float | None:
+    """``retention`` of ``value`` between the references' ``metric`` in ``rows`` (per condition, its metrics)."""
+    top, low = (rows.get(end, {}).get(metric) for end in (REFERENCE, LOW))
+    return None if top is None or low is None else retention(value, top["value"], low["value"])
 
 
 def format_downstream(downstream: dict) -> str:
