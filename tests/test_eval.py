@@ -164,3 +164,68 @@ def test_bad_input_is_one_line(tiny_checkpoints, tmp_path, capsys, monkeypatch):
     assert "only --conditions correct" in run_error(["eval", dense, "--tasks", "fca_next_line", "--out", out], capsys)
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if lm-eval were not installed
     assert "pip install 'fca-workbench[eval]'" in run_error(["eval", native, "--tasks", "fca_next_line"], capsys)
+
+
+def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
+    """``correct`` is the live model: on a foreign checkpoint, ``WorkbenchLM`` gives every choice the
+    loglikelihood lm-eval's own ``hf`` model gives it, loading the folder itself."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.downstream.frozen import ConditionLogits
+    from fca_workbench.downstream.lm import WorkbenchLM
+    from fca_workbench.downstream.run import local_task_config, local_tasks
+
+    model = load_controlled(tiny_mixtral)
+    ours = WorkbenchLM(model, load_tokenizer(tiny_mixtral), model.context_length, 4)
+    ours.use(ConditionLogits(model, "correct", None))
+    hf = {"pretrained": str(tiny_mixtral), "device": "cpu", "dtype": "float32"}
+    scores = []
+    for lm, args in ((ours, None), ("hf", hf)):
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            model_args=args,
+            tasks=[local_task_config(local_tasks()["fca_next_line"])],
+            task_manager=TaskManager(include_defaults=False),
+            limit=8,
+            log_samples=True,
+        )
+        scores.append([r[0][0] for sample in results["samples"]["fca_next_line"] for r in sample["resps"]])
+    assert len(scores[0]) == 8 * 4
+    assert scores[0] == pytest.approx(scores[1], abs=1e-4)
+
+
+def test_generation_is_greedy_under_the_condition(tiny_mixtral):
+    """``correct`` generates what transformers' own greedy ``generate`` does, each left-padded text alone; a
+    static profile generates the frozen model's greedy tokens, computed here one forward at a time."""
+    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.audit.conditions import profiles_of, routing_top_k
+    from fca_workbench.downstream.frozen import ConditionLogits
+    from fca_workbench.downstream.lm import WorkbenchLM
+
+    model, tokenizer = load_controlled(tiny_mixtral), load_tokenizer(tiny_mixtral)
+    lm = WorkbenchLM(model, tokenizer, model.context_length, 2)
+    texts = [tokenizer.encode("Who's there?\n"), tokenizer.encode("Nay, answer me: stand, and unfold yourself.\n")]
+    width, new = max(map(len, texts)), 6
+    pad = tokenizer.pad_token_id
+    context = torch.tensor([[pad] * (width - len(t)) + t for t in texts])
+    mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in texts])
+    lm.use(ConditionLogits(model, "correct", None))
+    out = lm._model_generate(context, width + new, stop=[], attention_mask=mask)
+    for row, text in zip(out, texts):
+        reference = model.model.generate(torch.tensor([text]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
+        assert row[width:].tolist() == reference[0, len(text) :].tolist()
+    with torch.no_grad():
+        _, values = model.capture_run(torch.tensor([texts[1]]))
+    profiles = profiles_of([[v["coefficient"] for v in values]], routing_top_k(values))
+    lm.use(ConditionLogits(model, "layer_mean", profiles))
+    ids = list(texts[0])
+    for _ in range(new):
+        coefficients = [{"coefficient": p.expand(1, len(ids), *p.shape)} for p in profiles["layer_mean"]]
+        with torch.no_grad():
+            ids.append(int(model.replay_run(torch.tensor([ids]), coefficients)[0, -1].argmax()))
+    assert (
+        lm._model_generate(context[:1], width + new, stop=[], attention_mask=mask[:1])[0, width:].tolist()
+        == ids[len(texts[0]) :]
+    )
