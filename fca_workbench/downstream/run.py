@@ -2,18 +2,22 @@
 
 The static profiles come from the calibration set exactly as ``fca audit`` makes them (its loader, windows,
 capture and ``calibration_profiles``), captured into a temporary folder as the mini-audit does, so an audit's
-own cache in the output folder is never touched. Tasks run through ``lm_eval.simple_evaluate`` with lm-eval's
+own cache in the output folder is never touched. Tasks run through lm-eval's evaluator with its
 own task definitions, metrics and standard errors; the shipped ``data/tasks/`` ones run offline.
 """
 
 import importlib.metadata
 import logging
 import math
+import random
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import lm_eval
+import lm_eval.evaluator
+import numpy
+import torch
 import yaml
 from lm_eval.tasks import TaskManager
 
@@ -138,10 +142,10 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
                 raise UserError(f"--conditions {routed[0]}: only for models whose controllers are top-k routers")
         logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
         lm = WorkbenchLM(model, tokenizer, calib_windows.shape[1], audit_settings.batch_size or 1)
-        by_condition = {}
+        loaded, by_condition = load_tasks(manager, tasks, settings.seed), {}
         for condition in conditions:
             lm.use(ConditionLogits(model, condition, profiles))
-            by_condition[condition] = evaluate(lm, manager, tasks, settings)
+            by_condition[condition] = evaluate(lm, loaded, settings)
         downstream = {
             "schema": DOWNSTREAM_SCHEMA,
             "model": {
@@ -168,22 +172,26 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     return downstream
 
 
-def evaluate(lm: WorkbenchLM, manager: TaskManager, tasks: list[str | dict], settings: EvalSettings) -> dict:
+def load_tasks(manager: TaskManager, tasks: list[str | dict], seed: int) -> dict:
+    """lm-eval's tasks, loaded once for every condition, set up as ``simple_evaluate`` sets them up: zero-shot
+    unless the task says otherwise, its few-shot sampler seeded."""
+    loaded = manager.load(tasks)
+    for task in loaded["tasks"].values():
+        if task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=seed)
+    return loaded
+
+
+def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     """lm-eval's results of every task (and group) under the condition ``lm`` uses: per task, its documents
-    evaluated (``samples``) and its metrics (``metrics``: value and stderr)."""
-    seed = settings.seed
-    results = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=tasks,
-        task_manager=manager,
-        limit=settings.limit,
-        log_samples=False,
-        bootstrap_iters=BOOTSTRAP_ITERS,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-        verbosity="ERROR",
+    evaluated (``samples``) and its metrics (``metrics``: value and stderr). ``evaluator.evaluate`` is
+    ``simple_evaluate`` without its model loading and its environment report (a ``pip list`` per call)."""
+    random.seed(settings.seed)
+    numpy.random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    results = lm_eval.evaluator.evaluate(
+        lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False
     )
     samples = results.get("n-samples", {})
     return {
