@@ -18,6 +18,7 @@ import panel as pn
 import views
 
 from fca_workbench import tables
+from fca_workbench.dashboard.downstream import downstream_tables
 from fca_workbench.dashboard.escaping import markdown_text
 from fca_workbench.dashboard.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, SizedCache, audit_tables
 from fca_workbench.errors import UserError, first_line
@@ -32,7 +33,7 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
     kept = _RENDERED.get(entry.version)
     if kept is not None:
         return kept
-    made = audit_tables(entry.valid_audit)
+    made = audit_tables(entry.valid_audit) + downstream_tables(entry.folder)
     parts = [
         (
             t.attrs["name"],

@@ -223,7 +223,7 @@ def finite(value: object) -> float | None:
 def retention(value: float, correct: float, global_mean: float) -> float | None:
     """The share of the ``correct``-to-``global_mean`` gap a condition keeps; None when there is no gap."""
     gap = correct - global_mean
-    return None if gap == 0 else (value - global_mean) / gap
+    return None if gap == 0 else (value - global_mean) / gap + 0.0  # + 0.0: no -0.0 for a condition at the low end
 
 
 def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
