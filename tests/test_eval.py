@@ -10,11 +10,14 @@ import pytest
 import torch
 from conftest import fca
 
+from fca_workbench import reproduce
 from fca_workbench.cli import main
+from fca_workbench.dashboard.downstream import downstream_tables
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
+from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results import load_audit
 from fca_workbench.results.layout import DOWNSTREAM_FILE
@@ -122,8 +125,16 @@ def test_load_audit_reads_downstream_beside_audit_json(shipped_eval):
     assert list(frame.columns) == ["task", "condition", "metric", "value", "stderr", "retention"]
     figures = downstream["tasks"]["fca_next_line"]["conditions"]
     assert frame.set_index(["condition"])["value"].to_dict() == {c: f["acc"]["value"] for c, f in figures.items()}
+    table = downstream_tables(out)[0]
+    assert table[["condition", "value"]].values.tolist() == [[c, f["acc"]["value"]] for c, f in figures.items()]
+    outside = out.parent / "elsewhere.json"
+    (out / DOWNSTREAM_FILE).rename(outside)
+    assert load_audit(out).downstream.empty and downstream_tables(out) == []
+    (out / DOWNSTREAM_FILE).symlink_to(outside)  # the results view reads nothing outside the folder
+    with pytest.raises(UserError, match="outside|inside|resolve"):
+        downstream_tables(out)
     (out / DOWNSTREAM_FILE).unlink()
-    assert load_audit(out).downstream.empty
+    outside.rename(out / DOWNSTREAM_FILE)
 
 
 @pytest.mark.parametrize("which", ["native", "foreign"])
@@ -229,3 +240,13 @@ def test_generation_is_greedy_under_the_condition(tiny_mixtral):
         lm._model_generate(context[:1], width + new, stop=[], attention_mask=mask[:1])[0, width:].tolist()
         == ids[len(texts[0]) :]
     )
+
+
+def test_reproduce_runs_notebook_08_only_with_lm_eval(monkeypatch, tmp_path):
+    monkeypatch.setattr(reproduce, "ensure_kernel", lambda: None)
+    assert "08_downstream" in [job.name for job in reproduce.plan({}, tmp_path / "with").jobs]
+    real = reproduce.importlib.util.find_spec
+    monkeypatch.setattr(reproduce.importlib.util, "find_spec", lambda name: None if name == "lm_eval" else real(name))
+    assert "08_downstream" not in [job.name for job in reproduce.plan({}, tmp_path / "without").jobs]
+    with pytest.raises(UserError, match="needs the eval extra"):
+        reproduce.plan({"notebooks": ["08_downstream"]}, tmp_path / "asked")
