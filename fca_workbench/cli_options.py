@@ -6,6 +6,7 @@ import argparse
 from typing import NoReturn
 
 from fca_workbench import flags
+from fca_workbench.results.conditions import PROFILE_CONDITIONS
 
 
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
@@ -233,8 +234,8 @@ def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.Argument
     parser.add_argument(
         "--conditions",
         default="correct,global_mean,layer_mean",
-        help="comma-separated static conditions: correct, global_mean, layer_scalar, layer_mean, "
-        "layer_position_mean, layer_mean_topk (correct and global_mean always run: the retention's two ends)",
+        help=f"comma-separated static conditions: correct, {', '.join(PROFILE_CONDITIONS)} (correct and "
+        "global_mean always run: the retention's two ends)",
     )
     parser.add_argument(
         "--out",

@@ -250,3 +250,29 @@ def test_reproduce_runs_notebook_08_only_with_lm_eval(monkeypatch, tmp_path):
     assert "08_downstream" not in [job.name for job in reproduce.plan({}, tmp_path / "without").jobs]
     with pytest.raises(UserError, match="needs the eval extra"):
         reproduce.plan({"notebooks": ["08_downstream"]}, tmp_path / "asked")
+
+
+def test_rolling_loglikelihood_is_the_frozen_models(tiny_mixtral):
+    """A rolling loglikelihood (perplexity tasks) under a static profile: the summed log-probability of every
+    token after lm-eval's prefix token, from ``replay_run`` with the profile broadcast by hand."""
+    from lm_eval.api.instance import Instance
+
+    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.audit.conditions import profiles_of, routing_top_k
+    from fca_workbench.downstream.frozen import ConditionLogits
+    from fca_workbench.downstream.lm import WorkbenchLM
+
+    model, tokenizer = load_controlled(tiny_mixtral), load_tokenizer(tiny_mixtral)
+    text = "Who's there?\nNay, answer me: stand, and unfold yourself."
+    ids = torch.tensor([[tokenizer.eos_token_id, *tokenizer.encode(text)]])
+    with torch.no_grad():
+        _, values = model.capture_run(ids)
+        profiles = profiles_of([[v["coefficient"] for v in values]], routing_top_k(values))
+        slots, scalars = model.coefficient_slot_shapes, profiles["layer_scalar"]
+        replayed = [{"coefficient": p.expand(1, ids.shape[1], *slot)} for p, slot in zip(scalars, slots)]
+        logprobs = model.replay_run(ids, replayed)[0, :-1].double().log_softmax(-1)
+    expected = logprobs.gather(1, ids[0, 1:, None]).sum().item()
+    lm = WorkbenchLM(model, tokenizer, model.context_length, 2)
+    lm.use(ConditionLogits(model, "layer_scalar", profiles))
+    request = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)
+    assert lm.loglikelihood_rolling([request], disable_tqdm=True)[0] == pytest.approx(expected, abs=1e-4)
