@@ -25,12 +25,12 @@ from pathlib import Path
 
 from fca_workbench.cli import main as fca
 from fca_workbench.files import read_json, write_atomic, write_json
-from fca_workbench.results.layout import AUDIT_FILE
+from fca_workbench.results.layout import AUDIT_FILE, MODEL_CARD_FILE, STUDY_SUMMARY_FILE
 from fca_workbench.train_state import LOG_FILE, STATE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY_FILE = "audit_summary.json"
-CARD_FILE = "model_card.json"
+SUMMARY_FILE = STUDY_SUMMARY_FILE  # what fca_workbench.results.design_study reads
+CARD_FILE = MODEL_CARD_FILE
 STEPS = 300
 SEEDS = (0, 1, 2)
 

@@ -49,7 +49,7 @@ from fca_workbench.dashboard.serving import configure as configure_process
 from fca_workbench.dashboard.session import Document
 from fca_workbench.errors import UserError
 
-pn.extension("plotly", sizing_mode="stretch_width", notifications=False)
+pn.extension("plotly", "tabulator", sizing_mode="stretch_width", notifications=False)
 
 
 def server_full_page() -> pn.pane.Alert:

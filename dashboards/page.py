@@ -172,9 +172,7 @@ class DashboardApp:
             self.live_per_layer,
         )
         view, note = opening_view(self.pending_link)
-        if "audit" in self.pending_link:
-            note = note or self.results_view.choose(self.pending_link["audit"])
-        self.link_notes += [note] if note else []
+        self.link_notes += ([note] if note else []) + self.results_view.apply_link(self.pending_link)
         self.tabs = pn.Tabs(
             ("Live replay", pn.Row(sidebar, self.main)),
             ("Finished audits", self.results_view.layout),
@@ -285,15 +283,11 @@ class DashboardApp:
         """Write the view's selection into the URL (not before the link it was opened with is applied)."""
         if self.pending_link is not None:
             return
-        self.link.param.update(
-            **link_of(
-                VIEWS[self.tabs.active],
-                self.selection(),
-                self.heat_slot.value,
-                self.heat_layer.value,
-                self.results_view.select.value,
-            )
+        results = self.results_view.link()
+        values = link_of(
+            VIEWS[self.tabs.active], self.selection(), self.heat_slot.value, self.heat_layer.value, results["audit"]
         )
+        self.link.param.update(**{**values, **results})
 
     def sync_widgets(self, model: SharedModel) -> None:
         """Fit the layer, window and heatmap choices to the checkpoint (``links.fitted``), without triggering

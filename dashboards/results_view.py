@@ -1,8 +1,10 @@
-"""The dashboard's results view: the finished audits of ``--results DIR`` and one of them in full.
+"""The dashboard's results view: the finished audits of ``--results DIR``, first all of them in one table
+(``overview_view``), then the one picked in full, and beside it a second one to compare (``compare_view``).
 
 Presentation only: entries, tables and files come from ``fca_workbench.dashboard.results_folder`` (which reads
-nothing outside the results folder and builds every table with ``tables.py``); this module lays them out and
-offers each table as CSV and the audit as ``audit.json`` (``pn.widgets.FileDownload``).
+nothing outside the results folder and builds every table with ``tables.py``), the overview from
+``dashboard.overview``, the comparison from ``dashboard.compare``; this module lays them out and offers each
+table as CSV and the audit as ``audit.json`` (``pn.widgets.FileDownload``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ from typing import Any
 
 import panel as pn
 import views
+from compare_view import CompareView
+from overview_view import OverviewView
 
 from fca_workbench import tables
+from fca_workbench.dashboard.compare import comparison
 from fca_workbench.dashboard.downstream import downstream_tables
 from fca_workbench.dashboard.escaping import markdown_text
+from fca_workbench.dashboard.overview import chosen_sort, overview_of
+from fca_workbench.dashboard.query import choose
 from fca_workbench.dashboard.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, SizedCache, audit_tables
 from fca_workbench.errors import UserError, first_line
 
+NONE = ""  # the audit choices' value for "no audit": the overview alone, or nothing to compare with
 RENDERED_BYTES = 64 << 20  # the tables (HTML and CSV text) and figures kept rendered, per process
 _RENDERED = SizedCache(RENDERED_BYTES)
 
@@ -57,7 +65,8 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
 
 
 class ResultsView:
-    """The list of audits (with a message for each one that cannot be shown) and the selected audit."""
+    """The overview of the audits (with a message for each one that cannot be shown), the selected audit and
+    the comparison with a second one."""
 
     def __init__(
         self,
@@ -72,6 +81,9 @@ class ResultsView:
         self.later = later  # runs a change of the page inside the session's document (the app's ``later``)
         self.active = False  # the audit is drawn once the view is shown (most sessions never open it)
         self.select = pn.widgets.Select(name="Audit", options={}, css_classes=["fca-audit"])
+        self.compare = pn.widgets.Select(name="Compare with", options={}, css_classes=["fca-compare-with"])
+        self.overview = OverviewView(self.pick, self.publish, later)
+        self.comparison = CompareView()
         self.refresh = pn.widgets.Button(name="Look for new audits", css_classes=["fca-refresh"])
         self.problems = pn.pane.HTML("", css_classes=["fca-results-problems"])
         self.message = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["fca-results-message"])
@@ -80,10 +92,13 @@ class ResultsView:
         self.downloads = pn.FlexBox(css_classes=["fca-downloads"])
         self.tables = pn.Column(css_classes=["fca-results-tables"])
         self.select.param.watch(lambda event: self.later(self.show), "value")
+        self.compare.param.watch(lambda event: self.later(self.show), "value")
         self.refresh.on_click(lambda event: self.later(self.rescan))
         self.layout = pn.Column(
-            pn.Row(self.select, self.refresh),
             self.problems,
+            self.overview.layout,
+            pn.Row(self.select, self.compare, self.refresh),
+            self.comparison.layout,
             self.message,
             self.header,
             self.downloads,
@@ -99,11 +114,13 @@ class ResultsView:
 
     def show_entries(self, entries: list[AuditEntry]) -> None:
         """List these audits; keep the selection if it is still there."""
-        shown = {entry.label: entry.name for entry in entries if entry.audit is not None}
-        current = self.select.value
-        self.select.options = shown
-        self.select.value = current if current in shown.values() else next(iter(shown.values()), None)
-        problems = [entry for entry in entries if entry.audit is None]
+        self.summary = overview_of(entries)
+        listed = set(self.summary.names)
+        shown = {entry.label: entry.name for entry in entries if entry.name in listed}
+        for select, none in ((self.select, "— none: the overview only —"), (self.compare, "— none —")):
+            current = select.value
+            select.options = {none: NONE, **shown}
+            select.value = current if current in shown.values() else NONE
         if self.results is None:
             note = "This server has no results folder (fca dashboard --results DIR)."
         elif not entries:
@@ -114,36 +131,69 @@ class ResultsView:
         else:
             note = f"{len(shown)} audit(s) in the results folder '{html.escape(self.results.root.name)}'."
         items = "".join(
-            f"<li class='fca-results-problem' data-entry='{html.escape(entry.name)}'>"
-            f"<b>{html.escape(entry.name)}</b>: {html.escape(entry.problem or '')}</li>"
-            for entry in problems
+            f"<li class='fca-results-problem' data-entry='{html.escape(name)}'>"
+            f"<b>{html.escape(name)}</b>: {html.escape(problem)}</li>"
+            for name, problem in self.summary.problems
         )
         self.problems.object = f"<div class='fca-results-note'>{note}</div>" + (f"<ul>{items}</ul>" if items else "")
+        if self.active:
+            self.overview.show(self.summary, self.results.root.name if self.results else "results")
         self.show()
 
-    def choose(self, name: object) -> str | None:
-        """Show the audit called ``name`` (from a link); a message when there is none such."""
-        if name in self.select.options.values():
-            self.select.value = name
-            return None
-        return f"the link's audit={str(name)[:60]!r} is not an audit of the results folder; showing the first one"
+    def apply_link(self, requested: dict) -> list[str]:
+        """Show what a link names (audit, compare, sort, order), each checked; a note for each that is not there."""
+        names = [value for value in self.select.options.values() if value != NONE]
+        notes = []
+        for select, key in ((self.select, "audit"), (self.compare, "compare")):
+            select.value, note = choose(requested, key, names, NONE, "is not an audit of the results folder")
+            notes += [note.rsplit("; showing", 1)[0] + "; showing none"] if note else []
+        sort, sort_notes = chosen_sort(requested)
+        self.overview.apply(sort)
+        return notes + sort_notes
+
+    def link(self) -> dict:
+        """The view's values of ``query.ViewQuery`` (the URL): the audit shown, the one compared, the sort."""
+        return {"audit": self.select.value or None, "compare": self.compare.value or None, **self.overview.link()}
+
+    def pick(self, name: str) -> None:
+        """A row of the overview was clicked: show that audit in full."""
+        self.select.value = name
 
     def activate(self) -> None:
-        """The view is shown: draw the selected audit from now on."""
+        """The view is shown: draw the overview and the selected audit from now on."""
         if not self.active:
             self.active = True
+            self.overview.show(self.summary, self.results.root.name if self.results else "results")
             self.show()
 
     def show(self) -> None:
-        """Draw the selected audit (once the view is shown) and tell the app, which keeps the URL in step."""
+        """Draw the selected audit and the comparison (once the view is shown) and tell the app, which keeps the
+        URL in step."""
         if self.active:
             self.draw(self.select.value)
+            self.draw_comparison(self.select.value, self.compare.value)
+            self.overview.mark(self.select.value)
+        self.publish()
+
+    def publish(self) -> None:
         if self.on_change is not None:
             self.on_change()
 
+    def draw_comparison(self, first: str, second: str) -> None:
+        if not first or not second or self.results is None:
+            self.comparison.clear()
+            return
+        try:
+            a, b = self.results.entry(first).valid_audit, self.results.entry(second).valid_audit
+            self.comparison.show(comparison(a, b, (first, second)))
+        except UserError as exc:
+            self.comparison.refuse(str(exc))
+        except Exception as exc:  # a pair the tables cannot be made of is its message, never a blank page
+            self.comparison.refuse(f"{first} vs {second}: cannot be compared: {first_line(exc)}")
+
     def draw(self, name: str | None) -> None:
         self.message.visible = False
-        if name is None or self.results is None:
+        if not name or self.results is None:
             self.header.object = ""
             self.downloads.objects, self.tables.objects = [], []
             self.heatmap.object, self.heatmap.visible = None, False

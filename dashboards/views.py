@@ -254,3 +254,30 @@ def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
         yaxis=dict(autorange="reversed"),
     )
     return dict(data=data, layout=layout)
+
+
+def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> dict | None:
+    """Grouped bars (``dashboard.overview.Bars``): one colour per architecture, mean ± sd over its seeds."""
+    if not bars:
+        return None
+    data = [
+        dict(
+            type="bar",
+            name=plotly_text(f"{b.arch} (n={b.n})"),
+            x=[plotly_text(x) for x in b.x],
+            y=b.mean,
+            error_y=dict(type="data", array=b.sd, visible=b.n > 1),
+            hovertemplate=f"%{{x}}: %{{y:{'.2%' if percent else '+.4f'}}}<extra>{plotly_text(b.arch)}</extra>",
+        )
+        for b in bars
+    ]
+    layout = dict(
+        barmode="group",
+        height=360,
+        margin=dict(l=70, r=30, t=50, b=90),
+        title=dict(text=plotly_text(title), font=dict(size=14)),
+        yaxis=dict(title=dict(text=plotly_text(y_title)), tickformat=".0%" if percent else None),
+        legend=dict(orientation="h"),
+        showlegend=True,
+    )
+    return dict(data=data, layout=layout)

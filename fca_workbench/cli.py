@@ -16,6 +16,7 @@ from fca_workbench.cli_options import (
     add_audit_options,
     add_dashboard_options,
     add_eval_parser,
+    add_export_parser,
     add_train_options,
 )
 from fca_workbench.errors import UserError
@@ -153,6 +154,23 @@ def cmd_eval(args: argparse.Namespace) -> None:
     print(f"\nwrote {out / DOWNSTREAM_FILE}")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from fca_workbench.export import export_static
+
+    out = export_static(
+        args.checkpoint,
+        args.profile,
+        args.out,
+        audit=args.audit,
+        calib=args.calib,
+        max_windows=args.max_windows,
+        seed=args.seed,
+    )
+    print(
+        f"wrote {out}: {args.checkpoint} with its '{args.profile}' profile folded in (model card: {out / 'README.md'})"
+    )
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from fca_workbench.reproduce import reproduce
 
@@ -247,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     many.set_defaults(func=cmd_audit_many)
 
     add_eval_parser(commands).set_defaults(func=cmd_eval)
+
+    add_export_parser(commands).set_defaults(func=cmd_export)
 
     dash = commands.add_parser("dashboard", help="serve the Panel dashboard (see README, Dashboard)")
     add_dashboard_options(dash)

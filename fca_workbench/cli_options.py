@@ -262,3 +262,34 @@ def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.Argument
         "--trust-remote-code", action="store_true", help="run the code a foreign checkpoint folder ships"
     )
     return parser
+
+
+def add_export_parser(sub: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """``fca export``: a checkpoint with its controller folded away into one static profile."""
+    export = sub.add_parser(
+        "export", help="fold one static profile into a checkpoint's weights: the model without its controller"
+    )
+    export.add_argument("checkpoint")
+    export.add_argument(
+        "--profile",
+        required=True,
+        help="global_mean, layer_scalar, layer_mean, or layer_mean_topk (routers: each layer's k static experts)",
+    )
+    export.add_argument("--out", required=True, help="new folder for the exported checkpoint (must not hold anything)")
+    source = export.add_mutually_exclusive_group()
+    source.add_argument(
+        "--audit", default=None, metavar="DIR", help="take the profile a finished audit of this checkpoint saved"
+    )
+    source.add_argument(
+        "--calib", default=None, help="estimate the profile from this calibration text (default: shipped split)"
+    )
+    export.add_argument(
+        "--max-windows", type=flags.positive_int, default=None, help="calibration windows, spread evenly (default: all)"
+    )
+    export.add_argument(
+        "--seed",
+        type=flags.seed,
+        default=0,
+        help="recorded in the model card; a static profile draws nothing at random (default 0)",
+    )
+    return export

@@ -37,6 +37,7 @@ from fca_workbench.notebook_run import (
 )
 from fca_workbench.resources import shipped
 from fca_workbench.results import layout
+from fca_workbench.results.design_study import read_design_study
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
 
 NOTEBOOK_DIR = shipped("notebooks")
@@ -49,10 +50,13 @@ AUDIT_NOTEBOOKS = (
     "05_muddpythia",
     PER_LAYER_NOTEBOOK,
 )
-# 07 reads the shipped training-dynamics logs (data/training_dynamics) and audits nothing; 08 runs fca eval
-# beside the audits (the eval extra: left out of the default run without lm-eval)
+# 07 reads the shipped training-dynamics logs (data/training_dynamics), 09 the controller-design study's summaries
+# (data/controller_design); they audit nothing. 08 runs fca eval beside the audits (the eval extra: left out of
+# the default run without lm-eval)
 DOWNSTREAM_NOTEBOOK = "08_downstream"
-PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK)
+STUDY_NOTEBOOK = "09_controller_design"
+STUDY_PARAMETER = "study"  # its study folder, checked before any notebook starts
+PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK, STUDY_NOTEBOOK)
 EXPLORE_NOTEBOOK = "explore"
 DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
@@ -211,9 +215,11 @@ def plan(
         params.update({k: v for k, v in overrides.get(stem, {}).items()})
         if params.get("max_windows") == "all":  # TOML has no null: "all" means every window
             params["max_windows"] = None
-        for key in PATH_PARAMETERS:
+        for key in (*PATH_PARAMETERS, STUDY_PARAMETER):
             if params.get(key):
                 params[key] = str(Path(params[key]).resolve())
+        if STUDY_PARAMETER in declared[stem]:
+            read_design_study(params.get(STUDY_PARAMETER))  # a missing or empty study folder: one line, now
         if "checkpoints" in declared[stem]:
             checkpoints = params.get("checkpoints") or shipped_checkpoints()
             if isinstance(checkpoints, str):

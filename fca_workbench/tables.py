@@ -42,6 +42,12 @@ from fca_workbench.results.audit_tables import (
     variation_table,
     with_controller,
 )
+from fca_workbench.results.design_study import (
+    design_points,
+    design_runs_table,
+    design_seed_table,
+    read_design_study,
+)
 from fca_workbench.results.figures import layer_position_matrix, mimebundle, show, show_in, write_figure
 from fca_workbench.results.layout import cache_folder
 from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles
@@ -75,6 +81,9 @@ __all__ = [
     "by_arch",
     "cache_folder",
     "condition_rows",
+    "design_points",
+    "design_runs_table",
+    "design_seed_table",
     "execution_seed_table",
     "execution_table",
     "layer_position_matrix",
@@ -89,6 +98,7 @@ __all__ = [
     "position_means",
     "positive_control_table",
     "profiles_from_tensors",
+    "read_design_study",
     "readable",
     "retention_seed_table",
     "retention_table",

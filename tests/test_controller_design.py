@@ -1,18 +1,23 @@
-"""The controller-design options of ``fca train`` (issue 27) and the study that runs them.
+"""The controller-design options of ``fca train`` (issue 27), the study that runs them, and its results.
 
 Each option trains for 2 steps, saves, reloads as the same variant, and audits; the default run still gives
-the weights today's trainer gave; ``benchmarks/controller_design.py`` runs, summarises and resumes.
+the weights today's trainer gave; ``benchmarks/controller_design.py`` runs, summarises and resumes; the study's
+tables and notebook 09 equal an independent read of its committed files, and a broken run folder is one line.
 """
 
 import importlib.util
 import json
+import shutil
+import statistics
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import assert_one_line_error, fca
 from safetensors.torch import load_file
 
+from fca_workbench import reproduce
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.cli import build_parser
 from fca_workbench.data.corpus import split_path
@@ -21,6 +26,7 @@ from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.models.featuregate import GATE_INPUTS, GATE_RANGES
+from fca_workbench.results.design_study import design_points, design_runs_table, design_seed_table, read_design_study
 from fca_workbench.train import TrainSettings, build_model, coefficient_summary, parameter_groups, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,3 +259,212 @@ def test_a_checkpoint_with_an_unknown_design_is_refused_in_one_line(field, value
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, field: value}))
     with pytest.raises(UserError, match=f"config.json: {field}='{value}': choose from"):
         load_model(tmp_path / "m")
+
+
+# --------------------------------------------------------------------------------------------------------
+# The study's results: its tables, notebook 09 and what a broken run folder gives
+# --------------------------------------------------------------------------------------------------------
+
+STUDY = ROOT / "data" / "controller_design"
+FIGURE_PATHS = {  # column -> where an independent reader finds the figure in audit_summary.json
+    "retention_layer_mean": ("retention", "layer_mean", "value"),
+    "r2_layer": ("variance", "r2_layer"),
+    "r2_layer_slot": ("variance", "r2_layer_slot"),
+    "delta_cross_input": ("conditions", "cross_input", "delta"),
+    "delta_token_shuffle": ("conditions", "token_shuffle", "delta"),
+}
+CI_PATHS = {
+    "retention_layer_mean": ("retention", "layer_mean", "ci95"),
+    "delta_cross_input": ("conditions", "cross_input", "delta_ci95"),
+    "delta_token_shuffle": ("conditions", "token_shuffle", "delta_ci95"),
+}
+
+
+def dig(tree, keys):
+    for key in keys:
+        tree = tree[key]
+    return tree
+
+
+def committed_runs(folder=STUDY):
+    """Every run folder holding both files, read with json, by folder name."""
+    return {
+        p.name: (json.loads((p / "audit_summary.json").read_text()), json.loads((p / "model_card.json").read_text()))
+        for p in sorted(folder.iterdir())
+        if (p / "audit_summary.json").is_file() and (p / "model_card.json").is_file()
+    }
+
+
+def other_seed(study, run, seed, shift):
+    """A copy of ``run`` as seed ``seed``, every figure the tables show moved by ``shift``."""
+    summary, card = (json.loads((study / run / name).read_text()) for name in ("audit_summary.json", "model_card.json"))
+    variant = summary["variant"]
+    summary["seed"], summary["run"], card["eval_nll"] = seed, f"{variant}-s{seed}", card["eval_nll"] + shift
+    summary["eval_nll"] = card["eval_nll"]
+    for keys in FIGURE_PATHS.values():
+        dig(summary, keys[:-1])[keys[-1]] += shift
+    folder = study / f"{variant}-s{seed}"
+    folder.mkdir()
+    (folder / "audit_summary.json").write_text(json.dumps(summary))
+    (folder / "model_card.json").write_text(json.dumps(card))
+
+
+@pytest.fixture
+def mixed_study(tmp_path):
+    """The committed seed-0 runs, the default with seeds 1 and 2 besides (1 and 3 seeds per variant), and one
+    run folder still being trained (its card, no summary)."""
+    study = tmp_path / "study"
+    shutil.copytree(STUDY, study)
+    other_seed(study, "default-s0", 1, 0.01)
+    other_seed(study, "default-s0", 2, -0.03)
+    (study / "groups-1-s1").mkdir()
+    shutil.copy(study / "groups-1-s0" / "model_card.json", study / "groups-1-s1")
+    return study
+
+
+def test_the_run_table_equals_the_committed_files():
+    study = read_design_study()
+    assert study.folder == STUDY and study.skipped == []
+    committed = committed_runs()
+    assert len(committed) >= 13
+    table = design_runs_table(study.runs)
+    assert sorted(f"{r.variant}-s{r.seed}" for r in table.itertuples()) == sorted(committed)
+    assert table.variant.iloc[0] == "default"  # the reference comes first
+    for row in table.to_dict("records"):
+        summary, card = committed[f"{row['variant']}-s{row['seed']}"]
+        assert row["eval_nll"] == card["eval_nll"] and row["params"] == card["params"]
+        for key, keys in FIGURE_PATHS.items():
+            assert row[key] == dig(summary, keys), key
+        for key, keys in CI_PATHS.items():
+            assert [row[f"{key}_ci95_lo"], row[f"{key}_ci95_hi"]] == dig(summary, keys), key
+    axes = dict(zip(table.variant, zip(table.axis, table.setting)))
+    assert axes["range-1tanh"] == ("gate range", "1+tanh")  # the card's setting, not the folder name's
+    assert axes["groups-96"] == ("gate groups", "96") and axes["clr-0.1"] == ("controller lr multiplier", "0.1")
+    assert axes["wide-256x6"] == ("width × depth", "256x6") and axes["default"] == ("default", "default")
+
+
+def test_the_seed_table_and_the_plotted_points_equal_an_independent_aggregate(mixed_study):
+    study = read_design_study(mixed_study)
+    [skipped] = study.skipped
+    assert skipped.startswith("groups-1-s1: no audit_summary.json") and "\n" not in skipped
+    committed = committed_runs(mixed_study)
+    seeds = {r["variant"]: r for r in design_seed_table(study.runs).to_dict("records")}
+    points = {(p["variant"], p["figure"]): p for p in design_points(study.runs).to_dict("records")}
+    assert (seeds["default"]["n"], seeds["default"]["seeds"]) == (3, "0, 1, 2")
+    assert (seeds["groups-1"]["n"], seeds["groups-1"]["seeds"]) == (1, "0")  # its unfinished seed 1 left out
+    for variant, row in seeds.items():
+        runs = [v for k, v in committed.items() if k.rsplit("-s", 1)[0] == variant]
+        assert len(runs) == row["n"]
+        for key, keys in {"eval_nll": None, **FIGURE_PATHS}.items():
+            values = [card["eval_nll"] if keys is None else dig(summary, keys) for summary, card in runs]
+            mean = statistics.fmean(values)
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            assert row[f"{key}_mean"] == pytest.approx(mean, rel=1e-12, abs=1e-15), (variant, key)
+            assert row[f"{key}_sd"] == pytest.approx(sd, rel=1e-9, abs=1e-15) and row[f"{key}_n"] == len(values)
+            point = points[variant, key]
+            assert point["value"] == row[f"{key}_mean"] and point["label"].endswith(f"(n={len(values)})")
+            if len(values) > 1:  # several seeds: ± their sd
+                assert point["error_minus"] == pytest.approx(sd) and point["error_plus"] == pytest.approx(sd)
+            elif key in CI_PATHS:  # one seed: the audit's 95% CI
+                lo, hi = dig(runs[0][0], CI_PATHS[key])
+                assert point["error_minus"] == pytest.approx(mean - lo) and point["error_plus"] == pytest.approx(
+                    hi - mean
+                )
+            else:
+                assert point["error_minus"] == point["error_plus"] == 0.0 and point["error"] == "one seed, no CI"
+    assert seeds["default"]["delta_cross_input_sd"] > 0.02  # the shifted copies really are other numbers
+
+
+def broken_card(run):
+    (run / "model_card.json").unlink()
+
+
+def invalid_json(run):
+    (run / "audit_summary.json").write_text('{"variant": "cwd-0", ')
+
+
+def no_cross_input(run):
+    summary = json.loads((run / "audit_summary.json").read_text())
+    del summary["conditions"]["cross_input"]
+    (run / "audit_summary.json").write_text(json.dumps(summary))
+
+
+def three_bounds(run):
+    summary = json.loads((run / "audit_summary.json").read_text())
+    summary["retention"]["layer_mean"]["ci95"] = [0.1, 0.2, 0.3]
+    (run / "audit_summary.json").write_text(json.dumps(summary))
+
+
+def another_runs_summary(run):
+    shutil.copy(run.parent / "default-s0" / "audit_summary.json", run / "audit_summary.json")
+
+
+def another_eval_nll(run):
+    card = json.loads((run / "model_card.json").read_text())
+    (run / "model_card.json").write_text(json.dumps({**card, "eval_nll": card["eval_nll"] + 0.5}))
+
+
+def a_link_outside(run):
+    outside = run.parent.parent / "elsewhere.json"
+    (run / "audit_summary.json").rename(outside)
+    (run / "audit_summary.json").symlink_to(outside)
+
+
+@pytest.mark.parametrize(
+    "break_it, fragment",
+    [
+        (broken_card, "cwd-0-s0: no model_card.json (an unfinished run?)"),
+        (invalid_json, "audit_summary.json is not valid JSON"),
+        (no_cross_input, "is not a study audit_summary.json: conditions: 'cross_input' is a required property"),
+        (three_bounds, "retention.layer_mean.ci95: [0.1, 0.2, 0.3] is too long"),
+        (another_runs_summary, "cwd-0-s0: its audit_summary.json is the run default-s0, not cwd-0-s0"),
+        (another_eval_nll, "cwd-0-s0: its audit_summary.json has eval_nll 5.0346, its model_card.json 5.5346"),
+        (a_link_outside, "points outside the folder"),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_a_broken_run_folder_is_left_out_with_one_line(break_it, fragment, tmp_path):
+    study = Path(shutil.copytree(STUDY, tmp_path / "study"))
+    break_it(study / "cwd-0-s0")
+    read = read_design_study(study)
+    [line] = read.skipped
+    assert line.startswith("cwd-0-s0: ") and fragment in line and "\n" not in line, line
+    assert "cwd-0" not in {r["variant"] for r in read.runs} and len(read.runs) == len(committed_runs()) - 1
+    assert len(design_seed_table(read.runs)) == len(read.runs)  # the tables of the rest still build
+
+
+def test_a_study_folder_without_runs_is_one_line_before_any_notebook_runs(tmp_path):
+    with pytest.raises(UserError, match="study folder not found: .*gone"):
+        read_design_study(tmp_path / "gone")
+    (tmp_path / "empty" / "default-s0").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"no run of the controller-design study in .*empty.*1 skipped, the first "):
+        read_design_study(tmp_path / "empty")
+    config = tmp_path / "c.json"
+    config.write_text(
+        json.dumps({"notebooks": ["09_controller_design"], "parameters": {"study": str(tmp_path / "gone")}})
+    )
+    result = fca("reproduce", "--config", config, "--out", tmp_path / "out")
+    assert_one_line_error(result, "study folder not found")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(600)  # one notebook through papermill: a hung kernel fails here
+def test_notebook_09_reads_whatever_seeds_there_are_and_its_tables_equal_the_files(mixed_study, tmp_path):
+    plan = reproduce.plan(
+        {"notebooks": ["09_controller_design"], "parameters": {"study": str(mixed_study)}}, tmp_path / "out"
+    )
+    [result] = reproduce.execute(plan, progress=False)
+    assert result.ok, result.error
+    committed = committed_runs(mixed_study)
+    frame = pd.read_csv(plan.out / "tables" / "controller_design_runs.csv")
+    assert sorted(f"{v}-s{s}" for v, s in zip(frame.variant, frame.seed)) == sorted(committed)
+    for row in frame.to_dict("records"):
+        summary, _ = committed[f"{row['variant']}-s{row['seed']}"]
+        assert row["delta_cross_input"] == dig(summary, FIGURE_PATHS["delta_cross_input"])
+    over = pd.read_csv(plan.out / "tables" / "controller_design_over_seeds.csv").set_index("variant")
+    assert over.loc["default", "n"] == 3 and over.loc["combo", "n"] == 1
+    figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
+    assert {f"controller_design_{n}" for n in ("retention", "r2_layer", "cross_input", "eval_nll")} <= figures
+    executed = (plan.out / "notebooks" / "09_controller_design.ipynb").read_text()
+    assert "left out: groups-1-s1: no audit_summary.json" in executed  # the unfinished run, named
+    assert "`default` 3 (0, 1, 2)" in executed and "(n=3)" in executed and "(n=1)" in executed

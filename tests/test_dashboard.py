@@ -901,8 +901,8 @@ def test_results_view_lists_audits_and_downloads_their_files(served, browser, re
     page = _opened(browser, url + "?view=results&audit=run/audits/featuregate-tiny")
     page.wait_for_selector(".fca-results-title", timeout=60_000)
     assert page.locator(".fca-results-title").inner_text() == "run/audits/featuregate-tiny"
-    options = page.locator(".fca-audit select option").all_inner_texts()
-    assert len(options) == 2 and all("featuregate" in o for o in options)
+    none, *options = page.locator(".fca-audit select option").all_inner_texts()
+    assert "overview only" in none and len(options) == 2 and all("featuregate" in o for o in options)
     problems = {p.get_attribute("data-entry"): p.inner_text() for p in page.locator(".fca-results-problem").all()}
     assert sorted(problems) == ["foreign", "linked", "truncated"]
     assert "not a complete audit.json" in problems["truncated"] and "is a link" in problems["linked"]

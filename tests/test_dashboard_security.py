@@ -162,9 +162,11 @@ def test_results_view_shows_an_audit_it_cannot_draw_as_a_message(tmp_path, monke
     import results_view
 
     view = results_view.ResultsView(ResultsFolder(_results(tmp_path), max_bytes=1 << 20))
-    assert "fca-results-problem" in view.problems.object and list(view.select.options.values()) == ["good"]
+    assert "fca-results-problem" in view.problems.object and list(view.select.options.values()) == ["", "good"]
     monkeypatch.setattr(results_view, "audit_tables", lambda audit: {}["per_layer"])  # any failure while drawing
     view.activate()
+    assert not view.message.visible  # the overview first: no audit drawn until one is picked
+    view.select.value = "good"
     assert view.message.visible and "good: cannot be shown: 'per_layer'" in html.unescape(view.message.object)
 
 

@@ -183,7 +183,7 @@ def test_project_tiny_config_builds():
     "bad, words",
     [
         (dict(dense_type="l"), "dense_type='l'"),
-        (dict(dynamic_dense=False), "dynamic_dense=False"),
+        (dict(dense=False), "dense=False"),
         (dict(tie_word_embeddings=True), "tie_word_embeddings"),
         (dict(n_local_heads=2), "n_local_heads"),
         (dict(n_layer=1), "n_layer"),

@@ -320,7 +320,7 @@ def test_the_verbatim_official_1p4b_config_is_read_without_its_auto_map(tmp_path
     "changes, words",
     [
         (dict(dense_type="l"), "dense_type='l'"),
-        (dict(dynamic_dense=False), "dynamic_dense=False"),
+        (dict(dense=False), "dense=False"),
         (dict(n_layer=None, dim=None), "is not a MUDDPythia config: missing n_layer, dim"),
         (dict(dense_type=None), "missing dense_type"),
         (dict(n_layer="24"), "wrong type n_layer='24' (expected int)"),

@@ -175,6 +175,31 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     assert weights == {p.name for p in SHIPPED.iterdir() if (p / "model.safetensors").is_file()}
 
 
+def test_wheel_carries_the_controller_design_study_and_reads_it_from_there(dist, user):
+    """Notebook 09's data: every committed file of ``data/controller_design`` is in the wheel, and the installed
+    package reads the study from its bundled copy."""
+    study = REPO / "data" / "controller_design"
+    names = set(zipfile.ZipFile(dist.wheel).namelist())
+    committed = {f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}" for p in study.rglob("*") if p.is_file()}
+    assert "fca_workbench/shipped/data/controller_design/default-s0/audit_summary.json" in committed
+    assert committed <= names, sorted(committed - names)
+    read = subprocess.run(
+        [
+            str(user.python),
+            "-c",
+            "from fca_workbench.tables import read_design_study as r; s = r(); print(s.folder, len(s.runs))",
+        ],
+        cwd=user.work,
+        capture_output=True,
+        text=True,
+        env=user.env,
+        timeout=300,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    runs = len(list(study.glob("*/audit_summary.json")))
+    assert read.stdout.split() == [str(user.package / "shipped" / "data" / "controller_design"), str(runs)]
+
+
 def test_installed_audit_reads_the_bundled_corpus(user):
     result = fca(user, "audit", CHECKPOINT, "--max-windows", MAX_WINDOWS)
     assert result.returncode == 0, result.stderr[-3000:]

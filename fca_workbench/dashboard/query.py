@@ -26,6 +26,9 @@ QUERY_NAMES = {
     "heat_slot": "slot",
     "heat_layer": "heat_layer",
     "audit": "audit",
+    "compare": "compare",
+    "sort": "sort",
+    "order": "order",
 }
 VIEWS = ("live", "results")
 # the text a query runs on, as the choice shows it -> as a link names it (a link does not carry pasted text)
@@ -50,6 +53,9 @@ class ViewQuery(param.Parameterized):
     heat_slot = param.Parameter(default=None)
     heat_layer = param.Parameter(default=None)
     audit = param.Parameter(default=None)
+    compare = param.Parameter(default=None)
+    sort = param.Parameter(default=None)
+    order = param.Parameter(default=None)
 
     def requested(self) -> dict:
         """The values the link carried (parameters it left out are absent)."""

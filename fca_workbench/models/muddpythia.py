@@ -41,8 +41,9 @@ How faithfulness to the reference was matched (read line by line, then re-writte
   written functional form (complex-number rotary, einsum mixing) and checks the logits agree.
 
 Deviations, all outside the numerics of a full-window forward: no KV/layer caches or ``generate`` (the
-workbench scores whole windows); only the configuration the checkpoints use is built (dense, dynamic,
-``dense_type='qkvr'``, separate stream norms, unstacked hiddens), and others are refused in the config;
+workbench scores whole windows); only the configuration the checkpoints use is built (dense, dynamic, or
+static for ``fca export``; ``dense_type='qkvr'``, separate stream norms, unstacked hiddens), and others are
+refused in the config;
 the rotary table is built lazily per device instead of in ``setup_caches``; ``_init_weights`` gives a
 from-scratch init (the reference is inference-only): controllers as in the official JAX trainer (``w1``
 fan-in normal, ``w2`` zero, ``dense_bs`` one-hot on the newest layer, so training starts as a plain Pythia).
@@ -150,8 +151,8 @@ class MUDDPythiaConfig(PretrainedConfig):
         problems = []
         if self.dense_type != DENSE_STREAMS:
             problems.append(f"dense_type={self.dense_type!r} (only 'qkvr', the four q/k/v/r streams)")
-        if not (self.dense and self.dynamic_dense):
-            problems.append(f"dense={self.dense}, dynamic_dense={self.dynamic_dense} (both must be true)")
+        if not self.dense:
+            problems.append("dense=False (the layer mix is what a MUDDPythia is)")
         if not self.sepln:
             problems.append("sepln=False (the q/k/v streams need their own LayerNorms)")
         if self.stack_hidden:
@@ -375,7 +376,10 @@ class MUDDPythiaForCausalLM(CoefficientModel):
         self.dense_bs = nn.ParameterList(
             nn.Parameter(torch.empty(stream_count(config, i), i + 2)) for i in range(config.n_layer)
         )
-        self.dynamic_dense = nn.ModuleList(MultiwayDynamicDenseBlock(config, i) for i in range(config.n_layer))
+        # ``dynamic_dense=False``: a static cross-layer model, ``A_i = dense_bs[i]`` for every token (``fca export``)
+        self.dynamic_dense = nn.ModuleList(
+            MultiwayDynamicDenseBlock(config, i) for i in range(config.n_layer if config.dynamic_dense else 0)
+        )
         self.rotary_ndims = int(config.head_dim * config.rotary_pct)
         self._rope_tables: dict[torch.device, torch.Tensor] = {}  # not state: rebuilt per device on demand
         self.post_init()
@@ -428,7 +432,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
 
     @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
-        return [(stream_count(self.config, i), i + 2) for i in range(self.config.n_layer)]
+        return [(stream_count(self.config, i), i + 2) for i in range(len(self.dynamic_dense))]
 
     @classmethod
     def slot_labels_for(cls, slot_shape: tuple[int, ...]) -> list[str]:
@@ -470,9 +474,12 @@ class MUDDPythiaForCausalLM(CoefficientModel):
     def complete_coefficient(
         self, layer: int, x: torch.Tensor, coefficients: list[torch.Tensor] | None
     ) -> torch.Tensor:
-        """``A_layer``: given, or the controller's output on block ``layer``'s output plus ``dense_bs``."""
+        """``A_layer``: given, or the controller's output on block ``layer``'s output plus ``dense_bs`` (a static
+        model: ``dense_bs`` alone, for every token)."""
         if coefficients is not None:
             return coefficients[layer]
+        if not self.config.dynamic_dense:
+            return self.dense_bs[layer].expand(*x.shape[:2], *self.dense_bs[layer].shape)
         return self.dynamic_dense[layer](x) + self.dense_bs[layer]
 
     def run_blocks(
@@ -534,10 +541,7 @@ class MUDDPythiaForCausalLM(CoefficientModel):
         for i, layer in enumerate(self.layers):
             x = layer(streams, rope, mask)
             hiddens.append(x)
-            if coefficients is None:
-                coefficient = self.dynamic_dense[i](x) + self.dense_bs[i]  # [B, T, C, i+2]
-            else:
-                coefficient = coefficients[i]
+            coefficient = self.complete_coefficient(i, x, coefficients)  # [B, T, C, i+2]
             used.append(coefficient)
             streams = mix_streams(hiddens, coefficient)
         logits = self.output(self.norm(streams[0]))

@@ -18,6 +18,7 @@ import numpy as np
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
+from fca_workbench.results.overview import overview_table
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
 
@@ -242,6 +243,12 @@ class AuditCollection:
     per_layer = property(lambda self: self._concat("per_layer"))
     downstream = property(lambda self: self._concat("downstream"))
     per_token = property(lambda self: self._concat("per_token"))
+
+    @property
+    def overview(self) -> pd.DataFrame:
+        """One row per audit (``audit``: its folder's name), the dashboard's overview table: the headline figures
+        and the three verdicts in short form."""
+        return overview_table([a.audit for a in self.audits], [a.folder.name for a in self.audits])
 
 
 def load_audit(path: str | Path) -> AuditResults:

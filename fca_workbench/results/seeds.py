@@ -38,9 +38,10 @@ def per_layer_tree(rows: list[dict]) -> dict:
 
 
 def summarise(audits: list[dict]) -> dict[str, dict]:
-    """mean, sd (sample, n-1) and the per-seed values of every figure all audits share."""
+    """mean, sd (sample, n-1) and the per-seed values of every figure all audits share (and the card's
+    ``eval_nll`` of the controller-design study's summaries, which read like audits)."""
     figures = [
-        {k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution") if a.get(k)}
+        {k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution", "eval_nll") if a.get(k)}
         | ({"per_layer": per_layer_tree(a["per_layer"])} if a.get("per_layer") else {})
         for a in audits
     ]
