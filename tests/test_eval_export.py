@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from fca_workbench import export
 from fca_workbench.cli import main
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 
 pytest.importorskip("lm_eval")
-export = pytest.importorskip("fca_workbench.export")
 
 SHIPPED = "data/checkpoints/featuregate-s0"
 LIMIT, CALIBRATION_WINDOWS = 24, 4
