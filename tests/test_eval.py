@@ -276,3 +276,20 @@ def test_rolling_loglikelihood_is_the_frozen_models(tiny_mixtral):
     lm.use(ConditionLogits(model, "layer_scalar", profiles))
     request = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)
     assert lm.loglikelihood_rolling([request], disable_tqdm=True)[0] == pytest.approx(expected, abs=1e-4)
+
+
+def test_notebook_08_shows_each_audits_downstream_json(tiny_reproduce):
+    """``fca reproduce``'s notebook 08: ``downstream.json`` beside the audit of every model with a controller, and
+    its table holds their numbers, value for value."""
+    import pandas as pd
+
+    plan, results, _, _ = tiny_reproduce
+    assert results["08_downstream"].ok, results["08_downstream"].error
+    table = pd.read_csv(plan.out / "tables" / "downstream.csv")
+    expected = []
+    for name in ["featuregate-s0", "featuregate-s1", "muddpythia-s0", "moe-s0"]:
+        downstream = json.loads((plan.out / "audits" / name / DOWNSTREAM_FILE).read_text())
+        for condition, metrics in downstream["tasks"]["fca_next_line"]["conditions"].items():
+            expected.append([name, condition, metrics["acc"]["value"], metrics["acc"]["stderr"]])
+    assert table[["model", "condition", "value", "stderr"]].values.tolist() == expected
+    assert not (plan.out / "audits" / "dense-s0" / DOWNSTREAM_FILE).exists()  # no controller: nothing to compare
