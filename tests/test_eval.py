@@ -163,6 +163,9 @@ def run_error(argv, capsys) -> str:
 def test_bad_input_is_one_line(tiny_checkpoints, tmp_path, capsys, monkeypatch):
     native = str(tiny_checkpoints["featuregate"])
     assert "unknown task 'no_such_task'" in run_error(["eval", native, "--tasks", "no_such_task"], capsys)
+    line = run_error(["eval", native, "--tasks", "hellaswag", "--out", str(tmp_path / "hub")], capsys)  # not on disk
+    assert "lm-eval cannot load the tasks" in line and "HF_DATASETS_OFFLINE=0" in line
+    assert not (tmp_path / "hub").exists()  # refused before the model loads or anything is written
     line = run_error(["eval", native, "--tasks", "fca_next_line", "--conditions", "cross_input"], capsys)
     assert "'cross_input' needs a text's own cached values" in line
     line = run_error(["eval", native, "--tasks", "fca_next_line", "--conditions", "bogus"], capsys)

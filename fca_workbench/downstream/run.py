@@ -38,7 +38,7 @@ from fca_workbench.data.tasks import TASKS_DIR
 from fca_workbench.downstream.frozen import LOW, REFERENCE, ConditionLogits, eval_conditions
 from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
-from fca_workbench.files import write_json
+from fca_workbench.files import reading, write_json
 from fca_workbench.resources import inside_folder
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
@@ -123,6 +123,7 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     out = check_audit_out(out)
     refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
     manager, tasks = resolve_tasks(settings.tasks)
+    loaded = load_tasks(manager, tasks, settings.seed)  # a task whose data is not on disk: one line, before the model
     audit_settings = settings.audit_settings()
     model, tokenizer = load_audit_model(audit_settings)
     conditions = eval_conditions(settings.conditions, bool(model.controllers))
@@ -142,7 +143,7 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
                 raise UserError(f"--conditions {routed[0]}: only for models whose controllers are top-k routers")
         logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
         lm = WorkbenchLM(model, tokenizer, calib_windows.shape[1], audit_settings.batch_size or 1)
-        loaded, by_condition = load_tasks(manager, tasks, settings.seed), {}
+        by_condition = {}
         for condition in conditions:
             lm.use(ConditionLogits(model, condition, profiles))
             by_condition[condition] = evaluate(lm, loaded, settings)
@@ -175,7 +176,11 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
 def load_tasks(manager: TaskManager, tasks: list[str | dict], seed: int) -> dict:
     """lm-eval's tasks, loaded once for every condition, set up as ``simple_evaluate`` sets them up: zero-shot
     unless the task says otherwise, its few-shot sampler seeded."""
-    loaded = manager.load(tasks)
+    with reading(
+        "lm-eval cannot load the tasks",
+        "a task's data must be in the Hugging Face cache: fca eval runs offline unless HF_DATASETS_OFFLINE=0",
+    ):
+        loaded = manager.load(tasks)
     for task in loaded["tasks"].values():
         if task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
