@@ -231,10 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--vocab-size", type=flags.bounded(int, 257, 1 << 20), default=4096)
     prepare.set_defaults(func=cmd_data_prepare)
     checkpoints = data_commands.add_parser(
-        "checkpoints", help="copy the shipped checkpoints (not in the wheel) out of the sdist or a checkout"
+        "checkpoints", help="copy the shipped checkpoints out of the installed package, the sdist or a checkout"
     )
     checkpoints.add_argument(
-        "--from", dest="source", default=None, help="fca_workbench-*.tar.gz or a source folder (default: this checkout)"
+        "--from",
+        dest="source",
+        default=None,
+        help="fca_workbench-*.tar.gz or a source folder (default: the installed package or this checkout)",
     )
     checkpoints.add_argument("--into", required=True, help="new folder for the checkpoints")
     checkpoints.set_defaults(func=cmd_data_checkpoints)

@@ -11,7 +11,6 @@ each other's caches; ``capture`` checks their fingerprints either way.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -22,6 +21,7 @@ from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
 from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
+from fca_workbench.models.hub import checkpoint_name
 from fca_workbench.results.conditions import PROFILE_CONDITIONS, model_conditions
 from fca_workbench.results.tables import Column, make_table
 
@@ -37,7 +37,7 @@ class Explorer:
     def __init__(self, settings: AuditSettings) -> None:
         if settings.cache is None:
             raise ValueError("the explorer needs settings.cache: the folder its captures are shared in")
-        self.name = Path(settings.checkpoint).name
+        self.name = checkpoint_name(settings.checkpoint)
         self.model, self.tokenizer = load_audit_model(settings)
         if not self.model.controllers:
             raise UserError(f"{self.name} has no controller ({self.model.arch}): no coefficients to explore")

@@ -24,7 +24,8 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.errors import UserError
 from fca_workbench.explore import Explorer
 from fca_workbench.files import read_json, write_json
-from fca_workbench.resources import check_checkpoint, checkpoints_dir, results_root
+from fca_workbench.models.hub import checkpoint_key, checkpoint_name, hub_name, recorded_name, resolve_checkpoint
+from fca_workbench.resources import checkpoints_dir, results_root
 from fca_workbench.results.figures import write_figure
 from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache
 from fca_workbench.results.tables import styled, write_table
@@ -57,7 +58,8 @@ def _stat(path: Path) -> list[int] | None:
 
 def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
     """Size and mtime of every file the audit reads: the checkpoint folder's files and both data sets."""
-    folder = Path(settings.checkpoint)
+    named = settings.checkpoint  # a hub name: the snapshot its revision points at now
+    folder = resolve_checkpoint(named).folder if hub_name(named) else Path(named)
     files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
     files += [
         Path(settings.eval) if settings.eval else split_path("eval"),
@@ -85,7 +87,7 @@ def shared_cache(cache_root: str | Path, settings: AuditSettings) -> Path:
         "device": settings.device.split(":")[0],
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cache_root).resolve() / f"{Path(settings.checkpoint).name}-{digest}"
+    return Path(cache_root).resolve() / f"{checkpoint_name(settings.checkpoint)}-{digest}"
 
 
 def read_finished(path: str | Path) -> dict | None:
@@ -130,7 +132,7 @@ class NotebookRun:
     ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache``.
     """
 
-    checkpoints: Any = None  # folders (or one); a list[str] of resolved folders after __post_init__
+    checkpoints: Any = None  # folders or hub names (or one); a list[str] of checkpoint_key after __post_init__
     eval_data: str | None = None
     calibration_data: str | None = None
     window: int | None = None
@@ -150,8 +152,8 @@ class NotebookRun:
     def __post_init__(self) -> None:
         if isinstance(self.checkpoints, (str, os.PathLike)):
             self.checkpoints = [self.checkpoints]
-        self.checkpoints = [str(Path(c).resolve()) for c in (self.checkpoints or shipped_checkpoints())]
-        names = [Path(c).name for c in self.checkpoints]
+        self.checkpoints = [checkpoint_key(c) for c in (self.checkpoints or shipped_checkpoints())]
+        names = [checkpoint_name(c) for c in self.checkpoints]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
@@ -162,7 +164,7 @@ class NotebookRun:
     def settings(self, checkpoint: str | Path) -> AuditSettings:
         """The audit settings of ``checkpoint`` in this run, its coefficient cache under the shared root."""
         settings = AuditSettings(
-            checkpoint=str(Path(checkpoint).resolve()),
+            checkpoint=checkpoint_key(checkpoint),
             eval=str(Path(self.eval_data).resolve()) if self.eval_data else None,
             calibration=str(Path(self.calibration_data).resolve()) if self.calibration_data else None,
             window=self.window,
@@ -176,14 +178,15 @@ class NotebookRun:
         return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
 
     def audit_dir(self, audit_or_checkpoint: dict | str | Path) -> Path:
-        """The folder of a checkpoint's audit (``<audits>/<checkpoint folder name>``)."""
-        path = audit_or_checkpoint["model"]["path"] if isinstance(audit_or_checkpoint, dict) else audit_or_checkpoint
-        return self.audits / Path(path).name
+        """The folder of a checkpoint's audit: ``<audits>/<checkpoint folder name>``, ``org--name`` for a hub name."""
+        if isinstance(audit_or_checkpoint, dict):
+            return self.audits / recorded_name(audit_or_checkpoint["model"])
+        return self.audits / checkpoint_name(audit_or_checkpoint)
 
     def check(self) -> None:
         """Refuse missing checkpoints and data files before any audit starts."""
         for checkpoint in self.checkpoints:
-            check_checkpoint(checkpoint)
+            resolve_checkpoint(checkpoint)
         for name in PATH_PARAMETERS:
             value = getattr(self, name)
             if value and not Path(value).is_file():
@@ -204,9 +207,9 @@ class NotebookRun:
     def explorer(self, checkpoint: str | Path) -> Explorer:
         """``checkpoint`` opened for exploration (``explore.Explorer``: its eval capture, reused from the shared
         cache when an audit or an earlier explorer made it), when first asked for, then kept."""
-        checkpoint = str(Path(checkpoint).resolve())
+        checkpoint = checkpoint_key(checkpoint)
         if checkpoint not in self._explorers:
-            check_checkpoint(checkpoint)
+            resolve_checkpoint(checkpoint)
             self._explorers[checkpoint] = Explorer(self.settings(checkpoint))
         return self._explorers[checkpoint]
 

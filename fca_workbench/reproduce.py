@@ -23,6 +23,7 @@ from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, write_atomic, write_json
+from fca_workbench.models.hub import checkpoint_key, checkpoint_name
 
 # NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
 # README and tests import them from here
@@ -224,7 +225,7 @@ def plan(
             checkpoints = params.get("checkpoints") or shipped_checkpoints()
             if isinstance(checkpoints, str):
                 checkpoints = [checkpoints]
-            params["checkpoints"] = [str(Path(c).resolve()) for c in checkpoints]
+            params["checkpoints"] = [checkpoint_key(c) for c in checkpoints]
         reserved = {"out": str(out), "audits": str(out / layout.AUDITS_DIR), "cache": str(cache)}
         params.update({k: v for k, v in reserved.items() if k in declared[stem]})
         run = NotebookRun(**{k: v for k, v in params.items() if k in NotebookRun.__dataclass_fields__})
@@ -233,7 +234,7 @@ def plan(
             settings = run.settings(checkpoint)
             if checkpoint in audits and audits[checkpoint] != settings:
                 raise UserError(
-                    f"{Path(checkpoint).name} is audited with different settings in notebooks "
+                    f"{checkpoint_name(checkpoint)} is audited with different settings in notebooks "
                     f"{first_user[checkpoint]} and {stem}; give both the same audit parameters"
                 )
             audits.setdefault(checkpoint, settings)
@@ -254,7 +255,7 @@ def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
     started = time.perf_counter()
     audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
     for checkpoint, settings in tqdm(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
-        ensure_audit(settings, out / layout.AUDITS_DIR / Path(checkpoint).name)
+        ensure_audit(settings, out / layout.AUDITS_DIR / checkpoint_name(checkpoint))
     audit_seconds = time.perf_counter() - started
     results = []
     bar = tqdm(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)

@@ -1,9 +1,10 @@
 """Where the shipped files are, in a source checkout and in an installed wheel.
 
 A checkout keeps them at the top level (``data/``, ``notebooks/``, ``dashboards/``), where people open them.
-The wheel maps those folders into the package as ``fca_workbench/shipped/<name>`` (``pyproject.toml``) and
-leaves out the 34 MB of checkpoints; an installed copy reads them through ``importlib.resources``. The
-bundled copy wins when it exists, so a wheel never reaches for a folder beside site-packages.
+The wheel maps those folders into the package as ``fca_workbench/shipped/<name>`` (``pyproject.toml``), the
+shipped checkpoints (``data/checkpoints``, 46 MB) included, so ``fca reproduce`` and ``fca dashboard`` work
+with no second download; an installed copy reads them through ``importlib.resources``. The bundled copy wins
+when it exists, so a wheel never reaches for a folder beside site-packages.
 """
 
 import fnmatch
@@ -24,7 +25,7 @@ CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpack
 LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
 CHECKPOINT_CONFIG = "config.json"  # what makes a folder a checkpoint folder
 # A copy of checkpoints claiming more bytes, or more files and folders, is refused before anything is written
-# (the shipped ones take 42 MB in under 100 entries; a small archive can claim gigabytes or a million files).
+# (the shipped ones take 46 MB in under 100 entries; a small archive can claim gigabytes or a million files).
 CHECKPOINTS_MAX_BYTES = 512 << 20
 CHECKPOINTS_MAX_FILES = 10_000
 
@@ -50,15 +51,16 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
     """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
     symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
     audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
-    one exception is the Hugging Face hub cache, whose ``snapshots/<revision>/`` files are symlinks into the
-    same repository's ``blobs/``."""
+    one exception is the Hugging Face hub cache, whose ``models--org--name/snapshots/<revision>/`` files are
+    symlinks into the same repository's ``blobs/``, and nowhere else."""
     try:
         root, resolved = folder.resolve(), (folder / name).resolve()
     except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte in the name, a symlink loop
         raise UserError(
             f"{named_by} in {folder} names a path that cannot be resolved ({name!r}): {first_line(exc)}"
         ) from None
-    allowed = [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
+    in_hub_cache = root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--")
+    allowed = [root, root.parent.parent / "blobs"] if in_hub_cache else [root]
     if not any(resolved.is_relative_to(place) for place in allowed):
         raise UserError(
             f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
@@ -84,6 +86,12 @@ def shipped(name: str) -> Path:
     return Path(str(bundled)) if bundled.is_dir() else CHECKOUT / name
 
 
+def shipped_root() -> Path:
+    """The folder that holds ``data/``, ``notebooks/`` and ``dashboards/``: the wheel's ``shipped/``, else the
+    checkout."""
+    return shipped("data").parent
+
+
 def in_checkout() -> bool:
     """True when running from a source checkout (editable install or ``PYTHONPATH``), not a wheel."""
     return not files("fca_workbench").joinpath("shipped").is_dir()
@@ -96,8 +104,8 @@ def results_root() -> Path:
 
 
 def checkpoints_dir() -> Path:
-    """The shipped checkpoints: ``$FCA_CHECKPOINTS`` if set, else ``data/checkpoints`` of the checkout; a wheel
-    does not carry them, and says in one line where to get them."""
+    """The shipped checkpoints: ``$FCA_CHECKPOINTS`` if set, else ``data/checkpoints`` of the wheel or of the
+    checkout; a package installed without them says in one line where to get them."""
     if os.environ.get(CHECKPOINTS_ENV):
         try:
             return Path(os.environ[CHECKPOINTS_ENV]).expanduser()
@@ -105,8 +113,9 @@ def checkpoints_dir() -> Path:
             raise UserError(
                 f"{CHECKPOINTS_ENV}={os.environ[CHECKPOINTS_ENV]} names a home folder that does not exist"
             ) from None
-    if in_checkout():
-        return CHECKOUT / "data" / "checkpoints"
+    folder = shipped_root().joinpath(*CHECKPOINTS_IN_SOURCE)
+    if folder.is_dir():
+        return folder
     raise UserError(
         "the shipped checkpoints are not in the installed package: copy them out of the sdist with "
         f"'fca data checkpoints --from fca_workbench-*.tar.gz --into DIR' and set {CHECKPOINTS_ENV}=DIR, "
@@ -115,17 +124,17 @@ def checkpoints_dir() -> Path:
 
 
 def copy_checkpoints(source: str | Path | None, into: Path) -> list[str]:
-    """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder into the new folder
-    ``into``, through a fresh private folder renamed at the end (``files.atomic_folder``: removed on any
-    error); returns the checkpoint names. Links are never followed, and no more than
-    ``CHECKPOINTS_MAX_BYTES`` in ``CHECKPOINTS_MAX_FILES`` is written."""
+    """Copy ``data/checkpoints/*`` out of an sdist (``.tar.gz``) or a source folder (default: the installed
+    package's or the checkout's) into the new folder ``into``, through a fresh private folder renamed at the
+    end (``files.atomic_folder``: removed on any error); returns the checkpoint names. Links are never
+    followed, and no more than ``CHECKPOINTS_MAX_BYTES`` in ``CHECKPOINTS_MAX_FILES`` is written."""
     if source is None:
-        if not in_checkout():
+        source = shipped_root()
+        if not source.joinpath(*CHECKPOINTS_IN_SOURCE).is_dir():
             raise UserError(
                 "the installed package holds no checkpoints: pass --from fca_workbench-*.tar.gz "
                 "(the sdist) or --from a source checkout"
             )
-        source = CHECKOUT
     source, into = Path(source), Path(into)
     if into.is_symlink() or (into.exists() and (not into.is_dir() or any(into.iterdir()))):
         raise UserError(f"{into} already exists and is not an empty folder")

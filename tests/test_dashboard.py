@@ -188,8 +188,9 @@ def moe_model(tiny_mixtral):
 
 
 def test_moe_every_condition_replays_through_the_protocol(moe_model):
-    """A foreign model has no layer stepping: every replay, one layer or all, is the protocol's full frozen
-    forward with the window's own cached router outputs elsewhere, computed here independently."""
+    """A foreign model's replay at one layer resumes at its decoder layer; every replay, one layer or all,
+    equals the protocol's full frozen forward with the window's own cached router outputs elsewhere, computed
+    here independently."""
     from fca_workbench.adapters import COEFFICIENT
     from fca_workbench.data.corpus import split_path
     from fca_workbench.data.windows import load_windows
@@ -220,7 +221,8 @@ def test_moe_every_condition_replays_through_the_protocol(moe_model):
     for condition in model.conditions:
         for layer in (None, 1):
             analysis = session.analyse("moe", model, text, condition, layer=layer, seed=3)
-            assert np.array_equal(analysis.nll_correct, live) and analysis.start_layer == 0
+            assert np.array_equal(analysis.nll_correct, live)
+            assert analysis.start_layer == (0 if layer is None else controlled.resume_layer(layer))
             gate = analysis.coefficients_correct[0]  # the heatmaps show the dense gate: slot = expert
             assert gate.shape == (length, 4) and ((gate > 0).sum(1) == 2).all()
             if condition in ("unperturbed", "correct"):

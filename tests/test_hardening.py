@@ -506,7 +506,7 @@ def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkp
     assert audit_names(["x/a/fg", "x/b/fg", "x/c/other"]) == ["a-fg", "b-fg", "other"]
     assert audit_names(["p/a/fg", "q/a/fg"]) == ["1-a-fg", "2-a-fg"]
     with pytest.raises(UserError, match="is given twice"):
-        audit_names(["a/fg", "a/../a/fg"])
+        audit_names(["x/a/fg", "x/a/../a/fg"])  # x/a/fg: a path, not a hub name ORG/NAME
     folders = []
     for parent in ("a", "b"):
         folder = tmp_path / parent / "fg"

@@ -141,7 +141,16 @@ def test_copy_checkpoints_takes_only_checkpoint_files_and_never_overwrites(tmp_p
     assert not (tmp_path / "again").exists() and not list((tmp_path / "out").glob(".*"))
 
 
-def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
+def shipped_checkpoint_files() -> set[str]:
+    """Every file of every shipped checkpoint, as the wheel names it (lock files and optimizer state aside)."""
+    return {
+        f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data').as_posix()}"
+        for p in SHIPPED.rglob("*")
+        if p.is_file() and p.name != "trainer_state.pt" and not any(part.startswith(".") for part in p.parts)
+    }
+
+
+def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
     names = set(zipfile.ZipFile(dist.wheel).namelist())
     expected = {f"fca_workbench/shipped/notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.ipynb")}
     expected |= {f"fca_workbench/shipped/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.py")}
@@ -159,8 +168,13 @@ def test_wheel_carries_the_shipped_files_but_not_the_checkpoints(dist):
     expected |= {p.relative_to(REPO).as_posix() for p in (REPO / "fca_workbench").rglob("*.py")}
     expected.add("fca_workbench/py.typed")  # the package's annotations are for its users' type checkers too
     assert len(expected) >= 6 + 2 + 3 + 2 and expected <= names, sorted(expected - names)
-    assert not [n for n in names if "checkpoints" in n or n.endswith(".safetensors")]
-    assert dist.wheel.stat().st_size < 5 * 2**20
+    checkpoint_files = shipped_checkpoint_files()
+    assert {n.split("/")[4] for n in checkpoint_files} == {p.name for p in SHIPPED.iterdir() if p.is_dir()}
+    assert checkpoint_files <= names, sorted(checkpoint_files - names)
+    assert {n for n in names if "/checkpoints/" in n} == checkpoint_files  # no lock file, no optimizer state
+    for name in checkpoint_files:  # byte for byte the checkout's
+        assert zipfile.ZipFile(dist.wheel).read(name) == (REPO / "data" / name.split("shipped/data/")[1]).read_bytes()
+    assert dist.wheel.stat().st_size < 64 * 2**20
 
     metadata = email.message_from_bytes(
         zipfile.ZipFile(dist.wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA")))
@@ -213,13 +227,34 @@ def test_installed_audit_reads_the_bundled_corpus(user):
         assert audit["data"][split]["fingerprint"] == expected
 
 
-def test_checkpoints_come_from_the_sdist_and_their_absence_is_one_line(user):
-    missing = fca(user, "dashboard", "--port", free_port())
-    lines = missing.stderr.strip().splitlines()
-    assert missing.returncode == 2 and len(lines) == 1, missing.stderr
-    assert "fca data checkpoints --from" in lines[0] and "FCA_CHECKPOINTS" in lines[0]
-    no_source = fca(user, "data", "checkpoints", "--into", "elsewhere")  # the wheel has none to copy
-    assert no_source.returncode == 2 and "--from" in no_source.stderr and not (user.work / "elsewhere").exists()
+def test_installed_package_finds_and_loads_its_own_checkpoints(user):
+    """``checkpoints_dir()`` of the installed wheel is its own ``shipped/data/checkpoints``, offline, and a
+    shipped checkpoint loads from there with the weights of the checkout's."""
+    script = (
+        "import json; from fca_workbench.resources import checkpoints_dir; "
+        "from fca_workbench.adapters.loading import load_controlled; "
+        "model = load_controlled(checkpoints_dir() / 'featuregate-s0'); "
+        "print(json.dumps([str(checkpoints_dir()), model.arch, sum(p.numel() for p in model.parameters())]))"
+    )
+    found = subprocess.run(
+        [str(user.python), "-c", script],
+        cwd=user.work,
+        capture_output=True,
+        text=True,
+        env={**user.env, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+    assert found.returncode == 0, found.stderr[-3000:]
+    folder, arch, params = json.loads(found.stdout.strip().splitlines()[-1])
+    assert Path(folder) == user.package / "shipped" / "data" / "checkpoints" and arch == "featuregate"
+    from fca_workbench.adapters.loading import load_controlled
+
+    assert params == sum(p.numel() for p in load_controlled(CHECKPOINT).parameters())
+    copied = fca(user, "data", "checkpoints", "--into", "elsewhere")  # no --from: the installed package's own
+    assert copied.returncode == 0, copied.stderr
+    assert sorted(p.name for p in (user.work / "elsewhere").iterdir()) == sorted(
+        p.name for p in SHIPPED.iterdir() if p.is_dir()
+    )
 
 
 def test_data_checkpoints_copies_them_out_of_the_sdist(checkpoints):
@@ -249,13 +284,13 @@ def test_installed_reproduce_runs_the_bundled_notebook_with_its_own_kernel(user)
     assert {p.relative_to(user.venv).parts[:4] for p in written} == {("share", "jupyter", "kernels", "fca-workbench")}
 
 
-def test_installed_dashboard_serves_the_bundled_app(user, checkpoints):
+def test_installed_dashboard_serves_the_bundled_app_and_checkpoints(user):
     before = files_under(user.package)
     port = free_port()
     server = subprocess.Popen(
         [str(user.venv / "bin" / "fca"), "dashboard", "--port", str(port)],
         cwd=user.work,
-        env={**user.env, "FCA_CHECKPOINTS": str(checkpoints)},
+        env=user.env,  # no FCA_CHECKPOINTS: the wheel's own checkpoints
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -107,15 +107,16 @@ def test_store_is_bounded_and_clears(window):
     assert len(store) == 0 and store.nbytes == 0
 
 
-def test_a_model_without_layer_stepping_replays_in_full_without_running_a_router(tiny_mixtral):
-    """A transformers MoE keeps no states: a one-layer replay is the protocol's full frozen forward with the
-    window's own router outputs elsewhere, equal to ``replay_run``; no router executes."""
+def test_a_transformers_moe_replays_from_the_layer_without_running_a_router(tiny_mixtral):
+    """A transformers MoE keeps the state before every decoder layer: a one-layer replay resumes at the layer
+    and equals the protocol's full frozen forward with the window's own router outputs elsewhere
+    (``replay_run``); no router executes (tests/test_prefix_transformers.py: more families, the sweep)."""
     from fca_workbench.adapters.loading import load_controlled
 
     model = load_controlled(tiny_mixtral)
     window = torch.randint(1, 4096, (1, 16), generator=torch.Generator().manual_seed(3))
     cache = PrefixCache(model, window)
-    assert cache.states is None and cache.num_layers == 2 and cache.start_for(1) == 0
+    assert len(cache.states) == 3 and cache.num_layers == 2 and cache.start_for(1) == 1
     with torch.no_grad():
         live = model(window).logits
     assert torch.equal(cache.logits(cache.values), live)  # correct: the whole router outputs, bit-exact

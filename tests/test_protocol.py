@@ -17,7 +17,7 @@ from fca_workbench.adapters.kinds import ROUTER_OUTPUT, top_k
 from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.prefix import PrefixCache
-from fca_workbench.audit.sweep import FULL_FORWARD, PREFIX, sweep_mode
+from fca_workbench.audit.sweep import PREFIX, sweep_mode
 from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
@@ -121,11 +121,9 @@ def test_native_families_are_controlled_stepping_models(make):
     ]
 
 
-def test_a_transformers_model_is_controlled_without_stepping(mixtral):
-    assert isinstance(mixtral, ControlledModel) and not isinstance(mixtral, SteppingModel)
-    assert (
-        sweep_mode(mixtral) == FULL_FORWARD and not PrefixCache(mixtral, torch.zeros(1, 4, dtype=torch.long)).stepping
-    )
+def test_a_transformers_model_is_a_controlled_stepping_model(mixtral):
+    assert isinstance(mixtral, ControlledModel) and isinstance(mixtral, SteppingModel)
+    assert sweep_mode(mixtral) == PREFIX and PrefixCache(mixtral, torch.zeros(1, 4, dtype=torch.long)).stepping
     name, baseline = mixtral.latency_baseline()
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
     assert name == "static_mixture" and isinstance(baseline, torch.nn.Module)

@@ -25,6 +25,7 @@ from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
 from fca_workbench.adapters.selective import ColumnKind, selective_controllers
+from fca_workbench.adapters.stepping import LayerStepping, controller_layers, separate_head
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window
 
@@ -147,8 +148,9 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
 
 
-class TransformersControlled(nn.Module):
-    """A transformers causal LM seen through the protocol (``ControlledModel``; no layer stepping)."""
+class TransformersControlled(LayerStepping, nn.Module):
+    """A transformers causal LM seen through the protocol (``ControlledModel``, and ``SteppingModel`` by
+    replacing decoder layers with their recorded outputs: ``adapters.stepping``)."""
 
     def __init__(self, model: nn.Module, controllers: str | None = None, only_controllers: str | None = None):
         super().__init__()
@@ -162,6 +164,8 @@ class TransformersControlled(nn.Module):
         self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
         found = find_controllers(model, controllers, only_controllers)
         self.controller_names = [name for name, _, _ in found]
+        self._blocks = decoder_layers(self.model)
+        self.controller_layers = controller_layers(self.model, self._blocks, self.controller_names)
         self._controllers = [module for _, module, _ in found]
         self.kinds = [kind for _, _, kind in found]
         self._steps = [self._step_owner(name, kind) for name, _, kind in found]
@@ -170,6 +174,8 @@ class TransformersControlled(nn.Module):
         self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
             self.coefficient_slot_shapes = self._probe_slot_shapes()
+        probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=self._device).view(PROBE_SHAPE)
+        self.separate_lm_head = separate_head(self, probe)  # [the LM head] where the logits are its output alone
 
     def _probe_slot_shapes(self) -> list[tuple[int, ...]]:
         """Each controller's slot shape, from probes of two lengths: a coefficient that is not floating point
@@ -222,8 +228,8 @@ class TransformersControlled(nn.Module):
 
     @property
     def blocks(self) -> list[nn.Module]:
-        """The decoder layers (``decoder_layers``)."""
-        return decoder_layers(self.model)
+        """The decoder layers (``decoder_layers``, found once)."""
+        return list(self._blocks)
 
     def _step_owner(self, name: str, kind: ControllerKind) -> tuple[nn.Module, str] | None:
         """``(module, attribute)`` of the controller's routing step: an attribute of its parent (given the step

@@ -20,9 +20,10 @@ from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.errors import UserError
 from fca_workbench.files import reading
 from fca_workbench.models import FAMILIES, load_model
+from fca_workbench.models.hub import resolve_checkpoint
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memory, check_sizes, parameters_on_meta
 from fca_workbench.models.loading import CONFIG_FILE, config_fields, model_type_of, stored_shapes
-from fca_workbench.resources import check_checkpoint, inside_folder
+from fca_workbench.resources import inside_folder
 
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
@@ -34,13 +35,15 @@ def load_controlled(
     trust_remote_code: bool = False,
     only_controllers: str | None = None,
 ) -> ControlledModel:
-    """The model in ``path`` as a controlled model; every way the folder can be wrong is a one-line UserError.
+    """The model in ``path`` (a folder, or a hub name ``ORG/NAME[@REVISION]``) as a controlled model; every way
+    the folder can be wrong is a one-line UserError.
 
     A foreign model's controllers are found by the built-in kinds (MoE routers, shared-expert gates,
     selective SSMs and gates), plus the modules ``controllers`` names (a regex over whole module paths), or,
     with ``only_controllers``, the modules it names alone.
     """
-    folder = check_checkpoint(path)  # links out of the folder refused before any file in it is read
+    # a hub name resolved (code files fetched only with trust_remote_code); links out of the folder refused
+    folder = resolve_checkpoint(path, trust_remote_code).folder
     raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     if model_type_of(raw, folder / CONFIG_FILE) in native:

@@ -4,13 +4,14 @@ dashboard) speaks to, whatever the model family.
 ``ControlledModel`` is what the core needs of every model; ``SteppingModel`` is layer stepping, a separate
 capability the core asks for with ``isinstance(model, SteppingModel)`` (prefix reuse, the per-layer sweep).
 The native families implement both through their seam (``fca_workbench.models.CoefficientModel``);
-``TransformersControlled`` implements ``ControlledModel`` for any ``transformers`` causal LM by replacing
-controllers' ``forward`` (``frozen``). Both protocols are runtime-checkable, and ``load_controlled``'s return
-type makes the type checker check both implementations.
+``TransformersControlled`` implements both for any ``transformers`` causal LM by replacing controllers'
+``forward`` (``frozen``), and the decoder layers before a replay's first one (``adapters.stepping``). Both
+protocols are runtime-checkable, and ``load_controlled``'s return type makes the type checker check both
+implementations.
 """
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -21,6 +22,17 @@ from fca_workbench.models.common import PositiveControl
 COEFFICIENT = "coefficient"
 
 Values = dict[str, torch.Tensor]  # one controller's values: ``"coefficient"`` plus the rest of its output
+
+
+def as_values(items: Iterable[Values | torch.Tensor]) -> list[Values]:
+    """Per-controller values from either values dicts or bare coefficient tensors."""
+    return [item if isinstance(item, dict) else {COEFFICIENT: item} for item in items]
+
+
+def as_coefficients(values: Iterable[Values]) -> list[torch.Tensor | Values]:
+    """What ``SteppingModel.run_blocks`` is given: each controller's coefficient where its value holds nothing
+    else, its whole values where they hold more (a router's output, to be replayed exactly)."""
+    return [value[COEFFICIENT] if value.keys() == {COEFFICIENT} else value for value in values]
 
 
 @runtime_checkable
@@ -122,13 +134,18 @@ class ControlledModel(Protocol):
 class SteppingModel(Protocol):
     """Layer stepping (``fca_workbench.audit.prefix``): ``embed`` gives the state before layer 0, ``run_blocks``
     continues from the state before any layer, ``head`` turns its output into logits, and ``resume_layer(l)``
-    is the first layer whose input state a change of ``coefficients[l]`` can alter."""
+    is the first layer whose input state a change of ``coefficients[l]`` can alter.
+
+    ``run_blocks``'s ``coefficients`` (None: controllers live) is ``as_coefficients`` of per-controller values:
+    a model whose values are coefficients alone (the native families) is only ever given tensors; it returns
+    ``(output, used, states)``: the input of ``head``, what the controllers from ``start`` on used (tensors
+    or values) and, with ``keep_states``, the states before layers ``start ..`` through the last."""
 
     def embed(self, input_ids: torch.Tensor) -> Any: ...
 
     def run_blocks(
-        self, state: Any, start: int, coefficients: list[torch.Tensor] | None = None, keep_states: bool = False
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[Any] | None]: ...
+        self, state: Any, start: int, coefficients: Any = None, keep_states: bool = False
+    ) -> tuple[torch.Tensor, list[Any], list[Any] | None]: ...
 
     def head(self, h: torch.Tensor) -> torch.Tensor: ...
 

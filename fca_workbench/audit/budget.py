@@ -101,10 +101,15 @@ def audit_batch_size(model: Any, window: int, device: str | torch.device, cache:
 def conditions_per_pass(model: Any, batch: torch.Tensor, conditions: int, device: str | torch.device) -> int:
     """Conditions resumed together at one layer: on CUDA as many as the free memory holds next to the kept
     states (``official.window_bytes`` per window, as the audit's batch size is fitted); elsewhere one, since
-    a CPU gains no speed from a bigger batch and only holds more memory."""
+    a CPU gains no speed from a bigger batch and only holds more memory; one too for a model whose config
+    names no size to estimate from (a Mamba names no heads: its audit was given ``--batch-size``)."""
     device = torch.device(device)
     if device.type != "cuda":
         return 1
+    try:
+        per_window = window_bytes(model, batch.shape[1])
+    except UserError:
+        return 1
     free, _ = torch.cuda.mem_get_info(device)
-    rows = int((free - RESERVE_BYTES) // (SAFETY * window_bytes(model, batch.shape[1])))
+    rows = int((free - RESERVE_BYTES) // (SAFETY * per_window))
     return max(1, min(conditions, rows // len(batch)))

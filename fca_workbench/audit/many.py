@@ -9,6 +9,7 @@ from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.run import AuditSettings, check_audit_out, check_device, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_json
+from fca_workbench.models.hub import checkpoint_name, hub_name
 from fca_workbench.results.layout import AUDIT_MANY_FILE
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
@@ -18,14 +19,18 @@ MANY_COMMAND = "fca audit-many"  # what an audit-many folder's marker names
 
 
 def audit_names(checkpoints: Sequence[str | Path]) -> list[str]:
-    """One distinct folder name per checkpoint for its audit: the checkpoint's folder name, prefixed by
-    its parent's where two share it (``a/fg``, ``b/fg`` -> ``a-fg``, ``b-fg``), numbered if still equal."""
-    paths = [Path(c).resolve() for c in checkpoints]
-    repeated = sorted({str(p) for p in paths if paths.count(p) > 1})
+    """One distinct folder name per checkpoint for its audit: the checkpoint's folder name (``org--name`` for a
+    hub name), prefixed by its parent's where two folders share it (``a/fg``, ``b/fg`` -> ``a-fg``, ``b-fg``),
+    numbered if still equal."""
+    keys = [str(c) if hub_name(c) else str(Path(c).resolve()) for c in checkpoints]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
     if repeated:
         raise UserError(f"checkpoint {repeated[0]} is given twice; each seed is one checkpoint")
-    names = [p.name for p in paths]
-    names = [f"{p.parent.name}-{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
+    names = [checkpoint_name(c) for c in checkpoints]
+    names = [
+        f"{Path(key).parent.name}-{name}" if names.count(name) > 1 and not hub_name(c) else name
+        for c, key, name in zip(checkpoints, keys, names)
+    ]
     if len(set(names)) < len(names):
         names = [f"{i}-{name}" for i, name in enumerate(names, 1)]
     return names

@@ -1,15 +1,16 @@
 """The prefix cache: replay an intervention at layer l without recomputing the layers before it.
 
 One unperturbed pass over a window keeps the state before every layer (``model.embed`` /
-``model.run_blocks`` / ``model.head``, the layer-stepping API of the native families) together with the
-window's own controller values and NLL. A replay whose coefficients differ from the window's own at layer l only
+``model.run_blocks`` / ``model.head``, the protocol's layer stepping, ``SteppingModel``) together with the
+window's own controller values and NLL. A replay whose values differ from the window's own at layer l only
 starts from the kept state before ``model.resume_layer(l)`` (l for Dense and FeatureGate, l + 1 for
-MUDDPythia, whose coefficient of layer l only mixes outputs that already exist) and gives exactly the logits
-of a full ``model(input_ids, coefficients=...)`` forward: the same ops on the same tensors.
+MUDDPythia, whose coefficient of layer l only mixes outputs that already exist; the decoder layer holding
+the controller for a transformers model) and gives exactly the logits of a full frozen forward: the same ops
+on the same tensors.
 
-A model without layer stepping (not a ``SteppingModel``: a transformers model through its adapter) keeps
-no states; its one-layer and all-layer replays are the protocol's full frozen forward,
-``model.replay_run(input_ids, values)``, with the window's own cached values at every other controller.
+A model without layer stepping (a ``ControlledModel`` that is not a ``SteppingModel``) keeps no states; its
+one-layer and all-layer replays are the protocol's full frozen forward, ``model.replay_run(input_ids,
+values)``, with the window's own cached values at every other controller.
 
 ``PrefixStore`` keeps a few windows' caches under a byte budget (least recently used out first), so the
 memory one user of the dashboard can hold is bounded; ``clear`` frees it all.
@@ -19,17 +20,25 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import torch
 
-from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel, Values
+from fca_workbench.adapters.protocol import (
+    COEFFICIENT,
+    ControlledModel,
+    SteppingModel,
+    Values,
+    as_coefficients,
+    as_values,
+)
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
 from fca_workbench.models import head_nll, next_token_nll
 
-State = TypeVar("State", torch.Tensor, list[torch.Tensor])  # before a layer: a tensor, or MUDDPythia's streams
+# before a layer: a tensor, or a list (MUDDPythia's streams; a transformers model's window and layer outputs)
+State = TypeVar("State", torch.Tensor, list[Any])
 
 
 def _tensors(obj):
@@ -55,11 +64,6 @@ def tensor_bytes(*objs: object) -> int:
     return total
 
 
-def as_values(items: Iterable[Values | torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """Per-controller values from either values dicts or bare coefficient tensors."""
-    return [item if isinstance(item, dict) else {COEFFICIENT: item} for item in items]
-
-
 class PrefixCache:
     """One window's unperturbed run: its controllers' values (``correct``), per-token NLL and, for a model
     that steps layer by layer, the states before every layer.
@@ -74,31 +78,35 @@ class PrefixCache:
         model: ControlledModel,
         input_ids: torch.Tensor,
         lock: AbstractContextManager[Any] | None = None,
-        coefficients: list[torch.Tensor] | None = None,
+        coefficients: Iterable[Values | torch.Tensor] | None = None,
     ):
         """``coefficients`` (layer-stepping models only): None keeps the live run (controllers running); the
-        cached ``correct`` list keeps the frozen run instead, so every later replay repeats exactly the
-        arithmetic of a frozen forward (the per-layer sweep's reference)."""
+        cached ``correct`` values (or coefficients) keep the frozen run instead, so every later replay repeats
+        exactly the arithmetic of a frozen forward (the per-layer sweep's reference)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
         self.model, self.input_ids, self.lock = model, input_ids, lock or nullcontext()
         # the model's layer stepping, None for a model without it (asked once, here)
         self.stepper: SteppingModel | None = model if isinstance(model, SteppingModel) else None
         self.stepping = self.stepper is not None
-        if coefficients is not None and self.stepper is None:
+        given = None if coefficients is None else as_values(coefficients)
+        if given is not None and self.stepper is None:
             raise ValueError("a frozen prefix run needs a model with layer stepping")
-        model.check_inputs(input_ids, coefficients)
+        model.check_inputs(input_ids, None if given is None else [value[COEFFICIENT] for value in given])
         with self.lock:
             if self.stepper is not None:
                 stepper = self.stepper
-                output, used, states = stepper.run_blocks(stepper.embed(input_ids), 0, coefficients, keep_states=True)
-                logits, values = stepper.head(output), [{COEFFICIENT: c.detach()} for c in used]
+                frozen_run = None if given is None else as_coefficients(given)
+                output, used, states = stepper.run_blocks(stepper.embed(input_ids), 0, frozen_run, keep_states=True)
+                logits = stepper.head(output)
+                values = [{name: t.detach() for name, t in value.items()} for value in as_values(used)]
             else:
                 (logits, values), states = model.capture_run(input_ids), None
         self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer (None: no stepping)
         self.values = values  # per controller, the window's own (= ``correct``) values, e.g. a router's whole output
         self.nll = next_token_nll(logits, input_ids)  # [B, T-1], the live run (= ``correct``, bit-exact)
-        self.num_layers = len(values) if states is None else len(states) - 1  # where an intervention can go
+        # where an intervention can go: one place per controller, every layer of a model without any (Dense)
+        self.num_layers = len(values) if values or states is None else len(states) - 1
 
     @property
     def coefficients(self) -> list[torch.Tensor]:
@@ -155,28 +163,41 @@ class PrefixCache:
             self.model.check_inputs(self.input_ids, [value[COEFFICIENT] for value in values])
             with self.lock:
                 return self.model.replay_run(self.input_ids, values)
-        coefficients = [value[COEFFICIENT] for value in values]
-        self.model.check_inputs(repeat_batch(self.input_ids, copies), coefficients)
+        self.model.check_inputs(repeat_batch(self.input_ids, copies), [value[COEFFICIENT] for value in values])
         assert self.states is not None  # kept by every stepping run
         with self.lock:
-            output, _, _ = self.stepper.run_blocks(repeat_batch(self.states[start], copies), start, coefficients)
+            state = repeat_batch(self.states[start], copies)
+            output, _, _ = self.stepper.run_blocks(state, start, as_coefficients(values))
             return self.stepper.head(output) if finish is None else finish(output)
 
-    def replay_nll_many(self, variants: list[list[torch.Tensor]], layer: int) -> torch.Tensor:
-        """Per-token NLL ``[K, B, T-1]`` of K coefficient lists that differ from the window's own at ``layer``
-        only, run from the state before it as one batch of K x B windows."""
-        coefficients = [torch.cat(tensors) for tensors in zip(*variants)]
-        nll = self.replay_nll(coefficients, layer, copies=len(variants))
-        return nll.view(len(variants), *self.nll.shape)
+    def replay_nll_many(self, variants: Sequence[Sequence[Values | torch.Tensor]], layer: int) -> torch.Tensor:
+        """Per-token NLL ``[K, B, T-1]`` of K per-controller lists (values or coefficients) that differ from the
+        window's own at ``layer`` only, run from the state before it as one batch of K x B windows; variants
+        whose values hold different entries (a router's whole output, a static profile's coefficient) run as
+        one batch each."""
+        given = [as_values(variant) for variant in variants]
+        entries = [tuple(tuple(value) for value in variant) for variant in given]
+        nll: list[torch.Tensor] = [self.nll] * len(given)
+        for names in dict.fromkeys(entries):
+            members = [i for i, held in enumerate(entries) if held == names]
+            values = [
+                {name: torch.cat([given[i][index][name] for i in members]) for name in held}
+                for index, held in enumerate(names)
+            ]
+            rows = self.replay_nll(values, layer, copies=len(members)).view(len(members), *self.nll.shape)
+            for i, row in zip(members, rows):
+                nll[i] = row
+        return torch.stack(nll)
 
 
 def repeat_batch(state: State, copies: int) -> State:
-    """A state (a tensor, or MUDDPythia's list of tensors) repeated ``copies`` times along the batch dim."""
-    if copies == 1:
+    """A state (a tensor, or a list of them: MUDDPythia's streams; a transformers model's window and layer
+    outputs, a tuple or None among them) repeated ``copies`` times along the batch dim."""
+    if copies == 1 or state is None:
         return state
     if isinstance(state, torch.Tensor):
         return state.repeat(copies, *([1] * (state.dim() - 1)))
-    return [repeat_batch(tensor, copies) for tensor in state]
+    return type(state)(repeat_batch(item, copies) for item in state)
 
 
 class PrefixStore:

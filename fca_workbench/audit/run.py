@@ -30,6 +30,7 @@ from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
+from fca_workbench.models.hub import Checkpoint, checkpoint_name, resolve_checkpoint
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
@@ -82,7 +83,7 @@ SETTINGS_MINIMA = {"window": 2, "max_windows": 1, "batch_size": 1, "seed": 0, "r
 
 
 def default_out(checkpoint: str | Path) -> Path:
-    return Path("results") / f"audit-{Path(checkpoint).resolve().name}"
+    return Path("results") / f"audit-{checkpoint_name(checkpoint)}"
 
 
 def check_audit_out(out: str | Path) -> Path:
@@ -95,10 +96,10 @@ def check_audit_out(out: str | Path) -> Path:
 
 
 def load_audit_inputs(
-    settings: AuditSettings,
+    settings: AuditSettings, checkpoint: Checkpoint | None = None
 ) -> tuple[ControlledModel, tuple[Path, torch.Tensor], tuple[Path, torch.Tensor]]:
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
-    model, tokenizer = load_audit_model(settings)
+    model, tokenizer = load_audit_model(settings, checkpoint)
     return (
         model,
         audit_windows(settings, "eval", model, tokenizer),
@@ -117,20 +118,24 @@ def check_device(name: str) -> None:
         raise UserError(f"--device {name} cannot run a model: {first_line(exc)[:200]}") from None
 
 
-def load_audit_model(settings: AuditSettings) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
-    """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other."""
+def load_audit_model(
+    settings: AuditSettings, checkpoint: Checkpoint | None = None
+) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
+    """The controlled model (on the settings' device and dtype) and its tokenizer, checked against each other,
+    both from ``checkpoint`` (default: ``settings.checkpoint`` resolved, ``models.hub``)."""
     if settings.dtype not in DTYPES:
         raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     check_device(settings.device)
+    checkpoint = checkpoint or resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
     model = load_controlled(
-        settings.checkpoint,
+        checkpoint.folder,
         DTYPES[settings.dtype],
         settings.controllers,
         settings.trust_remote_code,
         settings.only_controllers,
     )
     model.to(settings.device)
-    tokenizer = load_tokenizer(settings.checkpoint)
+    tokenizer = load_tokenizer(checkpoint.folder)
     if len(tokenizer) > model.config.vocab_size:
         raise UserError(
             f"the tokenizer in {settings.checkpoint} has {len(tokenizer)} tokens, more than the model's "
@@ -171,7 +176,8 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
     """
     out = check_audit_out(out)
-    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings)
+    checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
+    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings, checkpoint)
     settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
     check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
@@ -219,7 +225,8 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
-                "path": str(Path(settings.checkpoint).resolve()),
+                "path": str(checkpoint.folder.resolve()),
+                "hub": checkpoint.provenance(),
                 "arch": model.arch,
                 "params": sum(p.numel() for p in model.parameters()),
                 "fingerprint": eval_cache.manifest["model_fingerprint"],

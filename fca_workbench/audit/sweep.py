@@ -6,8 +6,9 @@ frozen replay of one (layer, condition), ΔNLL against ``correct`` with a paired
 Prefix reuse: per batch of windows, one frozen pass with the cached ``correct`` coefficients keeps the state
 before every layer (``prefix.PrefixCache``); each (layer, condition) resumes from
 ``model.resume_layer(layer)``, so the layers before it are never recomputed, and the conditions at one layer
-run from that state as one batch where memory allows. Memory is bounded by one batch's states. A model
-without layer stepping (not a ``SteppingModel``) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
+run from that state as one batch where memory allows. Memory is bounded by one batch's states. Every model the
+workbench loads steps by layer, a transformers model too (``adapters.stepping``); a ``ControlledModel`` without
+it (not a ``SteppingModel``) falls back to full frozen forwards, ``replay_nll(..., layer=l)``.
 Both modes give the rows of full one-layer replays (tested within 1e-6). Both check what the audit checks
 (``guard``): every NLL finite, and the sweep's ``correct`` reproducing the cached unperturbed run.
 """
@@ -20,7 +21,7 @@ from tqdm.auto import tqdm
 from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import CoefficientCache
-from fca_workbench.audit.conditions import ConditionCoefficients, Profiles
+from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.guard import at_layer, check_correct_replay, require_finite
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures
@@ -110,12 +111,12 @@ def prefix_window_nll(
     correct: list[torch.Tensor] = []
     for indices in tqdm(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
         batch = windows[indices].to(device)
-        own = [c.to(device=device, dtype=dtype) for c in cache.coefficients(indices)]
+        own = values_on(cache.values(indices), device, dtype)
         prefix = PrefixCache(model, batch, coefficients=own)
         require_finite(prefix.nll, "NLL", "correct", indices)
         check_correct_replay(prefix.nll.cpu(), cache.nll(indices), model.replay_tolerance, indices)
         correct.append(prefix.nll.double().mean(dim=1).cpu())
-        intervened = {c: [t.to(device=device, dtype=dtype) for t in assign(indices)] for c, assign in assigners.items()}
+        intervened = {c: values_on(assign.values(indices), device, dtype) for c, assign in assigners.items()}
         size = group or conditions_per_pass(model, batch, len(conditions), device)
         for layer in range(cache.num_layers):
             for start in range(0, len(conditions), size):

@@ -17,6 +17,7 @@ from fca_workbench.dashboard.live import DashboardSession, SharedModel
 from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json
+from fca_workbench.models.hub import checkpoint_name, hub_name, resolve_checkpoint
 from fca_workbench.resources import checkpoints_dir, is_checkpoint
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
@@ -38,20 +39,29 @@ class Registry:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Registry:
-        """A JSON file ``{"name": "folder", ...}``; relative folders are relative to the file's own folder."""
+        """A JSON file ``{"name": "folder", ...}``, or a list ``["folder", ...]`` named by ``checkpoint_name``;
+        relative folders are relative to the file's own folder; a hub name ``ORG/NAME[@REVISION]`` that is no
+        folder there is resolved now (``models.hub``), so a name missing from the cache is one line at start."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"registry file not found: {path}")
         raw = read_json(path, expect=None)
-        if isinstance(raw, dict) and isinstance(raw.get("checkpoints"), dict):
+        if isinstance(raw, dict) and isinstance(raw.get("checkpoints"), (dict, list)):
             raw = raw["checkpoints"]
+        if isinstance(raw, list) and all(isinstance(v, str) for v in raw):
+            named = {checkpoint_name(v) if hub_name(v) else Path(v).name: v for v in raw}
+            if len(named) < len(raw):
+                raise UserError(f"registry {path} lists two checkpoints of the same name; name them in an object")
+            raw = named
         if (
             not isinstance(raw, dict)
             or not raw
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items())
         ):
-            raise UserError(f'registry {path} must be a non-empty JSON object {{"name": "folder", ...}}')
-        return cls({name: (path.parent / folder).resolve() for name, folder in raw.items()})
+            raise UserError(
+                f'registry {path} must be a non-empty JSON object {{"name": "folder", ...}} or list ["folder", ...]'
+            )
+        return cls({name: _registered(path.parent, folder) for name, folder in raw.items()})
 
     @property
     def names(self) -> list[str]:
@@ -61,6 +71,14 @@ class Registry:
         if name not in self.entries:
             raise UserError(f"unknown checkpoint '{name}'")
         return self.entries[name]
+
+
+def _registered(base: Path, folder: str) -> Path:
+    """A registry entry's folder: ``folder`` relative to ``base``, else the hub name's cached snapshot."""
+    local = base / folder
+    if local.exists() or not hub_name(folder):
+        return local.resolve()
+    return resolve_checkpoint(folder).folder
 
 
 def load_registry(path: str | Path | None = None) -> Registry:

@@ -15,9 +15,9 @@ from fca_workbench.models.common import (
 )
 from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
+from fca_workbench.models.hub import resolve_checkpoint
 from fca_workbench.models.loading import load_weights, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
-from fca_workbench.resources import check_checkpoint
 
 __all__ = [
     "FAMILIES",
@@ -50,14 +50,15 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None) -> CoefficientModel:
-    """Load a checkpoint folder strictly, turning every way it can be broken into one-line UserErrors.
+    """Load a checkpoint folder (or a hub name, ``models.hub``) strictly, turning every way it can be broken
+    into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
     and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
     match the model exactly before anything is loaded (see ``fca_workbench.models.loading``).
     """
-    folder = check_checkpoint(path)
+    folder = resolve_checkpoint(path).folder
     config = read_config(folder, FAMILIES)
     model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
     return load_weights(folder, model_class, config, dtype)

@@ -86,17 +86,23 @@ def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch
     """``next_token_nll(model.head(hidden), input_ids)`` (within float rounding), the head and the softmax
     run a few thousand rows at a time: each chunk's logits (``CPU_LOGITS_CHUNK_BYTES``) are still in cache when
     the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For replays that need
-    the NLL only (the per-layer sweep), where the head and the NLL cost as much as the blocks."""
+    the NLL only (the per-layer sweep), where the head and the NLL cost as much as the blocks. All ``B * T``
+    rows as they lie (each window's last row ignored, as in ``next_token_nll``): slicing it off would copy
+    ``hidden``, the whole ``[B, T, vocab]`` for a model whose head is the identity (a transformers model
+    steps by layer up to its logits, ``adapters.stepping``)."""
     batch, length = input_ids.shape
-    states = hidden[:, :-1].reshape(batch * (length - 1), *hidden.shape[2:])
-    targets = input_ids[:, 1:].reshape(-1)
+    states = hidden.reshape(batch * length, *hidden.shape[2:])
+    targets = input_ids.roll(-1, dims=1)
+    targets[:, -1] = IGNORE
+    targets = targets.reshape(-1)
     budget = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else ACCELERATOR_LOGITS_CHUNK_BYTES
     rows = max(1, budget // (4 * model.config.vocab_size))
     out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
     for start in range(0, len(targets), rows):
         logits = model.head(states[start : start + rows])
-        out[start : start + rows] = F.cross_entropy(logits.float(), targets[start : start + rows], reduction="none")
-    return out.view(batch, length - 1)
+        chunk = targets[start : start + rows]
+        out[start : start + rows] = F.cross_entropy(logits.float(), chunk, reduction="none", ignore_index=IGNORE)
+    return out.view(batch, length)[:, :-1].contiguous()
 
 
 class CoefficientModel(PreTrainedModel):

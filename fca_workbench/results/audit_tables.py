@@ -12,9 +12,9 @@ precision; Markdown and LaTeX are rounded for reading.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fca_workbench.models.hub import recorded_name
 from fca_workbench.results.conditions import ALL_CONDITIONS, CONDITIONS, HEADLINE_CONDITIONS, RETENTION_PROFILES
 from fca_workbench.results.seeds import summarise
 from fca_workbench.results.tables import Column, make_table
@@ -26,7 +26,7 @@ AUDIT_CONDITIONS = ALL_CONDITIONS  # routing ones only where the audit has them 
 
 
 def model_name(audit: dict) -> str:
-    return Path(audit["model"]["path"]).name
+    return recorded_name(audit["model"])
 
 
 def with_controller(audits: list[dict]) -> list[dict]:

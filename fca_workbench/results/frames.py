@@ -17,6 +17,7 @@ import numpy as np
 
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
+from fca_workbench.models.hub import recorded_name
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
@@ -119,7 +120,7 @@ class AuditResults:
 
     def __init__(self, path: str | Path):
         self.audit, self.folder = read_audit_json(path)
-        self.name = Path(self.audit["model"]["path"]).name
+        self.name = recorded_name(self.audit["model"])
         self.model, self.data, self.settings = self.audit["model"], self.audit["data"], self.audit["settings"]
         self.verdicts = self.audit["verdict"]
 

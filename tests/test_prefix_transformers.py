@@ -1,0 +1,179 @@
+"""Prefix reuse for transformers models: a replay from decoder layer l starts from the recorded outputs of the
+layers before it (replaced on the instance, never run) and equals the full frozen forward; the per-layer
+sweep's rows equal those of full forwards. For moe-s0 (the shipped Mixtral), a Mamba2 and a Qwen2-MoE (two
+controllers per layer: the router and the shared-expert gate)."""
+
+import contextlib
+
+import pytest
+import torch
+import transformers as T
+import zoo
+from test_zoo_ssm import COMMON, ZOO
+
+from fca_workbench.adapters import COEFFICIENT, SteppingModel, TransformersControlled
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.selective import ColumnKind
+from fca_workbench.audit.budget import conditions_per_pass
+from fca_workbench.audit.capture import capture
+from fca_workbench.audit.conditions import calibration_profiles
+from fca_workbench.audit.interventions import restrict_to_layer
+from fca_workbench.audit.prefix import PrefixCache
+from fca_workbench.audit.sweep import PREFIX, full_forward_window_nll, prefix_window_nll, sweep_mode
+from fca_workbench.models import next_token_nll
+from fca_workbench.resources import checkpoints_dir
+
+SWEPT = ["cross_input", "layer_mean", "token_shuffle"]  # a router's whole output moved, a static mixture
+
+
+def moe_s0():
+    return load_controlled(checkpoints_dir() / "moe-s0")
+
+
+def mamba2():
+    config_class, fields = ZOO["mamba2"]
+    torch.manual_seed(0)
+    return TransformersControlled(T.Mamba2ForCausalLM(config_class(**COMMON, **fields)).eval())
+
+
+def qwen2_moe():
+    return TransformersControlled(zoo.build("qwen2_moe"))
+
+
+MODELS = {"moe-s0": moe_s0, "mamba2": mamba2, "qwen2_moe": qwen2_moe}
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model(request):
+    return MODELS[request.param]()
+
+
+def random_windows(count, length, seed):
+    return torch.randint(1, 4096, (count, length), generator=torch.Generator().manual_seed(seed))
+
+
+def shifted(values):
+    """Every controller's whole output moved one position along the window: a real change of assignment."""
+    return [{name: t.roll(1, dims=1) for name, t in value.items()} for value in values]
+
+
+@contextlib.contextmanager
+def counting(modules):
+    """How often each module's own forward runs (an instance attribute wrapping it: a module replaced on the
+    instance by its recorded output shadows the wrapper, so it is not counted; a hook would be)."""
+    calls = [0] * len(modules)
+
+    def counted(index, forward):
+        def run(*args, **kwargs):
+            calls[index] += 1
+            return forward(*args, **kwargs)
+
+        return run
+
+    for index, module in enumerate(modules):
+        module.forward = counted(index, module.forward)
+    try:
+        yield calls
+    finally:
+        for module in modules:
+            del module.forward
+
+
+def test_a_transformers_model_steps_by_layer(model):
+    assert isinstance(model, SteppingModel) and sweep_mode(model) == PREFIX
+    assert model.blocks[0] is model.blocks[0] and len(model.blocks) == model.config.num_hidden_layers
+    resumed = [model.resume_layer(i) for i in range(len(model.controllers))]
+    assert resumed == sorted(resumed) and resumed[-1] == len(model.blocks) - 1
+    for name, layer in zip(model.controller_names, resumed):
+        assert f"layers.{layer}." in name
+
+
+def test_replay_from_the_prefix_equals_the_full_frozen_forward(model):
+    window = random_windows(2, 24, seed=3)
+    with torch.no_grad():
+        logits, own = model.capture_run(window)
+    prefix = PrefixCache(model, window, coefficients=own)
+    assert torch.equal(prefix.nll, next_token_nll(logits, window))  # the frozen pass replays the live one
+    assert len(prefix.states) == len(model.blocks) + 1 and prefix.num_layers == len(model.controllers)
+    changed = []
+    with counting(model.blocks) as calls, counting(model.controllers) as controller_calls:
+        for layer in range(prefix.num_layers):
+            values = restrict_to_layer(shifted(own), own, layer)
+            with torch.no_grad():
+                full = next_token_nll(model.replay_run(window, values), window)
+            calls[:] = [0] * len(calls)
+            got = prefix.replay_nll(values, layer)
+            assert calls == [int(b >= model.resume_layer(layer)) for b in range(len(model.blocks))], layer
+            assert torch.allclose(got, full, rtol=0, atol=model.replay_tolerance), layer
+            assert torch.equal(got, full), layer  # the same ops on the same tensors
+            changed.append(not torch.equal(got, prefix.nll))
+            assert torch.equal(prefix.logits(values, layer), model.replay_run(window, values))
+    assert sum(changed) >= len(changed) - 1  # the interventions really change something
+    # no controller ran in any replay (a fused projection's runs: its control columns are overwritten)
+    assert all(calls == 0 for calls, kind in zip(controller_calls, model.kinds) if not isinstance(kind, ColumnKind))
+
+
+def test_batched_variants_equal_one_at_a_time(model):
+    window = random_windows(2, 16, seed=4)
+    prefix = PrefixCache(model, window, coefficients=model.capture_run(window)[1])
+    layer = prefix.num_layers - 1
+    mean = [{COEFFICIENT: v[COEFFICIENT].mean(dim=(0, 1)).expand_as(v[COEFFICIENT])} for v in prefix.values]
+    variants = [restrict_to_layer(v, prefix.values, layer) for v in (shifted(prefix.values), mean, prefix.values)]
+    many = prefix.replay_nll_many(variants, layer)  # a static mixture among whole router outputs
+    assert many.shape == (3, *prefix.nll.shape)
+    for got, values in zip(many, variants):
+        assert torch.allclose(got, prefix.replay_nll(values, layer), rtol=0, atol=1e-5)
+    assert torch.allclose(many[2], prefix.nll, rtol=0, atol=1e-5)
+    assert not torch.allclose(many[1], prefix.nll, rtol=0, atol=1e-3)
+
+
+def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
+    windows = random_windows(5, 16, seed=1)
+    cache = capture(model, windows, tmp_path / "eval", batch_size=3)
+    profiles = calibration_profiles(capture(model, random_windows(4, 16, seed=2), tmp_path / "calib", batch_size=4))
+    with counting(model.blocks) as calls:  # two conditions per pass: a router's whole output beside a profile
+        prefix_nll, prefix_correct = prefix_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu", group=2)
+    full_nll, full_correct = full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu")
+    assert prefix_nll.keys() == full_nll.keys()
+    assert torch.allclose(prefix_correct, full_correct, rtol=0, atol=1e-7)
+    for key in full_nll:
+        assert torch.allclose(prefix_nll[key], full_nll[key], rtol=0, atol=1e-6), key
+    assert any((full_nll[key] - full_correct).abs().max() > 1e-4 for key in full_nll)
+    batches = len(list(cache.shard_indices()))
+    layers = [model.resume_layer(i) for i in range(cache.num_layers)]
+    # per controller, the passes of 3 conditions two at a time: 3 where its values hold more than a coefficient
+    # (a router's output), so that the profile's coefficient alone runs apart
+    passes = [2 if value.keys() == {COEFFICIENT} else 3 for value in cache.values(torch.arange(1))]
+    # block b runs in each batch's prefix pass and in the passes of every controller whose layer is at or before it
+    expected = [1 + sum(p for p, layer in zip(passes, layers) if layer <= b) for b in range(len(model.blocks))]
+    assert calls == [batches * count for count in expected]
+
+
+def test_conditions_per_pass_of_a_model_without_sizes_is_one(monkeypatch):
+    """On CUDA the sweep fits its conditions per pass to the memory from the config's sizes; a Mamba names no
+    heads (its audit is given --batch-size), so its sweep resumes one condition at a time instead of failing."""
+    config_class, fields = ZOO["mamba"]
+    torch.manual_seed(0)
+    mamba = TransformersControlled(T.MambaForCausalLM(config_class(**COMMON, **fields)).eval())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+    assert conditions_per_pass(mamba, random_windows(2, 16, seed=0), 5, "cuda") == 1
+    assert conditions_per_pass(moe_s0(), random_windows(2, 16, seed=0), 5, "cuda") == 5  # sized: all at once
+
+
+def test_the_lm_head_runs_apart_only_where_the_logits_are_its_output():
+    """moe-s0's logits are its LM head's output: the sweep runs the head a chunk of rows at a time with the NLL.
+    Cohere2-MoE scales the head's output (``logit_scale``): its head stays inside the forward, and the replay
+    from a layer still equals the full frozen forward."""
+    mixtral = moe_s0()
+    assert mixtral.separate_lm_head == [mixtral.model.get_output_embeddings()]
+    cohere = TransformersControlled(zoo.build("cohere2_moe"))
+    assert cohere.separate_lm_head == [] and cohere.model.config.logit_scale != 1.0
+    window = random_windows(2, 16, seed=5)
+    with torch.no_grad():
+        _, own = cohere.capture_run(window)
+    prefix = PrefixCache(cohere, window, coefficients=own)
+    values = restrict_to_layer(shifted(own), own, 1)
+    with torch.no_grad():
+        full = cohere.replay_run(window, values)
+    assert torch.equal(prefix.logits(values, 1), full)
+    assert torch.equal(prefix.replay_nll(values, 1), next_token_nll(full, window))
