@@ -23,6 +23,7 @@ from overview_view import OverviewView
 
 from fca_workbench import tables
 from fca_workbench.dashboard.compare import comparison
+from fca_workbench.dashboard.downstream import downstream_tables
 from fca_workbench.dashboard.escaping import markdown_text
 from fca_workbench.dashboard.overview import chosen_sort, overview_of
 from fca_workbench.dashboard.query import choose
@@ -40,7 +41,7 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
     kept = _RENDERED.get(entry.version)
     if kept is not None:
         return kept
-    made = audit_tables(entry.valid_audit)
+    made = audit_tables(entry.valid_audit) + downstream_tables(entry.folder)
     parts = [
         (
             t.attrs["name"],

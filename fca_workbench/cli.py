@@ -15,12 +15,13 @@ from fca_workbench.cli_options import (
     Parser,
     add_audit_options,
     add_dashboard_options,
+    add_eval_parser,
     add_export_parser,
     add_train_options,
 )
 from fca_workbench.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
-from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, PER_TOKEN_CSV
+from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV
 
 if TYPE_CHECKING:  # the commands import what they run when they run (a fast `fca --help`)
     from fca_workbench.audit.run import AuditSettings
@@ -128,6 +129,32 @@ def cmd_audit_many(args: argparse.Namespace) -> None:
     if summary is not None:
         print(format_aggregate(summary))
         print(f"\nwrote {out / AUDIT_MANY_FILE}")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from fca_workbench.downstream import require_lm_eval
+
+    require_lm_eval()
+    from fca_workbench.audit.run import default_out
+    from fca_workbench.downstream.run import EvalSettings, comma_names, format_downstream, run_eval
+
+    settings = EvalSettings(
+        checkpoint=args.checkpoint,
+        tasks=comma_names(args.tasks),
+        conditions=comma_names(args.conditions),
+        limit=args.limit,
+        calibration=args.calib,
+        window=args.window,
+        max_windows=args.max_windows,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        trust_remote_code=args.trust_remote_code,
+    )
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
+    print(format_downstream(run_eval(settings, out)))
+    print(f"\nwrote {out / DOWNSTREAM_FILE}")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -242,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     many.add_argument("checkpoints", nargs="+")
     add_audit_options(many)
     many.set_defaults(func=cmd_audit_many)
+
+    add_eval_parser(commands).set_defaults(func=cmd_eval)
 
     add_export_parser(commands).set_defaults(func=cmd_export)
 

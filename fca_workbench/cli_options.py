@@ -6,6 +6,7 @@ import argparse
 from typing import NoReturn
 
 from fca_workbench import flags
+from fca_workbench.results.conditions import PROFILE_CONDITIONS
 
 
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
@@ -218,6 +219,50 @@ def add_dashboard_options(dash: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="folder whose finished audits the results view lists; nothing outside it is read (default: results)",
     )
+
+
+def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """``fca eval``: its parser and every flag (the command is ``cli.cmd_eval``)."""
+    parser = commands.add_parser(
+        "eval", help="downstream tasks (lm-evaluation-harness) under static FCA conditions: downstream.json"
+    )
+    parser.add_argument("checkpoint")
+    parser.add_argument(
+        "--tasks",
+        required=True,
+        help="comma-separated lm-eval tasks: the shipped fca_next_line (offline), or any task lm-eval has",
+    )
+    parser.add_argument(
+        "--conditions",
+        default="correct,global_mean,layer_mean",
+        help=f"comma-separated static conditions: correct, {', '.join(PROFILE_CONDITIONS)} (correct and "
+        "global_mean always run: the retention's two ends)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="audit folder to write downstream.json into (default: "
+        "results/audit-<checkpoint>, beside fca audit's audit.json)",
+    )
+    parser.add_argument("--limit", type=flags.positive_int, default=None, help="the first N documents of each task")
+    parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
+    parser.add_argument(
+        "--window",
+        type=flags.window_size,
+        default=None,
+        help="tokens per calibration window, and the longest input a task gets (default: min(256, context))",
+    )
+    parser.add_argument(
+        "--max-windows", type=flags.positive_int, default=None, help="calibration windows, spread evenly (default: all)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument("--seed", type=flags.seed, default=0, help="lm-eval's seeds (few-shot sampling)")
+    parser.add_argument("--batch-size", type=flags.positive_int, default=None, help="texts per forward")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="run the code a foreign checkpoint folder ships"
+    )
+    return parser
 
 
 def add_export_parser(sub: "argparse._SubParsersAction") -> argparse.ArgumentParser:

@@ -52,10 +52,12 @@ AUDIT_NOTEBOOKS = (
     PER_LAYER_NOTEBOOK,
 )
 # 07 reads the shipped training-dynamics logs (data/training_dynamics), 09 the controller-design study's summaries
-# (data/controller_design); they audit nothing
+# (data/controller_design); they audit nothing. 08 runs fca eval beside the audits (the eval extra: left out of
+# the default run without lm-eval)
+DOWNSTREAM_NOTEBOOK = "08_downstream"
 STUDY_NOTEBOOK = "09_controller_design"
 STUDY_PARAMETER = "study"  # its study folder, checked before any notebook starts
-PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", STUDY_NOTEBOOK)
+PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK, STUDY_NOTEBOOK)
 EXPLORE_NOTEBOOK = "explore"
 DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
@@ -141,9 +143,12 @@ def plan(
             f"fca reproduce needs the notebooks extra ({missing[0]} is missing): "
             "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)"
         )
-    names = config.get("notebooks", list(PAPER_NOTEBOOKS))
+    has_lm_eval = importlib.util.find_spec("lm_eval") is not None
+    names = config.get("notebooks", [n for n in PAPER_NOTEBOOKS if has_lm_eval or n != DOWNSTREAM_NOTEBOOK])
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
+    if not has_lm_eval and DOWNSTREAM_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
+        raise UserError(f"notebook {DOWNSTREAM_NOTEBOOK} needs the eval extra: pip install 'fca-workbench[eval]'")
     parameters = config.get("parameters")
     if isinstance(parameters, dict) and parameters.get("per_layer") is False:  # no sweep: nothing for 06 to show
         if "notebooks" in config and PER_LAYER_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:

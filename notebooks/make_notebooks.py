@@ -611,6 +611,68 @@ for line in study_.skipped:
     print("left out:", line)""",
 )
 
+DOWNSTREAM = notebook(
+    "08_downstream",
+    "Downstream tasks under static profiles (lm-evaluation-harness)",
+    "Does a static profile keep the model's downstream accuracy, not only its NLL? `fca eval` runs lm-eval tasks "
+    "(default: the shipped offline `fca_next_line`: after four lines of a play, pick the true next line among "
+    "four versions, three with two neighbouring words swapped) with the live model (`correct`) and the frozen "
+    "model under each static profile of the calibration set, and writes `downstream.json` beside each audit. "
+    "Accuracy ± lm-eval's stderr, and the share of the correct → global_mean accuracy gap each profile keeps. "
+    "With the default `limit` the stderr is large: raise it for a real comparison. Needs the `eval` extra.",
+    [
+        (
+            "code",
+            """\
+downstreams = [
+    run_eval(EvalSettings(c, comma_names(tasks), comma_names(conditions), limit=limit, calibration=calibration_data,
+                          window=window, max_windows=calibration_windows, device=device, dtype=dtype, seed=seed,
+                          batch_size=batch_size), run.audit_dir(c))
+    for c in evaluated
+]
+table = downstream_table(downstreams)
+run.write_table(table)""",
+        ),
+        (
+            "code",
+            """\
+fig = go.Figure()
+for model, rows in table[table.metric == table.metric.iloc[0]].groupby("model", sort=False):
+    fig.add_trace(go.Bar(x=rows.condition, y=rows.value, error_y=dict(type="data", array=rows.stderr), name=model))
+fig.update_layout(barmode="group", title=f"{table.task.iloc[0]}: {table.metric.iloc[0]} ± lm-eval's stderr",
+                  yaxis_title=table.metric.iloc[0], height=450)
+run.write_figure(fig, "downstream_accuracy")
+tables.show(fig)""",
+        ),
+    ],
+    parameters=PARAMETERS.replace(
+        "checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0",
+        "checkpoints = None       # checkpoint folders; None: the shipped ones (a model without a controller is skipped)",
+    )
+    + """
+tasks = "fca_next_line"  # comma-separated lm-eval tasks; fca_next_line is shipped (data/tasks/) and runs offline
+conditions = "correct,global_mean,layer_mean"  # static conditions (correct and global_mean always run)
+limit = 16               # documents per task (None: all); small, so the notebook takes well under a minute
+calibration_windows = 4  # calibration windows the static profiles come from (None: all)""",
+    setup="""\
+import plotly.graph_objects as go
+from IPython.display import Markdown, display
+
+from fca_workbench import tables
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.downstream import require_lm_eval
+from fca_workbench.reproduce import NotebookRun
+
+require_lm_eval()  # one line, not a traceback, without the eval extra
+from fca_workbench.downstream.run import EvalSettings, comma_names, run_eval
+from fca_workbench.downstream.table import downstream_table
+
+run = NotebookRun(checkpoints=checkpoints, out=out, audits=audits)
+run.check()
+evaluated = [c for c in run.checkpoints if load_controlled(c).controllers]  # nothing to compare without one
+display(Markdown("Models: " + ", ".join(f"`{c.split('/')[-1]}`" for c in evaluated)))""",
+)
+
 NOTEBOOKS = {
     "01_variation": VARIATION,
     "02_assignment": ASSIGNMENT,
@@ -619,6 +681,7 @@ NOTEBOOKS = {
     "05_muddpythia": MUDD,
     "06_per_layer": PER_LAYER,
     "07_training_dynamics": DYNAMICS,
+    "08_downstream": DOWNSTREAM,
     "09_controller_design": DESIGN,
     "explore": EXPLORE,
 }

@@ -156,7 +156,7 @@ def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
     expected |= {f"fca_workbench/shipped/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.py")}
     expected |= {
         f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"
-        for folder in ("corpus", "tokenizer", "configs")
+        for folder in ("corpus", "tokenizer", "configs", "tasks")  # tasks: fca eval's shipped task
         for p in (REPO / "data" / folder).iterdir()
     }
     expected |= {
@@ -181,7 +181,7 @@ def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
     )
     assert metadata["Version"] == fca_workbench.__version__ and metadata["License-Expression"] == "MIT"
     assert metadata.get_all("Project-URL") and len(metadata.get_all("Classifier")) >= 5
-    assert {"notebooks", "test", "dev", "docs", "bench"} <= set(metadata.get_all("Provides-Extra"))
+    assert {"notebooks", "test", "dev", "docs", "bench", "eval"} <= set(metadata.get_all("Provides-Extra"))
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
     with tarfile.open(dist.sdist) as sdist:

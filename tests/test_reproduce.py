@@ -74,7 +74,12 @@ def test_existing_results_are_not_clobbered(tiny_checkpoints, tmp_path):
 
 def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
     jobs = {}
-    assert reproduce.PAPER_NOTEBOOKS == (*reproduce.AUDIT_NOTEBOOKS, "07_training_dynamics", "09_controller_design")
+    assert reproduce.PAPER_NOTEBOOKS == (
+        *reproduce.AUDIT_NOTEBOOKS,
+        "07_training_dynamics",
+        "08_downstream",
+        "09_controller_design",
+    )
     for stem in reproduce.AUDIT_NOTEBOOKS:
         declared = reproduce.notebook_parameters(reproduce.NOTEBOOK_DIR / f"{stem}.ipynb")
         jobs[stem] = declared

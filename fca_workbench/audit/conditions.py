@@ -100,11 +100,20 @@ def assigned_values(
         permutations = position_permutations(window_indices, length, seed)
         intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in own]
     elif condition in PROFILE_CONDITIONS:
-        profile = profile_of(condition, profiles)
-        intervened = [{COEFFICIENT: c} for c in broadcast_profile(profile, slot_shapes, batch, length)]
+        intervened = static_values(condition, profiles, slot_shapes, batch, length)
     else:
         raise ValueError(f"unknown replay condition '{condition}'")
     return intervened if layer is None else restrict_to_layer(intervened, own, layer)
+
+
+def static_values(
+    condition: str, profiles: Profiles | None, slot_shapes: Sequence[tuple[int, ...]], batch: int, length: int
+) -> Values:
+    """Per controller, what a profile condition assigns to any ``batch`` texts of ``length`` tokens: its profile
+    broadcast to every position, a coefficient only (the same for every text, so no cache is needed: ``fca
+    eval`` replays it on a task's texts)."""
+    profile = profile_of(condition, profiles)
+    return [{COEFFICIENT: c} for c in broadcast_profile(profile, slot_shapes, batch, length)]
 
 
 class ConditionCoefficients:

@@ -18,7 +18,7 @@ import numpy as np
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.models.hub import recorded_name
-from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
+from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
 from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
@@ -51,6 +51,43 @@ EXECUTION_COLUMNS = list(EXECUTION_DTYPES)
 
 
 PER_LAYER_COLUMNS = ["nll", "delta", "delta_ci95_lo", "delta_ci95_hi"]
+
+
+DOWNSTREAM_SCHEMA = "fca-downstream/1"
+DOWNSTREAM_KEYS = ["task", "condition", "metric"]
+DOWNSTREAM_COLUMNS = ["value", "stderr", "retention"]
+_NUMBER = {"type": ["number", "null"]}
+_FIGURE = {"type": "object", "required": DOWNSTREAM_COLUMNS, "properties": dict.fromkeys(DOWNSTREAM_COLUMNS, _NUMBER)}
+DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_workbench/downstream/run.py)
+    "type": "object",
+    "required": ["schema", "model", "settings", "calibration", "tasks"],
+    "properties": {
+        "schema": {"const": DOWNSTREAM_SCHEMA},
+        "model": {"type": "object", "required": ["path", "arch", "fingerprint"]},
+        "settings": {"type": "object", "required": ["tasks", "conditions", "limit", "seed", "dtype", "lm_eval"]},
+        "tasks": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["samples", "conditions"],
+                "properties": {
+                    "samples": {"type": ["integer", "null"]},
+                    "conditions": {
+                        "type": "object",
+                        "additionalProperties": {"type": "object", "additionalProperties": _FIGURE},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def check_downstream(downstream: object, path: Path) -> None:
+    """Refuse, in one line, a ``downstream.json`` (read, or about to be written) that is not ``fca-downstream/1``."""
+    problem = schema_problem(downstream, DOWNSTREAM_JSON_SCHEMA)
+    if problem:
+        raise UserError(f"{path} is not a valid {DOWNSTREAM_SCHEMA} file ({problem})")
 
 
 def read_audit_json(path: str | Path) -> tuple[dict, Path]:
@@ -132,6 +169,25 @@ class AuditResults:
         return frame
 
     @functools.cached_property
+    def downstream(self) -> pd.DataFrame:
+        """One row per (task, condition, metric) of ``fca eval``: value, lm-eval's stderr, retention of the
+        correct-to-global_mean gap; empty when the folder has no ``downstream.json``."""
+        import pandas as pd
+
+        path = self.folder / DOWNSTREAM_FILE
+        rows = []
+        if path.is_file():
+            downstream = read_json(path)
+            check_downstream(downstream, path)
+            for task, entry in downstream["tasks"].items():  # type: ignore[index]  # checked just above
+                for condition, metrics in entry["conditions"].items():
+                    rows += [((task, condition, m), *(f[k] for k in DOWNSTREAM_COLUMNS)) for m, f in metrics.items()]
+        frame = _numbers([row[1:] for row in rows], DOWNSTREAM_COLUMNS)
+        for place, key in enumerate(DOWNSTREAM_KEYS):
+            frame.insert(place, key, pd.Series([row[0][place] for row in rows], dtype="str"))
+        return frame
+
+    @functools.cached_property
     def per_token(self) -> pd.DataFrame:
         """Tidy: one row per (window, position, condition) with the target token and its NLL (Parquet's exact
         float32 values when present, else the CSV's 6 decimals)."""
@@ -186,6 +242,7 @@ class AuditCollection:
     variance = property(lambda self: self._concat("variance"))
     execution = property(lambda self: self._concat("execution"))
     per_layer = property(lambda self: self._concat("per_layer"))
+    downstream = property(lambda self: self._concat("downstream"))
     per_token = property(lambda self: self._concat("per_token"))
 
     @property
@@ -197,7 +254,7 @@ class AuditCollection:
 
 def load_audit(path: str | Path) -> AuditResults:
     """An audit folder (or its ``audit.json``) as DataFrames: ``.conditions``, ``.retention``, ``.variance``,
-    ``.execution``, ``.per_layer`` (when swept), ``.per_token`` (read lazily); ``.model``, ``.data``,
+    ``.execution``, ``.per_layer`` (when swept), ``.downstream`` (``fca eval``), ``.per_token`` (read lazily); ``.model``, ``.data``,
     ``.settings``, ``.verdicts`` as in ``audit.json``."""
     return AuditResults(path)
 

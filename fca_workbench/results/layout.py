@@ -20,6 +20,7 @@ PER_TOKEN_PARQUET = "per_token_nll.parquet"
 PROFILES_FILE = "static_profiles.safetensors"
 CACHE_DIR = "cache"
 AUDIT_MANY_FILE = "audit_many.json"
+DOWNSTREAM_FILE = "downstream.json"  # beside audit.json: fca eval's task accuracies under the conditions
 OUTPUT_MARKER = ".fca-output"  # first in every fca audit / audit-many folder: the command that wrote it
 LOCK_FILE = ".fca-audit.lock"  # in an output or cache folder while an audit (or run) writes there
 

@@ -1,0 +1,25 @@
+"""The results view's downstream table: an audit folder's ``downstream.json`` (``fca eval``), when it has one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fca_workbench.downstream.table import downstream_table
+from fca_workbench.files import read_json
+from fca_workbench.resources import inside_folder
+from fca_workbench.results.frames import check_downstream
+from fca_workbench.results.layout import DOWNSTREAM_FILE
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def downstream_tables(folder: Path) -> list[pd.DataFrame]:
+    """``[table]`` of the folder's ``downstream.json`` (read only inside the folder, checked), or ``[]``."""
+    path = inside_folder(folder, DOWNSTREAM_FILE, "the results view")
+    if not path.is_file():
+        return []
+    downstream = read_json(path)
+    check_downstream(downstream, path)
+    return [downstream_table([downstream])]  # type: ignore[list-item]  # checked just above

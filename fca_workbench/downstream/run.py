@@ -1,0 +1,266 @@
+"""``fca eval``: lm-eval tasks under FCA conditions, their accuracy and its retention, as ``downstream.json``.
+
+The static profiles come from the calibration set exactly as ``fca audit`` makes them (its loader, windows,
+capture and ``calibration_profiles``), captured into a temporary folder as the mini-audit does, so an audit's
+own cache in the output folder is never touched. Tasks run through lm-eval's evaluator with its
+own task definitions, metrics and standard errors; the shipped ``data/tasks/`` ones run offline.
+"""
+
+import importlib.metadata
+import logging
+import math
+import random
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import lm_eval
+import lm_eval.evaluator
+import numpy
+import torch
+import yaml
+from lm_eval.tasks import TaskManager
+
+from fca_workbench.audit.cache_lock import folder_lock
+from fca_workbench.audit.capture import model_fingerprint
+from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
+from fca_workbench.audit.run import (
+    AUDIT_COMMAND,
+    AuditSettings,
+    audit_windows,
+    capture_split,
+    check_audit_out,
+    data_summary,
+    load_audit_model,
+    with_batch_size,
+)
+from fca_workbench.data.tasks import TASKS_DIR
+from fca_workbench.downstream.frozen import LOW, REFERENCE, ConditionLogits, eval_conditions
+from fca_workbench.downstream.lm import WorkbenchLM
+from fca_workbench.errors import UserError
+from fca_workbench.files import reading, write_json
+from fca_workbench.resources import inside_folder
+from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
+from fca_workbench.results.layout import DOWNSTREAM_FILE
+from fca_workbench.results.outputs import mark_output, refuse_foreign
+
+BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
+
+
+@dataclass
+class EvalSettings:
+    checkpoint: str
+    tasks: list[str]
+    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, "layer_mean"])
+    limit: int | None = None  # the first N documents of each task
+    calibration: str | None = None
+    window: int | None = None
+    max_windows: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    batch_size: int | None = None
+    trust_remote_code: bool = False
+
+    def audit_settings(self) -> AuditSettings:
+        """What the audit's loader, windows and capture read (and range-check) of these settings."""
+        return AuditSettings(
+            checkpoint=self.checkpoint,
+            calibration=self.calibration,
+            window=self.window,
+            max_windows=self.max_windows,
+            device=self.device,
+            dtype=self.dtype,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            trust_remote_code=self.trust_remote_code,
+        )
+
+
+def comma_names(text: str) -> list[str]:
+    """``--tasks`` / ``--conditions``: ``a,b`` as ``["a", "b"]``, blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def local_tasks() -> dict[str, Path]:
+    """The shipped tasks: every ``data/tasks/<name>.yaml``, by name."""
+    return {path.stem: path for path in sorted(TASKS_DIR.glob("*.yaml"))}
+
+
+def local_task_config(path: Path) -> dict:
+    """A shipped task's lm-eval config, its ``data_files`` resolved inside ``data/tasks/`` (lm-eval would read
+    them from the current folder)."""
+    config = yaml.safe_load(path.read_text())
+    files = config["dataset_kwargs"]["data_files"]
+    config["dataset_kwargs"]["data_files"] = {
+        split: str(inside_folder(path.parent, name, path.name)) for split, name in files.items()
+    }
+    return config
+
+
+def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str | dict]]:
+    """lm-eval's task manager and what to hand it for each name: a shipped task's config, or the name of an
+    installed task or group (lm-eval's whole index is read only when some task is not a shipped one); an
+    unknown name is one line, before any model is loaded."""
+    shipped = local_tasks()
+    others = [name for name in names if name not in shipped]
+    manager = TaskManager(include_defaults=bool(others))
+    unknown = [name for name in others if name not in manager.all_tasks]
+    if unknown:
+        raise UserError(
+            f"--tasks: unknown task {', '.join(map(repr, unknown))}; shipped: {', '.join(shipped)}, "
+            "or any task lm-eval lists (lm-eval ls tasks)"
+        )
+    return manager, [local_task_config(shipped[name]) if name in shipped else name for name in names]
+
+
+def run_eval(settings: EvalSettings, out: str | Path) -> dict:
+    """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
+    or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
+    ``correct``-to-``global_mean`` gap."""
+    if not settings.tasks:
+        raise UserError("--tasks names no task")
+    out = check_audit_out(out)
+    refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
+    manager, tasks = resolve_tasks(settings.tasks)
+    loaded = load_tasks(manager, tasks, settings.seed)  # a task whose data is not on disk: one line, before the model
+    audit_settings = settings.audit_settings()
+    model, tokenizer = load_audit_model(audit_settings)
+    conditions = eval_conditions(settings.conditions, bool(model.controllers))
+    calib_path, calib_windows = audit_windows(audit_settings, "calibration", model, tokenizer)
+    audit_settings = with_batch_size(audit_settings, model, calib_windows, out)
+    with folder_lock(out, "output folder"):
+        mark_output(out, AUDIT_COMMAND)
+        profiles = None
+        if model.controllers:
+            with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
+                audit_settings = replace(audit_settings, cache=cache)
+                profiles = calibration_profiles(
+                    capture_split(model, calib_windows, "calibration", audit_settings, None)
+                )
+            routed = [c for c in conditions if c not in replay_conditions(profiles)]
+            if routed:
+                raise UserError(f"--conditions {routed[0]}: only for models whose controllers are top-k routers")
+        logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
+        lm = WorkbenchLM(model, tokenizer, calib_windows.shape[1], audit_settings.batch_size or 1)
+        by_condition = {}
+        for condition in conditions:
+            lm.use(ConditionLogits(model, condition, profiles))
+            by_condition[condition] = evaluate(lm, loaded, settings)
+        downstream = {
+            "schema": DOWNSTREAM_SCHEMA,
+            "model": {
+                "path": str(Path(settings.checkpoint).resolve()),
+                "arch": model.arch,
+                "fingerprint": model_fingerprint(model),
+            },
+            "settings": {
+                "tasks": settings.tasks,
+                "conditions": conditions,
+                "limit": settings.limit,
+                "seed": settings.seed,
+                "dtype": settings.dtype,
+                "device": settings.device,
+                "window": calib_windows.shape[1],
+                "batch_size": audit_settings.batch_size,
+                "lm_eval": importlib.metadata.version("lm-eval"),
+            },
+            "calibration": data_summary(calib_path, calib_windows),
+            "tasks": task_figures(by_condition),
+        }
+        check_downstream(downstream, out / DOWNSTREAM_FILE)
+        write_json(out / DOWNSTREAM_FILE, downstream)
+    return downstream
+
+
+def load_tasks(manager: TaskManager, tasks: list[str | dict], seed: int) -> dict:
+    """lm-eval's tasks, loaded once for every condition, set up as ``simple_evaluate`` sets them up: zero-shot
+    unless the task says otherwise, its few-shot sampler seeded."""
+    with reading(
+        "lm-eval cannot load the tasks",
+        "a task's data must be in the Hugging Face cache: fca eval runs offline unless HF_DATASETS_OFFLINE=0",
+    ):
+        loaded = manager.load(tasks)
+    for task in loaded["tasks"].values():
+        if task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=seed)
+    return loaded
+
+
+def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
+    """lm-eval's results of every task (and group) under the condition ``lm`` uses: per task, its documents
+    evaluated (``samples``) and its metrics (``metrics``: value and stderr). ``evaluator.evaluate`` is
+    ``simple_evaluate`` without its model loading and its environment report (a ``pip list`` per call)."""
+    random.seed(settings.seed)
+    numpy.random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    results = lm_eval.evaluator.evaluate(
+        lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False
+    )
+    samples = results.get("n-samples", {})
+    return {
+        task: {"samples": samples.get(task, {}).get("effective"), "metrics": metrics_of(entry)}
+        for task, entry in results["results"].items()
+    }
+
+
+def metrics_of(entry: dict) -> dict[str, dict]:
+    """A task's numeric metrics from lm-eval's ``"<metric>,<filter>"`` keys (named by the metric alone for the
+    ``none`` filter), each with its ``"<metric>_stderr,<filter>"`` (None where lm-eval gives none)."""
+    metrics = {}
+    for key, value in entry.items():
+        metric, comma, kept = key.partition(",")
+        if not comma or metric.endswith("_stderr") or finite(value) is None:
+            continue
+        name = metric if kept == "none" else key
+        metrics[name] = {"value": finite(value), "stderr": finite(entry.get(f"{metric}_stderr,{kept}"))}
+    return metrics
+
+
+def finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite number, else None (lm-eval writes ``"N/A"`` for no stderr)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def retention(value: float, correct: float, global_mean: float) -> float | None:
+    """The share of the ``correct``-to-``global_mean`` gap a condition keeps; None when there is no gap."""
+    gap = correct - global_mean
+    return None if gap == 0 else (value - global_mean) / gap + 0.0  # + 0.0: no -0.0 for a condition at the low end
+
+
+def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
+    """Per task: ``samples`` and, per condition and metric, value, stderr and retention (None where a reference
+    lacks the metric, or the model has no controller and evaluates ``correct`` alone)."""
+    figures = {}
+    for task, entry in by_condition[REFERENCE].items():
+        rows = {condition: results[task]["metrics"] for condition, results in by_condition.items()}
+        conditions = {
+            condition: {metric: {**f, "retention": kept(rows, metric, f["value"])} for metric, f in metrics.items()}
+            for condition, metrics in rows.items()
+        }
+        figures[task] = {"samples": entry["samples"], "conditions": conditions}
+    return figures
+
+
+def kept(rows: dict[str, dict], metric: str, value: float) -> float | None:
+    """``retention`` of ``value`` between the references' ``metric`` in ``rows`` (per condition, its metrics)."""
+    top, low = (rows.get(end, {}).get(metric) for end in (REFERENCE, LOW))
+    return None if top is None or low is None else retention(value, top["value"], low["value"])
+
+
+def format_downstream(downstream: dict) -> str:
+    """The printed table: per task and metric, each condition's value ± stderr and its retention."""
+    lines = [
+        f"{downstream['model']['path']} ({downstream['model']['arch']}), lm-eval {downstream['settings']['lm_eval']}"
+    ]
+    for task, entry in downstream["tasks"].items():
+        lines.append(f"\n{task} ({entry['samples']} documents)")
+        for condition, metrics in entry["conditions"].items():
+            for metric, f in metrics.items():
+                stderr = "" if f["stderr"] is None else f" ± {f['stderr']:.4f}"
+                kept = "" if f["retention"] is None else f"   retention {f['retention']:.3f}"
+                lines.append(f"  {condition:20s} {metric:10s} {f['value']:.4f}{stderr}{kept}")
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""``downstream.json`` files as one table (``results.tables``): what notebook 08 and the dashboard show."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fca_workbench.results.tables import Column, make_table
+
+if TYPE_CHECKING:  # imported when a table is built
+    import pandas as pd
+
+DOWNSTREAM_TABLE = [
+    Column("model", "model", "text"),
+    Column("task", "task", "text"),
+    Column("condition", "condition", "text"),
+    Column("metric", "metric", "text"),
+    Column("value", "value"),
+    Column("stderr", "stderr (lm-eval)"),
+    Column("retention", "retention of the correct → global_mean gap", "pct"),
+]
+
+
+def downstream_table(downstreams: list[dict]) -> pd.DataFrame:
+    """One row per model, task, condition and metric of ``fca eval`` results (``downstream.json`` dicts)."""
+    rows = [
+        {"model": Path(d["model"]["path"]).name, "task": task, "condition": condition, "metric": metric, **figure}
+        for d in downstreams
+        for task, entry in d["tasks"].items()
+        for condition, metrics in entry["conditions"].items()
+        for metric, figure in metrics.items()
+    ]
+    return make_table(
+        "downstream",
+        "Downstream tasks (fca eval, lm-evaluation-harness) under static conditions: value ± lm-eval's stderr, and "
+        "the share of the correct → global_mean gap each condition keeps",
+        DOWNSTREAM_TABLE,
+        rows,
+    )
