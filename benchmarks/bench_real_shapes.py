@@ -375,7 +375,7 @@ def main(argv=None) -> int:
     if args.shape is not None:
         for dtype in [args.dtype] if args.dtype else SHAPES[args.shape][5]:
             entry = measure(args.shape, dtype, args)
-            with FileLock(out / f".{NAME}.lock"):  # shapes run side by side merge into one file
+            with FileLock(Path(tempfile.gettempdir()) / f".{NAME}.lock"):  # shapes run side by side share one file
                 write(out, merge(out, entry))
         return 0
     failed = []
