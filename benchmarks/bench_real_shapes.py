@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 from filelock import FileLock
@@ -46,7 +47,7 @@ from fca_workbench.audit.capture import capture, model_fingerprint
 from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.errors import UserError
-from fca_workbench.files import write_atomic
+from fca_workbench.files import read_json, write_atomic
 from fca_workbench.models import next_token_nll
 from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG
 from fca_workbench.models.muddpythia import MUDDPythiaConfig
@@ -305,7 +306,7 @@ def static_exactness(model, hf, windows, cache, default_experts: str, device: to
 def merge(out: Path, entry: dict) -> dict:
     """The results file with ``entry`` put in (or replaced) under its shape, dtype and device."""
     path = out / f"{NAME}.json"
-    results = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    results = cast(dict, read_json(path)) if path.is_file() else {"runs": {}}
     results["runs"][f"{entry['shape']}/{entry['dtype']}/{entry['device']}"] = entry
     results["runs"] = dict(sorted(results["runs"].items()))
     return results
