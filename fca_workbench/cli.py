@@ -46,7 +46,7 @@ def cmd_data_checkpoints(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from fca_workbench.audit.run import check_device
+    from fca_workbench.adapters.placement import check_device
     from fca_workbench.train import TrainSettings, read_hf_config, train
 
     check_device(args.device)

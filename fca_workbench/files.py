@@ -281,7 +281,7 @@ def jsonl_gz(records: list[dict]) -> bytes:
 def fingerprint_tensor(tensor: torch.Tensor) -> str:
     """sha256 of a tensor's shape, dtype and bytes: identifies windows or weights exactly."""
     digest = hashlib.sha256(f"{tuple(tensor.shape)}|{tensor.dtype}".encode())
-    digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # 0-dim too; no copy
+    digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)  # no copy
     return digest.hexdigest()
 
 

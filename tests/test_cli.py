@@ -19,7 +19,13 @@ def test_help_lists_the_commands():
     parser's subcommands, include the core ones, and each is documented in the README."""
     result = fca("--help")
     assert result.returncode == 0
-    listed = re.search(r"usage: fca \[-h\] \{([^}]*)\}", result.stdout).group(1).split(",")
+    listed = (
+        re.search(r"usage: fca \[-h\]\s+\{([^}]*)\}", result.stdout)
+        .group(1)
+        .replace("\n", "")
+        .replace(" ", "")
+        .split(",")
+    )
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert listed == list(subparsers.choices)
     assert {"data", "train", "audit", "audit-many", "dashboard", "reproduce"} <= set(listed)

@@ -58,6 +58,7 @@ def shared_models(tiny_checkpoints):
 
 
 def test_registry_file_resolves_relative_folders_and_refuses_unknown_names(tmp_path):
+    (tmp_path / "ckpt" / "a").mkdir(parents=True)  # a folder wins over the hub name it also spells
     (tmp_path / "reg.json").write_text(json.dumps({"a": "ckpt/a", "b": "/abs/b"}))
     registry = Registry.from_file(tmp_path / "reg.json")
     assert registry.names == ["a", "b"]

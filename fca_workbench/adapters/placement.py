@@ -231,3 +231,14 @@ def tensor_fingerprints(model: nn.Module, fingerprint: Any) -> dict[str, str]:
             for name in own:
                 found[f"{prefix}.{name}".lstrip(".")] = fingerprint(tensors[name])
     return found
+
+
+def check_device(name: str) -> None:
+    """Refuse, in one line and before anything is loaded or written, a device the audit cannot compute on: not
+    a torch device, CUDA without a GPU, or one that holds no values (``meta``); a tiny sum is tried there."""
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name} was asked for, but torch sees no CUDA device")
+    try:
+        (torch.ones(2, device=name) * 2).sum().item()
+    except (RuntimeError, NotImplementedError, AssertionError, ValueError) as exc:
+        raise UserError(f"--device {name} cannot run a model: {first_line(exc)[:200]}") from None

@@ -4,9 +4,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from fca_workbench.adapters.placement import check_device
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.distributed import SINGLE, Ranks
-from fca_workbench.audit.run import AuditSettings, check_audit_out, check_device, run_audit
+from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
 from fca_workbench.errors import UserError
 from fca_workbench.files import write_json
 from fca_workbench.models.hub import checkpoint_name, hub_name

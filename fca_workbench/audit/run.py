@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.loading import load_controlled
-from fca_workbench.adapters.placement import placed, placement
+from fca_workbench.adapters.placement import check_device, placed, placement
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.cache_lock import cache_lock, folder_lock
@@ -29,7 +29,7 @@ from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, swee
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.models.hub import Checkpoint, checkpoint_name, resolve_checkpoint
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
@@ -101,10 +101,10 @@ def check_audit_out(out: str | Path) -> Path:
 
 
 def load_audit_inputs(
-    settings: AuditSettings, checkpoint: Checkpoint | None = None, out: Path | None = None, ranks: Ranks = SINGLE
+    settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE, checkpoint: Checkpoint | None = None
 ) -> tuple[ControlledModel, tuple[Path, torch.Tensor], tuple[Path, torch.Tensor]]:
     """Model, tokenizer-made eval and calibration windows, each problem a one-line UserError."""
-    model, tokenizer = load_audit_model(settings, checkpoint, out, ranks)
+    model, tokenizer = load_audit_model(settings, out, ranks, checkpoint)
     return (
         model,
         audit_windows(settings, "eval", model, tokenizer),
@@ -112,19 +112,8 @@ def load_audit_inputs(
     )
 
 
-def check_device(name: str) -> None:
-    """Refuse, in one line and before anything is loaded or written, a device the audit cannot compute on: not
-    a torch device, CUDA without a GPU, or one that holds no values (``meta``); a tiny sum is tried there."""
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {name} was asked for, but torch sees no CUDA device")
-    try:
-        (torch.ones(2, device=name) * 2).sum().item()
-    except (RuntimeError, NotImplementedError, AssertionError, ValueError) as exc:
-        raise UserError(f"--device {name} cannot run a model: {first_line(exc)[:200]}") from None
-
-
 def load_audit_model(
-    settings: AuditSettings, checkpoint: Checkpoint | None = None, out: Path | None = None, ranks: Ranks = SINGLE
+    settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE, checkpoint: Checkpoint | None = None
 ) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
     """The controlled model (on the settings' device and dtype, or placed across devices, CPU and disk by
     big-model inference: ``placement.placement``, its offload folder outside the checkpoint, the output folder and
@@ -194,7 +183,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     """
     out = check_audit_out(out)
     checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
-    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings, checkpoint, out, ranks)
+    model, (eval_path, eval_windows), (calib_path, calib_windows) = load_audit_inputs(settings, out, ranks, checkpoint)
     settings = with_batch_size(settings, model, eval_windows, out, ranks)
     has_controller = bool(model.controllers)
     check_ranks(ranks, model, settings, eval_windows, calib_windows if has_controller else None)
