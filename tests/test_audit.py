@@ -10,6 +10,7 @@ from conftest import tiny_model
 from safetensors.torch import load_file
 
 import fca_workbench.audit.capture as capture_module
+import fca_workbench.audit.run as run_module
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions, static_profiles
@@ -196,3 +197,23 @@ def test_interrupted_capture_resumes_to_the_same_audit(tiny_checkpoints, audits,
     monkeypatch.setattr(capture_module, "write_shard", real_write)
     resumed = run_audit(settings(tiny_checkpoints["featuregate"]), tmp_path / "run")
     assert figures(resumed) == figures(audits["featuregate"][0])
+
+
+def test_an_audit_hashes_the_weights_once_for_both_captures(tiny_checkpoints, tmp_path, monkeypatch):
+    """The model fingerprint hashes every weight (seconds at real sizes): one audit takes it once, and both
+    caches' manifests hold that one value, the model's true fingerprint."""
+    calls = []
+    real = capture_module.model_fingerprint
+
+    def counted(model):
+        calls.append(type(model).__name__)
+        return real(model)
+
+    monkeypatch.setattr(run_module, "model_fingerprint", counted)
+    monkeypatch.setattr(capture_module, "model_fingerprint", counted)
+    audit = run_audit(settings(tiny_checkpoints["featuregate"]), tmp_path / "out")
+    assert len(calls) == 1
+    manifests = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").rglob("manifest.json"))]
+    assert len(manifests) == 2  # eval and calibration
+    truth = real(load_model(tiny_checkpoints["featuregate"]))
+    assert {m["model_fingerprint"] for m in manifests} == {truth} and audit["model"]["fingerprint"] == truth

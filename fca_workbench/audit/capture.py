@@ -343,16 +343,19 @@ def capture(
     device: str | torch.device = "cpu",
     desc: str = "capture",
     ranks: Ranks = SINGLE,
+    fingerprint: str | None = None,
 ) -> CoefficientCache:
     """Capture (or resume, or reuse) the coefficient cache of ``model`` on ``windows`` in ``folder``.
 
     ``ranks`` (``distributed.Ranks``): under torchrun each rank captures its share of the shards, numbered as
-    one process numbers them; rank 0 alone prepares and completes the manifest."""
+    one process numbers them; rank 0 alone prepares and completes the manifest. ``fingerprint``: the model's
+    ``model_fingerprint``, when the caller has just taken it (hashing every weight costs seconds at real
+    sizes; an audit takes it once for both its captures)."""
     folder = Path(folder)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     manifest: dict[str, Any] = {
         "format": CACHE_FORMAT,
-        "model_fingerprint": model_fingerprint(model),
+        "model_fingerprint": fingerprint or model_fingerprint(model),
         "data_fingerprint": fingerprint_tensor(windows),
         "windows": len(windows),
         "window": windows.shape[1],

@@ -193,11 +193,12 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     ):
         if ranks.lead:
             mark_output(out, AUDIT_COMMAND)
-        eval_cache = capture_split(model, eval_windows, "eval", settings, out, ranks)
+        fingerprint = model_fingerprint(model)  # once for both captures
+        eval_cache = capture_split(model, eval_windows, "eval", settings, out, ranks, fingerprint)
         share = ranks.share(eval_cache.num_shards())
         profiles = None
         if has_controller:
-            calib_cache = capture_split(model, calib_windows, "calibration", settings, out, ranks)
+            calib_cache = capture_split(model, calib_windows, "calibration", settings, out, ranks, fingerprint)
             profiles = calibration_profiles(calib_cache, ranks.share(calib_cache.num_shards()), ranks.sum)
         conditions = replay_conditions(profiles) if has_controller else ("unperturbed",)
         per_token = ranks.gather(
@@ -339,6 +340,7 @@ def capture_split(
     settings: AuditSettings,
     out: str | Path | None,
     ranks: Ranks = SINGLE,
+    fingerprint: str | None = None,
 ) -> CoefficientCache:
     """The coefficient cache of ``split`` (``eval`` or ``calibration``): captured (each rank its share),
     resumed, or reused when a finished capture of the same model and windows is there."""
@@ -350,6 +352,7 @@ def capture_split(
         device=settings.device,
         desc=f"capture {split}",
         ranks=ranks,
+        fingerprint=fingerprint,
     )
 
 
