@@ -1,7 +1,7 @@
 """The controller-design study (issue 27): which FeatureGate design choices make the gates static?
 
     OMP_NUM_THREADS=1 python benchmarks/controller_design.py [--work /tmp/controller_design]
-        [--out data/controller_design] [--list]
+        [--out data/controller_design] [--list | --table]
 
 Every variant is ``fca train --arch featuregate --seed S --steps 300`` plus its flags (``VARIANTS``: the
 default, each design option's non-default values one at a time, width 256 × 6 layers, and one combination),
@@ -13,7 +13,8 @@ Weights, optimizer state and audit folders stay in ``--work`` (outside the repos
 ``train_log.csv``, ``model_card.json`` and ``audit_summary.json`` (the audit's figures: every condition's NLL
 and ΔNLL with 95% CIs, gap retention, R² of layer and layer×slot, variation, verdicts). A run whose summary
 is written is done and skipped; a run interrupted in training resumes from its last checkpoint (every 100
-steps), one trained but not audited is audited. ``--list`` prints the plan, what is done, and the time taken.
+steps), one trained but not audited is audited. ``--list`` prints the plan, what is done, and the time taken;
+``--table`` prints the committed summaries as the Markdown table docs/controller-design.md quotes.
 """
 
 import argparse
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from fca_workbench.cli import main as fca
 from fca_workbench.files import read_json, write_atomic, write_json
+from fca_workbench.results.design_study import design_seed_table, read_design_study
 from fca_workbench.results.layout import AUDIT_FILE, MODEL_CARD_FILE, STUDY_SUMMARY_FILE
 from fca_workbench.train_state import LOG_FILE, STATE_FILE
 
@@ -185,18 +187,46 @@ def study(runs: list[Run], work: Path, out: Path) -> list[str]:
     return failed
 
 
+def findings_table(out: Path) -> str:
+    """Every variant's figures as mean ± sd over its seeds (the one seed-aggregation path, results/seeds.py)."""
+    study = read_design_study(out)
+    rows = design_seed_table(study.runs).to_dict("records")
+
+    def cell(row: dict, key: str, scale: float = 1.0, digits: int = 1, sign: str = "") -> str:
+        mean, sd = row[f"{key}_mean"] * scale, row[f"{key}_sd"] * scale
+        return f"{mean:{sign}.{digits}f}" + (f" ± {sd:.{digits}f}" if row["n"] > 1 else "")
+
+    lines = [
+        "| variant | axis: setting | seeds | eval NLL | layer_mean retention % | R² layer % | R² layer×slot % "
+        "| ΔNLL cross_input | ΔNLL token_shuffle |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['variant']} | {row['axis']}: {row['setting']} | {row['seeds']} | {cell(row, 'eval_nll', digits=4)} "
+            f"| {cell(row, 'retention_layer_mean', 100)} | {cell(row, 'r2_layer', 100)} "
+            f"| {cell(row, 'r2_layer_slot', 100)} | {cell(row, 'delta_cross_input', digits=3, sign='+')} "
+            f"| {cell(row, 'delta_token_shuffle', digits=3, sign='+')} |"
+        )
+    skipped = [f"left out: {line}" for line in study.skipped]
+    return "\n".join(lines + skipped)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/controller_design"), help="weights and audits")
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "controller_design", help="the summaries")
     parser.add_argument("--list", action="store_true", help="print the plan and what is done, then stop")
+    parser.add_argument("--table", action="store_true", help="print the committed summaries as Markdown, then stop")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = parse_args()
     runs = plan()
-    if args.list:
+    if args.table:
+        print(findings_table(args.out))
+    elif args.list:
         print(listing(runs, args.work, args.out))
     else:
         failed = study(runs, args.work, args.out)

@@ -470,3 +470,19 @@ def test_notebook_09_reads_whatever_seeds_there_are_and_its_tables_equal_the_fil
     executed = (plan.out / "notebooks" / "09_controller_design.ipynb").read_text()
     assert "left out: groups-1-s1: no audit_summary.json" in executed  # the unfinished run, named
     assert "`default` 3 (0, 1, 2)" in executed and "(n=3)" in executed and "(n=1)" in executed
+
+
+def test_the_findings_table_quotes_the_committed_figures():
+    """``controller_design.py --table`` (what docs/controller-design.md quotes): one row per variant, its seeds,
+    and the default's retention and cross-input ΔNLL as the mean of the committed summaries."""
+    table = load_study().findings_table(STUDY).splitlines()
+    committed = committed_runs()
+    variants = {run.rsplit("-s", 1)[0] for run in committed}
+    assert len(table) == 2 + len(variants)
+    default = next(line for line in table if line.startswith("| default |")).split(" | ")
+    runs = [summary for run, (summary, _) in committed.items() if run.rsplit("-s", 1)[0] == "default"]
+    assert default[2] == ", ".join(sorted(str(s["seed"]) for s in runs))
+    retention = statistics.fmean(s["retention"]["layer_mean"]["value"] for s in runs) * 100
+    assert default[4].split(" ± ")[0] == f"{retention:.1f}"
+    cross = statistics.fmean(s["conditions"]["cross_input"]["delta"] for s in runs)
+    assert default[7].split(" ± ")[0] == f"{cross:+.3f}"
