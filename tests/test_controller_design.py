@@ -486,3 +486,10 @@ def test_the_findings_table_quotes_the_committed_figures():
     assert default[4].split(" ± ")[0] == f"{retention:.1f}"
     cross = statistics.fmean(s["conditions"]["cross_input"]["delta"] for s in runs)
     assert default[7].split(" ± ")[0] == f"{cross:+.3f}"
+
+
+def test_the_docs_quote_the_table_of_the_committed_summaries():
+    """docs/controller-design.md includes data/controller_design/findings.md: it is exactly what ``--table``
+    prints from the committed summaries (regenerate it when a run is added)."""
+    assert (STUDY / "findings.md").read_text() == load_study().findings_table(STUDY) + "\n"
+    assert '--8<-- "data/controller_design/findings.md"' in (ROOT / "docs" / "controller-design.md").read_text()
