@@ -17,6 +17,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
+from fca_workbench.downstream.run import retention
 from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results import load_audit
@@ -111,8 +112,10 @@ def test_eval_equals_the_accuracy_computed_from_the_models_forward(shipped_eval)
         p = accuracy[name]
         assert figure["stderr"] == pytest.approx(math.sqrt(p * (1 - p) / (LIMIT - 1)), abs=1e-12)  # sample sd / √n
     gap = accuracy["correct"] - accuracy["global_mean"]
+    spread = math.sqrt(sum(p * (1 - p) / (LIMIT - 1) for p in (accuracy["correct"], accuracy["global_mean"])))
     kept = task["conditions"]["layer_mean"]["acc"]["retention"]
-    assert kept == (None if gap == 0 else pytest.approx((accuracy["layer_mean"] - accuracy["global_mean"]) / gap))
+    resolved = gap > 1.96 * spread  # a gap within its noise gives no retention
+    assert kept == (pytest.approx((accuracy["layer_mean"] - accuracy["global_mean"]) / gap) if resolved else None)
     assert downstream["settings"]["limit"] == LIMIT and downstream["settings"]["lm_eval"] == "0.4.13"
     assert downstream["calibration"]["windows"] == CALIBRATION_WINDOWS
 
@@ -296,3 +299,13 @@ def test_notebook_08_shows_each_audits_downstream_json(tiny_reproduce):
             expected.append([name, condition, metrics["acc"]["value"], metrics["acc"]["stderr"]])
     assert table[["model", "condition", "value", "stderr"]].values.tolist() == expected
     assert not (plan.out / "audits" / "dense-s0" / DOWNSTREAM_FILE).exists()  # no controller: nothing to compare
+
+
+def test_retention_needs_a_gap_beyond_its_noise():
+    """A ratio over a gap that may be noise is no figure: retention only where correct beats global_mean by
+    more than 1.96 standard errors of the difference."""
+    correct, low = {"value": 0.80, "stderr": 0.02}, {"value": 0.60, "stderr": 0.02}
+    assert retention(0.75, correct, low) == pytest.approx(0.75)
+    assert retention(0.75, {"value": 0.65, "stderr": 0.05}, {"value": 0.60, "stderr": 0.05}) is None  # within noise
+    assert retention(0.75, {"value": 0.60, "stderr": 0.0}, {"value": 0.80, "stderr": 0.0}) is None  # live is worse
+    assert retention(0.70, {"value": 0.80, "stderr": None}, {"value": 0.60, "stderr": None}) == pytest.approx(0.5)

@@ -266,9 +266,11 @@ def test_data_checkpoints_copies_them_out_of_the_sdist(checkpoints):
 
 
 def test_installed_reproduce_runs_the_bundled_notebook_with_its_own_kernel(user):
+    """``fca reproduce`` from the wheel alone: its bundled notebook, kernel and checkpoint (no checkout)."""
     before = files_under(user.venv)
+    bundled = user.package / "shipped" / "data" / "checkpoints" / CHECKPOINT.name
     (user.work / "reproduce.toml").write_text(
-        f'notebooks = ["01_variation"]\n[parameters]\ncheckpoints = ["{CHECKPOINT}"]\nmax_windows = {MAX_WINDOWS}\n'
+        f'notebooks = ["01_variation"]\n[parameters]\ncheckpoints = ["{bundled}"]\nmax_windows = {MAX_WINDOWS}\n'
     )
     result = fca(user, "reproduce", "--config", "reproduce.toml")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -225,10 +225,19 @@ def finite(value: object) -> float | None:
     return float(value)
 
 
-def retention(value: float, correct: float, global_mean: float) -> float | None:
-    """The share of the ``correct``-to-``global_mean`` gap a condition keeps; None when there is no gap."""
-    gap = correct - global_mean
-    return None if gap == 0 else (value - global_mean) / gap + 0.0  # + 0.0: no -0.0 for a condition at the low end
+GAP_Z = 1.96  # the correct-to-global_mean gap must exceed this many of its standard errors to be a gap
+
+
+def retention(value: float, correct: dict, global_mean: dict) -> float | None:
+    """The share of the ``correct``-to-``global_mean`` gap a condition keeps (the references: value, stderr);
+    None unless the live model beats ``global_mean`` by more than ``GAP_Z`` standard errors of the difference
+    (lm-eval's stderrs, combined as if independent: conservative for the paired items), since a ratio over a gap
+    that may be noise is no figure."""
+    gap = correct["value"] - global_mean["value"]
+    spread = math.hypot(correct.get("stderr") or 0.0, global_mean.get("stderr") or 0.0)
+    if gap <= 0 or gap <= GAP_Z * spread:
+        return None
+    return (value - global_mean["value"]) / gap + 0.0  # + 0.0: no -0.0 for a condition at the low end
 
 
 def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
@@ -248,7 +257,7 @@ def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
 def kept(rows: dict[str, dict], metric: str, value: float) -> float | None:
     """``retention`` of ``value`` between the references' ``metric`` in ``rows`` (per condition, its metrics)."""
     top, low = (rows.get(end, {}).get(metric) for end in (REFERENCE, LOW))
-    return None if top is None or low is None else retention(value, top["value"], low["value"])
+    return None if top is None or low is None else retention(value, top, low)
 
 
 def format_downstream(downstream: dict) -> str:

@@ -17,7 +17,7 @@ DOWNSTREAM_TABLE = [
     Column("metric", "metric", "text"),
     Column("value", "value"),
     Column("stderr", "stderr (lm-eval)"),
-    Column("retention", "retention of the correct → global_mean gap", "pct"),
+    Column("retention", "retention of the correct → global_mean gap (n/a: no gap beyond 1.96 stderr)", "pct"),
 ]
 
 
