@@ -431,7 +431,7 @@ def test_a_broken_run_folder_is_left_out_with_one_line(break_it, fragment, tmp_p
     read = read_design_study(study)
     [line] = read.skipped
     assert line.startswith("cwd-0-s0: ") and fragment in line and "\n" not in line, line
-    assert "cwd-0" not in {r["variant"] for r in read.runs} and len(read.runs) == len(committed_runs()) - 1
+    assert "cwd-0-s0" not in {r["run"] for r in read.runs} and len(read.runs) == len(committed_runs()) - 1
     assert len(design_seed_table(read.runs)) == len({r["variant"] for r in read.runs})  # the rest still build
 
 
