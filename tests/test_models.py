@@ -112,3 +112,18 @@ def test_head_nll_equals_the_nll_of_the_full_logits(arch, windows, monkeypatch, 
     assert got.shape == (windows.shape[0], windows.shape[1] - 1)
     torch.testing.assert_close(got.double(), reference_nll(full, windows), rtol=0, atol=1e-5)
     torch.testing.assert_close(got, next_token_nll(full, windows), rtol=0, atol=1e-6)
+
+
+def test_loading_a_checkpoint_hides_transformers_weight_bar_and_restores_the_users_setting():
+    """In a notebook, transformers' "Loading weights" bar widget left the explorer's output unable to draw: the
+    workbench's loads hide it, and put back whatever the user had."""
+    from transformers.utils import logging as transformers_logging
+
+    from fca_workbench.models.loading import quiet_weight_loading
+
+    for users in (True, False):
+        (transformers_logging.enable_progress_bar if users else transformers_logging.disable_progress_bar)()
+        with quiet_weight_loading():
+            assert not transformers_logging.is_progress_bar_enabled()
+        assert transformers_logging.is_progress_bar_enabled() is users
+    transformers_logging.enable_progress_bar()

@@ -23,7 +23,7 @@ from fca_workbench.files import reading
 from fca_workbench.models import FAMILIES, load_model
 from fca_workbench.models.hub import resolve_checkpoint
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.models.loading import CONFIG_FILE, config_fields, model_type_of, stored_shapes
+from fca_workbench.models.loading import CONFIG_FILE, config_fields, model_type_of, quiet_weight_loading, stored_shapes
 from fca_workbench.resources import inside_folder
 
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -137,15 +137,16 @@ def load_transformers(
         parameters = parameters_on_meta(lambda: build(config, **remote))
         if placing is None:
             check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
-        return model_class.from_pretrained(
-            folder,
-            config=config,
-            dtype=dtype,
-            local_files_only=True,
-            use_safetensors=True,
-            **remote,
-            **(placing or {}),
-        )
+        with quiet_weight_loading():
+            return model_class.from_pretrained(
+                folder,
+                config=config,
+                dtype=dtype,
+                local_files_only=True,
+                use_safetensors=True,
+                **remote,
+                **(placing or {}),
+            )
 
 
 def check_safetensors_inside(folder: Path) -> None:

@@ -26,15 +26,17 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
 picks how many windows the audit runs at once when ``--batch-size`` is not given.
 """
 
+import contextlib
 import math
 import re
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.utils import logging as transformers_logging
 
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, safetensors_shapes
@@ -330,6 +332,20 @@ def check_weights(
     return path
 
 
+@contextlib.contextmanager
+def quiet_weight_loading() -> Iterator[None]:
+    """transformers' per-weight "Loading weights" bar off while a checkpoint loads, the user's setting restored
+    after: the workbench reports its own progress, and in a notebook that bar's widget, closed as soon as the
+    weights are in, left the explorer's output unable to show its figures."""
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()
+
+
 def load_weights(
     folder: Path,
     model_class: type[Model],
@@ -342,7 +358,7 @@ def load_weights(
     which the model need not fit in memory."""
     dtype = dtype or torch.float32
     path = check_weights(folder, model_class, config, dtype, fits_in_memory=placing is None)
-    with reading(f"corrupt or missing weights in {folder}"):  # safetensors, torch, transformers: their own types
+    with reading(f"corrupt or missing weights in {folder}"), quiet_weight_loading():  # their own error types
         loaded = model_class.from_pretrained(
             folder,
             config=config,
