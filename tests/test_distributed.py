@@ -164,16 +164,17 @@ def ranks_of(launcher: psutil.Process, count: int, timeout: float = 200) -> dict
 
 
 def killed_mid_capture(args, cache: Path) -> int:
-    """Start the two-rank audit ``args``; once rank 0 has written its first eval shard, stop it (rank 1 then
-    finishes its share and waits for rank 0), then kill it. torchrun's exit status."""
+    """Start the two-rank audit ``args``; once the eval manifest claims rank 0's first shard, stop rank 0 (rank 1
+    then finishes its share and waits for it), then kill it. torchrun's exit status. The claim is awaited, not
+    the shard file: a rank stopped between renaming its shard and claiming it leaves a manifest claiming none."""
     launcher = subprocess.Popen(
         command(args, 2), env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         rank0 = ranks_of(psutil.Process(launcher.pid), 2)[0]
-        first = cache / "eval" / "shard_00000.safetensors"
+        manifest = cache / "eval" / "manifest.json"
         deadline = time.monotonic() + 200
-        while not first.exists():
+        while not (manifest.is_file() and "shard_00000.safetensors" in json.loads(manifest.read_text())["shards"]):
             assert launcher.poll() is None and time.monotonic() < deadline, "the run ended before its first shard"
             time.sleep(0.001)
         rank0.send_signal(signal.SIGSTOP)
