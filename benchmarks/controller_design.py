@@ -28,6 +28,7 @@ from fca_workbench.cli import main as fca
 from fca_workbench.files import read_json, write_atomic, write_json
 from fca_workbench.results.design_study import design_seed_table, read_design_study
 from fca_workbench.results.layout import AUDIT_FILE, MODEL_CARD_FILE, STUDY_SUMMARY_FILE
+from fca_workbench.results.tables import to_markdown
 from fca_workbench.train_state import LOG_FILE, STATE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,28 +189,11 @@ def study(runs: list[Run], work: Path, out: Path) -> list[str]:
 
 
 def findings_table(out: Path) -> str:
-    """Every variant's figures as mean ± sd over its seeds (the one seed-aggregation path, results/seeds.py)."""
+    """Every variant's figures as mean ± sd over its seeds (the one seed-aggregation path, results/seeds.py), in
+    the Markdown every table of the workbench is written in."""
     study = read_design_study(out)
-    rows = design_seed_table(study.runs).to_dict("records")
-
-    def cell(row: dict, key: str, scale: float = 1.0, digits: int = 1, sign: str = "") -> str:
-        mean, sd = row[f"{key}_mean"] * scale, row[f"{key}_sd"] * scale
-        return f"{mean:{sign}.{digits}f}" + (f" ± {sd:.{digits}f}" if row["n"] > 1 else "")
-
-    lines = [
-        "| variant | axis: setting | seeds | eval NLL | layer_mean retention % | R² layer % | R² layer×slot % "
-        "| ΔNLL cross_input | ΔNLL token_shuffle |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['variant']} | {row['axis']}: {row['setting']} | {row['seeds']} | {cell(row, 'eval_nll', digits=4)} "
-            f"| {cell(row, 'retention_layer_mean', 100)} | {cell(row, 'r2_layer', 100)} "
-            f"| {cell(row, 'r2_layer_slot', 100)} | {cell(row, 'delta_cross_input', digits=3, sign='+')} "
-            f"| {cell(row, 'delta_token_shuffle', digits=3, sign='+')} |"
-        )
     skipped = [f"left out: {line}" for line in study.skipped]
-    return "\n".join(lines + skipped)
+    return "\n".join([to_markdown(design_seed_table(study.runs)), *skipped])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -23,7 +23,7 @@ from overview_view import OverviewView
 
 from fca_workbench import tables
 from fca_workbench.dashboard.compare import comparison
-from fca_workbench.dashboard.downstream import downstream_tables
+from fca_workbench.dashboard.downstream import downstream_tables, downstream_version
 from fca_workbench.dashboard.escaping import markdown_text
 from fca_workbench.dashboard.overview import chosen_sort, overview_of
 from fca_workbench.dashboard.query import choose
@@ -37,8 +37,9 @@ _RENDERED = SizedCache(RENDERED_BYTES)
 
 def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
     """An audit's tables as (name, caption, HTML, CSV) and its per-layer figure, made once per version of its
-    audit.json and shared by the sessions of the process."""
-    kept = _RENDERED.get(entry.version)
+    audit.json and downstream.json and shared by the sessions of the process."""
+    version = (entry.version, downstream_version(entry.folder))
+    kept = _RENDERED.get(version)
     if kept is not None:
         return kept
     made = audit_tables(entry.valid_audit) + downstream_tables(entry.folder)
@@ -60,7 +61,7 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
         )
     )
     size = sum(len(table_html) + len(csv) for _, _, table_html, csv in parts)
-    _RENDERED.put(entry.version, (parts, figure), size + (0 if per_layer is None else 64 * len(per_layer)))
+    _RENDERED.put(version, (parts, figure), size + (0 if per_layer is None else 64 * len(per_layer)))
     return parts, figure
 
 

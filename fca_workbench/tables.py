@@ -50,6 +50,7 @@ from fca_workbench.results.design_study import (
 )
 from fca_workbench.results.figures import layer_position_matrix, mimebundle, show, show_in, write_figure
 from fca_workbench.results.layout import cache_folder
+from fca_workbench.results.overview import overview_table
 from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles
 from fca_workbench.results.slots import routers, slot_labels
 from fca_workbench.results.tables import (
@@ -89,6 +90,7 @@ __all__ = [
     "layer_position_matrix",
     "load_profiles",
     "make_table",
+    "overview_table",
     "mimebundle",
     "model_name",
     "mudd_table",

@@ -33,9 +33,9 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from fca_workbench.audit.cache_lock import folder_lock, lock_path
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
-from fca_workbench.data.windows import load_windows, read_documents, token_stream
+from fca_workbench.data.windows import load_windows, read_documents, token_stream, window_sampling
 from fca_workbench.errors import UserError, first_line, one_line
-from fca_workbench.files import read_json, write_json
+from fca_workbench.files import fingerprint_tensor, read_json, write_json
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
@@ -334,6 +334,8 @@ def finish(
         "final_train_loss": float(log_rows[-1]["loss"]),
         "eval_nll": round(eval_nll, 4),
         "eval_windows": len(windows),
+        "eval_window_sampling": window_sampling(settings.eval_windows),
+        "eval_fingerprint": fingerprint_tensor(windows),
         "within_layer_coefficient_std": None if within_std is None else round(within_std, 4),
         "train_seconds": float(log_rows[-1]["seconds"]),
         "settings": asdict(settings),

@@ -53,7 +53,7 @@ def model_card_markdown(card: dict) -> str:
             f"| parameters | {card['params']:,} |",
             f"| tokens seen | {card['tokens_seen']:,} |",
             f"| final train loss (nats) | {card['final_train_loss']} |",
-            f"| eval NLL (nats, {card['eval_windows']} windows of {s['window']}) | {card['eval_nll']} |",
+            f"| eval NLL (nats, {eval_windows_text(card)}) | {card['eval_nll']} |",
             f"| within-(layer, slot) coefficient std | {std_text} |",
             f"| training time (s, this machine) | {card['train_seconds']} |",
             *audit_rows,
@@ -97,3 +97,10 @@ def controller_lines(s: dict) -> list[str]:
         f" {s['weight_decay'] if decay is None else decay} (the model's: {s['weight_decay']}), learning rate"
         f" {s.get('controller_lr_mult', 1.0)} × the model's.",
     ]
+
+
+def eval_windows_text(card: dict) -> str:
+    """Which eval windows the card's figures are over: their count, length and how they were picked."""
+    spread = {"even": ", spread evenly over the eval split", "all": ", the whole eval split"}
+    windows = f"{card['eval_windows']} windows of {card['settings']['window']}"
+    return windows + spread.get(card.get("eval_window_sampling", ""), "")

@@ -475,17 +475,20 @@ def test_notebook_09_reads_whatever_seeds_there_are_and_its_tables_equal_the_fil
 def test_the_findings_table_quotes_the_committed_figures():
     """``controller_design.py --table`` (what docs/controller-design.md quotes): one row per variant, its seeds,
     and the default's retention and cross-input ΔNLL as the mean of the committed summaries."""
-    table = load_study().findings_table(STUDY).splitlines()
+    lines = [line for line in load_study().findings_table(STUDY).splitlines() if line.startswith("| ")]
+    header, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    rows = [dict(zip(header, row, strict=True)) for row in rows]
     committed = committed_runs()
-    variants = {run.rsplit("-s", 1)[0] for run in committed}
-    assert len(table) == 2 + len(variants)
-    default = next(line for line in table if line.startswith("| default |")).split(" | ")
+    variants = [row["variant"] for row in rows]
+    assert sorted(variants) == sorted({run.rsplit("-s", 1)[0] for run in committed})
+    default = next(row for row in rows if row["variant"] == "default")
     runs = [summary for run, (summary, _) in committed.items() if run.rsplit("-s", 1)[0] == "default"]
-    assert default[2] == ", ".join(sorted(str(s["seed"]) for s in runs))
-    retention = statistics.fmean(s["retention"]["layer_mean"]["value"] for s in runs) * 100
-    assert default[4].split(" ± ")[0] == f"{retention:.1f}"
+    assert default["seed numbers"] == ", ".join(sorted(str(s["seed"]) for s in runs))
+    assert default["seeds"] == str(len(runs))
+    retention = statistics.fmean(s["retention"]["layer_mean"]["value"] for s in runs)
+    assert default["retention layer_mean"].split(" ± ")[0] == f"{retention:.2%}"
     cross = statistics.fmean(s["conditions"]["cross_input"]["delta"] for s in runs)
-    assert default[7].split(" ± ")[0] == f"{cross:+.3f}"
+    assert default["ΔNLL cross_input"].split(" ± ")[0] == f"{cross:+.4f}"
 
 
 def test_the_docs_quote_the_table_of_the_committed_summaries():

@@ -5,6 +5,7 @@ import json
 import math
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from conftest import fca
 from fca_workbench import reproduce
 from fca_workbench.cli import main
 from fca_workbench.dashboard.downstream import downstream_tables
+from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
 from fca_workbench.data.tokenizer import load_tokenizer
@@ -25,6 +27,7 @@ from fca_workbench.results.layout import DOWNSTREAM_FILE
 
 pytest.importorskip("lm_eval")
 
+ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = "data/checkpoints/featuregate-s0"
 LIMIT, WINDOW, CALIBRATION_WINDOWS = 12, 128, 4
 
@@ -138,6 +141,26 @@ def test_load_audit_reads_downstream_beside_audit_json(shipped_eval):
         downstream_tables(out)
     (out / DOWNSTREAM_FILE).unlink()
     outside.rename(out / DOWNSTREAM_FILE)
+
+
+def test_the_results_view_shows_a_downstream_json_that_came_after_it_drew_the_audit(shipped_eval, tmp_path):
+    """The view keeps what it rendered of an audit folder; ``fca eval`` finishing later changes the folder."""
+    sys.path.insert(0, str(ROOT / "dashboards"))
+    import results_view
+
+    downstream, out = shipped_eval
+    folder = tmp_path / "results" / "featuregate-s0"
+    assert fca("audit", SHIPPED, "--out", folder, "--max-windows", 2, "--window", WINDOW, "--resamples", 5,
+               "--latency-repeats", 1).returncode == 0  # fmt: skip
+    results = ResultsFolder(tmp_path / "results")
+
+    def names() -> list[str]:
+        (entry,) = results.scan()
+        return [name for name, *_ in results_view.rendered(entry)[0]]
+
+    assert "downstream" not in names()
+    (folder / DOWNSTREAM_FILE).write_bytes((out / DOWNSTREAM_FILE).read_bytes())
+    assert "downstream" in names()
 
 
 @pytest.mark.parametrize("which", ["native", "foreign"])

@@ -4,7 +4,9 @@ The same holds for transformers configs (``--hf-config``), whose saved folder re
 """
 
 import csv
+import functools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from fca_workbench.cli import main
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
+from fca_workbench.files import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
 
@@ -144,6 +147,7 @@ def test_hf_config_training_lowers_the_loss_and_saves_the_trained_model(model_ty
         assert torch.equal(model(probe).logits, trained["logits"])
         windows = load_windows(split_path("eval"), load_tokenizer(), 32, 4)
         assert card["eval_nll"] == round(next_token_nll(model(windows).logits, windows).mean().item(), 4)
+    assert (card["eval_window_sampling"], card["eval_fingerprint"]) == ("even", fingerprint_tensor(windows))
     assert (tmp_path / "run" / "tokenizer.json").is_file()
     assert not (tmp_path / "run" / "trainer_state.pt").exists()
 
@@ -238,3 +242,25 @@ def test_hf_config_beyond_available_memory_is_refused_before_it_is_built(small_t
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "GiB for fp32 weights, gradients and AdamW, more than the" in lines[0], lines
     assert not (tmp_path / "o").exists()
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[1] / "data" / "checkpoints").iterdir())
+
+
+@functools.cache
+def eval_windows(window: int, count: int) -> torch.Tensor:
+    return load_windows(split_path("eval"), load_tokenizer(), window, count)
+
+
+@pytest.mark.parametrize("folder", SHIPPED, ids=[folder.name for folder in SHIPPED])
+def test_a_shipped_model_card_states_the_eval_nll_of_todays_windows(folder):
+    """A shipped card's eval NLL is what the checkpoint gives today on the windows its fingerprint names (the
+    eval windows a card was computed on moved once, from the split's first 64 to 64 spread over it)."""
+    card = json.loads((folder / "model_card.json").read_text())
+    windows = eval_windows(card["settings"]["window"], card["eval_windows"])
+    assert (card["eval_window_sampling"], card["eval_fingerprint"]) == ("even", fingerprint_tensor(windows))
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        nll = torch.cat([next_token_nll(model(batch).logits, batch) for batch in windows.split(16)]).mean().item()
+    assert abs(card["eval_nll"] - nll) <= 6e-5, (card["eval_nll"], nll)
+    assert f"spread evenly over the eval split) | {card['eval_nll']} |" in (folder / "README.md").read_text()

@@ -28,7 +28,7 @@ from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, sweep_mode
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.data.windows import load_windows
+from fca_workbench.data.windows import load_windows, window_sampling
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.models.hub import Checkpoint, checkpoint_name, resolve_checkpoint
@@ -254,7 +254,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
                 **expert_execution(model, eval_cache),
             },
         }
-        audit["settings"]["window_sampling"] = "even" if settings.max_windows else "all"
+        audit["settings"]["window_sampling"] = window_sampling(settings.max_windows)
         if settings.per_layer:
             audit["per_layer"] = per_layer_rows(sweep[0], sweep[1], counts)
             audit["settings"]["per_layer_mode"] = sweep_mode(model)

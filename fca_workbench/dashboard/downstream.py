@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fca_workbench.data.windows import file_stamp
 from fca_workbench.downstream.table import downstream_table
 from fca_workbench.files import read_json
 from fca_workbench.resources import inside_folder
@@ -23,3 +24,9 @@ def downstream_tables(folder: Path) -> list[pd.DataFrame]:
     downstream = read_json(path)
     check_downstream(downstream, path)
     return [downstream_table([downstream])]  # type: ignore[list-item]  # checked just above
+
+
+def downstream_version(folder: Path) -> tuple[int, int] | None:
+    """(size, mtime) of the folder's ``downstream.json``, None without one: with the audit's own version, what
+    the view's rendered tables are kept by, so an ``fca eval`` that finishes while the view is open shows."""
+    return file_stamp(folder / DOWNSTREAM_FILE)

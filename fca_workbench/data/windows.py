@@ -332,6 +332,12 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
     return stat.st_size, stat.st_mtime_ns
 
 
+def window_sampling(max_windows: int | None) -> str:
+    """How ``load_windows`` picked its windows, as audits and model cards record it: ``even`` (``max_windows``
+    spread over the text) or ``all``. Figures over other windows of the same text are not comparable."""
+    return "even" if max_windows else "all"
+
+
 def even_sample(count: int, size: int) -> torch.Tensor:
     """``size`` window indices evenly spaced over ``range(count)``, first and last included (all when
     ``size >= count``): a small sample sees every work of a split, not only the opening of the first."""
