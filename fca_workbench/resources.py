@@ -225,11 +225,21 @@ def extract_checkpoints(sdist: Path, folder: Path) -> None:
                     chosen.append(renamed)
                     total += renamed.size if renamed.isfile() else 0
                     _check_total(total, len(chosen), sdist)
+            if not _ended(archive):
+                raise UserError(f"{sdist} ends after a member, without the end-of-archive block: truncated?")
             archive.extractall(folder, members=chosen, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise UserError(
             f"cannot extract the checkpoints from {sdist} (damaged or truncated?): {first_line(exc)}"
         ) from None
+
+
+def _ended(archive: tarfile.TarFile) -> bool:
+    """Whether the members just read were followed by the end-of-archive block. tarfile reads a plain .tar cut
+    between two members as a shorter archive without complaint (a cut .tar.gz fails its gzip trailer)."""
+    assert archive.fileobj is not None
+    archive.fileobj.seek(archive.offset)
+    return archive.fileobj.read(tarfile.BLOCKSIZE) == bytes(tarfile.BLOCKSIZE)
 
 
 def _renamed(member: tarfile.TarInfo, sdist: Path) -> tarfile.TarInfo | None:

@@ -19,7 +19,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.downstream.run import retention
+from fca_workbench.downstream.run import gap, retention
 from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results import load_audit
@@ -115,9 +115,12 @@ def test_eval_equals_the_accuracy_computed_from_the_models_forward(shipped_eval)
         p = accuracy[name]
         assert figure["stderr"] == pytest.approx(math.sqrt(p * (1 - p) / (LIMIT - 1)), abs=1e-12)  # sample sd / √n
     gap = accuracy["correct"] - accuracy["global_mean"]
-    spread = math.sqrt(sum(p * (1 - p) / (LIMIT - 1) for p in (accuracy["correct"], accuracy["global_mean"])))
+    differences = [float(c) - float(g) for c, g in zip(right["correct"], right["global_mean"], strict=True)]
+    mean = sum(differences) / LIMIT
+    paired = math.sqrt(sum((d - mean) ** 2 for d in differences) / (LIMIT - 1) / LIMIT)  # the same 12 items
+    assert task["gaps"]["acc"] == {"value": pytest.approx(gap), "stderr": pytest.approx(paired), "paired": True}
     kept = task["conditions"]["layer_mean"]["acc"]["retention"]
-    resolved = gap > 1.96 * spread  # a gap within its noise gives no retention
+    resolved = gap > 1.96 * paired  # a gap within its noise gives no retention
     assert kept == (pytest.approx((accuracy["layer_mean"] - accuracy["global_mean"]) / gap) if resolved else None)
     assert downstream["settings"]["limit"] == LIMIT and downstream["settings"]["lm_eval"] == "0.4.13"
     assert downstream["calibration"]["windows"] == CALIBRATION_WINDOWS
@@ -332,3 +335,19 @@ def test_retention_needs_a_gap_beyond_its_noise():
     assert retention(0.75, {"value": 0.65, "stderr": 0.05}, {"value": 0.60, "stderr": 0.05}) is None  # within noise
     assert retention(0.75, {"value": 0.60, "stderr": 0.0}, {"value": 0.80, "stderr": 0.0}) is None  # live is worse
     assert retention(0.70, {"value": 0.80, "stderr": None}, {"value": 0.60, "stderr": None}) == pytest.approx(0.5)
+
+
+def test_the_gap_is_paired_over_the_same_documents_where_it_can_be():
+    """Documents right under both conditions or wrong under both carry no information about the gap: paired,
+    the gap's stderr is that of the per-document differences; unpaired (lm-eval's two stderrs) only where the
+    documents or their values are missing, or the metric is not their mean."""
+    top_docs, low_docs = {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}, {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0}
+    top = {"value": 0.75, "stderr": 0.25, "documents": top_docs}
+    low = {"value": 0.50, "stderr": 0.2887, "documents": low_docs}
+    assert gap(top, low) == {"value": 0.25, "stderr": pytest.approx(0.25), "paired": True}  # sd 0.5 / √4
+    unpaired = {"value": 0.25, "stderr": pytest.approx(math.hypot(0.25, 0.2887)), "paired": False}
+    assert gap({**top, "documents": None}, low) == unpaired
+    assert gap(top, {**low, "documents": {**low_docs, 3: None}}) == unpaired  # a value that is not a number
+    assert gap(top, {**low, "documents": {0: 1.0, 1: 0.0}}) == unpaired  # other documents
+    assert gap({**top, "value": 0.9}, low)["paired"] is False  # a metric that is not the documents' mean
+    assert retention(0.75, top, low) is None  # 0.25 is within 1.96 × 0.25

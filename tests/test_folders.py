@@ -495,6 +495,24 @@ def test_a_truncated_sdist_is_one_line_and_leaves_nothing(tmp_path):
     assert entries(tmp_path) == ["s.tar.gz"]
 
 
+def test_a_plain_tar_cut_between_two_members_is_one_line_and_leaves_nothing(tmp_path):
+    """tarfile reads such a file as a shorter archive: here the second checkpoint would be missing silently."""
+    from fca_workbench.resources import copy_checkpoints
+
+    members = [(f"{CKPT}/config.json", b"{}"), ("data/checkpoints/n/config.json", b"{}")]
+    sdist = sdist_with(tmp_path / "s.tar", members, mode="w")
+    with tarfile.open(sdist) as archive:
+        second = archive.getmember("fca_workbench-0.1.0/data/checkpoints/n/config.json").offset
+    assert copy_checkpoints(sdist, tmp_path / "whole") == ["m", "n"]
+    sdist.write_bytes(sdist.read_bytes()[:second])
+    with tarfile.open(sdist) as archive:
+        assert len(archive.getmembers()) == 1  # what tarfile makes of it, without a word
+    with pytest.raises(UserError, match="without the end-of-archive block: truncated") as error:
+        copy_checkpoints(sdist, tmp_path / "into")
+    assert "\n" not in str(error.value)
+    assert entries(tmp_path) == ["s.tar", "whole", "whole/m", "whole/m/config.json", "whole/n", "whole/n/config.json"]
+
+
 @pytest.mark.parametrize(
     "members",
     [

@@ -10,6 +10,7 @@ import importlib.metadata
 import logging
 import math
 import random
+import statistics
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -196,13 +197,29 @@ def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     numpy.random.seed(settings.seed)
     torch.manual_seed(settings.seed)
     results = lm_eval.evaluator.evaluate(
-        lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False
+        lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True
     )
-    samples = results.get("n-samples", {})
+    samples, logged = results.get("n-samples", {}), results.get("samples") or {}
     return {
-        task: {"samples": samples.get(task, {}).get("effective"), "metrics": metrics_of(entry)}
+        task: {
+            "samples": samples.get(task, {}).get("effective"),
+            "metrics": metrics_of(entry),
+            "documents": per_document(logged.get(task, [])),
+        }
         for task, entry in results["results"].items()
     }
+
+
+def per_document(logged: list[dict]) -> dict[str, dict]:
+    """Per metric (named as ``metrics_of`` names it), each document's value (None where it is not a number):
+    the same documents under two conditions give the gap between them a paired standard error."""
+    values: dict[str, dict] = {}
+    for sample in logged:
+        kept = sample["filter"]
+        for metric in sample["metrics"]:
+            name = metric if kept == "none" else f"{metric},{kept}"
+            values.setdefault(name, {})[sample["doc_id"]] = finite(sample.get(metric))
+    return values
 
 
 def metrics_of(entry: dict) -> dict[str, dict]:
@@ -228,36 +245,76 @@ def finite(value: object) -> float | None:
 GAP_Z = 1.96  # the correct-to-global_mean gap must exceed this many of its standard errors to be a gap
 
 
-def retention(value: float, correct: dict, global_mean: dict) -> float | None:
-    """The share of the ``correct``-to-``global_mean`` gap a condition keeps (the references: value, stderr);
-    None unless the live model beats ``global_mean`` by more than ``GAP_Z`` standard errors of the difference
-    (lm-eval's stderrs, combined as if independent: conservative for the paired items), since a ratio over a gap
-    that may be noise is no figure."""
-    gap = correct["value"] - global_mean["value"]
-    spread = math.hypot(correct.get("stderr") or 0.0, global_mean.get("stderr") or 0.0)
-    if gap <= 0 or gap <= GAP_Z * spread:
+def gap(top: dict, low: dict) -> dict:
+    """``correct`` − ``global_mean`` of one metric (each: value, stderr, its ``documents``) and the gap's
+    standard error: paired over the documents (the differences' sample sd / √n, as lm-eval gives a mean's
+    stderr) where both conditions have a number for each of the same documents and the metric is their mean;
+    else the two stderrs combined as if independent (conservative for paired documents)."""
+    value = top["value"] - low["value"]
+    a, b = top.get("documents") or {}, low.get("documents") or {}
+    differences = [a[d] - b[d] for d in a if a[d] is not None and b.get(d) is not None]
+    paired = (
+        len(differences) > 1
+        and len(differences) == len(a) == len(b)
+        and all(math.isclose(statistics.fmean(v.values()), f["value"], abs_tol=1e-9) for v, f in ((a, top), (b, low)))
+    )
+    if paired:
+        stderr: float | None = statistics.stdev(differences) / math.sqrt(len(differences))
+    elif top.get("stderr") is None and low.get("stderr") is None:
+        stderr = None
+    else:
+        stderr = math.hypot(top.get("stderr") or 0.0, low.get("stderr") or 0.0)
+    return {"value": value, "stderr": stderr, "paired": paired}
+
+
+def resolved(spread: dict) -> bool:
+    """Whether a ``gap`` is one: positive and beyond ``GAP_Z`` of its standard errors."""
+    return spread["value"] > 0 and spread["value"] > GAP_Z * (spread["stderr"] or 0.0)
+
+
+def retention(value: float, correct: dict, global_mean: dict, spread: dict | None = None) -> float | None:
+    """The share of the ``correct``-to-``global_mean`` gap a condition keeps; None unless the live model beats
+    ``global_mean`` by more than ``GAP_Z`` standard errors of the gap (``spread``: ``gap`` of the two), since a
+    ratio over a gap that may be noise is no figure."""
+    spread = spread or gap(correct, global_mean)
+    if not resolved(spread):
         return None
-    return (value - global_mean["value"]) / gap + 0.0  # + 0.0: no -0.0 for a condition at the low end
+    return (value - global_mean["value"]) / spread["value"] + 0.0  # + 0.0: no -0.0 at the low end
 
 
 def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
-    """Per task: ``samples`` and, per condition and metric, value, stderr and retention (None where a reference
-    lacks the metric, or the model has no controller and evaluates ``correct`` alone)."""
+    """Per task: ``samples``, per condition and metric its value, stderr and retention (None where a reference
+    lacks the metric, or the model has no controller and evaluates ``correct`` alone), and per metric the
+    ``gaps`` the retention is over."""
     figures = {}
     for task, entry in by_condition[REFERENCE].items():
-        rows = {condition: results[task]["metrics"] for condition, results in by_condition.items()}
+        rows = {
+            condition: {
+                metric: {**figure, "documents": results[task]["documents"].get(metric)}
+                for metric, figure in results[task]["metrics"].items()
+            }
+            for condition, results in by_condition.items()
+        }
+        gaps = {
+            metric: gap(top, rows[LOW][metric])
+            for metric, top in rows[REFERENCE].items()
+            if LOW in rows and metric in rows[LOW]
+        }
         conditions = {
-            condition: {metric: {**f, "retention": kept(rows, metric, f["value"])} for metric, f in metrics.items()}
+            condition: {
+                metric: {
+                    "value": f["value"],
+                    "stderr": f["stderr"],
+                    "retention": None
+                    if metric not in gaps
+                    else retention(f["value"], rows[REFERENCE][metric], rows[LOW][metric], gaps[metric]),
+                }
+                for metric, f in metrics.items()
+            }
             for condition, metrics in rows.items()
         }
-        figures[task] = {"samples": entry["samples"], "conditions": conditions}
+        figures[task] = {"samples": entry["samples"], "conditions": conditions, "gaps": gaps}
     return figures
-
-
-def kept(rows: dict[str, dict], metric: str, value: float) -> float | None:
-    """``retention`` of ``value`` between the references' ``metric`` in ``rows`` (per condition, its metrics)."""
-    top, low = (rows.get(end, {}).get(metric) for end in (REFERENCE, LOW))
-    return None if top is None or low is None else retention(value, top, low)
 
 
 def format_downstream(downstream: dict) -> str:
@@ -272,4 +329,8 @@ def format_downstream(downstream: dict) -> str:
                 stderr = "" if f["stderr"] is None else f" ± {f['stderr']:.4f}"
                 kept = "" if f["retention"] is None else f"   retention {f['retention']:.3f}"
                 lines.append(f"  {condition:20s} {metric:10s} {f['value']:.4f}{stderr}{kept}")
+        for metric, g in entry.get("gaps", {}).items():
+            stderr = "" if g["stderr"] is None else f" ± {g['stderr']:.4f} ({'paired' if g['paired'] else 'unpaired'})"
+            note = "" if resolved(g) else f": within {GAP_Z} stderr, no retention"
+            lines.append(f"  {'gap ' + REFERENCE + ' − ' + LOW:31s} {metric:10s} {g['value']:+.4f}{stderr}{note}")
     return "\n".join(lines)

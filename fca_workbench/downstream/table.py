@@ -17,7 +17,11 @@ DOWNSTREAM_TABLE = [
     Column("metric", "metric", "text"),
     Column("value", "value"),
     Column("stderr", "stderr (lm-eval)"),
-    Column("retention", "retention of the correct → global_mean gap (n/a: no gap beyond 1.96 stderr)", "pct"),
+    Column(
+        "retention",
+        "retention of the correct → global_mean gap (n/a: the gap is within 1.96 of its standard error)",
+        "pct",
+    ),
 ]
 
 

@@ -72,6 +72,14 @@ DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_wor
                 "required": ["samples", "conditions"],
                 "properties": {
                     "samples": {"type": ["integer", "null"]},
+                    "gaps": {
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": "object",
+                            "required": ["value", "stderr", "paired"],
+                            "properties": {"value": _NUMBER, "stderr": _NUMBER, "paired": {"type": "boolean"}},
+                        },
+                    },
                     "conditions": {
                         "type": "object",
                         "additionalProperties": {"type": "object", "additionalProperties": _FIGURE},
