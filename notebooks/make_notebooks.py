@@ -631,7 +631,8 @@ downstreams = [
     for c in evaluated
 ]
 table = downstream_table(downstreams)
-run.write_table(table)""",
+run.write_table(table)
+run.write_table(gap_table(downstreams))  # what each retention is a share of, and whether it is beyond its noise""",
         ),
         (
             "code",
@@ -665,7 +666,7 @@ from fca_workbench.reproduce import NotebookRun
 
 require_lm_eval()  # one line, not a traceback, without the eval extra
 from fca_workbench.downstream.run import EvalSettings, comma_names, run_eval
-from fca_workbench.downstream.table import downstream_table
+from fca_workbench.downstream.table import downstream_table, gap_table
 
 run = NotebookRun(checkpoints=checkpoints, out=out, audits=audits)
 run.check()

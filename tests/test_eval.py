@@ -19,7 +19,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.downstream.run import gap, retention
+from fca_workbench.downstream.gaps import gap, retention
 from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results import load_audit
@@ -318,12 +318,20 @@ def test_notebook_08_shows_each_audits_downstream_json(tiny_reproduce):
     plan, results, _, _ = tiny_reproduce
     assert results["08_downstream"].ok, results["08_downstream"].error
     table = pd.read_csv(plan.out / "tables" / "downstream.csv")
-    expected = []
+    gaps = pd.read_csv(plan.out / "tables" / "downstream_gaps.csv")
+    expected, expected_gaps = [], []
     for name in ["featuregate-s0", "featuregate-s1", "muddpythia-s0", "moe-s0"]:
         downstream = json.loads((plan.out / "audits" / name / DOWNSTREAM_FILE).read_text())
         for condition, metrics in downstream["tasks"]["fca_next_line"]["conditions"].items():
             expected.append([name, condition, metrics["acc"]["value"], metrics["acc"]["stderr"]])
+        gap = downstream["tasks"]["fca_next_line"]["gaps"]["acc"]
+        correct, low = (
+            downstream["tasks"]["fca_next_line"]["conditions"][c]["acc"] for c in ("correct", "global_mean")
+        )
+        assert gap["value"] == pytest.approx(correct["value"] - low["value"], abs=1e-12) and gap["paired"]
+        expected_gaps.append([name, gap["value"], gap["stderr"], "paired documents"])
     assert table[["model", "condition", "value", "stderr"]].values.tolist() == expected
+    assert gaps[["model", "gap", "stderr", "over"]].values.tolist() == expected_gaps
     assert not (plan.out / "audits" / "dense-s0" / DOWNSTREAM_FILE).exists()  # no controller: nothing to compare
 
 

@@ -33,7 +33,7 @@ TABLES = {
     "05_muddpythia": ["muddpythia_penalties"],
     "06_per_layer": ["per_layer", "per_layer_over_seeds"],
     "07_training_dynamics": ["training_dynamics"],
-    "08_downstream": ["downstream"],
+    "08_downstream": ["downstream", "downstream_gaps"],
     "09_controller_design": ["controller_design_runs", "controller_design_over_seeds"],
     "explore": ["explore_window"],
 }

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench.data.windows import file_stamp
-from fca_workbench.downstream.table import downstream_table
+from fca_workbench.downstream.table import downstream_table, gap_table
 from fca_workbench.files import read_json
 from fca_workbench.resources import inside_folder
 from fca_workbench.results.frames import check_downstream
@@ -17,13 +17,13 @@ if TYPE_CHECKING:
 
 
 def downstream_tables(folder: Path) -> list[pd.DataFrame]:
-    """``[table]`` of the folder's ``downstream.json`` (read only inside the folder, checked), or ``[]``."""
+    """``[figures, gaps]`` tables of the folder's ``downstream.json`` (read only inside the folder, checked), or ``[]``."""
     path = inside_folder(folder, DOWNSTREAM_FILE, "the results view")
     if not path.is_file():
         return []
     downstream = read_json(path)
     check_downstream(downstream, path)
-    return [downstream_table([downstream])]  # type: ignore[list-item]  # checked just above
+    return [downstream_table([downstream]), gap_table([downstream])]  # type: ignore[list-item]  # checked above
 
 
 def downstream_version(folder: Path) -> tuple[int, int] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fca_workbench.downstream.gaps import GAP_Z, resolved
 from fca_workbench.results.tables import Column, make_table
 
 if TYPE_CHECKING:  # imported when a table is built
@@ -39,5 +40,42 @@ def downstream_table(downstreams: list[dict]) -> pd.DataFrame:
         "Downstream tasks (fca eval, lm-evaluation-harness) under static conditions: value ± lm-eval's stderr, and "
         "the share of the correct → global_mean gap each condition keeps",
         DOWNSTREAM_TABLE,
+        rows,
+    )
+
+
+GAP_TABLE = [
+    Column("model", "model", "text"),
+    Column("task", "task", "text"),
+    Column("metric", "metric", "text"),
+    Column("gap", "correct − global_mean", "delta"),
+    Column("stderr", "its stderr"),
+    Column("over", "stderr over", "text"),
+    Column("resolved", f"a gap (beyond {GAP_Z} stderr)", "text"),
+]
+
+
+def gap_table(downstreams: list[dict]) -> pd.DataFrame:
+    """One row per model, task and metric: the gap every retention in ``downstream_table`` is a share of, and
+    whether it is one (``downstream.json`` files written before ``gaps`` existed give no rows)."""
+    rows = [
+        {
+            "model": Path(d["model"]["path"]).name,
+            "task": task,
+            "metric": metric,
+            "gap": g["value"],
+            "stderr": g["stderr"],
+            "over": "paired documents" if g["paired"] else "two independent stderrs",
+            "resolved": "yes" if resolved(g) else "no",
+        }
+        for d in downstreams
+        for task, entry in d["tasks"].items()
+        for metric, g in entry.get("gaps", {}).items()
+    ]
+    return make_table(
+        "downstream_gaps",
+        "Downstream tasks: the correct → global_mean gap of each metric, its standard error (paired over the "
+        "documents both conditions answer where lm-eval logs them) and whether it is beyond its noise",
+        GAP_TABLE,
         rows,
     )
