@@ -5,9 +5,7 @@ tables; a pair it refuses is its one-line message.
 
 from __future__ import annotations
 
-import functools
 import html
-import io
 
 import panel as pn
 import views
@@ -54,24 +52,9 @@ class CompareView:
         downloads, panes = [], []
         for table in comparison.tables:
             name = table.attrs["name"]
-            downloads.append(
-                pn.widgets.FileDownload(
-                    callback=functools.partial(io.BytesIO, tables.to_csv(table).encode()),
-                    filename=f"{name}.csv",
-                    label=f"{name}.csv",
-                    css_classes=[f"fca-download-{name}"],
-                    sizing_mode="fixed",
-                    width=230,
-                    height=38,
-                )
-            )
+            downloads.append(views.csv_download(name, tables.to_csv(table)))
             body = tables.readable(table).to_html(index=False, escape=True, border=0)
-            panes.append(
-                pn.pane.HTML(
-                    f"<div class='fca-table-{name}'><h4>{html.escape(table.attrs['caption'])}</h4>{body}</div>",
-                    css_classes=["fca-results-table"],
-                )
-            )
+            panes.append(views.table_pane(name, table.attrs["caption"], body))
         self.downloads.objects, self.tables.objects = downloads, panes
         if comparison.per_layer is not None:
             for pane, table, name in zip(

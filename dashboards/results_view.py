@@ -241,23 +241,8 @@ class ResultsView:
         ]
         panes = []
         for name, caption, table_html, csv in parts:
-            downloads.append(
-                pn.widgets.FileDownload(
-                    callback=functools.partial(text_bytes, csv),
-                    filename=f"{name}.csv",
-                    label=f"{name}.csv",
-                    css_classes=[f"fca-download-{name}"],
-                    sizing_mode="fixed",
-                    width=230,
-                    height=38,
-                )
-            )
-            panes.append(
-                pn.pane.HTML(
-                    f"<div class='fca-table-{name}'><h4>{html.escape(caption)}</h4>{table_html}</div>",
-                    css_classes=["fca-results-table"],
-                )
-            )
+            downloads.append(views.csv_download(name, csv))
+            panes.append(views.table_pane(name, caption, table_html))
         self.downloads.objects = downloads
         self.tables.objects = panes
         self.heatmap.object = figure
@@ -272,10 +257,6 @@ class ResultsView:
         except UserError as exc:
             self.show_error(str(exc))
             return None
-
-
-def text_bytes(text: str) -> io.BytesIO:
-    return io.BytesIO(text.encode())
 
 
 def scan(results: ResultsFolder | None) -> list[AuditEntry]:

@@ -3,7 +3,9 @@ tables. No numbers are computed here beyond colour scaling; every value shown co
 
 from __future__ import annotations
 
+import functools
 import html
+import io
 import types
 from typing import Any
 
@@ -281,3 +283,24 @@ def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> 
         showlegend=True,
     )
     return dict(data=data, layout=layout)
+
+
+def csv_download(name: str, csv: str) -> pn.widgets.FileDownload:
+    """A table's CSV as a download button (class ``fca-download-<name>``: what the browser tests click)."""
+    return pn.widgets.FileDownload(
+        callback=functools.partial(io.BytesIO, csv.encode()),
+        filename=f"{name}.csv",
+        label=f"{name}.csv",
+        css_classes=[f"fca-download-{name}"],
+        sizing_mode="fixed",
+        width=230,
+        height=38,
+    )
+
+
+def table_pane(name: str, caption: str, table_html: str) -> pn.pane.HTML:
+    """A rendered table under its caption (class ``fca-table-<name>``)."""
+    return pn.pane.HTML(
+        f"<div class='fca-table-{name}'><h4>{html.escape(caption)}</h4>{table_html}</div>",
+        css_classes=["fca-results-table"],
+    )
