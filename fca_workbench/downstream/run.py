@@ -248,26 +248,19 @@ def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
     ``gaps`` the retention is over."""
     figures = {}
     for task, entry in by_condition[REFERENCE].items():
-        rows = {
-            condition: {
-                metric: {**figure, "documents": results[task]["documents"].get(metric)}
-                for metric, figure in results[task]["metrics"].items()
-            }
-            for condition, results in by_condition.items()
-        }
-        gaps = {
-            metric: gap(top, rows[LOW][metric])
-            for metric, top in rows[REFERENCE].items()
-            if LOW in rows and metric in rows[LOW]
-        }
+        rows = {condition: results[task]["metrics"] for condition, results in by_condition.items()}
+        top, low = (
+            {m: {**f, "documents": by_condition[end][task]["documents"].get(m)} for m, f in rows.get(end, {}).items()}
+            for end in (REFERENCE, LOW)
+        )
+        gaps = {metric: gap(top[metric], low[metric]) for metric in top if metric in low}
         conditions = {
             condition: {
                 metric: {
-                    "value": f["value"],
-                    "stderr": f["stderr"],
-                    "retention": None
-                    if metric not in gaps
-                    else retention(f["value"], rows[REFERENCE][metric], rows[LOW][metric], gaps[metric]),
+                    **f,
+                    "retention": retention(f["value"], top[metric], low[metric], gaps[metric])
+                    if metric in gaps
+                    else None,
                 }
                 for metric, f in metrics.items()
             }
