@@ -4,6 +4,7 @@
 metrics → execution → verdicts → write); every other module here is one of its steps.
 """
 
-from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.audit.run import run_audit
+from fca_workbench.audit.settings import AuditSettings
 
 __all__ = ["AuditSettings", "run_audit"]

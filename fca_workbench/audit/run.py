@@ -5,7 +5,7 @@ the same line runs on every rank, each on its share of the shards (``distributed
 """
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from fca_workbench.audit.execution import execution_audit, expert_execution
 from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.metrics import VarianceAccumulator, bootstrap_counts, condition_figures, gap_retention
 from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, sweep_mode
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
@@ -46,45 +47,7 @@ AUDIT_COMMAND = "fca audit"  # what an audit folder's marker names
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
 
 
-# may differ between nodes; contents are compared
-PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class AuditSettings:
-    checkpoint: str
-    eval: str | None = None
-    calibration: str | None = None
-    window: int | None = None
-    max_windows: int | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    batch_size: int | None = None  # None: 16 on CPU, fitted to free memory on CUDA (official.audit_batch_size)
-    resamples: int = 1000
-    latency_repeats: int = 10
-    cache: str | None = None
-    controllers: str | None = None  # regex naming more of a foreign model's controllers, beside the built-in kinds
-    only_controllers: str | None = None  # regex naming a foreign model's controllers, instead of the built-in kinds
-    trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
-    per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
-    device_map: str | None = None  # big-model inference (adapters/placement.py): auto, balanced, sequential, FILE.json
-    max_memory: str | None = None  # what each device may hold, as --max-memory gives it (cpu=200MB,0=10GiB)
-    offload_folder: str | None = None  # where a fresh folder of offloaded weights is made (default: the temp folder)
-
-    def __post_init__(self) -> None:
-        """A number out of range is one line here, whatever gave it (flags, a reproduce config, Python): never
-        a ``ZeroDivisionError`` or a silent default later."""
-        for name, least in SETTINGS_MINIMA.items():
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-                raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
-
-
-SETTINGS_MINIMA = {"window": 2, "max_windows": 1, "batch_size": 1, "seed": 0, "resamples": 1, "latency_repeats": 1}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # settings.DTYPE_NAMES
 
 
 def default_out(checkpoint: str | Path) -> Path:
@@ -119,8 +82,6 @@ def load_audit_model(
     big-model inference: ``placement.placement``, its offload folder outside the checkpoint, the output folder and
     the cache, under torchrun on this rank's own devices) and its tokenizer, checked against each other, both
     from ``checkpoint`` (default: ``settings.checkpoint`` resolved, ``models.hub``)."""
-    if settings.dtype not in DTYPES:
-        raise UserError(f"unknown dtype '{settings.dtype}'; choose from {sorted(DTYPES)}")
     check_device(settings.device)
     checkpoint = checkpoint or resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
     outside = {"checkpoint": checkpoint.folder, "coefficient cache": settings.cache, "output folder": out}

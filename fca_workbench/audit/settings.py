@@ -1,0 +1,50 @@
+"""What one audit is run with: the settings every surface (``fca audit``, ``fca eval``, ``fca export``, the
+notebooks' ``NotebookRun``, the explorer, the mini-audit) hands to the replay session.
+
+Plain data, no torch: the command line builds and range-checks it before anything heavy is imported, so a bad
+flag is refused in a blink.
+"""
+
+from dataclasses import dataclass
+
+from fca_workbench.errors import UserError
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model is loaded in (session.DTYPES maps them)
+
+# may differ between nodes; contents are compared
+PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")
+
+SETTINGS_MINIMA = {"window": 2, "max_windows": 1, "batch_size": 1, "seed": 0, "resamples": 1, "latency_repeats": 1}
+
+
+@dataclass
+class AuditSettings:
+    checkpoint: str
+    eval: str | None = None
+    calibration: str | None = None
+    window: int | None = None
+    max_windows: int | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    batch_size: int | None = None  # None: 16 on CPU, fitted to free memory on CUDA (budget.audit_batch_size)
+    resamples: int = 1000
+    latency_repeats: int = 10
+    cache: str | None = None
+    controllers: str | None = None  # regex naming more of a foreign model's controllers, beside the built-in kinds
+    only_controllers: str | None = None  # regex naming a foreign model's controllers, instead of the built-in kinds
+    trust_remote_code: bool = False  # run the code a foreign checkpoint folder ships (never by default)
+    per_layer: bool = False  # also every condition at each layer alone (``per_layer`` rows, sweep.py)
+    device_map: str | None = None  # big-model inference (adapters/placement.py): auto, balanced, sequential, FILE.json
+    max_memory: str | None = None  # what each device may hold, as --max-memory gives it (cpu=200MB,0=10GiB)
+    offload_folder: str | None = None  # where a fresh folder of offloaded weights is made (default: the temp folder)
+
+    def __post_init__(self) -> None:
+        """A number out of range or an unknown dtype is one line here, whatever gave it (flags, a reproduce
+        config, Python): never a ``ZeroDivisionError`` or a silent default later."""
+        for name, least in SETTINGS_MINIMA.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise UserError(f"unknown dtype '{self.dtype}'; choose from {sorted(DTYPE_NAMES)}")
