@@ -538,7 +538,7 @@ def seed_memory(name: str, folder: Path, seeds: int, analysed: int, calibration_
         "seconds": seconds,
         "analysed_seeds": analysed,
         "rss_mib": {"before": before, "after_seeds": after_seeds, "after_analysed": after_analysed},
-        "derangements_kept": shared.derangements.cache_info().currsize,
+        "derangements_kept": shared.session.derangement.cache_info().currsize,
         "prefix_caches_kept": len(session.prefixes),
         "results_kept": len(session.results),
     }

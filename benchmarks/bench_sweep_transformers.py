@@ -34,14 +34,14 @@ from results_file import write_results
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit import prefix
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
+from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep, sweep_mode
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.models import head_nll
-from fca_workbench.results.conditions import BASELINES
+from fca_workbench.results.conditions import BASELINES, model_conditions
 
 
 def cpu_seconds(fn) -> float:
@@ -107,7 +107,7 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
     calib = load_windows(split_path("calibration"), tokenizer, 256, n)
     cache = capture(model, windows, tmp / "eval", batch_size=batch_size)
     profiles = calibration_profiles(capture(model, calib, tmp / "calib", batch_size=batch_size))
-    swept = [c for c in replay_conditions(profiles) if c not in BASELINES]
+    swept = [c for c in model_conditions("layer_mean_topk" in profiles) if c not in BASELINES]
     counts = bootstrap_counts(len(windows), 100, 0)
     rounds: list[tuple[float, list[list]]] = []  # per round: the prefix sweep's seconds, its kernel spans
     full_forward: list[float] = []

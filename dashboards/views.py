@@ -15,6 +15,7 @@ import panel as pn
 
 from fca_workbench.dashboard import SEEDED, Analysis
 from fca_workbench.dashboard.escaping import plotly_text
+from fca_workbench.results.conditions import REFERENCE
 
 
 class FigurePane(pn.pane.Plotly):
@@ -101,7 +102,7 @@ def delta_figure(analysis: Analysis) -> dict:
             mode="lines",
             x=positions,
             y=analysis.nll_correct,
-            name="correct",
+            name=REFERENCE,
             xaxis="x2",
             yaxis="y2",
             line=dict(color="#555"),

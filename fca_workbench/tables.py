@@ -42,6 +42,7 @@ from fca_workbench.results.audit_tables import (
     variation_table,
     with_controller,
 )
+from fca_workbench.results.conditions import LAYER_POSITION_MEAN
 from fca_workbench.results.design_study import (
     design_points,
     design_runs_table,
@@ -127,4 +128,4 @@ __all__ = [
 def position_means(cache: CoefficientCache) -> list[torch.Tensor]:
     """Per layer ``[T, *slot]``: each coefficient's mean over the cached windows (the core's
     ``layer_position_mean`` profile, here of the eval set)."""
-    return static_profiles(cache.batches())["layer_position_mean"]
+    return static_profiles(cache.batches())[LAYER_POSITION_MEAN]

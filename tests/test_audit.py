@@ -10,12 +10,14 @@ from conftest import tiny_model
 from safetensors.torch import load_file
 
 import fca_workbench.audit.capture as capture_module
-import fca_workbench.audit.run as run_module
+import fca_workbench.audit.session as session_module
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions, static_profiles
 from fca_workbench.audit.replay import replay_nll
-from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
+from fca_workbench.audit.run import run_audit
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results.conditions import CONDITIONS
@@ -95,7 +97,8 @@ def test_audit_is_deterministic(tiny_checkpoints, audits, tmp_path):
 
 def test_replay_never_calls_a_controller(tiny_checkpoints, tmp_path):
     model = load_model(tiny_checkpoints["muddpythia"])
-    _, (_, windows), (_, calib) = load_audit_inputs(settings(tiny_checkpoints["muddpythia"]))
+    session = ReplaySession.open(settings(tiny_checkpoints["muddpythia"]))
+    windows, calib = session.windows("eval"), session.windows("calibration")
     cache = capture(model, windows, tmp_path / "eval", batch_size=4)
     profiles = static_profiles(capture(model, calib, tmp_path / "calib", batch_size=4).batches())
     calls = []
@@ -135,7 +138,7 @@ def test_token_shuffle_moves_coefficients_within_windows_the_same_at_every_layer
 
 def test_token_shuffle_leaves_the_tokens_alone(tiny_checkpoints, tmp_path):
     model = load_model(tiny_checkpoints["featuregate"])
-    _, (_, windows), _ = load_audit_inputs(settings(tiny_checkpoints["featuregate"]))
+    windows = ReplaySession.open(settings(tiny_checkpoints["featuregate"])).windows("eval")
     before = windows.clone()
     cache = capture(model, windows, tmp_path / "eval", batch_size=4)
     assign = ConditionCoefficients("token_shuffle", cache, seed=1)
@@ -168,7 +171,7 @@ def test_static_profiles_come_from_calibration_only(tiny_checkpoints, tmp_path):
 
 def test_cache_from_another_model_or_other_data_is_refused(tiny_checkpoints, tmp_path):
     model = load_model(tiny_checkpoints["featuregate"])
-    _, (_, windows), _ = load_audit_inputs(settings(tiny_checkpoints["featuregate"]))
+    windows = ReplaySession.open(settings(tiny_checkpoints["featuregate"])).windows("eval")
     capture(model, windows, tmp_path / "cache", batch_size=4)
     other = tiny_model("featuregate", seed=7, vocab_size=model.config.vocab_size, window=64)
     with pytest.raises(UserError, match="another model"):
@@ -209,7 +212,7 @@ def test_an_audit_hashes_the_weights_once_for_both_captures(tiny_checkpoints, tm
         calls.append(type(model).__name__)
         return real(model)
 
-    monkeypatch.setattr(run_module, "model_fingerprint", counted)
+    monkeypatch.setattr(session_module, "model_fingerprint", counted)
     monkeypatch.setattr(capture_module, "model_fingerprint", counted)
     audit = run_audit(settings(tiny_checkpoints["featuregate"]), tmp_path / "out")
     assert len(calls) == 1

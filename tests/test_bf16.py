@@ -15,7 +15,9 @@ from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.capture import MANIFEST, capture
 from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.replay import replay_nll
-from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
+from fca_workbench.audit.run import run_audit
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.audit_tables import assignment_table, per_layer_table
 from fca_workbench.results.layout import split_cache
@@ -66,7 +68,8 @@ def test_bfloat16_replays_correct_bit_exactly_for_every_family(family, tmp_path)
     assert manifest["dtype"] == "bfloat16"  # the weights the capture ran were bfloat16
     tokens = pd.read_parquet(tmp_path / "out" / "per_token_nll.parquet")
 
-    model, (_, windows), _ = load_audit_inputs(settings)
+    session = ReplaySession.open(settings)
+    model, windows = session.model, session.windows("eval")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     with torch.no_grad():  # the live run, batched as capture batches it
         live = torch.cat([next_token_nll(model(batch).logits, batch) for batch in windows.split(BATCH)])

@@ -264,7 +264,7 @@ def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, w
     )
     with pytest.raises(ValueError, match="needs its static profile"):
         replay_nll(model, windows, cache, "layer_mean")
-    with pytest.raises(ValueError, match="unknown replay condition 'bogus'"):
+    with pytest.raises(UserError, match="unknown condition 'bogus'"):
         replay_nll(model, windows, cache, "bogus")
 
 

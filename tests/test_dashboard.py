@@ -27,8 +27,8 @@ import torch
 from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 
 from fca_workbench.audit.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
+from fca_workbench.audit.session import DERANGEMENTS_KEPT
 from fca_workbench.dashboard import (
-    DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
     DashboardSession,
     ModelPool,
@@ -263,7 +263,7 @@ def test_derangements_are_kept_for_a_bounded_number_of_seeds(shared_models):
         model.donor_for(1, seed)
     for seed in range(3):
         session.analyse("fg", model, text, "cross_input", layer=0, seed=10_000 + seed)
-    assert model.derangements.cache_info().currsize == DERANGEMENTS_KEPT
+    assert model.session.derangement.cache_info().currsize == DERANGEMENTS_KEPT
     for seed in (0, 3 * DERANGEMENTS_KEPT - 1, 10_002):  # evicted, kept, and used by analyse
         assert model.donor_for(1, seed) == int(derangement(len(model.eval_windows), seed)[1])
 

@@ -209,6 +209,16 @@ def test_bad_input_is_one_line(tiny_checkpoints, tmp_path, capsys, monkeypatch):
     assert "pip install 'fca-workbench[eval]'" in run_error(["eval", native, "--tasks", "fca_next_line"], capsys)
 
 
+def session_of(model, profiles=None):
+    """A replay session on ``model`` alone, with ``profiles`` given instead of estimated."""
+    from fca_workbench.audit.session import ReplaySession
+
+    session = ReplaySession(model, {}, cache_root=None)
+    if profiles is not None:
+        session.use_profiles(profiles, "given by the test")
+    return session
+
+
 def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
     """``correct`` is the live model: on a foreign checkpoint, ``WorkbenchLM`` gives every choice the
     loglikelihood lm-eval's own ``hf`` model gives it, loading the folder itself."""
@@ -222,7 +232,7 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
 
     model = load_controlled(tiny_mixtral)
     ours = WorkbenchLM(model, load_tokenizer(tiny_mixtral), model.context_length, 4)
-    ours.use(ConditionLogits(model, "correct", None))
+    ours.use(ConditionLogits(session_of(model), "correct"))
     hf = {"pretrained": str(tiny_mixtral), "device": "cpu", "dtype": "float32"}
     scores = []
     for lm, args in ((ours, None), ("hf", hf)):
@@ -254,7 +264,7 @@ def test_generation_is_greedy_under_the_condition(tiny_mixtral):
     pad = tokenizer.pad_token_id
     context = torch.tensor([[pad] * (width - len(t)) + t for t in texts])
     mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in texts])
-    lm.use(ConditionLogits(model, "correct", None))
+    lm.use(ConditionLogits(session_of(model), "correct"))
     out = lm._model_generate(context, width + new, stop=[], attention_mask=mask)
     for row, text in zip(out, texts):
         reference = model.model.generate(torch.tensor([text]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
@@ -262,7 +272,7 @@ def test_generation_is_greedy_under_the_condition(tiny_mixtral):
     with torch.no_grad():
         _, values = model.capture_run(torch.tensor([texts[1]]))
     profiles = profiles_of([[v["coefficient"] for v in values]], routing_top_k(values))
-    lm.use(ConditionLogits(model, "layer_mean", profiles))
+    lm.use(ConditionLogits(session_of(model, profiles), "layer_mean"))
     ids = list(texts[0])
     for _ in range(new):
         coefficients = [{"coefficient": p.expand(1, len(ids), *p.shape)} for p in profiles["layer_mean"]]
@@ -305,7 +315,7 @@ def test_rolling_loglikelihood_is_the_frozen_models(tiny_mixtral):
         logprobs = model.replay_run(ids, replayed)[0, :-1].double().log_softmax(-1)
     expected = logprobs.gather(1, ids[0, 1:, None]).sum().item()
     lm = WorkbenchLM(model, tokenizer, model.context_length, 2)
-    lm.use(ConditionLogits(model, "layer_scalar", profiles))
+    lm.use(ConditionLogits(session_of(model, profiles), "layer_scalar"))
     request = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)
     assert lm.loglikelihood_rolling([request], disable_tqdm=True)[0] == pytest.approx(expected, abs=1e-4)
 

@@ -49,7 +49,7 @@ def test_a_model_is_opened_when_asked_with_its_eval_capture_only(tiny_checkpoint
     layer_mean = explorer.coefficients("layer_mean", 0)
     assert (cache / "calibration" / "manifest.json").is_file()
     model = load_model(checkpoint)
-    from fca_workbench.audit.run import audit_windows
+    from fca_workbench.audit.inputs import audit_windows
 
     _, calibration = audit_windows(explorer.settings, "calibration", model, explorer.tokenizer)
     with torch.no_grad():

@@ -179,11 +179,14 @@ def test_shard_damaged_after_the_cache_was_opened_is_one_line_on_read(tmp_path):
 
 def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
     from fca_workbench.audit.capture import capture
-    from fca_workbench.audit.run import AUDIT_COMMAND, AuditSettings, load_audit_inputs
+    from fca_workbench.audit.run import AUDIT_COMMAND
+    from fca_workbench.audit.session import ReplaySession
+    from fca_workbench.audit.settings import AuditSettings
     from fca_workbench.results.outputs import mark_output
 
     settings = AuditSettings(checkpoint=str(tiny_checkpoints["featuregate"]), window=64, max_windows=4)
-    model, (_, windows), _ = load_audit_inputs(settings)
+    session = ReplaySession.open(settings)
+    model, windows = session.model, session.windows("eval")
     (tmp_path / "out").mkdir()
     mark_output(tmp_path / "out", AUDIT_COMMAND)  # an audit folder, as an earlier audit left it
     capture(model, windows, tmp_path / "out" / "cache" / "eval", batch_size=2)  # where fca audit --out looks

@@ -12,7 +12,9 @@ import torch
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.audit import conditions as assignment
 from fca_workbench.audit.mini import MiniAudit
-from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
+from fca_workbench.audit.run import run_audit
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.cli import build_parser
 from fca_workbench.dashboard import CONDITION_HELP, SEEDED
 from fca_workbench.models import load_model
@@ -124,14 +126,14 @@ def test_only_the_one_function_assembles_what_a_condition_assigns():
                 callers.setdefault(node.func.id if isinstance(node.func, ast.Name) else node.func.attr, set()).add(
                     str(path.relative_to(ROOT / "fca_workbench"))
                 )
-    assert callers.pop("derangement") <= {"audit/conditions.py", "dashboard/live.py"}
+    assert callers.pop("derangement") <= {"audit/conditions.py", "audit/session.py"}
     assert all(files == {"audit/conditions.py"} for files in callers.values()), callers
 
 
 def test_assigned_values_of_each_kind():
-    import fca_workbench.dashboard.live as live
+    import fca_workbench.audit.session as session
 
-    assert live.assigned_values is assignment.assigned_values
+    assert session.assigned_values is assignment.assigned_values  # what the dashboard's live view replays
     real = assignment.assigned_values
     own = [{COEFFICIENT: torch.arange(12.0).view(1, 6, 2)}]
     donor = [{COEFFICIENT: -torch.arange(16.0).view(1, 8, 2)}]
@@ -180,7 +182,8 @@ def assert_mini_audit_equals_the_audit(folder, model, tmp_path) -> dict:
         checkpoint=str(folder), window=16, max_windows=6, batch_size=3, resamples=50, latency_repeats=1, seed=3
     )
     audit = run_audit(settings, tmp_path / "audit")
-    _, (_, eval_windows), (_, calib_windows) = load_audit_inputs(settings)
+    session = ReplaySession.open(settings)
+    eval_windows, calib_windows = session.windows("eval"), session.windows("calibration")
     mini = MiniAudit(eval_windows, calib_windows, seed=3, batch_size=3, resamples=50)(model)
     for key, value in mini.items():
         expected = audit_value(audit, key)

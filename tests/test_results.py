@@ -16,7 +16,9 @@ import torch
 
 import fca_workbench
 from fca_workbench import tables
-from fca_workbench.audit.run import AuditSettings, load_audit_inputs, run_audit
+from fca_workbench.audit.run import run_audit
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.results import per_token as results_module
 from fca_workbench.results.conditions import CONDITIONS
@@ -88,7 +90,7 @@ def test_load_audit_equals_audit_json(audits, arch):
 def test_per_token_is_tidy_and_gives_the_audits_nll(audits, arch):
     folder = audits[arch]
     audit, per_token = audit_json(folder), fca_workbench.load_audit(folder).per_token
-    _, (_, windows), _ = load_audit_inputs(settings(audit["settings"]["checkpoint"]))
+    windows = ReplaySession.open(settings(audit["settings"]["checkpoint"])).windows("eval")
     n, t = windows.shape
     assert len(per_token) == n * (t - 1) * len(audit["conditions"])
     for name, figures in audit["conditions"].items():

@@ -48,6 +48,7 @@ from fca_workbench.files import (
     write_json,
 )
 from fca_workbench.models import next_token_nll
+from fca_workbench.results.conditions import LIVE_RUN
 
 Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
 CACHE_FORMAT = "fca-coefficient-cache/3"
@@ -395,7 +396,7 @@ def capture(
         batch = windows[rows.start : rows.stop].to(device)
         logits, values = model.capture_run(batch)
         for name, value in zip(model.controller_names, values):  # the coefficients; the rest may hold masks (-inf)
-            require_finite(value[COEFFICIENT], f"coefficient of controller {name}", "unperturbed", rows, folder.name)
+            require_finite(value[COEFFICIENT], f"coefficient of controller {name}", LIVE_RUN, rows, folder.name)
         tensors = {
             f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)
         }
@@ -409,7 +410,7 @@ def capture(
             }
         )
         tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
-        require_finite(tensors["nll"], "NLL", "unperturbed", rows, folder.name)
+        require_finite(tensors["nll"], "NLL", LIVE_RUN, rows, folder.name)
         record_claim(manifest_path, path.name, write_shard(tensors, path, binding))
     ranks.barrier()
     if ranks.lead:

@@ -1,6 +1,6 @@
 """What a condition assigns: the coefficients (or a router's whole output) each eval window gets under it.
 
-The one place that turns a condition name, a coefficient cache and the calibration profiles into replayed values;
+The one place that turns a condition (what ``results.conditions`` says it assigns), a coefficient cache and the calibration profiles into replayed values;
 the audit, the sweep, the mini-audit, the explorer and the dashboard all go through it.
 """
 
@@ -22,11 +22,12 @@ from fca_workbench.audit.interventions import (
     with_routing_profiles,
 )
 from fca_workbench.results.conditions import (
-    BASELINES,
-    INTERVENTIONS,
-    PROFILE_CONDITIONS,
-    ROUTING_CONDITIONS,
-    model_conditions,
+    CACHED_RUN,
+    DONOR_VALUES,
+    OWN_VALUES,
+    SHUFFLED_POSITIONS,
+    STATIC_PROFILE,
+    condition_named,
 )
 
 Values = list[dict[str, torch.Tensor]]  # per controller, its cached outputs by name (``COEFFICIENT`` first)
@@ -66,11 +67,6 @@ def profile_of(condition: str, profiles: Profiles | None) -> list[torch.Tensor]:
     return profiles[condition]
 
 
-def replay_conditions(profiles: Profiles | None) -> tuple[str, ...]:
-    """Every condition a model's audit replays: section 4's, plus the routing ones its profiles allow."""
-    return model_conditions(any(c in (profiles or {}) for c in ROUTING_CONDITIONS))
-
-
 def assigned_values(
     condition: str,
     own: Values,
@@ -90,19 +86,20 @@ def assigned_values(
     move everything cached (a router's whole output); a static profile is a coefficient only. Seeded choices
     depend on (seed, window index) alone, so a window gets the same values however windows are batched."""
     batch, length = own[0][COEFFICIENT].shape[:2]
-    if condition in BASELINES:
+    assignment = condition_named(condition).assignment
+    if assignment in (CACHED_RUN, OWN_VALUES):
         return own
-    if condition == "cross_input":
+    if assignment == DONOR_VALUES:
         if donor is None:
-            raise ValueError("cross_input needs the donor windows' values")
+            raise ValueError(f"{condition} needs the donor windows' values")
         intervened = [{name: t[:, :length] for name, t in value.items()} for value in donor]
-    elif condition == "token_shuffle":
+    elif assignment == SHUFFLED_POSITIONS:
         permutations = position_permutations(window_indices, length, seed)
         intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in own]
-    elif condition in PROFILE_CONDITIONS:
+    elif assignment == STATIC_PROFILE:
         intervened = static_values(condition, profiles, slot_shapes, batch, length)
     else:
-        raise ValueError(f"unknown replay condition '{condition}'")
+        raise ValueError(f"condition '{condition}' assigns '{assignment}', which replay does not know")
     return intervened if layer is None else restrict_to_layer(intervened, own, layer)
 
 
@@ -131,12 +128,13 @@ class ConditionCoefficients:
         seed: int = 0,
         layer: int | None = None,
     ) -> None:
-        if condition in PROFILE_CONDITIONS:
+        named = condition_named(condition)
+        if named.static:
             profile_of(condition, profiles)  # refused here, before any window is read
-        if condition not in (*INTERVENTIONS, "correct"):
-            raise ValueError(f"unknown replay condition '{condition}'")
+        if named.live:
+            raise ValueError(f"'{condition}' is the live run: nothing is replayed (its NLL is the cache's)")
         self.condition, self.cache, self.profiles, self.seed, self.layer = condition, cache, profiles, seed, layer
-        self.donors = derangement(cache.num_windows, seed) if condition == "cross_input" else None
+        self.donors = derangement(cache.num_windows, seed) if named.needs_donor else None
         self.slot_shapes = [tuple(s) for s in cache.manifest["slot_shapes"]]
 
     def __call__(self, indices: torch.Tensor) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from fca_workbench.errors import UserError
+from fca_workbench.results.conditions import LIVE_RUN, REFERENCE
 
 Windows = Sequence[int] | torch.Tensor  # the window index of each row
 
@@ -51,7 +52,7 @@ def check_correct_replay(correct: torch.Tensor, unperturbed: torch.Tensor, toler
     largest = float(per_window[worst])
     if not largest <= tolerance:  # a NaN difference fails too
         raise UserError(
-            f"the frozen replay of 'correct' does not reproduce the unperturbed run: eval window "
+            f"the frozen replay of '{REFERENCE}' does not reproduce the {LIVE_RUN} run: eval window "
             f"{int(windows[worst])} differs by {largest:.3g} nats, more than the {tolerance:g} this model family "
             f"allows; no figure is computed (a coefficient cache of another model or other windows? delete it "
             f"to capture again)"

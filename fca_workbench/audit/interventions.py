@@ -10,6 +10,7 @@ from typing import TypeVar
 import torch
 
 from fca_workbench.adapters.kinds import top_k
+from fca_workbench.results.conditions import GLOBAL_MEAN, LAYER_MEAN, LAYER_MEAN_TOPK, LAYER_POSITION_MEAN, LAYER_SCALAR
 
 Layer = TypeVar("Layer")  # what one layer holds: its coefficients, or a controller's values by name
 
@@ -81,10 +82,10 @@ def profiles_from_sums(sums: list[torch.Tensor] | None, windows: int) -> dict[st
     total: torch.Tensor = sum(p.sum() for p in position_mean)  # type: ignore[assignment]  # tensors sum to a tensor
     global_mean = total / sum(entries)
     return {
-        "global_mean": [global_mean.float() for _ in position_mean],
-        "layer_scalar": [s.float() for s in layer_scalar],
-        "layer_mean": [m.float() for m in layer_mean],
-        "layer_position_mean": [p.float() for p in position_mean],
+        GLOBAL_MEAN: [global_mean.float() for _ in position_mean],
+        LAYER_SCALAR: [s.float() for s in layer_scalar],
+        LAYER_MEAN: [m.float() for m in layer_mean],
+        LAYER_POSITION_MEAN: [p.float() for p in position_mean],
     }
 
 
@@ -112,7 +113,7 @@ def routing_top_k(values: list[dict]) -> list[int | None]:
 def with_routing_profiles(profiles: dict, top_k: list[int | None]) -> dict:
     """``profiles`` plus ``layer_mean_topk`` when any controller is a router (``top_k`` from ``routing_top_k``)."""
     if any(k is not None for k in top_k):
-        profiles["layer_mean_topk"] = layer_mean_topk(profiles["layer_mean"], top_k)
+        profiles[LAYER_MEAN_TOPK] = layer_mean_topk(profiles[LAYER_MEAN], top_k)
     return profiles
 
 

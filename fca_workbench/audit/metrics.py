@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from fca_workbench.results.conditions import LOW, REFERENCE
+
 _F64 = torch.float64
 
 
@@ -52,7 +54,7 @@ def mean_ci(window_values: torch.Tensor, counts: torch.Tensor) -> tuple[float, f
 
 
 def condition_figures(
-    window_nll: dict[str, torch.Tensor], counts: torch.Tensor, reference: str = "correct"
+    window_nll: dict[str, torch.Tensor], counts: torch.Tensor, reference: str = REFERENCE
 ) -> dict[str, dict]:
     """Per condition: NLL with CI, and ΔNLL against ``reference`` with a *paired* CI (bootstrap
     of per-window differences), which removes the between-window variance both conditions share."""
@@ -70,8 +72,8 @@ def gap_retention(
     window_nll: dict[str, torch.Tensor],
     profile: str,
     counts: torch.Tensor,
-    low: str = "global_mean",
-    reference: str = "correct",
+    low: str = LOW,
+    reference: str = REFERENCE,
 ) -> dict:
     """Share of the ``low``→``reference`` NLL gap that static ``profile`` recovers:
     ``(NLL_low − NLL_profile) / (NLL_low − NLL_reference)``; 1 = as good as the live coefficients,

@@ -16,15 +16,14 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.loading import controlled_view
-from fca_workbench.audit.capture import capture
-from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
 from fca_workbench.audit.execution import expert_execution
+from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.metrics import bootstrap_counts
-from fca_workbench.audit.run import coefficient_spread, replay_every_condition, replay_figures, spread_figures
+from fca_workbench.audit.session import ReplaySession
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import even_sample, load_windows
 from fca_workbench.errors import UserError
-from fca_workbench.results.conditions import INTERVENTIONS
+from fca_workbench.results.conditions import INTERVENTIONS, REFERENCE
 
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")
 
@@ -88,22 +87,17 @@ class MiniAudit:
                 )
             device = next(view.parameters()).device
             with tempfile.TemporaryDirectory(prefix="fca-mini-audit-") as tmp:
-                folder, size = Path(tmp), self.batch_size
-                eval_cache = capture(view, self.eval_windows, folder / "eval", size, device, desc="audit eval")
-                calib_cache = capture(
-                    view, self.calib_windows, folder / "calibration", size, device, desc="audit calib"
+                splits = {EVAL: lambda: (None, self.eval_windows), CALIBRATION: lambda: (None, self.calib_windows)}
+                session = ReplaySession(
+                    view, splits, cache_root=Path(tmp), seed=self.seed, device=device, batch_size=self.batch_size
                 )
-                profiles = calibration_profiles(calib_cache)
-                conditions = replay_conditions(profiles)
-                per_token = replay_every_condition(
-                    view, self.eval_windows, eval_cache, conditions, profiles, self.seed, device
-                )
-                spread = coefficient_spread(eval_cache)
-                experts = expert_execution(view, eval_cache)
-            tolerance = view.replay_tolerance
-        counts = bootstrap_counts(len(self.eval_windows), self.resamples, self.seed)
-        figures = replay_figures(per_token, counts, True, tolerance)
-        return log_row({**figures, **spread_figures(spread), "execution": experts})
+                session.capture_all()
+                per_token = session.replay(session.conditions)
+                spread = session.spread()
+                experts = expert_execution(view, session.eval_cache)
+                counts = bootstrap_counts(len(self.eval_windows), self.resamples, self.seed)
+                figures = session.figures(per_token, counts)
+        return log_row({**figures, **spread, "execution": experts})
 
 
 def log_row(audit: dict) -> dict[str, float]:
@@ -111,7 +105,7 @@ def log_row(audit: dict) -> dict[str, float]:
     the correct NLL, every intervention's ΔNLL with its CI, every retention with its CI, the spread figures
     and, for routers, the fraction of expert evaluations run."""
     conditions = audit["conditions"]
-    figures = {"nll_correct": conditions["correct"]["nll"]}
+    figures = {f"nll_{REFERENCE}": conditions[REFERENCE]["nll"]}
     for condition in (c for c in conditions if c in INTERVENTIONS):
         c = conditions[condition]
         figures.update(

@@ -4,7 +4,7 @@ Because every coefficient comes from the cache, which was filled before any inte
 here measures assignment dependence only: the controller never sees a perturbed hidden state.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -15,6 +15,7 @@ from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.models import next_token_nll
+from fca_workbench.results.conditions import condition_named
 
 
 @torch.no_grad()
@@ -28,16 +29,19 @@ def replay_nll(
     layer: int | None = None,
     device: torch.device | str = "cpu",
     shards: Iterable[int] | None = None,
+    batches: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (``unperturbed``: the live run); with
-    ``shards`` (one rank's share), of those shards' windows only.
+    """Per-token NLL ``[N, T-1]`` of every window under ``condition`` (the live run: its cached NLL); with
+    ``shards`` (one rank's share), of those shards' windows only; with ``batches``, of those windows, each
+    index tensor replayed as one batch (the explorer's one window).
 
-    Batches follow the cache's shards, the same grouping capture used, so ``correct`` repeats capture's
-    arithmetic exactly. A NaN or inf in any window stops it (``guard.require_finite``).
+    Batches follow the cache's shards by default, the same grouping capture used, so ``correct`` repeats
+    capture's arithmetic exactly. A NaN or inf in any window stops it (``guard.require_finite``).
     """
     named = at_layer(condition, layer)
-    if condition == "unperturbed":
-        indices = torch.cat(list(cache.shard_indices(shards)))
+    batches = list(cache.shard_indices(shards)) if batches is None else batches
+    if condition_named(condition).live:
+        indices = torch.cat(list(batches))
         nll = cache.nll(indices)
         require_finite(nll, "NLL", named, indices)
         return nll
@@ -45,7 +49,7 @@ def replay_nll(
     devices = value_devices(model, device)  # each controller's own, where big-model inference placed the model
     model.eval()
     rows = []
-    for indices in tqdm(list(cache.shard_indices(shards)), desc=condition, leave=False):
+    for indices in tqdm(batches, desc=condition, leave=False, disable=len(batches) < 2):
         batch = windows[indices].to(device)
         values = values_on(assign.values(indices), devices, model.coefficient_dtypes)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())

@@ -27,6 +27,7 @@ from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures
 from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.audit.replay import replay_nll
+from fca_workbench.results.conditions import REFERENCE
 
 PREFIX, FULL_FORWARD = "prefix", "full_forward"
 
@@ -81,7 +82,7 @@ def per_layer_rows(window_nll: dict, correct: torch.Tensor, counts: torch.Tensor
     """The sweep's rows from the per-window NLLs of every window, ΔNLL CIs paired by ``counts``."""
     rows = []
     for (layer, condition), values in window_nll.items():
-        figures = condition_figures({"correct": correct, condition: values}, counts)[condition]
+        figures = condition_figures({REFERENCE: correct, condition: values}, counts)[condition]
         rows.append({"layer": layer, "condition": condition, **{k: figures[k] for k in ("nll", "delta", "delta_ci95")}})
     return rows
 
@@ -113,7 +114,7 @@ def prefix_window_nll(
         batch = windows[indices].to(device)
         own = values_on(cache.values(indices), device, dtype)
         prefix = PrefixCache(model, batch, coefficients=own)
-        require_finite(prefix.nll, "NLL", "correct", indices)
+        require_finite(prefix.nll, "NLL", REFERENCE, indices)
         check_correct_replay(prefix.nll.cpu(), cache.nll(indices), model.replay_tolerance, indices)
         correct.append(prefix.nll.double().mean(dim=1).cpu())
         intervened = {c: values_on(assign.values(indices), device, dtype) for c, assign in assigners.items()}
@@ -147,7 +148,7 @@ def full_forward_window_nll(
         return nll.double().mean(dim=1)
 
     window_nll = {(layer, c): window_mean(c, layer) for layer in range(cache.num_layers) for c in conditions}
-    correct = replay_nll(model, windows, cache, "correct", profiles, seed, device=device, shards=shards)
+    correct = replay_nll(model, windows, cache, REFERENCE, profiles, seed, device=device, shards=shards)
     indices = torch.cat(list(cache.shard_indices(shards)))
     check_correct_replay(correct, cache.nll(indices), model.replay_tolerance, indices)
     return window_nll, correct.double().mean(dim=1)

@@ -13,7 +13,6 @@ Panel's write queue, ``dashboards/panel_writes.py``, lives with the app).
 """
 
 from fca_workbench.dashboard.live import (
-    DERANGEMENTS_KEPT,
     MAX_PASTE_CHARS,
     Analysis,
     DashboardSession,
@@ -38,7 +37,6 @@ from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
 
 __all__ = [
     "CONDITION_HELP",
-    "DERANGEMENTS_KEPT",
     "MAX_PASTE_CHARS",
     "SEEDED",
     "Analysis",

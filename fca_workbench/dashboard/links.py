@@ -23,10 +23,10 @@ from fca_workbench.dashboard.query import (
     choose_index,
 )
 from fca_workbench.errors import UserError
-from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
+from fca_workbench.results.conditions import CONDITION_HELP, SEEDED, TOKEN_SHUFFLE, condition_named
 
 MAX_SEED = 2**31 - 1
-DEFAULT_CONDITION = "token_shuffle"  # what the live view shows first, and wherever a checkpoint lacks the one chosen
+DEFAULT_CONDITION = TOKEN_SHUFFLE  # what the live view shows first, and wherever a checkpoint lacks the one chosen
 WINDOW_SOURCE, TEXT_SOURCE = SOURCES  # the two text sources, as the choice shows them
 
 
@@ -126,7 +126,7 @@ def fitted(
         conditions=conditions,
         condition=condition,
         seed_disabled=condition not in SEEDED,
-        donor_disabled=condition != "cross_input",
+        donor_disabled=not condition_named(condition).needs_donor,
         condition_help=CONDITION_HELP[condition],
     )
 

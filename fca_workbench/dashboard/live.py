@@ -27,28 +27,22 @@ from transformers import PreTrainedTokenizerBase
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS, audit_batch_size
-from fca_workbench.audit.capture import model_fingerprint
-from fca_workbench.audit.conditions import Values, assigned_values, profiles_of, values_on
+from fca_workbench.audit.conditions import Values
 from fca_workbench.audit.guard import at_layer, require_finite
-from fca_workbench.audit.interventions import derangement, routing_top_k
+from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
+from fca_workbench.audit.session import ReplaySession
 from fca_workbench.dashboard.results_folder import ResultsFolder, saved_profiles
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor
-from fca_workbench.results.conditions import (
-    BASELINES,
-    PROFILE_CONDITIONS,
-    SEEDED,
-    model_conditions,
-)
+from fca_workbench.results.conditions import LIVE_RUN, LOW, REFERENCE, condition_named
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
-DERANGEMENTS_KEPT = 64  # per model: the cross_input derangements of the most recently used seeds
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -79,29 +73,30 @@ class SharedModel:
         self.tokenizer = load_tokenizer(self.folder)
         self.arch = self.model.arch
         self.window = min(DEFAULT_WINDOW, self.model.context_length)
-        self.eval_windows = load_windows(split_path("eval"), self.tokenizer, self.window, eval_windows)
-        self.calibration_windows = calibration_windows
         self.results = results
         self.params = sum(p.numel() for p in self.model.parameters())
         self.profiles_source: str | None = None  # set with the profiles: the audit they came from, or how computed
         self.profiles_refused: str | None = None  # why a matching audit's saved profiles were not used
-        self._fingerprint: str | None = None
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
-        # per controller, a router's k (from a two-token capture), which adds the routing conditions
-        with torch.no_grad():
-            self.top_k = routing_top_k(self.model.capture_run(self.eval_windows[:1, :2])[1])
-        routed = any(k is not None for k in self.top_k)
-        self.conditions = model_conditions(routed)
+        self.lock = threading.Lock()
+        counts = {EVAL: eval_windows, CALIBRATION: calibration_windows}
+        splits = {split: functools.partial(self._split, split, count) for split, count in counts.items()}
+        size = audit_batch_size(self.model, self.window, next(self.model.parameters()).device)
+        # the session keeps no cache on disk: profiles are estimated batch by batch under the lock
+        self.session = ReplaySession(
+            self.model, splits, cache_root=None, batch_size=size, tokenizer=self.tokenizer, lock=self.lock
+        )
+        self.eval_windows = self.session.windows(EVAL)
+        self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
+        self.conditions = self.session.conditions
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
-        self.lock = threading.Lock()
         self.serial = next(_LOADS)
-        self._profiles: dict[str, list[torch.Tensor]] | None = None
         self._profiles_lock = threading.Lock()
-        # one derangement per seed the Seed box was set to: a bounded LRU, not one per seed ever asked for
-        self.derangements = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(
-            functools.partial(derangement, len(self.eval_windows))
-        )
+
+    def _split(self, split: str, count: int | None) -> tuple[Path, torch.Tensor]:
+        path = split_path(split)
+        return path, load_windows(path, self.tokenizer, self.window, count)
 
     @property
     def has_coefficients(self) -> bool:
@@ -111,44 +106,35 @@ class SharedModel:
     def profiles(self) -> dict[str, list[torch.Tensor]]:
         """Static profiles of the calibration split, once: an audit's saved ones when one in the results folder
         has this model's and these calibration windows' fingerprints and its file the sha256 it recorded
-        (``saved_profiles``), else computed here batch by batch under the lock. ``profiles_source`` says which."""
+        (``saved_profiles``), else the session's, estimated batch by batch under the lock. ``profiles_source``
+        says which."""
         with self._profiles_lock:
-            if self._profiles is None:
-                windows = load_windows(split_path("calibration"), self.tokenizer, self.window, self.calibration_windows)
+            if self.profiles_source is None:
+                windows = self.session.windows(CALIBRATION)
                 if self.results is not None and self.has_coefficients:
-                    needed = {c for c in self.conditions if c in PROFILE_CONDITIONS}
+                    needed = {c for c in self.conditions if condition_named(c).static}
                     saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
                     if saved is not None:
-                        self._profiles, self.profiles_source = saved, said
+                        self.session.use_profiles(saved, said)
+                        self.profiles_source = said
                         return saved
                     self.profiles_refused = said
-
-                size = audit_batch_size(self.model, self.window, next(self.model.parameters()).device)
-
-                def batches():
-                    for start in range(0, len(windows), size):
-                        with self.lock:
-                            _, values = self.model.capture_run(windows[start : start + size])
-                        yield [value[COEFFICIENT] for value in values]
-
-                self._profiles = profiles_of(batches(), self.top_k)
+                profiles = self.session.profiles
                 unmatched = f" ({self.profiles_refused or 'no audit in the results folder matches this checkpoint and calibration data'})"
                 self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
                     unmatched if self.results is not None else ""
                 )
-            return self._profiles
+                return profiles
+            return self.session.profiles
 
     @property
     def fingerprint(self) -> str:
         """``capture.model_fingerprint`` of the model, hashed once (it reads every weight)."""
-        with self.lock:
-            if self._fingerprint is None:
-                self._fingerprint = model_fingerprint(self.model)
-        return self._fingerprint
+        return self.session.fingerprint
 
     def donor_for(self, window_index: int | None, seed: int) -> int:
         """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""
-        return int(self.derangements(seed)[window_index or 0])
+        return self.session.donor_of(window_index or 0, seed)
 
     def slot_labels(self, layer: int) -> list[str]:
         """Names of layer ``layer``'s flattened slots, as the model declares them (``audit.json``'s
@@ -323,23 +309,13 @@ class DashboardSession:
     ) -> Values:
         """Per controller, the values ``condition`` assigns to this window (``audit.conditions.assigned_values``,
         as the audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
-        if condition not in shared.conditions:
-            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(shared.conditions)}")
+        shared.session.check_condition(condition, "intervention")
         donor_values = None
-        if condition == "cross_input":
+        if condition_named(condition).needs_donor:
             donor_values = self.prefix(name, shared, window_input(shared, donor)).values
-        values = assigned_values(
-            condition,
-            prefix.values,
-            donor_values,
-            shared.profiles() if condition in PROFILE_CONDITIONS else None,
-            shared.slot_shapes,
-            torch.tensor([text.window_index or 0]),
-            seed,
-            layer,
-        )
-        parameter = next(shared.model.parameters())
-        return values_on(values, parameter.device, parameter.dtype)
+        if condition_named(condition).static:
+            shared.profiles()  # an audit's saved ones, when one matches
+        return shared.session.assigned(condition, prefix.values, donor_values, text.window_index, seed, layer)
 
     def replay(
         self,
@@ -360,7 +336,7 @@ class DashboardSession:
                 self.results.move_to_end(key)
                 return self.results[key]
         rows = prefix.nll
-        if condition != "unperturbed" and shared.has_coefficients:
+        if not condition_named(condition).live and shared.has_coefficients:
             values = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
             rows = prefix.replay_nll(values, layer)
         where = (None, "the pasted text") if text.window_index is None else ([text.window_index], "eval")
@@ -385,41 +361,41 @@ class DashboardSession:
         """Answer one query. ``donor`` (cross_input only): an eval window index, None for the audit's own
         seeded derangement. Raises ``UserError`` for anything the user can fix."""
         started = time.perf_counter()
-        if condition not in shared.conditions:
-            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(shared.conditions)}")
+        shared.session.check_condition(condition, "intervention")
+        named = condition_named(condition)
         if layer is not None and not 0 <= layer < shared.num_layers:
             raise UserError(f"layer {layer} does not exist: the model has {shared.num_layers} layers")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise UserError(f"seed must be a non-negative integer, got {seed!r}")
         notes = [text.note] if text.note else []
-        if condition == "cross_input":
+        if named.needs_donor:
             if donor is None:
                 donor = shared.donor_for(text.window_index, seed)
             else:
                 window_input(shared, donor)  # validates the index
                 if donor == text.window_index:
-                    notes.append("the donor is the window itself: cross_input equals correct")
+                    notes.append(f"the donor is the window itself: {condition} equals {REFERENCE}")
         else:
             donor = None
-        if condition not in SEEDED:
+        if not named.seeded:
             seed = 0
         if not shared.has_coefficients:
             notes.append(f"{shared.arch} has no controller: there are no coefficients to intervene on")
         prefix = self.prefix(name, shared, text)
-        nll_correct = self.replay(name, shared, text, prefix, "unperturbed", None, 0, None).astype(np.float64)
+        nll_correct = self.replay(name, shared, text, prefix, LIVE_RUN, None, 0, None).astype(np.float64)
         nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
-        if shared.has_coefficients and condition not in BASELINES:
+        if shared.has_coefficients and not named.baseline:
             intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
         else:
             intervened = prefix.values
         retention = nll_gm = None
-        if condition in PROFILE_CONDITIONS and shared.has_coefficients:
-            gm = self.replay(name, shared, text, prefix, "global_mean", layer, 0, None).astype(np.float64)
+        if named.static and shared.has_coefficients:
+            gm = self.replay(name, shared, text, prefix, LOW, layer, 0, None).astype(np.float64)
             nll_gm = float(gm.mean())
             per_window = {
-                "global_mean": torch.tensor([gm.mean()], dtype=torch.float64),
+                LOW: torch.tensor([gm.mean()], dtype=torch.float64),
                 condition: torch.tensor([nll.mean()], dtype=torch.float64),
-                "correct": torch.tensor([nll_correct.mean()], dtype=torch.float64),
+                REFERENCE: torch.tensor([nll_correct.mean()], dtype=torch.float64),
             }
             retention = gap_retention(per_window, condition, torch.ones(1, 1, dtype=torch.long))["value"]
             if retention is None:

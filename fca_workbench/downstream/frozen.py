@@ -1,51 +1,45 @@
-"""What a condition answers with: the logits of the live model (``correct``) or of the frozen model fed a
-static profile of the calibration set, the same profile and the same replay the audit uses."""
+"""What a condition answers with on a task's text: the logits a replay session gives for it, the live model's
+for the reference, the frozen model's fed a static profile of the calibration set for a static condition."""
 
 import torch
 
-from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.audit.conditions import Profiles, profile_of, static_values, values_on
+from fca_workbench.audit.session import ReplaySession
 from fca_workbench.errors import UserError
-from fca_workbench.results.conditions import ALL_CONDITIONS, PROFILE_CONDITIONS
+from fca_workbench.results.conditions import ALL_CONDITIONS, LOW, REFERENCE, VOCABULARY, condition_named
 
-REFERENCE = "correct"  # the live model: the gap's top end, retention 1
-LOW = "global_mean"  # one scalar for every coefficient: the gap's bottom end, retention 0
-EVAL_CONDITIONS = (REFERENCE, *PROFILE_CONDITIONS)  # static ones only: a task's text has no cached coefficients
+# the reference and the static ones only: a task's text has no cached coefficients
+EVAL_CONDITIONS = tuple(c.name for c in VOCABULARY if c.name == REFERENCE or c.static)
 
 
-def eval_conditions(asked: list[str], has_controller: bool) -> list[str]:
-    """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order; a condition that
-    is not static, or any but ``correct`` for a model without a controller, is one line."""
+def eval_conditions(asked: list[str], session: ReplaySession) -> list[str]:
+    """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order; a condition
+    that is not static, one this model does not replay (a router's for a model without routers) or any but the
+    reference for a model without a controller, is one line."""
     for condition in asked:
         if condition not in EVAL_CONDITIONS:
             why = "is not a condition" if condition not in ALL_CONDITIONS else "needs a text's own cached values"
             raise UserError(
                 f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(EVAL_CONDITIONS)}"
             )
-    if not has_controller:
+    if not session.has_controller:
         if set(asked) - {REFERENCE}:
             raise UserError(f"the model has no controller the workbench can audit: only --conditions {REFERENCE}")
         return [REFERENCE]
-    return list(dict.fromkeys([REFERENCE, LOW, *asked]))
+    chosen = list(dict.fromkeys([REFERENCE, LOW, *asked]))
+    for condition in chosen:
+        session.check_condition(condition, "--conditions")
+    return chosen
 
 
 class ConditionLogits:
-    """Logits ``[B, T, V]`` of token ids under one condition: ``correct`` runs the live model; a static profile
-    runs ``replay_run`` with the profile broadcast over every position (``conditions.static_values``)."""
+    """Logits ``[B, T, V]`` of token ids under one condition (``ReplaySession.logits``); a static condition's
+    profile is estimated (or refused) here, before any text is read."""
 
-    def __init__(self, model: ControlledModel, condition: str, profiles: Profiles | None) -> None:
-        self.model, self.condition, self.profiles = model, condition, profiles
-        if condition != REFERENCE:
-            try:
-                profile_of(condition, profiles)  # refused here, before any text is read
-            except ValueError as exc:
-                raise UserError(f"--conditions {condition}: {exc}") from None
-        self.dtype = next(model.parameters()).dtype
+    def __init__(self, session: ReplaySession, condition: str) -> None:
+        self.session, self.condition = session, condition
+        if condition_named(condition).static and condition not in session.profiles:
+            raise UserError(f"--conditions {condition}: the calibration capture gave no '{condition}' profile")
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        self.model.eval()
-        if self.condition == REFERENCE:
-            return self.model(input_ids).logits
-        values = static_values(self.condition, self.profiles, self.model.coefficient_slot_shapes, *input_ids.shape)
-        return self.model.replay_run(input_ids, values_on(values, input_ids.device, self.dtype))
+        return self.session.logits(self.condition, input_ids)

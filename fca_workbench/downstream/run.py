@@ -1,8 +1,8 @@
 """``fca eval``: lm-eval tasks under FCA conditions, their accuracy and its retention, as ``downstream.json``.
 
-The static profiles come from the calibration set exactly as ``fca audit`` makes them (its loader, windows,
-capture and ``calibration_profiles``), captured into a temporary folder as the mini-audit does, so an audit's
-own cache in the output folder is never touched. Tasks run through lm-eval's evaluator with its
+The static profiles come from the calibration set exactly as ``fca audit`` makes them: a replay session on
+the same settings, its calibration capture in a temporary folder, so an audit's own cache in the output folder
+is never touched. Tasks run through lm-eval's evaluator with its
 own task definitions, metrics and standard errors; the shipped ``data/tasks/`` ones run offline.
 """
 
@@ -22,25 +22,18 @@ import yaml
 from lm_eval.tasks import TaskManager
 
 from fca_workbench.audit.cache_lock import folder_lock
-from fca_workbench.audit.capture import model_fingerprint
-from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
-from fca_workbench.audit.run import (
-    AUDIT_COMMAND,
-    AuditSettings,
-    audit_windows,
-    capture_split,
-    check_audit_out,
-    data_summary,
-    load_audit_model,
-    with_batch_size,
-)
+from fca_workbench.audit.inputs import CALIBRATION
+from fca_workbench.audit.run import AUDIT_COMMAND, check_audit_out
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.data.tasks import TASKS_DIR
-from fca_workbench.downstream.frozen import LOW, REFERENCE, ConditionLogits, eval_conditions
+from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
 from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
 from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
 from fca_workbench.files import reading, write_json
 from fca_workbench.resources import inside_folder
+from fca_workbench.results.conditions import LAYER_MEAN, LOW, REFERENCE
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.results.outputs import mark_output, refuse_foreign
@@ -52,7 +45,7 @@ BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is
 class EvalSettings:
     checkpoint: str
     tasks: list[str]
-    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, "layer_mean"])
+    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, LAYER_MEAN])
     limit: int | None = None  # the first N documents of each task
     calibration: str | None = None
     window: int | None = None
@@ -125,53 +118,50 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
     manager, tasks = resolve_tasks(settings.tasks)
     loaded = load_tasks(manager, tasks, settings.seed)  # a task whose data is not on disk: one line, before the model
-    audit_settings = settings.audit_settings()
-    model, tokenizer = load_audit_model(audit_settings)
-    conditions = eval_conditions(settings.conditions, bool(model.controllers))
-    calib_path, calib_windows = audit_windows(audit_settings, "calibration", model, tokenizer)
-    audit_settings = with_batch_size(audit_settings, model, calib_windows, out)
-    with folder_lock(out, "output folder"):
-        mark_output(out, AUDIT_COMMAND)
-        profiles = None
-        if model.controllers:
-            with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
-                audit_settings = replace(audit_settings, cache=cache)
-                profiles = calibration_profiles(
-                    capture_split(model, calib_windows, "calibration", audit_settings, None)
-                )
-            routed = [c for c in conditions if c not in replay_conditions(profiles)]
-            if routed:
-                raise UserError(f"--conditions {routed[0]}: only for models whose controllers are top-k routers")
-        logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
-        lm = WorkbenchLM(model, tokenizer, calib_windows.shape[1], audit_settings.batch_size or 1)
-        by_condition = {}
-        for condition in conditions:
-            lm.use(ConditionLogits(model, condition, profiles))
-            by_condition[condition] = evaluate(lm, loaded, settings)
-        downstream = {
-            "schema": DOWNSTREAM_SCHEMA,
-            "model": {
-                "path": str(Path(settings.checkpoint).resolve()),
-                "arch": model.arch,
-                "fingerprint": model_fingerprint(model),
-            },
-            "settings": {
-                "tasks": settings.tasks,
-                "conditions": conditions,
-                "limit": settings.limit,
-                "seed": settings.seed,
-                "dtype": settings.dtype,
-                "device": settings.device,
-                "window": calib_windows.shape[1],
-                "batch_size": audit_settings.batch_size,
-                "lm_eval": importlib.metadata.version("lm-eval"),
-            },
-            "calibration": data_summary(calib_path, calib_windows),
-            "tasks": task_figures(by_condition),
-        }
-        check_downstream(downstream, out / DOWNSTREAM_FILE)
-        write_json(out / DOWNSTREAM_FILE, downstream)
+    with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
+        audit_settings = replace(settings.audit_settings(), cache=cache)
+        session = ReplaySession.open(audit_settings, out, read_now=(CALIBRATION,))
+        conditions = eval_conditions(settings.conditions, session)
+        with folder_lock(out, "output folder"):
+            mark_output(out, AUDIT_COMMAND)
+            downstream = evaluate_conditions(session, conditions, loaded, settings)
+            check_downstream(downstream, out / DOWNSTREAM_FILE)
+            write_json(out / DOWNSTREAM_FILE, downstream)
     return downstream
+
+
+def evaluate_conditions(session: ReplaySession, conditions: list[str], loaded: dict, settings: EvalSettings) -> dict:
+    """``downstream.json``: every loaded task under every condition, through lm-eval's evaluator."""
+    model, calib_windows = session.model, session.windows(CALIBRATION)
+    if session.has_controller:
+        session.profiles  # noqa: B018 (the calibration capture, before the first task)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
+    lm = WorkbenchLM(model, session.tokenizer, calib_windows.shape[1], session.batch_size)
+    by_condition = {}
+    for condition in conditions:
+        lm.use(ConditionLogits(session, condition))
+        by_condition[condition] = evaluate(lm, loaded, settings)
+    return {
+        "schema": DOWNSTREAM_SCHEMA,
+        "model": {
+            "path": str(Path(settings.checkpoint).resolve()),
+            "arch": model.arch,
+            "fingerprint": session.fingerprint,
+        },
+        "settings": {
+            "tasks": settings.tasks,
+            "conditions": conditions,
+            "limit": settings.limit,
+            "seed": settings.seed,
+            "dtype": settings.dtype,
+            "device": settings.device,
+            "window": calib_windows.shape[1],
+            "batch_size": session.batch_size,
+            "lm_eval": importlib.metadata.version("lm-eval"),
+        },
+        "calibration": session.data_summary(CALIBRATION),
+        "tasks": task_figures(by_condition),
+    }
 
 
 def load_tasks(manager: TaskManager, tasks: list[str | dict], seed: int) -> dict:

@@ -7,6 +7,8 @@ folding lives in its own module (``native``: FeatureGate â†’ GPT-2, MUDDPythia â
 replay of that profile computes, so its NLL on the audit's eval windows is the audit's NLL for the profile.
 """
 
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,8 +16,9 @@ from transformers import PreTrainedModel
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.audit.capture import model_fingerprint
-from fca_workbench.audit.run import AuditSettings, load_audit_model
+from fca_workbench.audit.inputs import CALIBRATION
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.export.card import CARD_JSON, export_card_markdown
 from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
@@ -24,7 +27,7 @@ from fca_workbench.export.sources import ProfileSource, audit_profile, calibrati
 from fca_workbench.files import atomic_folder, write_atomic, write_json
 from fca_workbench.models.featuregate import FeatureGateForCausalLM
 from fca_workbench.models.muddpythia import MUDDPythiaForCausalLM
-from fca_workbench.results.conditions import PROFILE_CONDITIONS
+from fca_workbench.results.conditions import EXPORTABLE_PROFILES, PROFILE_CONDITIONS
 from fca_workbench.results.frames import read_audit_json
 
 __all__ = ["export_static"]
@@ -49,6 +52,11 @@ def export_static(
     out = check_out(out)
     if profile not in PROFILE_CONDITIONS:
         raise UserError(f"unknown profile '{profile}'; choose from {', '.join(PROFILE_CONDITIONS)}")
+    if profile not in EXPORTABLE_PROFILES:
+        raise UserError(
+            f"profile '{profile}' depends on the position; a static model has one set of weights for every "
+            f"position: export {', '.join(EXPORTABLE_PROFILES)}"
+        )
     if audit is not None and (calib is not None or max_windows is not None):
         raise UserError("--audit gives the profile its audit saved; --calib and --max-windows are for estimating one")
     audited = read_audit_json(audit) if audit is not None else None
@@ -60,18 +68,19 @@ def export_static(
         seed=seed,
         dtype=dtype,
     )
-    model, tokenizer = load_audit_model(settings)
-    if not model.controllers:
-        raise UserError(f"{checkpoint} has no controller: there is nothing to fold")
-    check_exportable(model)
-    if audited:
-        source = audit_profile(model, profile, *audited)
-    else:
-        source = calibration_profile(model, tokenizer, settings, profile)
+    with tempfile.TemporaryDirectory(prefix="fca-export-calibration-") as cache:
+        session = ReplaySession.open(replace(settings, cache=cache), read_now=() if audited else (CALIBRATION,))
+        model, tokenizer = session.model, session.tokenizer
+        if not model.controllers:
+            raise UserError(f"{checkpoint} has no controller: there is nothing to fold")
+        check_exportable(model)
+        session.check_condition(profile, "--profile")
+        source = audit_profile(session, profile, *audited) if audited else calibration_profile(session, profile)
+        fingerprint = session.fingerprint
     coefficients = static_coefficients(source, list(model.coefficient_slot_shapes))
     exported = folded(model, coefficients)
     line = command(checkpoint, profile, out, audit, calib, max_windows)
-    card = export_card(model, exported, source, checkpoint, seed, line)
+    card = export_card(model, exported, source, checkpoint, seed, line, fingerprint)
     with atomic_folder(out) as folder:
         exported.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -119,13 +128,14 @@ def export_card(
     checkpoint: str | Path,
     seed: int,
     line: str,
+    fingerprint: str,
 ) -> dict:
     """The model card's facts: source checkpoint, profile, calibration data, the audit's figures for it."""
     card = {
         "source": {
             "path": str(Path(checkpoint).resolve()),
             "arch": model.arch,
-            "fingerprint": model_fingerprint(model),
+            "fingerprint": fingerprint,
             "params": sum(p.numel() for p in model.parameters()),
         },
         "profile": source.name,

@@ -1,24 +1,18 @@
 """Where an export's static profile comes from: a finished audit's saved profiles (checked against the
-checkpoint's fingerprint and the sha256 its ``audit.json`` records), or the calibration set, estimated with
-the audit's own steps (capture, ``conditions.calibration_profiles``)."""
+checkpoint's fingerprint and the sha256 its ``audit.json`` records), or the calibration set, estimated by the
+replay session exactly as the audit estimates it."""
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
-from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.audit.capture import capture, model_fingerprint
-from fca_workbench.audit.conditions import calibration_profiles
-from fca_workbench.audit.run import AuditSettings, audit_windows, data_summary
+from fca_workbench.audit.inputs import CALIBRATION
+from fca_workbench.audit.session import ReplaySession
 from fca_workbench.errors import UserError
 from fca_workbench.resources import inside_folder
 from fca_workbench.results.layout import PROFILES_FILE
 from fca_workbench.results.profiles import verified_profiles
-
-CALIBRATION_BATCH = 16  # windows per capture batch: the audit's CPU default
 
 
 @dataclass
@@ -32,10 +26,10 @@ class ProfileSource:
     audit: dict | None = None
 
 
-def audit_profile(model: ControlledModel, profile: str, audit: dict, folder: Path) -> ProfileSource:
+def audit_profile(session: ReplaySession, profile: str, audit: dict, folder: Path) -> ProfileSource:
     """Profile ``profile`` as the audit in ``folder`` saved it; refused in one line when that audit is of
     another model (its fingerprint differs), saved no profiles, or holds a file it did not write."""
-    if audit["model"]["fingerprint"] != model_fingerprint(model):
+    if audit["model"]["fingerprint"] != session.fingerprint:
         raise UserError(
             f"the audit in {folder} is of another model (its fingerprint differs from this checkpoint's); "
             "export with that audit's checkpoint, or --calib"
@@ -57,24 +51,16 @@ def audit_profile(model: ControlledModel, profile: str, audit: dict, folder: Pat
     )
 
 
-def calibration_profile(
-    model: ControlledModel, tokenizer: PreTrainedTokenizerBase, settings: AuditSettings, profile: str
-) -> ProfileSource:
-    """Profile ``profile`` estimated as the audit does: the calibration windows of ``settings`` (``--calib``,
-    else the shipped split) captured, then ``calibration_profiles``."""
-    path, windows = audit_windows(settings, "calibration", model, tokenizer)
-    with tempfile.TemporaryDirectory(prefix="fca-export-calibration-") as folder:
-        cache = capture(model, windows, folder, batch_size=CALIBRATION_BATCH, desc="capture calibration")
-        profiles = calibration_profiles(cache)
-    if profile not in profiles:
-        raise UserError(f"profile '{profile}' is for top-k routers; this model's are {', '.join(sorted(profiles))}")
-    return ProfileSource(profile, profiles[profile], data_summary(path, windows))
+def calibration_profile(session: ReplaySession, profile: str) -> ProfileSource:
+    """Profile ``profile`` estimated as the audit does, from the session's calibration windows (``--calib``,
+    else the shipped split)."""
+    return ProfileSource(profile, session.profiles[profile], session.data_summary(CALIBRATION))
 
 
 def static_coefficients(source: ProfileSource, slot_shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
     """Per controller, the one coefficient ``[*slot]`` the profile assigns to every token (float32, as the
-    audit replays it); a profile that varies with the position (``layer_position_mean``) is refused: a
-    static model has one set of weights for every position."""
+    audit replays it); a profile that varies with the position is refused (``export_static`` refuses its name
+    before any work): a static model has one set of weights for every position."""
     if len(source.layers) != len(slot_shapes):
         raise UserError(
             f"the '{source.name}' profile has {len(source.layers)} layers, the model {len(slot_shapes)} controllers"

@@ -16,7 +16,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from fca_workbench.models.hub import recorded_name
-from fca_workbench.results.conditions import ALL_CONDITIONS, CONDITIONS, HEADLINE_CONDITIONS, RETENTION_PROFILES
+from fca_workbench.results.conditions import (
+    ALL_CONDITIONS,
+    CONDITIONS,
+    HEADLINE_CONDITIONS,
+    LAYER_MEAN_TOPK,
+    RETENTION_PROFILES,
+)
 from fca_workbench.results.report import nll_label
 from fca_workbench.results.seeds import summarise
 from fca_workbench.results.tables import Column, make_table
@@ -373,7 +379,7 @@ DYNAMICS_COLUMNS = [
 
 ROUTER_DYNAMICS_COLUMNS = [  # what a run of a model with top-k routers logs besides
     Column("delta_layer_mean_topk", "ΔNLL layer_mean_topk", "delta"),
-    Column("retention_layer_mean_topk", "layer_mean_topk", "pct"),
+    Column(f"retention_{LAYER_MEAN_TOPK}", LAYER_MEAN_TOPK, "pct"),
     Column("expert_fraction_executed", "expert fraction executed", "float"),
 ]
 

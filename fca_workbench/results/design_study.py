@@ -17,7 +17,7 @@ from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import read_json, schema_problem
 from fca_workbench.resources import inside_folder, shipped
 from fca_workbench.results.audit_tables import seed_summary
-from fca_workbench.results.conditions import REASSIGNMENTS
+from fca_workbench.results.conditions import LAYER_MEAN, REASSIGNMENTS, REFERENCE
 from fca_workbench.results.layout import MODEL_CARD_FILE, STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
 from fca_workbench.results.tables import Column, make_table
@@ -122,10 +122,10 @@ def summary_schema() -> dict:
             "variant": {"type": "string", "minLength": 1},
             "seed": {"type": "integer", "minimum": 0},
             "eval_nll": {"$ref": "#/$defs/number"},
-            "conditions": requiring("conditions", ["correct", *REASSIGNMENTS]),
+            "conditions": requiring("conditions", [REFERENCE, *REASSIGNMENTS]),
             "retention": {
-                **requiring("retention", ["layer_mean"]),
-                "properties": {"layer_mean": {**audit["$defs"]["retention"], "properties": RETENTION_PROPERTIES}},
+                **requiring("retention", [LAYER_MEAN]),
+                "properties": {LAYER_MEAN: {**audit["$defs"]["retention"], "properties": RETENTION_PROPERTIES}},
             },
             "variance": {**audit["properties"]["variance"], "type": "object"},
         },

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fca_workbench.results.audit_tables import model_name
-from fca_workbench.results.conditions import REASSIGNMENTS, RETAINED
+from fca_workbench.results.conditions import LIVE_RUN, REASSIGNMENTS, REFERENCE, RETAINED
 from fca_workbench.results.tables import Column, make_table
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
@@ -73,7 +73,7 @@ def overview_row(audit: dict, name: str) -> dict:
         "arch": audit["model"]["arch"],
         "params": audit["model"]["params"],
         "eval_windows": audit["data"]["eval"]["windows"],
-        "nll_correct": (conditions.get("correct") or conditions["unperturbed"])["nll"],  # the same without controller
+        "nll_correct": (conditions.get(REFERENCE) or conditions[LIVE_RUN])["nll"],  # the same without controller
         "best_profile": profile,
         "best_retention": retention,
         **{key: (audit["variance"] or {}).get(key) for key in ("r2_layer", "r2_layer_slot")},

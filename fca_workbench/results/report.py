@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Iterable
 
 from fca_workbench.adapters.families import DELTA_RULE_GATE, LSTM_GATE, SELECTIVE_GATE, SELECTIVE_SSM
+from fca_workbench.results.conditions import REFERENCE
 
 # What a static profile (global_mean ... layer_position_mean) makes of a controller kind, where it is more
 # than "the controller without its input".
@@ -93,7 +94,7 @@ def variation_figures(audit: dict) -> list[str]:
 
 
 def assignment_figures(audit: dict) -> list[str]:
-    rows = [f"Δ{name:23s}{c['delta']:+10.4f}" for name, c in audit["conditions"].items() if name != "correct"]
+    rows = [f"Δ{name:23s}{c['delta']:+10.4f}" for name, c in audit["conditions"].items() if name != REFERENCE]
 
     rows += [
         f"ret. {name:19s}" + ("       n/a" if r["value"] is None else f"{r['value']:>10.2%}")

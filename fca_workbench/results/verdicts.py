@@ -8,6 +8,7 @@ finite: ``verdicts`` refuses the audit instead (``require_finite_figures``).
 import math
 
 from fca_workbench.errors import UserError
+from fca_workbench.results.conditions import CROSS_INPUT, LAYER_MEAN, TOKEN_SHUFFLE
 
 JUDGED = ("conditions", "retention", "variance", "variation", "execution", "per_layer")  # what the verdicts read
 
@@ -58,9 +59,9 @@ def variation_verdict(audit: dict) -> str:
 
 def assignment_verdict(audit: dict) -> str:
     conditions, retention = audit["conditions"], audit["retention"]
-    if "cross_input" not in conditions:
+    if CROSS_INPUT not in conditions:
         return "No controller: there are no coefficients to reassign."
-    cross, shuffle, static = conditions["cross_input"], conditions["token_shuffle"], retention["layer_mean"]
+    cross, shuffle, static = conditions[CROSS_INPUT], conditions[TOKEN_SHUFFLE], retention[LAYER_MEAN]
     significant = cross["delta_ci95"][0] > 0 or shuffle["delta_ci95"][0] > 0
     penalties = (
         f"cross-input reassignment changes NLL by {cross['delta']:+.4f} nats "
@@ -85,7 +86,7 @@ def per_layer_sentence(audit: dict) -> str:
     largest, significant = carrying_layers(rows)
     if largest is None:
         return ""
-    delta = next(r["delta"] for r in rows if r["layer"] == largest and r["condition"] == "cross_input")
+    delta = next(r["delta"] for r in rows if r["layer"] == largest and r["condition"] == CROSS_INPUT)
     listed = ", ".join(map(str, significant)) or "none"
     return (
         f" Per layer (each alone, the others correct): cross-input reassignment costs most at layer {largest} "
@@ -119,7 +120,7 @@ def execution_verdict(audit: dict) -> str:
     )
 
 
-def carrying_layers(rows: list[dict], condition: str = "cross_input") -> tuple[int | None, list[int]]:
+def carrying_layers(rows: list[dict], condition: str = CROSS_INPUT) -> tuple[int | None, list[int]]:
     """The layer with the largest ΔNLL under ``condition``, and the layers whose ΔNLL CI excludes 0."""
     chosen = [row for row in rows if row["condition"] == condition]
     if not chosen:

@@ -1,0 +1,91 @@
+"""What a replay session is opened on: the controlled model and its tokenizer, and the windows of a data split,
+each problem a one-line ``UserError`` before any capture."""
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.placement import check_device, placed, placement
+from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
+from fca_workbench.errors import UserError
+from fca_workbench.files import fingerprint_tensor
+from fca_workbench.models.hub import Checkpoint, resolve_checkpoint
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # settings.DTYPE_NAMES
+EVAL, CALIBRATION = "eval", "calibration"  # the two data splits a session reads
+
+
+def load_audit_model(
+    settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE, checkpoint: Checkpoint | None = None
+) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
+    """The controlled model (on the settings' device and dtype, or placed across devices, CPU and disk by
+    big-model inference: ``placement.placement``, its offload folder outside the checkpoint, the output folder and
+    the cache, under torchrun on this rank's own devices) and its tokenizer, checked against each other, both
+    from ``checkpoint`` (default: ``settings.checkpoint`` resolved, ``models.hub``)."""
+    check_device(settings.device)
+    checkpoint = checkpoint or resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
+    outside = {"checkpoint": checkpoint.folder, "coefficient cache": settings.cache, "output folder": out}
+    place = placement(
+        settings.device_map, settings.max_memory, settings.offload_folder, settings.device, outside, ranks
+    )
+    folder = checkpoint.folder
+    model = placed(  # offloaded weights, if any, removed with the model
+        place,
+        lambda place: load_controlled(
+            folder,
+            DTYPES[settings.dtype],
+            settings.controllers,
+            settings.trust_remote_code,
+            settings.only_controllers,
+            place,
+        ),
+    )
+    if settings.device_map is None:
+        model.to(settings.device)
+    tokenizer = load_tokenizer(folder)
+    if len(tokenizer) > model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer in {settings.checkpoint} has {len(tokenizer)} tokens, more than the model's "
+            f"vocabulary of {model.config.vocab_size}: they do not belong together"
+        )
+    return model, tokenizer
+
+
+def window_length(settings: AuditSettings, model: ControlledModel) -> int:
+    """Tokens per window: the settings' own, else min(256, the model's context); longer than the context is refused."""
+    window = settings.window or min(256, model.context_length)
+    if window > model.context_length:
+        raise UserError(f"window of {window} tokens is longer than the model's context of {model.context_length}")
+    return window
+
+
+def audit_windows(
+    settings: AuditSettings, split: str, model: ControlledModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[Path, torch.Tensor]:
+    """The text file of ``split`` (``eval`` or ``calibration``: the settings' own, else the shipped split) and
+    its windows of ``window_length`` tokens."""
+    window = window_length(settings, model)
+    given = settings.eval if split == EVAL else settings.calibration
+    path = Path(given) if given else split_path(split)
+    windows = load_windows(path, tokenizer, window, settings.max_windows)
+    if split == EVAL and len(windows) < 2:
+        raise UserError(f"{path} gives {len(windows)} window of {window} tokens; the audit needs at least 2")
+    return path, windows
+
+
+def data_summary(path: Path, windows: torch.Tensor) -> dict:
+    """What ``audit.json`` records of a split's data: its file, windows and their fingerprint."""
+    return {
+        "source": str(path.resolve()),
+        "windows": len(windows),
+        "window": windows.shape[1],
+        "tokens": windows.numel(),
+        "fingerprint": fingerprint_tensor(windows),
+    }
