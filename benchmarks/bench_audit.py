@@ -10,6 +10,7 @@ Writes benchmarks/results/bench_audit.json and .md:
 """
 
 import argparse
+import functools
 import json
 import resource
 import subprocess
@@ -83,15 +84,15 @@ def main() -> None:
     tokenizer = load_tokenizer(args.checkpoint)
     windows = load_windows(split_path("eval"), tokenizer, 256, args.windows)
     calib = load_windows(split_path("calibration"), tokenizer, 256, args.windows)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         plain_forward(model, windows[: args.batch_size], args.batch_size)  # warm-up
         forward = timed(lambda: plain_forward(model, windows, args.batch_size))
         capture_seconds = timed(lambda: capture(model, windows, tmp / "eval", batch_size=args.batch_size))
         cache = capture(model, windows, tmp / "eval", batch_size=args.batch_size)
         profiles = static_profiles(capture(model, calib, tmp / "calib", batch_size=args.batch_size).batches())
         replay = {
-            condition: timed(lambda c=condition: replay_nll(model, windows, cache, c, profiles, seed=0))
+            condition: timed(functools.partial(replay_nll, model, windows, cache, condition, profiles, seed=0))
             for condition in CONDITIONS
         }
         settings = AuditSettings(checkpoint=args.checkpoint, max_windows=args.windows, batch_size=args.batch_size)

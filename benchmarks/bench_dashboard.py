@@ -29,6 +29,7 @@ Writes benchmarks/results/bench_dashboard.json and .md (a section skipped keeps 
 
 import argparse
 import asyncio
+import functools
 import html
 import json
 import os
@@ -45,6 +46,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,17 +107,19 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
     session = DashboardSession()
     conditions = ("cross_input", "token_shuffle", "layer_mean")
     intervened = {
-        c: session.condition_coefficients(name, shared, text, prefix, c, 0, shared.donor_for(0, 0)) for c in conditions
+        c: session.condition_values(name, shared, text, prefix, c, 0, shared.donor_for(0, 0)) for c in conditions
     }
-    full, cached, per_layer = [], [], {layer: {"full": [], "prefix": []} for layer in range(shared.num_layers)}
+    full: list[float] = []
+    cached: list[float] = []
+    per_layer: dict[int, dict[str, list[float]]] = {l: {"full": [], "prefix": []} for l in range(shared.num_layers)}
     for repeat in range(repeats):
         for layer in range(shared.num_layers):
             condition = conditions[(repeat + layer) % len(conditions)]
-            coefficients = restrict_to_layer(intervened[condition], prefix.coefficients, layer)
+            values = restrict_to_layer(intervened[condition], prefix.values, layer)
             if repeat == 0:  # exactness, once per layer
-                assert torch.equal(prefix.logits(coefficients, layer), model(ids, coefficients=coefficients).logits)
-            t_full = timed_ms(lambda c=coefficients: model(ids, coefficients=c))
-            t_prefix = timed_ms(lambda c=coefficients, l=layer: prefix.logits(c, l))
+                assert torch.equal(prefix.logits(values, layer), model.replay_run(ids, values))
+            t_full = timed_ms(functools.partial(model.replay_run, ids, values))
+            t_prefix = timed_ms(functools.partial(prefix.logits, values, layer))
             full.append(t_full)
             cached.append(t_prefix)
             per_layer[layer]["full"].append(t_full)
@@ -174,11 +178,11 @@ class Client:
 
     def __init__(self, url: str, timeout: float = 120):
         self.closing = False
-        self.error = None
+        self.error: Exception | None = None
         self.full = False  # got the "server is full" page instead of the app
         self.ready = threading.Event()
         self.update = 0
-        self.server_ms = None
+        self.server_ms: float | None = None
         self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
         self.thread.start()
         if not self.ready.wait(timeout) or self.error:
@@ -197,7 +201,7 @@ class Client:
         try:
             asyncio.set_event_loop(asyncio.new_event_loop())
             self.session = pull_session(url=url)
-            self.widgets = {}
+            self.widgets: dict[str, Any] = {}  # Bokeh models by CSS class
             self.connection = self.session._connection
             # what a browser sends once drawn: the server builds the app (or the "full" page) only then
             self.session.document.callbacks.send_event(DocumentReady())
@@ -221,6 +225,8 @@ class Client:
         return self.full or "fca-status" in self.widgets
 
     async def _pump(self):
+        from bokeh.protocol.messages.patch_doc import patch_doc
+
         # Read whole messages one after another and apply the document patches. (The client's own loop,
         # ``_loop_until``, recurses once per message and overflows the stack after a few hundred.)
         while not self.closing:
@@ -230,7 +236,7 @@ class Client:
                     self.error = RuntimeError("the session closed before its page arrived")
                     self.ready.set()
                 return
-            if message.msgtype == "PATCH-DOC":
+            if isinstance(message, patch_doc):
                 self.session._handle_patch(message)
                 if not self.ready.is_set() and self._found():
                     self.ready.set()
@@ -365,7 +371,8 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
             client.wait_for_audit(audit, 120)
         client.close()
 
-    single, single_server = [], []
+    single: list[float] = []
+    single_server: list[float | None] = []
 
     def alone():  # one session on its own: the latency without queueing behind other sessions
         client = Client(url)
@@ -397,7 +404,10 @@ def drive(server, url, names, sessions, duration, log_path) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    latencies, server_side, errors, lock = [], [], [], threading.Lock()
+    latencies: list[float] = []
+    server_side: list[float | None] = []
+    errors: list[str] = []
+    lock = threading.Lock()
     results_latencies = []
     clients_open = []
     end = time.monotonic() + duration
@@ -623,7 +633,7 @@ def model_memory(names: list[str], registry: Registry, calibration_windows) -> d
 
 def memory_run(names: list[str], registry: Registry, args) -> dict:
     with_coefficients = [n for n in names if "dense" not in n] or names
-    result = {
+    result: dict[str, Any] = {
         "seeds": seed_memory(
             with_coefficients[0],
             registry.folder(with_coefficients[0]),

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -164,7 +165,7 @@ def gpu_single_rank(args) -> int:
         print("bench_distributed: no CUDA device visible to torch (use --tiny to run on the CPU)", file=sys.stderr)
         return 2
     device = "cpu" if args.tiny else "cuda"
-    fields = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}
+    fields: dict[str, Any] = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}
     if args.tiny:
         fields.update(TINY_OVERRIDES)
     tokenizer = load_tokenizer()  # the shipped one: 4096 tokens, within the 1.4B vocabulary of 50432

@@ -33,7 +33,7 @@ def time_notebook(folder: Path) -> dict:
             f"out = {str(folder / 'out')!r}\naudits = {str(folder / 'audits')!r}\ncache = {str(folder / 'cache')!r}"
         ),
     )
-    replies = {}
+    replies: dict[int, float] = {}
     start = time.perf_counter()
     client = NotebookClient(
         nb,

@@ -17,6 +17,7 @@ Writes benchmarks/results/bench_export.json and .md.
 """
 
 import argparse
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -67,7 +68,7 @@ def main() -> None:
         weight_bytes = {name: (f / "model.safetensors").stat().st_size for name, f in folders.items()}
     windows = load_windows(split_path("eval"), load_tokenizer(args.checkpoint), WINDOW, args.eval_windows)
     batch = windows[: args.batch_size]
-    seconds, _ = best_of_each(args.repeats, {name: lambda m=m: m(batch) for name, m in models.items()})
+    seconds, _ = best_of_each(args.repeats, {name: functools.partial(m, batch) for name, m in models.items()})
     experts = {"E": models["original"].config.num_local_experts, "k": models["exported"].config.num_local_experts}
     params = {name: m.num_parameters() for name, m in models.items()}
     expert_params = {name: expert_parameters(m) for name, m in models.items()}

@@ -75,7 +75,7 @@ def main() -> None:
     }
     for operation in operations.values():  # warm-up
         operation()
-    seconds = {name: [] for name in operations}
+    seconds: dict[str, list[float]] = {name: [] for name in operations}
     for _ in range(args.repeats):
         for name, operation in operations.items():
             seconds[name].append(timed(operation))

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from filelock import FileLock
@@ -57,10 +57,19 @@ NAME = "real_shapes"
 STATIC = ("layer_mean", "layer_mean_topk")
 GOALS = {"capture_over_forward_nll": 1.05, "replay_over_forward_nll": 1.02, "cache_over_coefficients": 1.01}
 
-# name: (config class or "muddpythia", real fields, tiny fields, window, tiny window, dtypes on this CPU)
+
+class Shape(NamedTuple):
+    kind: str  # a transformers config class's name, or "muddpythia"
+    real: dict[str, int]  # config fields at the real width
+    tiny: dict[str, int]  # config fields with ``--tiny``
+    window: int
+    tiny_window: int
+    dtypes: tuple[str, ...]  # those it runs in on this CPU
+
+
 SHAPES = {
-    "muddpythia-1.4b": ("muddpythia", {}, TINY_OVERRIDES, 2048, 64, ("float32", "bfloat16")),
-    "mixtral-8x7b-2l": (
+    "muddpythia-1.4b": Shape("muddpythia", {}, TINY_OVERRIDES, 2048, 64, ("float32", "bfloat16")),
+    "mixtral-8x7b-2l": Shape(
         "MixtralConfig",
         dict(num_hidden_layers=2),
         dict(
@@ -75,7 +84,7 @@ SHAPES = {
         32,
         ("bfloat16",),  # fp32: 12.3 GB of weights, over this machine's share of memory
     ),
-    "olmoe-1b-7b-2l": (
+    "olmoe-1b-7b-2l": Shape(
         "OlmoeConfig",
         dict(num_hidden_layers=2, intermediate_size=1024),  # OlmoeConfig's default is 2048; OLMoE-1B-7B's 1024
         dict(
@@ -92,7 +101,7 @@ SHAPES = {
         32,
         ("float32", "bfloat16"),
     ),
-    "mamba-2.8b-2l": (
+    "mamba-2.8b-2l": Shape(
         "MambaConfig",
         dict(hidden_size=2560, num_hidden_layers=2, vocab_size=50280),
         dict(hidden_size=64, num_hidden_layers=2, vocab_size=512, state_size=8),
@@ -122,7 +131,7 @@ def build(shape: str, tiny: bool, dtype: torch.dtype, device: torch.device):
     kind, real, small, *_ = SHAPES[shape]
     fields = small if tiny else real
     if kind == "muddpythia":
-        config = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"} | fields
+        config: dict[str, Any] = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"} | fields
         return build_model(MUDDPythiaConfig(**config), dtype, device), None
     import transformers
 
@@ -178,7 +187,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
     model, default_experts = build(shape, args.tiny, dtype, device)
     build_s = time.perf_counter() - started
     rss_built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    window = args.window or SHAPES[shape][4 if args.tiny else 3]
+    window = args.window or (SHAPES[shape].tiny_window if args.tiny else SHAPES[shape].window)
     vocab = model.config.vocab_size
     windows = torch.randint(0, vocab, (args.windows, window), generator=torch.Generator().manual_seed(1234))
     batch = windows.to(device)
@@ -200,6 +209,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         return next_token_nll(logits_of(model, batch), batch)
 
     def default_forward_nll():
+        assert hf is not None  # a model with experts: a transformers one, under the adapter
         hf.set_experts_implementation(default_experts)
         try:
             return forward_nll()
@@ -229,6 +239,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
                 for name, value in times.items():
                     seconds[name].append(value)
         fingerprint_s = timed(lambda: model_fingerprint(model))[0]
+        assert cache is not None  # captured in every round, the warm-up included
         unperturbed = cache.nll(torch.arange(len(windows)))
         sizes = stored_bytes(cache.folder)
         coefficient_bytes = windows.numel() * sum(torch.Size(s).numel() for s in model.coefficient_slot_shapes) * 4
@@ -374,14 +385,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.shape is not None:
-        for dtype in [args.dtype] if args.dtype else SHAPES[args.shape][5]:
+        for dtype in [args.dtype] if args.dtype else SHAPES[args.shape].dtypes:
             entry = measure(args.shape, dtype, args)
             with FileLock(Path(tempfile.gettempdir()) / f".{NAME}.lock"):  # shapes run side by side share one file
                 write(out, merge(out, entry))
         return 0
     failed = []
     for shape, spec in SHAPES.items():
-        dtypes = ("float32", "bfloat16") if args.tiny or args.device != "cpu" else spec[5]
+        dtypes = ("float32", "bfloat16") if args.tiny or args.device != "cpu" else spec.dtypes
         for dtype in dtypes:
             command = [sys.executable, __file__, "--shape", shape, "--dtype", dtype, "--out", str(out)]
             command += ["--device", args.device, "--windows", str(args.windows), "--repeats", str(args.repeats)]

@@ -52,10 +52,12 @@ def sweep_limit(
     prefix = PrefixCache(model, batch, coefficients=coefficients)
     output, _, _ = model.run_blocks(model.embed(batch), 0, coefficients)
     starts = [model.resume_layer(layer) for layer in range(layers)]
+    states = prefix.states
+    assert states is not None  # kept for every model that steps layer by layer
 
     def resumed():
         for start in starts:
-            head_nll(model, model.run_blocks(prefix.states[start], start, coefficients)[0], batch)
+            head_nll(model, model.run_blocks(states[start], start, coefficients)[0], batch)
 
     seconds, _ = best_of_each(
         repeats,

@@ -87,7 +87,7 @@ def nnsight_capture(traced, model, windows, batch_size):
     layers, nll = [], []
     for batch in windows.split(batch_size):
         with traced.trace(batch):
-            saved = list().save()
+            saved = list().save()  # type: ignore[attr-defined]  # nnsight mounts .save() on every object
             for envoy in controller_envoys(traced, model):
                 saved.append(envoy.output)
             logits = traced.output.logits.save()
@@ -137,7 +137,7 @@ def nnsight_audit(traced, model, windows, calib, batch_size):
 
 def nnsight_sweep(traced, model, windows, coefficients, profiles, batch_size):
     """Mean NLL of every (layer, condition): L x K full forwards, every controller frozen."""
-    sums = {}
+    sums: dict[tuple[int, str], float] = {}
     for i in torch.arange(len(windows)).split(batch_size):
         correct = nnsight_condition("correct", coefficients, profiles, i)
         for condition in SWEPT:
@@ -162,7 +162,7 @@ def capture_profile(model, windows, batch_size, folder: Path) -> list[tuple[str,
     """cProfile's cumulative seconds of capture's parts, largest first."""
     profiler = cProfile.Profile()
     profiler.runcall(capture, model, windows, folder, batch_size=batch_size)
-    stats = pstats.Stats(profiler).stats
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # undocumented, so absent from typeshed
     parts = {
         "model_fingerprint": "model fingerprint (sha256 of every weight)",
         "fingerprint_tensor": "fingerprints (weights and windows)",
@@ -174,7 +174,7 @@ def capture_profile(model, windows, batch_size, folder: Path) -> list[tuple[str,
         "library_versions": "library versions",
         "capture": "capture, total",
     }
-    found = {}
+    found: dict[str, float] = {}
     for (_, _, name), (_, _, _, cumulative, _) in stats.items():
         if name in parts:
             found[parts[name]] = max(found.get(parts[name], 0.0), cumulative)
@@ -208,8 +208,8 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "repeats": args.repeats,
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         runs = iter(range(10**6))
         seconds, _ = best_of_each(
             args.repeats,

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -38,7 +39,7 @@ from fca_workbench.audit.capture import capture, model_fingerprint
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.models import load_model
 from fca_workbench.models.loading import CODE_FILES_NAMED_BY_AUTO_MAP, OFFICIAL_1P4B_CONFIG
-from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
+from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM, MultiwayDynamicDenseBlock
 from fca_workbench.models.official_layout import save_official
 
 TINY_OVERRIDES = dict(
@@ -68,6 +69,11 @@ class Clock:
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.base = 0  # bytes allocated on entering (CUDA)
+        self.start = 0.0
+        self.seconds = 0.0
+        self.peak: int | None = None  # bytes (CUDA; None elsewhere)
+        self.above_base: int | None = None
 
     def sync(self):
         if self.device.type == "cuda":
@@ -84,9 +90,11 @@ class Clock:
     def __exit__(self, *exc):
         self.sync()
         self.seconds = time.perf_counter() - self.start
-        cuda = self.device.type == "cuda"
-        self.peak = torch.cuda.max_memory_allocated(self.device) if cuda else None
-        self.above_base = self.peak - self.base if cuda else None
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.peak, self.above_base = peak, peak - self.base
+        else:
+            self.peak = self.above_base = None
         return False
 
 
@@ -106,8 +114,8 @@ def build_model(config, dtype, device, seed=0) -> MUDDPythiaForCausalLM:
     finally:
         torch.set_default_dtype(previous)
     with torch.no_grad():
-        for block in model.dynamic_dense:
-            block.w2.weight.normal_(0.0, 0.05)
+        for block in model.dynamic_dense:  # a ModuleList: its items are typed as plain Modules
+            cast(MultiwayDynamicDenseBlock, block).w2.weight.normal_(0.0, 0.05)
         for bias in model.dense_bs:
             bias.add_(0.1 * torch.randn_like(bias))
     return model.eval()
@@ -130,7 +138,7 @@ def main(argv=None) -> int:
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {device}", end="")
     print(f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
-    fields = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}
+    fields: dict[str, Any] = {k: v for k, v in OFFICIAL_1P4B_CONFIG.items() if k != "auto_map"}
     if args.tiny:
         fields.update(TINY_OVERRIDES)
     config = MUDDPythiaConfig(**fields)
@@ -161,7 +169,7 @@ def main(argv=None) -> int:
 
         # 3: load it back the way the audit does
         with clock:
-            model = load_model(folder, dtype).to(device)
+            model = load_model(folder, dtype).to(device)  # type: ignore[arg-type]  # transformers: @wraps(Module.to)
         print(f"load_model + .to({device}): {clock.seconds:.1f} s")
         results["load_s"] = clock.seconds
         saved, loaded = original.state_dict(), model.state_dict()
@@ -220,7 +228,7 @@ def main(argv=None) -> int:
             }
         if device.type == "cuda":
             overall = torch.cuda.max_memory_allocated(device)
-            measured = max(p.above_base for p in phases.values()) / batch_size
+            measured = max(p.above_base for p in phases.values() if p.above_base is not None) / batch_size
             print(
                 f"\npeak GPU memory of the last phase {gib(overall)}; measured per window {gib(measured)}"
                 f" vs estimate {gib(estimate)} (audit_batch_size divides free memory by 1.5 x estimate)"

@@ -2,11 +2,15 @@
 ``sys.path``)."""
 
 import time
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def best_of(repeats: int, fn):
-    """(fastest wall time, result of the last call)."""
-    times, result = [], None
+def best_of(repeats: int, fn: Callable[[], T]) -> tuple[float, T]:
+    """(fastest wall time, result of the last call) of ``repeats`` (at least one) calls."""
+    times: list[float] = []
     for _ in range(repeats):
         start = time.perf_counter()
         result = fn()
@@ -14,10 +18,11 @@ def best_of(repeats: int, fn):
     return min(times), result
 
 
-def best_of_each(repeats: int, fns: dict):
+def best_of_each(repeats: int, fns: Mapping[str, Callable[[], T]]) -> tuple[dict[str, float], dict[str, T]]:
     """({name: fastest wall time}, {name: result of its last call}) of the callables ``fns``, which take turns
     in every round, so load that drifts on a shared machine falls on each of them alike."""
-    times, results = {name: [] for name in fns}, {}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, T] = {}
     for _ in range(repeats):
         for name, fn in fns.items():
             start = time.perf_counter()
@@ -26,7 +31,7 @@ def best_of_each(repeats: int, fns: dict):
     return {name: min(seconds) for name, seconds in times.items()}, results
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     """Wall time of one call."""
     start = time.perf_counter()
     fn()
