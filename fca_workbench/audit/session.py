@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,7 +68,7 @@ class ReplaySession:
     def __init__(
         self,
         model: ControlledModel,
-        splits: dict[str, Callable[[], Split]],
+        splits: Mapping[str, Callable[[], Split]],
         *,
         cache_root: Path | None,
         seed: int = 0,
@@ -80,7 +80,7 @@ class ReplaySession:
         settings: AuditSettings | None = None,
         lock: threading.Lock | None = None,
     ) -> None:
-        self.model, self.tokenizer, self.checkpoint, self.settings = model, tokenizer, checkpoint, settings
+        self.model, self._tokenizer, self.checkpoint, self.settings = model, tokenizer, checkpoint, settings
         self.cache_root, self.seed, self.device, self.ranks = cache_root, seed, device, ranks
         self.lock = lock or threading.Lock()
         self._splits = splits
@@ -127,6 +127,12 @@ class ReplaySession:
         return session
 
     # -- inputs -----------------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        if self._tokenizer is None:
+            raise ValueError("a session opened on windows handed in has no tokenizer")
+        return self._tokenizer
 
     def split(self, split: str) -> Split:
         """The text file and windows of ``split``, read once."""

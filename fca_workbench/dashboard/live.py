@@ -115,7 +115,7 @@ class SharedModel:
                     needed = {c for c in self.conditions if condition_named(c).static}
                     saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
                     if saved is not None:
-                        self.session.use_profiles(saved, said)
+                        self.session.use_profiles(saved, said or "an audit's saved profiles")
                         self.profiles_source = said
                         return saved
                     self.profiles_refused = said
