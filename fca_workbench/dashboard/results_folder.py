@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 from fca_workbench import tables
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.results.frames import read_audit_json
 from fca_workbench.results.layout import AUDIT_FILE, CACHE_DIR, FIGURES_DIR, NOTEBOOKS_DIR, PROFILES_FILE, TABLES_DIR
 from fca_workbench.results.profiles import verified_profiles
+from fca_workbench.results.schema import read_audit_json
 
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
 PRUNED = {CACHE_DIR, TABLES_DIR, FIGURES_DIR, NOTEBOOKS_DIR, "__pycache__"}  # hold no audit.json, may hold many files

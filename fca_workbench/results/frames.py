@@ -8,7 +8,6 @@ per-token file the audit leaves behind. pandas is imported here, never by ``impo
 from __future__ import annotations
 
 import functools
-import reprlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +20,7 @@ from fca_workbench.models.hub import recorded_name
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
-from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
+from fca_workbench.results.schema import read_audit_json
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
@@ -96,26 +95,6 @@ def check_downstream(downstream: object, path: Path) -> None:
     problem = schema_problem(downstream, DOWNSTREAM_JSON_SCHEMA)
     if problem:
         raise UserError(f"{path} is not a valid {DOWNSTREAM_SCHEMA} file ({problem})")
-
-
-def read_audit_json(path: str | Path) -> tuple[dict, Path]:
-    """The audit dict and its folder; a missing, truncated or foreign file is a one-line ``UserError``."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / AUDIT_FILE
-    if not path.is_file():
-        raise UserError(f"no {AUDIT_FILE} in {path.parent}" if path.name == AUDIT_FILE else f"not found: {path}")
-    try:
-        audit = read_json(path, expect=None)
-    except UserError as exc:
-        raise UserError(f"not a complete {AUDIT_FILE}: {exc}") from None
-    if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
-        found = reprlib.repr(audit.get("schema")) if isinstance(audit, dict) else type(audit).__name__
-        raise UserError(f"{path} is not an FCA audit (schema {found}, expected {AUDIT_SCHEMA!r})")
-    problem = schema_problem(audit, audit_json_schema())
-    if problem:
-        raise UserError(f"{path} is not a valid FCA audit ({problem})")
-    return audit, path.parent
 
 
 def _split_ci(value) -> tuple:
