@@ -33,6 +33,7 @@ from fca_workbench.data.windows import load_windows, window_sampling
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.models.hub import Checkpoint, checkpoint_name, resolve_checkpoint
+from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
@@ -400,7 +401,8 @@ def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor
     ``audit``), the per-token NLLs, then ``audit.json`` (strict JSON), so a failure leaves no ``audit.json``."""
     validate_audit(audit)
     if profiles is not None:
-        audit["static_profiles"] = {"sha256": save_profiles(out / PROFILES_FILE, profiles)}
-    for name, data in per_token_files(per_token, windows).items():  # CSV, and Parquet with pyarrow
+        bound = audit_binding(audit, ["calibration"])  # the profiles': the model and the calibration windows
+        audit["static_profiles"] = {"sha256": save_profiles(out / PROFILES_FILE, profiles, bound)}
+    for name, data in per_token_files(per_token, windows, audit_binding(audit)).items():  # CSV, Parquet with pyarrow
         write_atomic(out / name, data)
     write_json(out / AUDIT_FILE, audit)

@@ -17,9 +17,10 @@ import numpy as np
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.models.hub import recorded_name
+from fca_workbench.results.binding import RERUN_AUDIT, audit_binding, check_binding
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
-from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
+from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow, per_token_binding
 from fca_workbench.results.schema import read_audit_json
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
@@ -184,6 +185,9 @@ class AuditResults:
         path = parquet if parquet.is_file() and _has_pyarrow() else csv
         if not path.is_file():
             raise UserError(f"no {PER_TOKEN_CSV} in {self.folder}")
+        check_binding(
+            per_token_binding(path), audit_binding(self.audit), str(path), f"the {AUDIT_FILE} beside it", RERUN_AUDIT
+        )
         with reading(f"{path} cannot be read"):  # truncated gzip / Parquet, wrong bytes: the same to the user
             wide = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
         conditions = [c for c in wide.columns if c not in PER_TOKEN_KEYS]
