@@ -41,6 +41,7 @@ from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
 from fca_workbench.files import reading, write_json
 from fca_workbench.resources import inside_folder
+from fca_workbench.results.binding import check_folder_binding
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.results.outputs import mark_output, refuse_foreign
@@ -127,6 +128,8 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     loaded = load_tasks(manager, tasks, settings.seed)  # a task whose data is not on disk: one line, before the model
     audit_settings = settings.audit_settings()
     model, tokenizer = load_audit_model(audit_settings)
+    fingerprint = model_fingerprint(model)
+    check_folder_binding(out, fingerprint)  # another model's audit folder: refused before any work
     conditions = eval_conditions(settings.conditions, bool(model.controllers))
     calib_path, calib_windows = audit_windows(audit_settings, "calibration", model, tokenizer)
     audit_settings = with_batch_size(audit_settings, model, calib_windows, out)
@@ -153,7 +156,7 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
             "model": {
                 "path": str(Path(settings.checkpoint).resolve()),
                 "arch": model.arch,
-                "fingerprint": model_fingerprint(model),
+                "fingerprint": fingerprint,
             },
             "settings": {
                 "tasks": settings.tasks,

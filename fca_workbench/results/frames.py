@@ -10,14 +10,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.models.hub import recorded_name
-from fca_workbench.results.binding import RERUN_AUDIT, audit_binding, check_binding
+from fca_workbench.results.binding import FINGERPRINT, RERUN_AUDIT, audit_binding, check_binding, downstream_binding
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow, per_token_binding
@@ -63,7 +63,12 @@ DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_wor
     "required": ["schema", "model", "settings", "calibration", "tasks"],
     "properties": {
         "schema": {"const": DOWNSTREAM_SCHEMA},
-        "model": {"type": "object", "required": ["path", "arch", "fingerprint"]},
+        "model": {
+            "type": "object",
+            "required": ["path", "arch", "fingerprint"],
+            "properties": {"fingerprint": FINGERPRINT},
+        },
+        "calibration": {"type": "object", "properties": {"fingerprint": FINGERPRINT}},
         "settings": {"type": "object", "required": ["tasks", "conditions", "limit", "seed", "dtype", "lm_eval"]},
         "tasks": {
             "type": "object",
@@ -96,6 +101,19 @@ def check_downstream(downstream: object, path: Path) -> None:
     problem = schema_problem(downstream, DOWNSTREAM_JSON_SCHEMA)
     if problem:
         raise UserError(f"{path} is not a valid {DOWNSTREAM_SCHEMA} file ({problem})")
+
+
+def read_downstream(path: Path, audit: dict) -> dict:
+    """The ``downstream.json`` at ``path`` beside ``audit`` (its ``audit.json``), refused in one line when it is
+    not ``fca-downstream/1`` or is of another model than the audit's (``binding.check_binding``)."""
+    read = read_json(path)
+    check_downstream(read, path)
+    downstream = cast(dict, read)  # checked just above
+    advice = "run fca eval with the audit's own checkpoint, or keep that downstream.json in another folder"
+    check_binding(
+        downstream_binding(downstream), audit_binding(audit, ()), str(path), f"the {AUDIT_FILE} beside it", advice
+    )
+    return downstream
 
 
 def _split_ci(value) -> tuple:
@@ -165,9 +183,8 @@ class AuditResults:
         path = self.folder / DOWNSTREAM_FILE
         rows = []
         if path.is_file():
-            downstream = read_json(path)
-            check_downstream(downstream, path)
-            for task, entry in downstream["tasks"].items():  # type: ignore[index]  # checked just above
+            downstream = read_downstream(path, self.audit)
+            for task, entry in downstream["tasks"].items():
                 for condition, metrics in entry["conditions"].items():
                     rows += [((task, condition, m), *(f[k] for k in DOWNSTREAM_COLUMNS)) for m, f in metrics.items()]
         frame = _numbers([row[1:] for row in rows], DOWNSTREAM_COLUMNS)
