@@ -42,7 +42,7 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
     kept = _RENDERED.get(version)
     if kept is not None:
         return kept
-    made = audit_tables(entry.valid_audit) + downstream_tables(entry.folder)
+    made = audit_tables(entry.valid_audit) + downstream_tables(entry.folder, entry.valid_audit)
     parts = [
         (
             t.attrs["name"],

@@ -134,14 +134,15 @@ def test_load_audit_reads_downstream_beside_audit_json(shipped_eval):
     assert list(frame.columns) == ["task", "condition", "metric", "value", "stderr", "retention"]
     figures = downstream["tasks"]["fca_next_line"]["conditions"]
     assert frame.set_index(["condition"])["value"].to_dict() == {c: f["acc"]["value"] for c, f in figures.items()}
-    table = downstream_tables(out)[0]
+    audit = json.loads((out / "audit.json").read_text())
+    table = downstream_tables(out, audit)[0]
     assert table[["condition", "value"]].values.tolist() == [[c, f["acc"]["value"]] for c, f in figures.items()]
     outside = out.parent / "elsewhere.json"
     (out / DOWNSTREAM_FILE).rename(outside)
-    assert load_audit(out).downstream.empty and downstream_tables(out) == []
+    assert load_audit(out).downstream.empty and downstream_tables(out, audit) == []
     (out / DOWNSTREAM_FILE).symlink_to(outside)  # the results view reads nothing outside the folder
     with pytest.raises(UserError, match="outside|inside|resolve"):
-        downstream_tables(out)
+        downstream_tables(out, audit)
     (out / DOWNSTREAM_FILE).unlink()
     outside.rename(out / DOWNSTREAM_FILE)
 

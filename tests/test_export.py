@@ -183,7 +183,10 @@ def test_refusals_are_one_line_and_write_nothing(checkpoints, audits, tmp_path):
     (taken / "mine.txt").write_text("keep me")
     cases = [
         (["--profile", "layer_position_mean", "--audit", audits["featuregate"]], "depends on the position"),
-        (["--profile", "layer_mean_topk", "--audit", audits["featuregate"]], "only for models whose controllers are top-k routers"),
+        (
+            ["--profile", "layer_mean_topk", "--audit", audits["featuregate"]],
+            "only for models whose controllers are top-k routers",
+        ),
         (["--profile", "layer_mean", "--audit", audits["muddpythia"]], "of another model"),
         (["--profile", "correct"], "unknown profile"),
         (["--profile", "layer_mean", "--audit", audits["featuregate"], "--max-windows", "2"], "--audit gives"),

@@ -21,10 +21,12 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.errors import UserError
 from fca_workbench.results import per_token as results_module
+from fca_workbench.results.binding import binding
 from fca_workbench.results.conditions import CONDITIONS
 from fca_workbench.results.per_token import PER_TOKEN_CSV, PER_TOKEN_PARQUET, per_token_files
 
 ARCHS = ("dense", "featuregate", "muddpythia")
+BOUND = binding("0" * 64, {"eval": "1" * 64})  # what a writer is given to bind its file to
 
 
 def settings(checkpoint):
@@ -116,8 +118,8 @@ def test_per_token_writer_keeps_the_format_and_is_deterministic(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     windows = torch.randint(0, 1000, (3, 9), generator=generator)
     per_token = {name: torch.rand(3, 8, generator=generator) * 10 for name in CONDITIONS}
-    files = per_token_files(per_token, windows)
-    assert files == per_token_files(per_token, windows)
+    files = per_token_files(per_token, windows, BOUND)
+    assert files == per_token_files(per_token, windows, BOUND)
     assert files[PER_TOKEN_CSV][4:8] == b"\0\0\0\0"  # gzip mtime 0
     expected = ["window,position,target_token," + ",".join(CONDITIONS)] + [
         f"{w},{t + 1},{int(windows[w, t + 1])}," + ",".join(f"{float(per_token[c][w, t]):.6f}" for c in CONDITIONS)
@@ -129,7 +131,7 @@ def test_per_token_writer_keeps_the_format_and_is_deterministic(monkeypatch):
     for name in CONDITIONS:  # Parquet holds the exact float32 values
         assert np.array_equal(wide[name].to_numpy(), per_token[name].reshape(-1).numpy())
     monkeypatch.setattr(results_module, "_has_pyarrow", lambda: False)  # without the parquet extra: the CSV only
-    assert per_token_files(per_token, windows) == {PER_TOKEN_CSV: files[PER_TOKEN_CSV]}
+    assert per_token_files(per_token, windows, BOUND) == {PER_TOKEN_CSV: files[PER_TOKEN_CSV]}
 
 
 def test_per_layer_rows_when_the_audit_has_them(audits, tmp_path):
@@ -336,9 +338,11 @@ def test_bad_folders_are_one_line_errors(audits, tmp_path):
 def test_profiles_that_are_one_tensor_save_and_load(tmp_path):
     """A controller that routes to no experts has ``layer_mean_topk`` equal to ``layer_mean`` (one tensor);
     the profiles file keeps both, each with its own values."""
-    from fca_workbench.results.profiles import load_profiles, save_profiles
+    from safetensors.torch import load_file
+
+    from fca_workbench.results.profiles import profiles_from_tensors, save_profiles
 
     shared = torch.arange(6.0).reshape(2, 3)
-    save_profiles(tmp_path / "p.safetensors", {"layer_mean": [shared], "layer_mean_topk": [shared]})
-    loaded = load_profiles(tmp_path / "p.safetensors")
+    save_profiles(tmp_path / "p.safetensors", {"layer_mean": [shared], "layer_mean_topk": [shared]}, BOUND)
+    loaded = profiles_from_tensors(load_file(tmp_path / "p.safetensors"))
     assert torch.equal(loaded["layer_mean"][0], shared) and torch.equal(loaded["layer_mean_topk"][0], shared)

@@ -25,6 +25,7 @@ from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
 from fca_workbench.data.windows import window_sampling
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
 from fca_workbench.models.hub import checkpoint_name, resolve_checkpoint
+from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.per_token import per_token_files
@@ -172,7 +173,8 @@ def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor
     ``audit``), the per-token NLLs, then ``audit.json`` (strict JSON), so a failure leaves no ``audit.json``."""
     validate_audit(audit)
     if profiles is not None:
-        audit["static_profiles"] = {"sha256": save_profiles(out / PROFILES_FILE, profiles)}
-    for name, data in per_token_files(per_token, windows).items():  # CSV, and Parquet with pyarrow
+        bound = audit_binding(audit, ["calibration"])  # the profiles': the model and the calibration windows
+        audit["static_profiles"] = {"sha256": save_profiles(out / PROFILES_FILE, profiles, bound)}
+    for name, data in per_token_files(per_token, windows, audit_binding(audit)).items():  # CSV, Parquet with pyarrow
         write_atomic(out / name, data)
     write_json(out / AUDIT_FILE, audit)

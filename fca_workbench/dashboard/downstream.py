@@ -1,4 +1,5 @@
-"""The results view's downstream table: an audit folder's ``downstream.json`` (``fca eval``), when it has one."""
+"""The results view's downstream table: an audit folder's ``downstream.json`` (``fca eval``), when it has one and
+it is of the audit's model."""
 
 from __future__ import annotations
 
@@ -7,23 +8,23 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.data.windows import file_stamp
 from fca_workbench.downstream.table import downstream_table, gap_table
-from fca_workbench.files import read_json
 from fca_workbench.resources import inside_folder
-from fca_workbench.results.frames import check_downstream
+from fca_workbench.results.frames import read_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def downstream_tables(folder: Path) -> list[pd.DataFrame]:
-    """``[figures, gaps]`` tables of the folder's ``downstream.json`` (read only inside the folder, checked), or ``[]``."""
+def downstream_tables(folder: Path, audit: dict) -> list[pd.DataFrame]:
+    """``[figures, gaps]`` tables of the ``downstream.json`` beside ``audit`` (its folder's ``audit.json``), read
+    only inside the folder and checked (``frames.read_downstream``: its schema, and of the audit's model), or
+    ``[]`` without one."""
     path = inside_folder(folder, DOWNSTREAM_FILE, "the results view")
     if not path.is_file():
         return []
-    downstream = read_json(path)
-    check_downstream(downstream, path)
-    return [downstream_table([downstream]), gap_table([downstream])]  # type: ignore[list-item]  # checked above
+    downstream = read_downstream(path, audit)
+    return [downstream_table([downstream]), gap_table([downstream])]
 
 
 def downstream_version(folder: Path) -> tuple[int, int] | None:

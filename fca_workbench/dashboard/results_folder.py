@@ -23,9 +23,10 @@ from typing import Any, Protocol
 
 from fca_workbench import tables
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.results.frames import read_audit_json
+from fca_workbench.results.binding import binding
 from fca_workbench.results.layout import AUDIT_FILE, CACHE_DIR, FIGURES_DIR, NOTEBOOKS_DIR, PROFILES_FILE, TABLES_DIR
 from fca_workbench.results.profiles import verified_profiles
+from fca_workbench.results.schema import read_audit_json
 
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
 PRUNED = {CACHE_DIR, TABLES_DIR, FIGURES_DIR, NOTEBOOKS_DIR, "__pycache__"}  # hold no audit.json, may hold many files
@@ -227,7 +228,8 @@ def matching_profiles(
 ) -> tuple[AuditEntry, dict] | None:
     """(entry, profiles) of the newest audit of this model whose calibration windows have this fingerprint
     and that saved its static profiles; None when there is none. A UserError saying why when that audit's
-    file is not the one it wrote (``profiles.verified_profiles``: its recorded sha256, parsing, finite)."""
+    file is not the one it wrote (``profiles.verified_profiles``: its recorded sha256, parsing, bound to this
+    model and these calibration windows, finite)."""
     for entry in results.audits_of(shared):
         if entry.valid_audit["data"]["calibration"].get("fingerprint") != calibration_fingerprint:
             continue
@@ -236,7 +238,9 @@ def matching_profiles(
         except (UserError, OSError):
             continue
         recorded = (entry.valid_audit.get("static_profiles") or {}).get("sha256")
-        return entry, verified_profiles(data, recorded, f"audit '{entry.name}''s {PROFILES_FILE}")
+        expected = binding(shared.fingerprint, {"calibration": calibration_fingerprint})
+        against = "the loaded checkpoint and its calibration windows"
+        return entry, verified_profiles(data, recorded, f"audit '{entry.name}''s {PROFILES_FILE}", expected, against)
     return None
 
 

@@ -33,6 +33,7 @@ from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
 from fca_workbench.files import reading, write_json
 from fca_workbench.resources import inside_folder
+from fca_workbench.results.binding import check_folder_binding
 from fca_workbench.results.conditions import LAYER_MEAN, LOW, REFERENCE
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
@@ -121,6 +122,7 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
         audit_settings = replace(settings.audit_settings(), cache=cache)
         session = ReplaySession.open(audit_settings, out, read_now=(CALIBRATION,))
+        check_folder_binding(out, session.fingerprint)  # another model's audit folder: refused before any work
         conditions = eval_conditions(settings.conditions, session)
         with folder_lock(out, "output folder"):
             mark_output(out, AUDIT_COMMAND)

@@ -11,6 +11,7 @@ from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.errors import UserError
 from fca_workbench.resources import inside_folder
+from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.layout import PROFILES_FILE
 from fca_workbench.results.profiles import verified_profiles
 
@@ -38,7 +39,10 @@ def audit_profile(session: ReplaySession, profile: str, audit: dict, folder: Pat
     path = inside_folder(folder, PROFILES_FILE, "the export")
     if not path.is_file():
         raise UserError(f"the audit in {folder} has no {PROFILES_FILE} (an audit of a model without a controller)")
-    profiles = verified_profiles(path.read_bytes(), recorded, f"{folder}'s {PROFILES_FILE}")
+    expected = audit_binding(audit, ["calibration"])  # its model: this checkpoint's, as just checked
+    profiles = verified_profiles(
+        path.read_bytes(), recorded, f"{folder}'s {PROFILES_FILE}", expected, "this checkpoint and its audit.json"
+    )
     if profile not in profiles:
         raise UserError(f"the audit in {folder} saved no '{profile}' profile (it has {', '.join(sorted(profiles))})")
     condition = audit["conditions"].get(profile, {})

@@ -8,20 +8,20 @@ per-token file the audit leaves behind. pandas is imported here, never by ``impo
 from __future__ import annotations
 
 import functools
-import reprlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
 from fca_workbench.models.hub import recorded_name
+from fca_workbench.results.binding import FINGERPRINT, RERUN_AUDIT, audit_binding, check_binding, downstream_binding
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
-from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
-from fca_workbench.results.schema import AUDIT_SCHEMA, audit_json_schema
+from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow, per_token_binding
+from fca_workbench.results.schema import read_audit_json
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
@@ -63,7 +63,12 @@ DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_wor
     "required": ["schema", "model", "settings", "calibration", "tasks"],
     "properties": {
         "schema": {"const": DOWNSTREAM_SCHEMA},
-        "model": {"type": "object", "required": ["path", "arch", "fingerprint"]},
+        "model": {
+            "type": "object",
+            "required": ["path", "arch", "fingerprint"],
+            "properties": {"fingerprint": FINGERPRINT},
+        },
+        "calibration": {"type": "object", "properties": {"fingerprint": FINGERPRINT}},
         "settings": {"type": "object", "required": ["tasks", "conditions", "limit", "seed", "dtype", "lm_eval"]},
         "tasks": {
             "type": "object",
@@ -98,24 +103,17 @@ def check_downstream(downstream: object, path: Path) -> None:
         raise UserError(f"{path} is not a valid {DOWNSTREAM_SCHEMA} file ({problem})")
 
 
-def read_audit_json(path: str | Path) -> tuple[dict, Path]:
-    """The audit dict and its folder; a missing, truncated or foreign file is a one-line ``UserError``."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / AUDIT_FILE
-    if not path.is_file():
-        raise UserError(f"no {AUDIT_FILE} in {path.parent}" if path.name == AUDIT_FILE else f"not found: {path}")
-    try:
-        audit = read_json(path, expect=None)
-    except UserError as exc:
-        raise UserError(f"not a complete {AUDIT_FILE}: {exc}") from None
-    if not isinstance(audit, dict) or audit.get("schema") != AUDIT_SCHEMA:
-        found = reprlib.repr(audit.get("schema")) if isinstance(audit, dict) else type(audit).__name__
-        raise UserError(f"{path} is not an FCA audit (schema {found}, expected {AUDIT_SCHEMA!r})")
-    problem = schema_problem(audit, audit_json_schema())
-    if problem:
-        raise UserError(f"{path} is not a valid FCA audit ({problem})")
-    return audit, path.parent
+def read_downstream(path: Path, audit: dict) -> dict:
+    """The ``downstream.json`` at ``path`` beside ``audit`` (its ``audit.json``), refused in one line when it is
+    not ``fca-downstream/1`` or is of another model than the audit's (``binding.check_binding``)."""
+    read = read_json(path)
+    check_downstream(read, path)
+    downstream = cast(dict, read)  # checked just above
+    advice = "run fca eval with the audit's own checkpoint, or keep that downstream.json in another folder"
+    check_binding(
+        downstream_binding(downstream), audit_binding(audit, ()), str(path), f"the {AUDIT_FILE} beside it", advice
+    )
+    return downstream
 
 
 def _split_ci(value) -> tuple:
@@ -185,9 +183,8 @@ class AuditResults:
         path = self.folder / DOWNSTREAM_FILE
         rows = []
         if path.is_file():
-            downstream = read_json(path)
-            check_downstream(downstream, path)
-            for task, entry in downstream["tasks"].items():  # type: ignore[index]  # checked just above
+            downstream = read_downstream(path, self.audit)
+            for task, entry in downstream["tasks"].items():
                 for condition, metrics in entry["conditions"].items():
                     rows += [((task, condition, m), *(f[k] for k in DOWNSTREAM_COLUMNS)) for m, f in metrics.items()]
         frame = _numbers([row[1:] for row in rows], DOWNSTREAM_COLUMNS)
@@ -205,6 +202,9 @@ class AuditResults:
         path = parquet if parquet.is_file() and _has_pyarrow() else csv
         if not path.is_file():
             raise UserError(f"no {PER_TOKEN_CSV} in {self.folder}")
+        check_binding(
+            per_token_binding(path), audit_binding(self.audit), str(path), f"the {AUDIT_FILE} beside it", RERUN_AUDIT
+        )
         with reading(f"{path} cannot be read"):  # truncated gzip / Parquet, wrong bytes: the same to the user
             wide = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
         conditions = [c for c in wide.columns if c not in PER_TOKEN_KEYS]
