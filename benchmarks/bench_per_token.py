@@ -16,8 +16,11 @@ import torch
 from results_file import write_results
 from timing import best_of
 
+from fca_workbench.results.binding import binding, binding_text
 from fca_workbench.results.conditions import CONDITIONS
 from fca_workbench.results.per_token import per_token_csv, per_token_frame, per_token_parquet
+
+BOUND = binding_text(binding("0" * 64, {"eval": "0" * 64}))  # a binding of the size a real one has
 
 
 def loop_writer(per_token: dict[str, torch.Tensor], windows: torch.Tensor) -> bytes:
@@ -47,10 +50,10 @@ def main() -> None:
     per_token = {c: torch.rand(args.windows, args.window - 1, generator=generator) * 12 for c in CONDITIONS}
 
     loop_s, old = best_of(args.repeats, lambda: loop_writer(per_token, windows))
-    csv_s, new = best_of(args.repeats, lambda: per_token_csv(per_token_frame(per_token, windows)))
+    csv_s, new = best_of(args.repeats, lambda: per_token_csv(per_token_frame(per_token, windows), BOUND))
     if gzip.decompress(old) != gzip.decompress(new):
         raise SystemExit("the pandas CSV differs from the loop's text")
-    parquet_s, parquet = best_of(args.repeats, lambda: per_token_parquet(per_token_frame(per_token, windows)))
+    parquet_s, parquet = best_of(args.repeats, lambda: per_token_parquet(per_token_frame(per_token, windows), BOUND))
     rows = args.windows * (args.window - 1)
     result = {
         "shape": [args.windows, args.window - 1, len(CONDITIONS)],
