@@ -241,7 +241,7 @@ class ReplaySession:
         from a two-token live run."""
         if EVAL in self._caches:
             return routing_top_k(self._caches[EVAL].values(torch.arange(1)))
-        split = EVAL if EVAL in self._splits else CALIBRATION
+        split = next((s for s in (EVAL, CALIBRATION) if s in self._read), EVAL)  # windows already read, if any
         device = next(self.model.parameters()).device
         with self.lock, torch.no_grad():
             return routing_top_k(self.model.capture_run(self.windows(split)[:1, :2].to(device))[1])
