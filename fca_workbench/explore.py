@@ -19,9 +19,9 @@ from fca_workbench.audit.conditions import ConditionCoefficients, calibration_pr
 from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.interventions import routing_top_k
 from fca_workbench.audit.run import AuditSettings, audit_windows, capture_split, load_audit_model, with_batch_size
+from fca_workbench.checkpoint import checkpoint_name
 from fca_workbench.errors import UserError
 from fca_workbench.models import next_token_nll
-from fca_workbench.models.hub import checkpoint_name
 from fca_workbench.results.conditions import PROFILE_CONDITIONS, model_conditions
 from fca_workbench.results.tables import Column, make_table
 

@@ -1,7 +1,7 @@
 """Loading any checkpoint folder as a controlled model (``fca_workbench.adapters.protocol``).
 
-Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUDDPythia layout) load
-strictly through ``fca_workbench.models``. Any other ``model_type`` that transformers knows is loaded with
+Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUDDPythia layout) load strictly
+through ``fca_workbench.models``. Any other ``model_type`` that transformers knows is loaded with
 ``AutoModelForCausalLM.from_pretrained`` from safetensors, locally, with no code from the folder unless the
 user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
 """
@@ -18,15 +18,19 @@ from torch import nn
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.placement import Placement
 from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.checkpoint import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SAFETENSORS_WEIGHTS,
+    config_fields,
+    model_type_of,
+    resolve_checkpoint,
+)
 from fca_workbench.errors import UserError
-from fca_workbench.files import reading
+from fca_workbench.files import inside_folder, reading
 from fca_workbench.models import FAMILIES, load_model
-from fca_workbench.models.hub import resolve_checkpoint
 from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memory, check_sizes, parameters_on_meta
-from fca_workbench.models.loading import CONFIG_FILE, config_fields, model_type_of, quiet_weight_loading, stored_shapes
-from fca_workbench.resources import inside_folder
-
-SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+from fca_workbench.models.loading import quiet_weight_loading, stored_shapes
 
 
 def load_controlled(
@@ -50,7 +54,7 @@ def load_controlled(
     raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     placing = placement.loading_kwargs() if placement is not None else None
-    if model_type_of(raw, folder / CONFIG_FILE) in native:
+    if model_type_of(raw, folder) in native:
         if controllers is not None or only_controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
@@ -116,7 +120,7 @@ def load_transformers(
     model_type = raw.get("model_type")
     if raw.get("auto_map") and not trust_remote_code:
         raise UserError(
-            f"{folder} needs its own code (config.json has an auto_map); pass --trust-remote-code "
+            f"{folder} needs its own code ({CONFIG_FILE} has an auto_map); pass --trust-remote-code "
             "to run the code in that folder, only if you trust it"
         )
     if raw.get("auto_map"):
@@ -126,11 +130,11 @@ def load_transformers(
         raise UserError(f"{folder} has {shown}, which neither the workbench nor transformers knows")
     check_safetensors_inside(folder)
     config_class = None if raw.get("auto_map") else CONFIG_MAPPING[str(model_type)]
-    check_fields(raw, config_class, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
+    check_fields(raw, config_class, str(folder / CONFIG_FILE), HF_SIZE_LIMITS, none_allowed=True)
     dtype = dtype or torch.float32
     with reading(f"cannot load {folder} with transformers"):  # config parsing, safetensors: their own types
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
-        check_sizes(config, str(folder / "config.json"), HF_SIZE_LIMITS, none_allowed=True)
+        check_sizes(config, str(folder / CONFIG_FILE), HF_SIZE_LIMITS, none_allowed=True)
         model_class: Any = AutoModelForCausalLM if raw.get("auto_map") else causal_lm_class(config, folder)
         remote = {"trust_remote_code": trust_remote_code} if hasattr(model_class, "from_config") else {}
         build = getattr(model_class, "from_config", None) or model_class._from_config
@@ -154,7 +158,7 @@ def check_safetensors_inside(folder: Path) -> None:
     exist and lie inside ``folder``, checked before transformers reads any (it follows ``..`` and links)."""
     present = [name for name in SAFETENSORS_WEIGHTS if (folder / name).is_file()]
     if not present:
-        raise UserError(f"{folder} has no safetensors weights (model.safetensors); other formats are not loaded")
+        raise UserError(f"{folder} has no safetensors weights ({SAFETENSORS_FILE}); other formats are not loaded")
     for name in present:  # every header checked against its file, every shard inside the folder
         stored_shapes(inside_folder(folder, name, name))
 
@@ -164,11 +168,11 @@ def check_code_inside(folder: Path, auto_map: object) -> None:
     would import code from another repository or folder, so it is refused."""
     entries = list(auto_map.values()) if isinstance(auto_map, dict) else None
     if entries is None or not all(isinstance(entry, (str, list, type(None))) for entry in entries):
-        raise UserError(f"{folder / 'config.json'}: auto_map is not an object of class references")
+        raise UserError(f"{folder / CONFIG_FILE}: auto_map is not an object of class references")
     references = [ref for entry in entries for ref in (entry if isinstance(entry, list) else [entry])]
     elsewhere = [ref for ref in references if not isinstance(ref, (str, type(None))) or (ref and "--" in ref)]
     if elsewhere:
         raise UserError(
-            f"{folder / 'config.json'}: auto_map names code outside the folder ({elsewhere[0]!r}); "
+            f"{folder / CONFIG_FILE}: auto_map names code outside the folder ({elsewhere[0]!r}); "
             "only the folder's own code is run"
         )

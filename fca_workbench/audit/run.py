@@ -27,12 +27,12 @@ from fca_workbench.audit.metrics import VarianceAccumulator, bootstrap_counts, c
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, per_layer_window_nll, sweep_mode
+from fca_workbench.checkpoint import Checkpoint, checkpoint_name, resolve_checkpoint
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, window_sampling
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
-from fca_workbench.models.hub import Checkpoint, checkpoint_name, resolve_checkpoint
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign

@@ -39,8 +39,7 @@ from fca_workbench.downstream.frozen import LOW, REFERENCE, ConditionLogits, eva
 from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
 from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
-from fca_workbench.files import reading, write_json
-from fca_workbench.resources import inside_folder
+from fca_workbench.files import inside_folder, reading, write_json
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.results.outputs import mark_output, refuse_foreign

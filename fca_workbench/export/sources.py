@@ -14,7 +14,7 @@ from fca_workbench.audit.capture import capture, model_fingerprint
 from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.run import AuditSettings, audit_windows, data_summary
 from fca_workbench.errors import UserError
-from fca_workbench.resources import inside_folder
+from fca_workbench.files import inside_folder
 from fca_workbench.results.layout import PROFILES_FILE
 from fca_workbench.results.profiles import verified_profiles
 

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from fca_workbench.checkpoint import resolve_checkpoint
 from fca_workbench.models.common import (
     CoefficientLMOutput,
     CoefficientModel,
@@ -17,7 +18,6 @@ from fca_workbench.models.common import (
 )
 from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
-from fca_workbench.models.hub import resolve_checkpoint
 from fca_workbench.models.loading import load_weights, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 
@@ -54,8 +54,8 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
 def load_model(
     path: str | Path, dtype: torch.dtype | None = None, placing: Mapping[str, Any] | None = None
 ) -> CoefficientModel:
-    """Load a checkpoint folder (or a hub name, ``models.hub``) strictly, turning every way it can be broken
-    into one-line UserErrors.
+    """Load a checkpoint folder (or a hub name, ``fca_workbench.checkpoint``) strictly, turning every way it can
+    be broken into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fca_workbench.checkpoint import recorded_name
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
-from fca_workbench.models.hub import recorded_name
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.per_token import PER_TOKEN_KEYS, _has_pyarrow
