@@ -4,6 +4,10 @@ Native folders (``dense``, ``featuregate``, ``muddpythia``, and the official MUD
 through ``fca_workbench.models``. Any other ``model_type`` that transformers knows is loaded with
 ``AutoModelForCausalLM.from_pretrained`` from safetensors, locally, with no code from the folder unless the
 user passes ``trust_remote_code`` (which runs the folder's code), and wrapped in ``TransformersControlled``.
+
+``open_checkpoint`` is the whole load of a checkpoint resolved once (``checkpoint.resolve_checkpoint``), in
+order: the device checked, the placement across devices (if any), the model loaded and moved to the device,
+its tokenizer checked against the model's vocabulary.
 """
 
 import contextlib
@@ -14,18 +18,21 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.hf import TransformersControlled
-from fca_workbench.adapters.placement import Placement
+from fca_workbench.adapters.placement import Placement, check_device, placed, placement
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.checkpoint import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
     SAFETENSORS_WEIGHTS,
+    Checkpoint,
     config_fields,
     model_type_of,
     resolve_checkpoint,
 )
+from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.errors import UserError
 from fca_workbench.files import inside_folder, reading
 from fca_workbench.models import FAMILIES, load_model
@@ -33,16 +40,53 @@ from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memo
 from fca_workbench.models.loading import quiet_weight_loading, stored_shapes
 
 
+def open_checkpoint(
+    checkpoint: Checkpoint,
+    dtype: torch.dtype,
+    *,
+    controllers: str | None = None,
+    only_controllers: str | None = None,
+    trust_remote_code: bool = False,
+    device: str = "cpu",
+    device_map: str | None = None,
+    max_memory: str | None = None,
+    offload_folder: str | None = None,
+    offload_outside: Mapping[str, str | Path | None] | None = None,
+    ranks: Any = None,
+) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
+    """The controlled model of ``checkpoint`` and its tokenizer, checked against each other: on ``device`` in
+    ``dtype``, or placed across devices, CPU and disk by big-model inference (``device_map``, ``max_memory``,
+    ``offload_folder``: ``placement.placement``, the offload folder outside the checkpoint and the folders
+    ``offload_outside`` names by what they are; under torchrun, ``ranks``, on this rank's own devices).
+    ``controllers``, ``only_controllers``, ``trust_remote_code``: as ``load_controlled`` takes them."""
+    check_device(device)
+    outside = {"checkpoint": checkpoint.folder, **(offload_outside or {})}
+    place = placement(device_map, max_memory, offload_folder, device, outside, ranks)
+    model = placed(  # offloaded weights, if any, removed with the model
+        place,
+        lambda place: load_controlled(checkpoint, dtype, controllers, trust_remote_code, only_controllers, place),
+    )
+    if device_map is None:
+        model.to(device)
+    tokenizer = load_tokenizer(checkpoint.folder)
+    if len(tokenizer) > model.config.vocab_size:
+        raise UserError(
+            f"the tokenizer in {checkpoint.folder} has {len(tokenizer)} tokens, more than the model's "
+            f"vocabulary of {model.config.vocab_size}: they do not belong together"
+        )
+    return model, tokenizer
+
+
 def load_controlled(
-    path: str | Path,
+    path: str | Path | Checkpoint,
     dtype: torch.dtype | None = None,
     controllers: str | None = None,
     trust_remote_code: bool = False,
     only_controllers: str | None = None,
     placement: Placement | None = None,
 ) -> ControlledModel:
-    """The model in ``path`` (a folder, or a hub name ``ORG/NAME[@REVISION]``) as a controlled model; every way
-    the folder can be wrong is a one-line UserError.
+    """The model in ``path`` (a folder, a hub name ``ORG/NAME[@REVISION]``, or a ``Checkpoint`` already resolved)
+    as a controlled model; every way the folder can be wrong is a one-line UserError.
 
     A foreign model's controllers are found by the built-in kinds (MoE routers, shared-expert gates,
     selective SSMs and gates), plus the modules ``controllers`` names (a regex over whole module paths), or,
@@ -50,7 +94,8 @@ def load_controlled(
     model across devices, CPU and disk (``adapters.placement``), instead of one device holding it whole.
     """
     # a hub name resolved (code files fetched only with trust_remote_code); links out of the folder refused
-    folder = resolve_checkpoint(path, trust_remote_code).folder
+    checkpoint = path if isinstance(path, Checkpoint) else resolve_checkpoint(path, trust_remote_code)
+    folder = checkpoint.folder
     raw = config_fields(folder)
     native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     placing = placement.loading_kwargs() if placement is not None else None
@@ -59,7 +104,7 @@ def load_controlled(
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"
             )
-        return load_model(folder, dtype, placing)
+        return load_model(checkpoint, dtype, placing)
     model = load_transformers(folder, raw, dtype, trust_remote_code, placing)
     return TransformersControlled(model, controllers, only_controllers)
 
