@@ -27,6 +27,7 @@ from results_file import write_results
 from timing import best_of_each
 from transformers import AutoModelForCausalLM
 
+from fca_workbench.checkpoint import SAFETENSORS_FILE
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
@@ -65,7 +66,7 @@ def main() -> None:
         }
         folders["original"] = Path(args.checkpoint)
         models = {name: AutoModelForCausalLM.from_pretrained(f).eval() for name, f in sorted(folders.items())}
-        weight_bytes = {name: (f / "model.safetensors").stat().st_size for name, f in folders.items()}
+        weight_bytes = {name: (f / SAFETENSORS_FILE).stat().st_size for name, f in folders.items()}
     windows = load_windows(split_path("eval"), load_tokenizer(args.checkpoint), WINDOW, args.eval_windows)
     batch = windows[: args.batch_size]
     seconds, _ = best_of_each(args.repeats, {name: functools.partial(m, batch) for name, m in models.items()})

@@ -24,16 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fca_workbench.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
 from fca_workbench.cli import main as fca
 from fca_workbench.files import read_json, write_atomic, write_json
 from fca_workbench.results.design_study import design_seed_table, read_design_study
-from fca_workbench.results.layout import AUDIT_FILE, MODEL_CARD_FILE, STUDY_SUMMARY_FILE
+from fca_workbench.results.layout import AUDIT_FILE, STUDY_SUMMARY_FILE
 from fca_workbench.results.tables import to_markdown
-from fca_workbench.train_state import LOG_FILE, STATE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_FILE = STUDY_SUMMARY_FILE  # what fca_workbench.results.design_study reads
-CARD_FILE = MODEL_CARD_FILE
 STEPS = 300
 SEEDS = (0, 1, 2)
 
@@ -86,14 +85,14 @@ def plan(
 
 def status(run: Run, work: Path, out: Path) -> str:
     """done / audited / trained / at step N / todo."""
-    if (out / run.name / SUMMARY_FILE).is_file() and (out / run.name / CARD_FILE).is_file():
+    if (out / run.name / SUMMARY_FILE).is_file() and (out / run.name / TRAIN_CARD_FILE).is_file():
         return "done"
     if (work / f"{run.name}-audit" / AUDIT_FILE).is_file():
         return "audited"
-    if (work / run.name / CARD_FILE).is_file():
+    if (work / run.name / TRAIN_CARD_FILE).is_file():
         return "trained"
-    log = work / run.name / LOG_FILE
-    if (work / run.name / STATE_FILE).is_file() and log.is_file():
+    log = work / run.name / TRAIN_LOG_FILE
+    if (work / run.name / TRAIN_STATE_FILE).is_file() and log.is_file():
         return f"at step {len(log.read_text().splitlines()) - 1}"
     return "todo"
 
@@ -124,7 +123,7 @@ def summary(run: Run, card: dict, audit: dict, audit_seconds: float | None) -> d
 def run_one(run: Run, work: Path, out: Path) -> bool:
     """Train (or resume), audit and summarise one run; False when fca refused a step (its message is printed)."""
     checkpoint, audit_dir = work / run.name, work / f"{run.name}-audit"
-    if not (checkpoint / CARD_FILE).is_file() and fca(run.train_args(work)) != 0:
+    if not (checkpoint / TRAIN_CARD_FILE).is_file() and fca(run.train_args(work)) != 0:
         return False
     audit_seconds = None
     if not (audit_dir / AUDIT_FILE).is_file():
@@ -132,13 +131,13 @@ def run_one(run: Run, work: Path, out: Path) -> bool:
         if fca(run.audit_args(work)) != 0:
             return False
         audit_seconds = time.perf_counter() - started
-    card = read_json(checkpoint / CARD_FILE)
+    card = read_json(checkpoint / TRAIN_CARD_FILE)
     audit = read_json(audit_dir / AUDIT_FILE)
     assert isinstance(card, dict) and isinstance(audit, dict)  # read_json's default expect
     folder = out / run.name
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / LOG_FILE, (checkpoint / LOG_FILE).read_bytes())
-    write_json(folder / CARD_FILE, card)
+    write_atomic(folder / TRAIN_LOG_FILE, (checkpoint / TRAIN_LOG_FILE).read_bytes())
+    write_json(folder / TRAIN_CARD_FILE, card)
     write_json(folder / SUMMARY_FILE, summary(run, card, audit, audit_seconds))
     return True
 

@@ -158,6 +158,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
+    from fca_workbench.checkpoint import CARD_FILE
     from fca_workbench.export import export_static
 
     out = export_static(
@@ -169,13 +170,12 @@ def cmd_export(args: argparse.Namespace) -> None:
         max_windows=args.max_windows,
         seed=args.seed,
     )
-    print(
-        f"wrote {out}: {args.checkpoint} with its '{args.profile}' profile folded in (model card: {out / 'README.md'})"
-    )
+    print(f"wrote {out}: {args.checkpoint} with its '{args.profile}' profile folded in (model card: {out / CARD_FILE})")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from fca_workbench.reproduce import reproduce
+    from fca_workbench.results.layout import INDEX_FILE
 
     plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
     failed = [r for r in results if not r.ok]
@@ -183,7 +183,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(
             f"{'passed' if r.ok else 'FAILED'}  {r.name:20s} {r.seconds:6.1f} s" + (f"  {r.error}" if r.error else "")
         )
-    print(f"\nwrote {plan.out} (index: {plan.out / 'README.md'})")
+    print(f"\nwrote {plan.out} (index: {plan.out / INDEX_FILE})")
     if failed:
         print(
             f"fca: {len(failed)} of {len(results)} notebooks failed: {', '.join(r.name for r in failed)}",

@@ -17,8 +17,8 @@ import torch
 from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.checkpoint import checkpoint_name
 from fca_workbench.errors import UserError
-from fca_workbench.models.hub import checkpoint_name
 from fca_workbench.results.conditions import REFERENCE
 from fca_workbench.results.tables import Column, make_table
 

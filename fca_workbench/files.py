@@ -7,7 +7,9 @@ size, any malformation one line naming the file) and written through ``write_jso
 an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject). A file that
 a library parses (a tokenizer, weights, a pickled state, a CSV) is read inside ``reading``, the one boundary
 that turns the library's own exceptions into one line; a safetensors header is checked by
-``safetensors_shapes`` against the file's size before any library trusts what it declares.
+``safetensors_shapes`` against the file's size before any library trusts what it declares. A file one file
+names (a shard an index lists, a link in a folder) is read only from inside that folder (``inside_folder``,
+``check_links_inside``).
 """
 
 import contextlib
@@ -18,6 +20,7 @@ import importlib
 import io
 import json
 import math
+import os
 import pickle
 import reprlib
 import shutil
@@ -209,6 +212,39 @@ def library_reason(exc: BaseException) -> str:
         return f"no key {first_line(exc)}"
     reason = one_line(exc) if first_line(exc).endswith(":") else first_line(exc)
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
+
+
+def inside_folder(folder: Path, name: str, named_by: str) -> Path:
+    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
+    symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
+    audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
+    one exception is the Hugging Face hub cache, whose ``models--org--name/snapshots/<revision>/`` files are
+    symlinks into the same repository's ``blobs/``, and nowhere else."""
+    try:
+        root, resolved = folder.resolve(), (folder / name).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte in the name, a symlink loop
+        raise UserError(
+            f"{named_by} in {folder} names a path that cannot be resolved ({name!r}): {first_line(exc)}"
+        ) from None
+    in_hub_cache = root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--")
+    allowed = [root, root.parent.parent / "blobs"] if in_hub_cache else [root]
+    if not any(resolved.is_relative_to(place) for place in allowed):
+        raise UserError(
+            f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
+            "files are read only from inside it"
+        )
+    return folder / name
+
+
+def check_links_inside(folder: Path) -> None:
+    """Refuse a folder holding a symlink (at any depth) that leads outside it: every loader (the workbench's,
+    transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file
+    from elsewhere. Linked folders are checked, not entered."""
+    for root, dirs, names in os.walk(folder):
+        for path in sorted(Path(root, name) for name in [*dirs, *names]):
+            if path.is_symlink():
+                relative = str(path.relative_to(folder))
+                inside_folder(folder, relative, relative)
 
 
 SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit

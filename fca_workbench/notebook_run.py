@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fca_workbench.audit.capture import read_manifest
 from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.checkpoint import checkpoint_key, checkpoint_name, hub_name, recorded_name, resolve_checkpoint
 from fca_workbench.data.corpus import split_path
 from fca_workbench.errors import UserError
 from fca_workbench.explore import Explorer
 from fca_workbench.files import read_json, write_json
-from fca_workbench.models.hub import checkpoint_key, checkpoint_name, hub_name, recorded_name, resolve_checkpoint
 from fca_workbench.resources import checkpoints_dir, results_root
 from fca_workbench.results.figures import write_figure
 from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
+from fca_workbench.checkpoint import checkpoint_key, checkpoint_name
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, write_atomic, write_json
-from fca_workbench.models.hub import checkpoint_key, checkpoint_name
 
 # NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
 # README and tests import them from here

@@ -16,68 +16,18 @@ import zlib
 from importlib.resources import files
 from pathlib import Path, PurePosixPath
 
+from fca_workbench.checkpoint import TRAIN_STATE_FILE, is_checkpoint
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import atomic_folder
+from fca_workbench.files import atomic_folder, inside_folder
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 CHECKPOINTS_ENV = "FCA_CHECKPOINTS"
 CHECKPOINTS_IN_SOURCE = ("data", "checkpoints")  # where a checkout or an unpacked sdist keeps them
-LEFT_BEHIND = (".*", "trainer_state.pt")  # lock files and optimizer state are never shipped
-CHECKPOINT_CONFIG = "config.json"  # what makes a folder a checkpoint folder
+LEFT_BEHIND = (".*", TRAIN_STATE_FILE)  # lock files and optimizer state are never shipped
 # A copy of checkpoints claiming more bytes, or more files and folders, is refused before anything is written
 # (the shipped ones take 46 MB in under 100 entries; a small archive can claim gigabytes or a million files).
 CHECKPOINTS_MAX_BYTES = 512 << 20
 CHECKPOINTS_MAX_FILES = 10_000
-
-
-def is_checkpoint(folder: Path) -> bool:
-    """True for a folder that holds a checkpoint's ``config.json`` (its weights are checked when loaded)."""
-    return (Path(folder) / CHECKPOINT_CONFIG).is_file()
-
-
-def check_checkpoint(path: str | Path) -> Path:
-    """The checkpoint folder ``path``, or a one-line ``UserError`` saying it is missing or is not one: the
-    check every command and loader makes before reading a checkpoint."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise UserError(f"checkpoint folder not found: {folder}")
-    if not is_checkpoint(folder):
-        raise UserError(f"not a checkpoint folder (no {CHECKPOINT_CONFIG}): {folder}")
-    check_links_inside(folder)
-    return folder
-
-
-def inside_folder(folder: Path, name: str, named_by: str) -> Path:
-    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
-    symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
-    audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
-    one exception is the Hugging Face hub cache, whose ``models--org--name/snapshots/<revision>/`` files are
-    symlinks into the same repository's ``blobs/``, and nowhere else."""
-    try:
-        root, resolved = folder.resolve(), (folder / name).resolve()
-    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte in the name, a symlink loop
-        raise UserError(
-            f"{named_by} in {folder} names a path that cannot be resolved ({name!r}): {first_line(exc)}"
-        ) from None
-    in_hub_cache = root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--")
-    allowed = [root, root.parent.parent / "blobs"] if in_hub_cache else [root]
-    if not any(resolved.is_relative_to(place) for place in allowed):
-        raise UserError(
-            f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
-            "files are read only from inside it"
-        )
-    return folder / name
-
-
-def check_links_inside(folder: Path) -> None:
-    """Refuse a folder holding a symlink (at any depth) that leads outside it: every loader (the workbench's,
-    transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file
-    from elsewhere. Linked folders are checked, not entered."""
-    for root, dirs, names in os.walk(folder):
-        for path in sorted(Path(root, name) for name in [*dirs, *names]):
-            if path.is_symlink():
-                relative = str(path.relative_to(folder))
-                inside_folder(folder, relative, relative)
 
 
 def shipped(name: str) -> Path:

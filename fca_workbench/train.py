@@ -31,6 +31,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench.audit.cache_lock import folder_lock, lock_path
+from fca_workbench.checkpoint import CARD_FILE, TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream, window_sampling
@@ -45,10 +46,8 @@ from fca_workbench.models.limits import (
     parameters_on_meta,
 )
 from fca_workbench.train_card import model_card_markdown
-from fca_workbench.train_state import (  # TrainSettings, CHECKPOINT_FILES, STATE_FILE: also imported from here
+from fca_workbench.train_state import (  # TrainSettings: also imported from here
     CHECKPOINT_FILES,
-    LOG_FILE,
-    STATE_FILE,
     TrainSettings,
     read_log,
     read_state,
@@ -348,9 +347,9 @@ def finish(
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    write_json(staging / "model_card.json", card)
-    (staging / "README.md").write_text(model_card_markdown(card))
-    shutil.copy(out / LOG_FILE, staging / LOG_FILE)
+    write_json(staging / TRAIN_CARD_FILE, card)
+    (staging / CARD_FILE).write_text(model_card_markdown(card))
+    shutil.copy(out / TRAIN_LOG_FILE, staging / TRAIN_LOG_FILE)
     staged = sorted(staging.iterdir())
     clashes = [p.name for p in staged if p.name not in CHECKPOINT_FILES and (out / p.name).exists()]
     if clashes:  # a file name CHECKPOINT_FILES does not know yet (a newer transformers): never replace it
@@ -361,5 +360,5 @@ def finish(
     for path in staged:
         path.replace(out / path.name)
     staging.rmdir()
-    (out / STATE_FILE).unlink()
+    (out / TRAIN_STATE_FILE).unlink()
     return card

@@ -14,26 +14,36 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from fca_workbench.checkpoint import (
+    CARD_FILE,
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SPECIAL_TOKENS_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TRAIN_CARD_FILE,
+    TRAIN_LOG_FILE,
+    TRAIN_STATE_FILE,
+)
 from fca_workbench.errors import UserError
 from fca_workbench.files import atomic_path, reading, write_atomic
 from fca_workbench.results.outputs import output_folder
 
-STATE_FILE = "trainer_state.pt"
 STATE_KEYS = {"settings", "step", "model", "optimizer", "scheduler"}
 RESUME_ADVICE = "remove it or choose another --out"
-LOG_FILE = "train_log.csv"
 LOG_COLUMNS = ["step", "loss", "lr", "tokens_seen", "seconds"]
 # Every file a finished checkpoint may hold (tests/test_hardening.py checks it against real runs).
 CHECKPOINT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "model_card.json",
-    "README.md",
-    LOG_FILE,
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    SAFETENSORS_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_CONFIG_FILE,
+    SPECIAL_TOKENS_FILE,
+    TRAIN_CARD_FILE,
+    CARD_FILE,
+    TRAIN_LOG_FILE,
 )
 
 
@@ -91,10 +101,10 @@ def run_folder(out: str | Path) -> Path:
     """The run's folder, refused before any work when it is a file, a finished checkpoint, or holds
     files the finished checkpoint would replace that this trainer did not write (a user's README.md ...)."""
     out = output_folder(out)
-    running = (out / STATE_FILE).is_file()
-    if not running and (out / "config.json").exists():
+    running = (out / TRAIN_STATE_FILE).is_file()
+    if not running and (out / CONFIG_FILE).exists():
         raise UserError(f"{out} already holds a finished checkpoint; choose another --out")
-    ours = {LOG_FILE} if running else set()
+    ours = {TRAIN_LOG_FILE} if running else set()
     clashes = [name for name in CHECKPOINT_FILES if name not in ours and (out / name).exists()]
     if clashes:
         raise UserError(
@@ -107,7 +117,7 @@ def run_folder(out: str | Path) -> Path:
 def read_state(out: Path, settings: TrainSettings) -> dict | None:
     """The saved state of an unfinished run in ``out`` (None: a fresh run), unpickled with
     ``weights_only=True``: tensors and plain containers only, so a planted pickle cannot run code."""
-    path = out / STATE_FILE
+    path = out / TRAIN_STATE_FILE
     if not path.is_file():
         return None
     with reading(f"{path} is not a training state fca train wrote", RESUME_ADVICE):
@@ -138,7 +148,7 @@ def restore(state: dict | None, model: torch.nn.Module, optimizer: Optimizer, sc
     if state is None:
         return 0
     # a state of other shapes or structure than this run's model, optimizer and scheduler
-    with reading(f"the {STATE_FILE} in --out does not fit this run", RESUME_ADVICE):
+    with reading(f"the {TRAIN_STATE_FILE} in --out does not fit this run", RESUME_ADVICE):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -167,7 +177,7 @@ def check_resumed(optimizer: Optimizer, scheduler: LRScheduler, step: int) -> No
 
 def read_log(out: Path, step: int) -> list[dict]:
     """The training log's rows up to ``step``: those a resumed run keeps (later ones were not checkpointed)."""
-    path = out / LOG_FILE
+    path = out / TRAIN_LOG_FILE
     if not path.exists():
         return []
     with reading(f"{path} is not a log fca train wrote", RESUME_ADVICE):
@@ -192,7 +202,7 @@ def write_log(out: Path, rows: list[dict]) -> None:
     lines = [",".join(LOG_COLUMNS)] + [
         f"{r['step']},{r['loss']},{r['lr']},{r['tokens_seen']},{r['seconds']}" for r in rows
     ]
-    write_atomic(out / LOG_FILE, ("\n".join(lines) + "\n").encode())
+    write_atomic(out / TRAIN_LOG_FILE, ("\n".join(lines) + "\n").encode())
 
 
 def save_state(
@@ -212,6 +222,6 @@ def save_state(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
     }
-    with atomic_path(out / STATE_FILE) as tmp:
+    with atomic_path(out / TRAIN_STATE_FILE) as tmp:
         torch.save(state, tmp)
     write_log(out, log_rows)

@@ -17,10 +17,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.audit.mini import MiniAudit, has_controller
+from fca_workbench.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, write_atomic
 from fca_workbench.resources import shipped
-from fca_workbench.train_state import LOG_FILE, TrainSettings
+from fca_workbench.train_state import TrainSettings
 
 AUDIT_LOG = "audit_log.csv"
 
@@ -131,7 +132,7 @@ def load_training_run(folder: str | Path) -> dict:
     folder = Path(folder)
     if not (folder / AUDIT_LOG).is_file():
         raise UserError(f"{folder} has no {AUDIT_LOG}: train it with fca train --audit-every N")
-    card, train_log = folder / "model_card.json", folder / LOG_FILE
+    card, train_log = folder / TRAIN_CARD_FILE, folder / TRAIN_LOG_FILE
     with reading(f"unreadable training log in {folder}"):  # pandas' parser errors, a file that is not UTF-8
         audit = pd.read_csv(folder / AUDIT_LOG)
         train = pd.read_csv(train_log) if train_log.is_file() else None

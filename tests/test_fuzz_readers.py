@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import read_manifest
+from fca_workbench.checkpoint import TRAIN_LOG_FILE, TRAIN_STATE_FILE
 from fca_workbench.dashboard.pool import Registry
 from fca_workbench.dashboard.serving import basic_auth_option
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
@@ -35,7 +36,7 @@ from fca_workbench.results.frames import load_audit
 from fca_workbench.results.outputs import refuse_foreign
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 from fca_workbench.train import build_hf_model, make_optimizer, read_hf_config
-from fca_workbench.train_state import LOG_FILE, STATE_FILE, TrainSettings, read_log, read_state, restore, save_state
+from fca_workbench.train_state import TrainSettings, read_log, read_state, restore, save_state
 
 FUZZ = settings(
     max_examples=25,
@@ -458,7 +459,7 @@ def test_train_log(place):
     @FUZZ
     @given(specific | malformed(valid, structured=False))
     def read(payload):
-        (out / LOG_FILE).write_bytes(payload)
+        (out / TRAIN_LOG_FILE).write_bytes(payload)
         one_line_or_success(lambda: read_log(out, 3))
 
     read()
@@ -490,18 +491,18 @@ def resume(out: Path, run: TrainSettings, model: torch.nn.Module) -> None:
 
 def test_trainer_state_bytes(trainer_state):
     out, run, model = trainer_state
-    valid = (out / STATE_FILE).read_bytes()
+    valid = (out / TRAIN_STATE_FILE).read_bytes()
 
     @FUZZ
     @given(malformed(valid, structured=False))
     def read(payload):
-        (out / STATE_FILE).write_bytes(payload)
+        (out / TRAIN_STATE_FILE).write_bytes(payload)
         one_line_or_success(lambda: resume(out, run, model))
 
     try:
         read()
     finally:
-        (out / STATE_FILE).write_bytes(valid)
+        (out / TRAIN_STATE_FILE).write_bytes(valid)
 
 
 TENSORS = st.builds(
@@ -515,7 +516,7 @@ def test_trainer_state_structure(trainer_state):
     """What a planted or damaged state holds once unpickled: any value where a step, a tensor, an optimizer
     moment or a scheduler field should be."""
     out, run, model = trainer_state
-    state = torch.load(out / STATE_FILE, weights_only=True)
+    state = torch.load(out / TRAIN_STATE_FILE, weights_only=True)
     places = paths(state, limit=5)
     values = JSON_VALUES | TENSORS | st.just(...)
 
@@ -528,10 +529,10 @@ def test_trainer_state_structure(trainer_state):
                 damaged = replaced(damaged, where, value)
             except (KeyError, IndexError, TypeError):  # an earlier change removed the path
                 pass
-        torch.save(damaged, out / STATE_FILE)
+        torch.save(damaged, out / TRAIN_STATE_FILE)
         one_line_or_success(lambda: resume(out, run, model))
 
     try:
         read()
     finally:
-        torch.save(state, out / STATE_FILE)
+        torch.save(state, out / TRAIN_STATE_FILE)

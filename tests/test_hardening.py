@@ -11,10 +11,12 @@ import pytest
 import torch
 from conftest import assert_one_line_error, fca, tiny_model
 
+from fca_workbench.checkpoint import TRAIN_STATE_FILE
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import read_documents
 from fca_workbench.errors import UserError
-from fca_workbench.train import CHECKPOINT_FILES, STATE_FILE, TrainSettings, train
+from fca_workbench.train import TrainSettings, train
+from fca_workbench.train_state import CHECKPOINT_FILES
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ class PlantedCode:
 def test_planted_pickle_in_the_run_folder_never_runs(tmp_path):
     run, marker = tmp_path / "run", tmp_path / "code-ran"
     run.mkdir()
-    torch.save({"settings": PlantedCode(marker), "step": 0}, run / STATE_FILE)
+    torch.save({"settings": PlantedCode(marker), "step": 0}, run / TRAIN_STATE_FILE)
     result = fca("train", "--arch", "dense", "--out", run)
     assert not marker.exists()
     assert result.returncode == 2
@@ -68,10 +70,10 @@ def test_planted_pickle_in_the_run_folder_never_runs(tmp_path):
 def test_genuine_state_still_resumes_through_the_safe_unpickler(small_text, tmp_path):
     settings = tiny_run(small_text)
     assert train(settings, tmp_path / "run", stop_after=2) is None
-    state = torch.load(tmp_path / "run" / STATE_FILE, weights_only=True)
+    state = torch.load(tmp_path / "run" / TRAIN_STATE_FILE, weights_only=True)
     assert state["step"] == 2
     assert train(settings, tmp_path / "run") is not None
-    assert not (tmp_path / "run" / STATE_FILE).exists()
+    assert not (tmp_path / "run" / TRAIN_STATE_FILE).exists()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -679,9 +681,9 @@ def interrupted_run(small_text, tmp_path):
 
 
 def resaved(run, change):
-    state = torch.load(run / STATE_FILE, weights_only=True)
+    state = torch.load(run / TRAIN_STATE_FILE, weights_only=True)
     change(state)
-    torch.save(state, run / STATE_FILE)
+    torch.save(state, run / TRAIN_STATE_FILE)
 
 
 @pytest.mark.parametrize(

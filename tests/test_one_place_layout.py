@@ -1,4 +1,4 @@
-"""One place each (issue 22): the audit folder's layout, atomic writes, one-line errors, the checkpoint check.
+"""One place each (issues 22, 33): the audit folder's layout, atomic writes, one-line errors, the checkpoint folder.
 
 Each concept has one home; the scans below fail when a second copy is written by hand elsewhere in the package
 or the dashboard app, and the behaviour tests pin what that one home does.
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fca_workbench import reproduce
+from fca_workbench import checkpoint, reproduce
 from fca_workbench.audit import run as audit_run
+from fca_workbench.checkpoint import check_checkpoint, is_checkpoint
 from fca_workbench.errors import UserError, first_line, one_line
 from fca_workbench.files import atomic_path, temporary_sibling, write_atomic
-from fca_workbench.resources import check_checkpoint, copy_checkpoints, is_checkpoint
+from fca_workbench.resources import copy_checkpoints
 from fca_workbench.results import layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,9 +23,9 @@ SOURCES = sorted([*(ROOT / "fca_workbench").rglob("*.py"), *(ROOT / "dashboards"
 LAYOUT = ROOT / "fca_workbench" / "results" / "layout.py"
 FILES = ROOT / "fca_workbench" / "files.py"
 ERRORS = ROOT / "fca_workbench" / "errors.py"
-RESOURCES = ROOT / "fca_workbench" / "resources.py"
+CHECKPOINT = ROOT / "fca_workbench" / "checkpoint.py"
 # Files of an audit or results folder. README.md (a run's index) is left out: a checkpoint's model card has
-# the same name and is another concept (train_state.CHECKPOINT_FILES).
+# the same name and is another concept (checkpoint.CARD_FILE).
 LAYOUT_FILES = {
     layout.AUDIT_FILE,
     layout.PER_TOKEN_CSV,
@@ -270,8 +271,86 @@ def test_first_line_and_one_line():
 
 
 # --------------------------------------------------------------------------------------------------------
-# The checkpoint check
+# The checkpoint folder
 # --------------------------------------------------------------------------------------------------------
+
+CHECKPOINT_NAMES = {
+    checkpoint.CONFIG_FILE,
+    checkpoint.GENERATION_CONFIG_FILE,
+    checkpoint.SAFETENSORS_FILE,
+    checkpoint.SAFETENSORS_INDEX,
+    checkpoint.BIN_FILE,
+    checkpoint.BIN_INDEX,
+    checkpoint.TOKENIZER_FILE,
+    checkpoint.TOKENIZER_CONFIG_FILE,
+    checkpoint.SPECIAL_TOKENS_FILE,
+    checkpoint.CARD_FILE,
+    checkpoint.TRAIN_CARD_FILE,
+    checkpoint.TRAIN_LOG_FILE,
+    checkpoint.TRAIN_STATE_FILE,
+}
+# README.md is also the name of other folders' own files, other concepts: a results folder's index, the data
+# folder's description of the corpus.
+README_ELSEWHERE = {LAYOUT, ROOT / "fca_workbench" / "data" / "corpus.py"}
+
+
+def docstrings(tree: ast.Module) -> set[int]:
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+
+
+def checkpoint_spellings(path: Path) -> dict[str, list[str]]:
+    """Every checkpoint file name spelled in ``path`` outside a docstring (a path joined, a pattern, a message
+    in an f-string alike), by name; a name inside a longer one (``model.safetensors.index.json``,
+    ``reproduce_config.json``) is that name only."""
+    tree = parsed(path)
+    prose = docstrings(tree)
+    found: dict[str, list[str]] = {}
+    for constant in strings(tree):
+        if id(constant) in prose:
+            continue
+        for name in CHECKPOINT_NAMES:
+            if re.search(r"(?<![\w.-])" + re.escape(name) + r"(?!\.?[\w-])", constant.value):
+                found.setdefault(name, []).append(where_any(path, constant))
+    return found
+
+
+def test_every_checkpoint_file_name_is_spelled_only_in_the_checkpoint_module():
+    spelled = {
+        hit
+        for path in SOURCES
+        if path != CHECKPOINT
+        for name, hits in checkpoint_spellings(path).items()
+        if not (name == checkpoint.CARD_FILE and path in README_ELSEWHERE)
+        for hit in hits
+    }
+    assert not spelled, f"import these names from fca_workbench.checkpoint: {sorted(spelled)}"
+    assert set(checkpoint_spellings(CHECKPOINT)) == CHECKPOINT_NAMES  # and each is declared there
+
+
+def test_the_checkpoint_name_scan_catches_a_hand_spelled_name(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        '"""A docstring may name config.json."""\n'
+        "a = folder / 'config.json'\n"
+        "b = f'{folder} has no model.safetensors.index.json'\n"
+        "c = out / 'reproduce_config.json'\n"
+        "d = ('tokenizer.json', 'train_log.csv')\n"
+    )
+    found = {name: [int(h.split(":")[0]) for h in hits] for name, hits in checkpoint_spellings(planted).items()}
+    assert found == {
+        "config.json": [2],
+        "model.safetensors.index.json": [3],
+        "tokenizer.json": [5],
+        "train_log.csv": [5],
+    }, found
+
 
 CHECK_MESSAGES = ("checkpoint folder not found", "not a checkpoint folder")
 
@@ -280,24 +359,23 @@ def test_the_checkpoint_check_is_written_once():
     copies = [
         where(path, constant)
         for path in SOURCES
-        if path != RESOURCES
+        if path != CHECKPOINT
         for constant in strings(parsed(path))
         if any(message in constant.value for message in CHECK_MESSAGES)
     ]
-    assert not copies, f"use resources.check_checkpoint: {copies}"
-    probes = [  # (folder / "config.json").is_file(): what resources.is_checkpoint says
+    assert not copies, f"use checkpoint.check_checkpoint: {copies}"
+    probes = [  # (folder / CONFIG_FILE).is_file(): what checkpoint.is_checkpoint says
         where(path, node)
         for path in SOURCES
-        if path != RESOURCES
+        if path != CHECKPOINT
         for node in ast.walk(parsed(path))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == "is_file"
         and isinstance(node.func.value, ast.BinOp)
-        and isinstance(node.func.value.right, ast.Constant)
-        and node.func.value.right.value == "config.json"
+        and ast.unparse(node.func.value.right) in {"CONFIG_FILE", "checkpoint.CONFIG_FILE"}
     ]
-    assert not probes, f"use resources.is_checkpoint: {probes}"
+    assert not probes, f"use checkpoint.is_checkpoint: {probes}"
 
 
 def test_check_checkpoint_messages(tmp_path):

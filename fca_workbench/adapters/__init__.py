@@ -2,12 +2,13 @@
 controller kinds, the transformers adapter.
 
 Native folders load strictly through ``fca_workbench.models``; any other ``model_type`` that transformers knows
-is loaded from local safetensors and wrapped in ``TransformersControlled`` (``loading.load_controlled``).
+is loaded from local safetensors and wrapped in ``TransformersControlled`` (``loading.load_controlled``);
+``open_checkpoint`` is the whole load: device, placement, model and its tokenizer.
 """
 
 from fca_workbench.adapters.hf import TransformersControlled, find_controllers
 from fca_workbench.adapters.kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind
-from fca_workbench.adapters.loading import controlled_view, load_controlled, load_transformers
+from fca_workbench.adapters.loading import controlled_view, load_controlled, load_transformers, open_checkpoint
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel, frozen
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "load_controlled",
     "load_transformers",
     "name_pattern",
+    "open_checkpoint",
     "register_kind",
     "tensor_kind",
 ]

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import torch
 
+from fca_workbench.audit.capture import MANIFEST
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json
 
@@ -80,7 +81,7 @@ def audit_batch_size(model: Any, window: int, device: str | torch.device, cache:
     ``cache`` holds one (so a rerun can reuse it), 16 on CPU, and on CUDA as many windows as fit in the
     free GPU memory (``torch.cuda.mem_get_info``, less the weights if they are not on the GPU yet and a
     reserve) at ``SAFETY`` × ``window_bytes``, between 1 and 64."""
-    manifest = Path(cache) / "manifest.json" if cache is not None else None
+    manifest = Path(cache) / MANIFEST if cache is not None else None
     if manifest is not None and manifest.is_file():
         try:
             shard_size = cast(dict, read_json(manifest)).get("shard_size")

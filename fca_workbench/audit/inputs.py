@@ -6,17 +6,16 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from fca_workbench.adapters.loading import load_controlled
-from fca_workbench.adapters.placement import check_device, placed, placement
+from fca_workbench.adapters.loading import open_checkpoint
+from fca_workbench.adapters.placement import check_device
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.data.corpus import split_path
-from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor
-from fca_workbench.models.hub import Checkpoint, resolve_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # settings.DTYPE_NAMES
 EVAL, CALIBRATION = "eval", "calibration"  # the two data splits a session reads
@@ -25,37 +24,25 @@ EVAL, CALIBRATION = "eval", "calibration"  # the two data splits a session reads
 def load_audit_model(
     settings: AuditSettings, out: Path | None = None, ranks: Ranks = SINGLE, checkpoint: Checkpoint | None = None
 ) -> tuple[ControlledModel, PreTrainedTokenizerBase]:
-    """The controlled model (on the settings' device and dtype, or placed across devices, CPU and disk by
-    big-model inference: ``placement.placement``, its offload folder outside the checkpoint, the output folder and
-    the cache, under torchrun on this rank's own devices) and its tokenizer, checked against each other, both
-    from ``checkpoint`` (default: ``settings.checkpoint`` resolved, ``models.hub``)."""
+    """The controlled model and its tokenizer (``loading.open_checkpoint``: on the settings' device and dtype,
+    or placed by big-model inference with its offload folder outside the checkpoint, the output folder and the
+    cache, under torchrun on this rank's own devices), from ``checkpoint`` (default: ``settings.checkpoint``
+    resolved). A device that cannot compute is refused before the checkpoint is resolved."""
     check_device(settings.device)
     checkpoint = checkpoint or resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
-    outside = {"checkpoint": checkpoint.folder, "coefficient cache": settings.cache, "output folder": out}
-    place = placement(
-        settings.device_map, settings.max_memory, settings.offload_folder, settings.device, outside, ranks
+    return open_checkpoint(
+        checkpoint,
+        DTYPES[settings.dtype],
+        controllers=settings.controllers,
+        only_controllers=settings.only_controllers,
+        trust_remote_code=settings.trust_remote_code,
+        device=settings.device,
+        device_map=settings.device_map,
+        max_memory=settings.max_memory,
+        offload_folder=settings.offload_folder,
+        offload_outside={"coefficient cache": settings.cache, "output folder": out},
+        ranks=ranks,
     )
-    folder = checkpoint.folder
-    model = placed(  # offloaded weights, if any, removed with the model
-        place,
-        lambda place: load_controlled(
-            folder,
-            DTYPES[settings.dtype],
-            settings.controllers,
-            settings.trust_remote_code,
-            settings.only_controllers,
-            place,
-        ),
-    )
-    if settings.device_map is None:
-        model.to(settings.device)
-    tokenizer = load_tokenizer(folder)
-    if len(tokenizer) > model.config.vocab_size:
-        raise UserError(
-            f"the tokenizer in {settings.checkpoint} has {len(tokenizer)} tokens, more than the model's "
-            f"vocabulary of {model.config.vocab_size}: they do not belong together"
-        )
-    return model, tokenizer
 
 
 def window_length(settings: AuditSettings, model: ControlledModel) -> int:

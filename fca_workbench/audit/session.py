@@ -44,8 +44,8 @@ from fca_workbench.audit.metrics import VarianceAccumulator, condition_figures, 
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.sweep import per_layer_window_nll
+from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.errors import UserError
-from fca_workbench.models.hub import Checkpoint, resolve_checkpoint
 from fca_workbench.results.conditions import LIVE_RUN, REFERENCE, condition_named, model_conditions, retention_profiles
 from fca_workbench.results.layout import cache_root
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.data.windows import file_stamp
 from fca_workbench.downstream.table import downstream_table, gap_table
-from fca_workbench.resources import inside_folder
+from fca_workbench.files import inside_folder
 from fca_workbench.results.frames import read_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 

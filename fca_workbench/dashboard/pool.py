@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fca_workbench.checkpoint import checkpoint_name, hub_name, is_checkpoint, resolve_checkpoint
 from fca_workbench.dashboard.live import DashboardSession, SharedModel
 from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json
-from fca_workbench.models.hub import checkpoint_name, hub_name, resolve_checkpoint
-from fca_workbench.resources import checkpoints_dir, is_checkpoint
+from fca_workbench.resources import checkpoints_dir
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
 DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
@@ -41,7 +41,8 @@ class Registry:
     def from_file(cls, path: str | Path) -> Registry:
         """A JSON file ``{"name": "folder", ...}``, or a list ``["folder", ...]`` named by ``checkpoint_name``;
         relative folders are relative to the file's own folder; a hub name ``ORG/NAME[@REVISION]`` that is no
-        folder there is resolved now (``models.hub``), so a name missing from the cache is one line at start."""
+        folder there is resolved now (``checkpoint.resolve_checkpoint``), so a name missing from the cache is one
+        line at start."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"registry file not found: {path}")

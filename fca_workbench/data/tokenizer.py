@@ -5,9 +5,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from fca_workbench.checkpoint import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from fca_workbench.errors import UserError
-from fca_workbench.files import reading
-from fca_workbench.resources import check_links_inside, shipped
+from fca_workbench.files import check_links_inside, reading
+from fca_workbench.resources import shipped
 
 TOKENIZER_DIR = shipped("data") / "tokenizer"  # the checkout's data/tokenizer, or the copy bundled in the wheel
 EOS = "<|endoftext|>"
@@ -33,7 +34,7 @@ def load_tokenizer(folder: str | Path = TOKENIZER_DIR) -> PreTrainedTokenizerBas
     """The tokenizer saved in a checkpoint (or data) folder; never fetched from a hub, never read through a
     link leading out of the folder."""
     folder = Path(folder)
-    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+    if not any((folder / name).is_file() for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)):
         raise UserError(f"no tokenizer files in {folder}")
     check_links_inside(folder)
     with reading(f"unreadable tokenizer in {folder}"):  # tokenizers and transformers: their own types

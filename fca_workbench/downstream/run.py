@@ -31,8 +31,7 @@ from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
 from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
 from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.errors import UserError
-from fca_workbench.files import reading, write_json
-from fca_workbench.resources import inside_folder
+from fca_workbench.files import inside_folder, reading, write_json
 from fca_workbench.results.binding import check_folder_binding
 from fca_workbench.results.conditions import LAYER_MEAN, LOW, REFERENCE
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream

@@ -19,6 +19,7 @@ from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.checkpoint import CARD_FILE
 from fca_workbench.errors import UserError
 from fca_workbench.export.card import CARD_JSON, export_card_markdown
 from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
@@ -31,8 +32,6 @@ from fca_workbench.results.conditions import EXPORTABLE_PROFILES, PROFILE_CONDIT
 from fca_workbench.results.frames import read_audit_json
 
 __all__ = ["export_static"]
-
-CARD_FILE = "README.md"  # a checkpoint's model card (train_state.CHECKPOINT_FILES names it the same)
 
 
 def export_static(

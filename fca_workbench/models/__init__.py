@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.models.common import (
     CoefficientLMOutput,
     CoefficientModel,
@@ -17,7 +18,6 @@ from fca_workbench.models.common import (
 )
 from fca_workbench.models.dense import DenseConfig, DenseForCausalLM
 from fca_workbench.models.featuregate import FeatureGateConfig, FeatureGateForCausalLM
-from fca_workbench.models.hub import resolve_checkpoint
 from fca_workbench.models.loading import load_weights, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 
@@ -52,10 +52,10 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype | None = None, placing: Mapping[str, Any] | None = None
+    path: str | Path | Checkpoint, dtype: torch.dtype | None = None, placing: Mapping[str, Any] | None = None
 ) -> CoefficientModel:
-    """Load a checkpoint folder (or a hub name, ``models.hub``) strictly, turning every way it can be broken
-    into one-line UserErrors.
+    """Load a checkpoint folder (or a hub name; or a ``Checkpoint`` already resolved, ``fca_workbench.checkpoint``)
+    strictly, turning every way it can be broken into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
@@ -63,7 +63,7 @@ def load_model(
     match the model exactly before anything is loaded (see ``fca_workbench.models.loading``). ``placing``:
     big-model inference's ``from_pretrained`` arguments (``adapters.placement.Placement.loading_kwargs``).
     """
-    folder = resolve_checkpoint(path).folder
+    folder = (path if isinstance(path, Checkpoint) else resolve_checkpoint(path)).folder
     config = read_config(folder, FAMILIES)
     model_class = next(cls for cfg, cls in FAMILIES.values() if type(config) is cfg)
     return load_weights(folder, model_class, config, dtype, placing)

@@ -18,7 +18,7 @@ GPT-NeoX tokenizer files. This module reads such a folder without ever executing
   ``torch.load(..., weights_only=True, map_location="meta")`` for ``.bin``) and compares them with the
   model built on the meta device: any missing key, unexpected key or wrong shape is one ``UserError``
   that names them. Weight files (and the shards an index names, ``index_shards``) are read only from
-  inside the folder (``resources.inside_folder``).
+  inside the folder (``files.inside_folder``).
   Only then are the weights loaded (``from_pretrained`` of the concrete class, with
   ``weights_only=True``), and its own loading report must be empty too.
 
@@ -38,23 +38,12 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
+from fca_workbench.checkpoint import CONFIG_FILE, SAFETENSORS_WEIGHTS, WEIGHT_FILES, config_fields, model_type_of
 from fca_workbench.errors import UserError
-from fca_workbench.files import read_json, reading, safetensors_shapes
+from fca_workbench.files import inside_folder, read_json, reading, safetensors_shapes
 from fca_workbench.models.limits import check_memory, check_sizes
-from fca_workbench.resources import inside_folder
 
 Model = TypeVar("Model", bound=PreTrainedModel)
-
-CONFIG_FILE = "config.json"
-
-
-# What the loader looks for, in this order (the order transformers prefers too).
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 # Pointers to code shipped in the folder: removed from the config before it is used, never followed.
@@ -151,7 +140,7 @@ def read_config(
     """
     path = folder / CONFIG_FILE
     raw = config_fields(folder)
-    model_type = model_type_of(raw, path)
+    model_type = model_type_of(raw, folder)
     by_type = {config_class.model_type: config_class for config_class, _ in families.values()}
     if model_type not in by_type:
         shown = "no model_type" if model_type is None else f"a '{model_type}' model"
@@ -165,22 +154,6 @@ def read_config(
     check_sizes(config, str(path))
     config._name_or_path = str(folder)
     return config
-
-
-def config_fields(folder: Path) -> dict:
-    """The JSON object in a checkpoint's ``config.json``, as it is; unreadable: one ``UserError`` line."""
-    try:
-        return cast(dict, read_json(folder / CONFIG_FILE))
-    except UserError as exc:
-        raise UserError(f"unreadable checkpoint config: {exc}") from None
-
-
-def model_type_of(raw: dict, path: Path) -> str | None:
-    """A config's ``model_type``: a name, or None when it has none; anything else is one ``UserError`` line."""
-    model_type = raw.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise UserError(f"{path}: model_type is a JSON {type(model_type).__name__}, not a name")
-    return model_type
 
 
 def check_muddpythia_fields(fields: dict, folder: Path) -> None:
@@ -250,7 +223,7 @@ def read_weight_map(index: Path) -> dict[str, str]:
 
 def index_shards(index: Path, weight_map: Mapping[str, str] | None = None) -> dict[str, Path]:
     """Every shard file a shard index names, each refused unless it lies inside the index's folder
-    (``resources.inside_folder``) and exists: what any loader may read for that index, checked before
+    (``files.inside_folder``) and exists: what any loader may read for that index, checked before
     anything reads it."""
     folder = index.parent
     weight_map = read_weight_map(index) if weight_map is None else weight_map
@@ -364,7 +337,7 @@ def load_weights(
             config=config,
             dtype=dtype,
             local_files_only=True,
-            use_safetensors=path.name.startswith("model.safetensors"),
+            use_safetensors=path.name in SAFETENSORS_WEIGHTS,
             weights_only=True,
             output_loading_info=True,
             **(placing or {}),

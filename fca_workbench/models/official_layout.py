@@ -6,8 +6,9 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from fca_workbench.checkpoint import BIN_FILE, BIN_INDEX, CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX
 from fca_workbench.files import write_json
-from fca_workbench.models.loading import CONFIG_FILE, OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
+from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
 
 
 def official_config_dict(config: PretrainedConfig, dtype: torch.dtype) -> dict:
@@ -45,10 +46,11 @@ def save_official(
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     dtype = next(iter(state.values())).dtype
     write_json(folder / CONFIG_FILE, official_config_dict(model.config, dtype))
-    stem, suffix = ("model", "safetensors") if weights == "safetensors" else ("pytorch_model", "bin")
+    whole, index_file = (SAFETENSORS_FILE, SAFETENSORS_INDEX) if weights == "safetensors" else (BIN_FILE, BIN_INDEX)
+    stem, suffix = whole.split(".")
     groups = _split_evenly(list(state), shards, state)
     names = (
-        [f"{stem}.{suffix}"]
+        [whole]
         if len(groups) == 1
         else [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.{suffix}" for i in range(len(groups))]
     )
@@ -65,7 +67,7 @@ def save_official(
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
             "weight_map": {k: name for name, keys in zip(names, groups) for k in keys},
         }
-        write_json(folder / f"{stem}.{suffix}.index.json", index)
+        write_json(folder / index_file, index)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return folder

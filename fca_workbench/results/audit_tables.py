@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fca_workbench.models.hub import recorded_name
+from fca_workbench.checkpoint import recorded_name
 from fca_workbench.results.conditions import (
     ALL_CONDITIONS,
     CONDITIONS,

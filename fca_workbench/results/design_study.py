@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fca_workbench.checkpoint import TRAIN_CARD_FILE
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import read_json, schema_problem
-from fca_workbench.resources import inside_folder, shipped
+from fca_workbench.files import inside_folder, read_json, schema_problem
+from fca_workbench.resources import shipped
 from fca_workbench.results.audit_tables import seed_summary
 from fca_workbench.results.conditions import LAYER_MEAN, REASSIGNMENTS, REFERENCE
-from fca_workbench.results.layout import MODEL_CARD_FILE, STUDY_SUMMARY_FILE
+from fca_workbench.results.layout import STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
 from fca_workbench.results.tables import Column, make_table
 
@@ -156,13 +157,13 @@ def read_run(folder: Path, run: str) -> dict:
     or the folder's name is not the run its summary names (a copied folder would count a seed twice), or the two
     disagree on the eval NLL."""
     summary = _read_checked(folder, run, STUDY_SUMMARY_FILE, summary_schema())
-    card = _read_checked(folder, run, MODEL_CARD_FILE, CARD_SCHEMA)
+    card = _read_checked(folder, run, TRAIN_CARD_FILE, CARD_SCHEMA)
     named = f"{summary['variant']}-s{summary['seed']}"
     if named != run:
         raise UserError(f"its {STUDY_SUMMARY_FILE} is the run {named}, not {run}")
     if summary["eval_nll"] != card["eval_nll"]:
         raise UserError(
-            f"its {STUDY_SUMMARY_FILE} has eval_nll {summary['eval_nll']}, its {MODEL_CARD_FILE} {card['eval_nll']}"
+            f"its {STUDY_SUMMARY_FILE} has eval_nll {summary['eval_nll']}, its {TRAIN_CARD_FILE} {card['eval_nll']}"
         )
     return {**summary, "card": card}
 
@@ -188,7 +189,7 @@ def read_design_study(folder: str | Path | None = None) -> DesignStudy:
         why = f"; {len(skipped)} skipped, the first {skipped[0]}" if skipped else ""
         raise UserError(
             f"no run of the controller-design study in {folder} (each is a folder <variant>-s<seed> holding "
-            f"{STUDY_SUMMARY_FILE} and {MODEL_CARD_FILE}){why}"
+            f"{STUDY_SUMMARY_FILE} and {TRAIN_CARD_FILE}){why}"
         )
     return DesignStudy(folder, runs, skipped)
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from fca_workbench.checkpoint import recorded_name
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, schema_problem
-from fca_workbench.models.hub import recorded_name
 from fca_workbench.results.binding import FINGERPRINT, RERUN_AUDIT, audit_binding, check_binding, downstream_binding
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table

@@ -7,7 +7,8 @@ its marker and ``audit_many.json`` beside its audit folders. A results folder of
 its config and index, the audits under ``audits/`` (each with its ``provenance.json``), and the notebooks'
 ``notebooks/``, ``tables/`` and ``figures/``. The coefficient cache's own files (manifest, shards) are
 ``audit.capture``'s; its lock, like an output folder's, is ``LOCK_FILE``.
-A study folder (``benchmarks/controller_design.py --out``) holds one folder per run: its summary and model card.
+A study folder (``benchmarks/controller_design.py --out``) holds one folder per run: its summary and the model
+card of its checkpoint (``checkpoint.TRAIN_CARD_FILE``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ TABLES_DIR = "tables"
 FIGURES_DIR = "figures"
 
 STUDY_SUMMARY_FILE = "audit_summary.json"  # in each run folder of a study (benchmarks/controller_design.py)
-MODEL_CARD_FILE = "model_card.json"  # a trained checkpoint's card, copied beside its study summary
 
 
 def cache_root(cache: str | Path | None, audit_dir: str | Path | None) -> Path:

@@ -1,16 +1,23 @@
-"""A checkpoint as the user names it: a folder, or a Hugging Face hub name ``ORG/NAME[@REVISION]``.
+"""The checkpoint folder: the names of its files, a checkpoint as the user names it resolved to a checked folder,
+and its config's fields read before anything is built from them.
 
-One resolver for every place a checkpoint is named, resolving hub names the way transformers does: the local
-cache (``HF_HOME`` / ``HF_HUB_CACHE``) first, a download through ``huggingface_hub`` only while the network is
-allowed (``HF_HUB_OFFLINE`` unset), and only configs, safetensors and tokenizer files (code files only with
-``--trust-remote-code``). An existing folder always stays a folder (a folder ``org/name`` in the current folder
-wins, as in transformers). What comes back is a checked checkpoint folder and where it came from.
+A checkpoint is named as a folder, or as a Hugging Face hub name ``ORG/NAME[@REVISION]``, resolved the way
+transformers resolves one: the local cache (``HF_HOME`` / ``HF_HUB_CACHE``) first, a download through
+``huggingface_hub`` only while the network is allowed (``HF_HUB_OFFLINE`` unset), and only configs, safetensors
+and tokenizer files (code files only with ``--trust-remote-code``). An existing folder always stays a folder (a
+folder ``org/name`` in the current folder wins, as in transformers). What comes back is a ``Checkpoint``: a
+folder that holds a ``config.json`` and no link leading out of it, and where it came from.
+
+Every file name of a checkpoint folder is declared here, for the loaders, the trainer, the exporter and the
+tokenizer alike. It is a foundation module because ``resources`` (which folders of a copy are checkpoints, what
+is never shipped) and ``data.tokenizer`` (a folder's tokenizer files) need the names below ``models``.
 """
 
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from huggingface_hub import constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
@@ -18,7 +25,23 @@ from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name
 from huggingface_hub.utils import validate_repo_id
 
 from fca_workbench.errors import UserError, first_line
-from fca_workbench.resources import check_checkpoint
+from fca_workbench.files import check_links_inside, read_json
+
+CONFIG_FILE = "config.json"  # what makes a folder a checkpoint folder
+GENERATION_CONFIG_FILE = "generation_config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded model's shards, by tensor
+BIN_FILE = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+SAFETENSORS_WEIGHTS = (SAFETENSORS_FILE, SAFETENSORS_INDEX)  # what a foreign model loads from: safetensors only
+WEIGHT_FILES = (*SAFETENSORS_WEIGHTS, BIN_FILE, BIN_INDEX)  # what the strict loader reads, in transformers' order
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+CARD_FILE = "README.md"  # the model card, as the hub shows it
+TRAIN_CARD_FILE = "model_card.json"  # fca train's card: the command that trains it again, what it reached
+TRAIN_LOG_FILE = "train_log.csv"  # fca train's loss, one row per step
+TRAIN_STATE_FILE = "trainer_state.pt"  # an unfinished fca train run's whole state; never shipped
 
 # What a download fetches: configs (and shard indexes), weights, tokenizer files; never code or other formats.
 HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
@@ -26,6 +49,23 @@ CODE_FILES = ("*.py",)  # fetched only with --trust-remote-code
 HUB_NAME = re.compile(r"[^/@~.\\][^/@\\]*/[^/@\\]+(@.*)?", re.DOTALL)  # ORG/NAME[@REVISION], validated below
 REVISION = re.compile(r"[\w.\-]+(/[\w.\-]+)*")  # a branch, tag or commit; refs/pr/1 too
 MAX_REVISION = 255  # the cache keeps refs/<revision> as a file: longer is no name a file system takes
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """True for a folder that holds a checkpoint's ``config.json`` (its weights are checked when loaded)."""
+    return (Path(folder) / CONFIG_FILE).is_file()
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path``, or a one-line ``UserError`` saying it is missing or is not one: the
+    check every command and loader makes before reading a checkpoint."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"checkpoint folder not found: {folder}")
+    if not is_checkpoint(folder):
+        raise UserError(f"not a checkpoint folder (no {CONFIG_FILE}): {folder}")
+    check_links_inside(folder)
+    return folder
 
 
 @dataclass(frozen=True)
@@ -82,8 +122,8 @@ def _hub_label(repo_id: str, revision: str | None) -> str:
 
 
 def resolve_checkpoint(name: str | Path, trust_remote_code: bool = False) -> Checkpoint:
-    """The checkpoint ``name`` names, checked (``resources.check_checkpoint``: no link leading out of it, a hub
-    snapshot's links into its own ``blobs/`` aside); every way it cannot be found is one ``UserError`` line."""
+    """The checkpoint ``name`` names, checked (``check_checkpoint``: no link leading out of it, a hub snapshot's
+    links into its own ``blobs/`` aside); every way it cannot be found is one ``UserError`` line."""
     parsed = hub_name(name)
     if parsed is None:
         return Checkpoint(check_checkpoint(name))
@@ -109,3 +149,19 @@ def resolve_checkpoint(name: str | Path, trust_remote_code: bool = False) -> Che
     if snapshot.parent != storage / "snapshots" or not REGEX_COMMIT_HASH.fullmatch(snapshot.name):
         raise UserError(f"the Hugging Face cache of {repo_id} points outside its own folder ({snapshot})")
     return Checkpoint(check_checkpoint(snapshot), repo_id, revision, snapshot.name)
+
+
+def config_fields(folder: Path) -> dict:
+    """The JSON object in a checkpoint's ``config.json``, as it is; unreadable: one ``UserError`` line."""
+    try:
+        return cast(dict, read_json(folder / CONFIG_FILE))
+    except UserError as exc:
+        raise UserError(f"unreadable checkpoint config: {exc}") from None
+
+
+def model_type_of(raw: dict, folder: Path) -> str | None:
+    """A config's ``model_type``: a name, or None when it has none; anything else is one ``UserError`` line."""
+    model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise UserError(f"{folder / CONFIG_FILE}: model_type is a JSON {type(model_type).__name__}, not a name")
+    return model_type
