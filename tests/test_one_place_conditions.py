@@ -17,6 +17,7 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.cli import build_parser
 from fca_workbench.dashboard import CONDITION_HELP, SEEDED
+from fca_workbench.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results.conditions import (
     ALL_CONDITIONS,
@@ -145,7 +146,7 @@ def test_assigned_values_of_each_kind():
     assert not torch.equal(shuffled, own[0][COEFFICIENT])
     profile = real("layer_mean", own, None, {"layer_mean": [torch.tensor([7.0, 8.0])]}, [(2,)], torch.tensor([0]), 0)
     assert profile[0][COEFFICIENT].shape == (1, 6, 2) and profile[0][COEFFICIENT][0, 5].tolist() == [7.0, 8.0]
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(UserError, match="unknown condition"):
         real("layer_median", own, None, None, [(2,)], torch.tensor([0]), 0)
 
 
