@@ -13,7 +13,7 @@ import zoo
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.families import FAMILIES as REGISTRY
+from fca_workbench.adapters.families import MOE_FAMILIES as REGISTRY
 from fca_workbench.adapters.families import OUTPUT_SHAPES, Family
 from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.routers import OUTPUTS, find_routers

@@ -1,6 +1,6 @@
 """What transformers does not make uniform across its dynamic families, declared as data.
 
-``FAMILIES``: per mixture-of-experts ``model_type``, how its routers are named, which shape their output has,
+``MOE_FAMILIES``: per mixture-of-experts ``model_type``, how its routers are named, which shape their output has,
 the routing step of a router that returns only logits, its zero-computation experts, and how its decoder
 layers are counted. It lists every MoE ``model_type`` of transformers' causal-LM mapping
 (``tests/test_zoo_moe.py`` fails when transformers adds one it does not list); a family absent from it gets
@@ -36,7 +36,7 @@ class Family:
 
 DEFAULT = Family()
 
-FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorted
+MOE_FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorted
     "afmoe": DEFAULT,
     "aria_text": DEFAULT,
     "axk1": DEFAULT,
@@ -157,7 +157,7 @@ SELECTIVE_FAMILIES: dict[str, tuple[str, ...]] = {
 
 def family_of(config: Any) -> Family:
     """The declared family of a model with this config, else ``DEFAULT``."""
-    return FAMILIES.get(getattr(config, "model_type", ""), DEFAULT)
+    return MOE_FAMILIES.get(getattr(config, "model_type", ""), DEFAULT)
 
 
 def zero_experts(family: Family, config: Any) -> int:
@@ -179,15 +179,15 @@ OUTPUT_SHAPES = {  # Family.output → what the router returns (the docs' table)
 
 
 def family_table() -> str:
-    """The Markdown table of every declared family, ``FAMILIES`` (MoE routers) and ``SELECTIVE_FAMILIES``
+    """The Markdown table of every declared family, ``MOE_FAMILIES`` (MoE routers) and ``SELECTIVE_FAMILIES``
     (selective SSMs and gates) together (docs/guides/foreign-models.md holds it between ``<!-- families -->``
     markers; a test checks that the committed table is this one)."""
     rows = [
         "| model_type | MoE routers (child of the MoE block) | router output | selective SSM and gate kinds | notes |",
         "|---|---|---|---|---|",
     ]
-    for model_type in sorted(set(FAMILIES) | set(SELECTIVE_FAMILIES)):
-        family, notes = FAMILIES.get(model_type), []
+    for model_type in sorted(set(MOE_FAMILIES) | set(SELECTIVE_FAMILIES)):
+        family, notes = MOE_FAMILIES.get(model_type), []
         routers = output = ""
         if family is not None:
             if family.step:
