@@ -3,7 +3,7 @@
 What it does, in the order a user's audit would:
 
 1. builds a randomly initialised MUDDPythia with the official 1.4B config (24 layers, dim 2048, vocab
-   50432, 2048-token context; ``fca_workbench.official.OFFICIAL_1P4B_CONFIG``) in bf16 directly on the
+   50432, 2048-token context; ``fca_workbench.models.loading.OFFICIAL_1P4B_CONFIG``) in bf16 directly on the
    device, with controllers and ``dense_bs`` perturbed so that coefficients vary with the input;
 2. saves it in the official Hugging Face layout (``config.json`` with ``auto_map``, safetensors shards
    plus ``model.safetensors.index.json``), next to trap ``modeling_muddpythia.py`` /

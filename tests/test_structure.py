@@ -164,8 +164,6 @@ PUBLIC_PATHS = [  # what the README and notebooks of the flat layout imported, a
     ("fca_workbench.adapters", "tensor_kind"),
     ("fca_workbench.resources", "shipped"),
     ("fca_workbench.errors", "UserError"),
-    ("fca_workbench.official", "save_official"),
-    ("fca_workbench.prefix", "PrefixCache"),
     ("fca_workbench.dashboard", "CONDITION_HELP"),
     ("fca_workbench.audit", "run_audit"),
     ("fca_workbench.audit", "AuditSettings"),
