@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from fca_workbench.audit.capture import read_manifest
-from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.audit.run import run_audit
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.checkpoint import checkpoint_key, checkpoint_name, hub_name, recorded_name, resolve_checkpoint
 from fca_workbench.data.corpus import split_path
 from fca_workbench.errors import UserError
@@ -41,6 +42,7 @@ SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"
 # eleven checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
 DEFAULT_MAX_WINDOWS = 64
 PATH_PARAMETERS = ("eval_data", "calibration_data")
+AUDIT_NAMES = {"eval_data": "eval", "calibration_data": "calibration"}  # a parameter's name → the audit setting's
 
 
 def shipped_checkpoints(names: list[str] = SHIPPED) -> list[str]:
@@ -162,19 +164,15 @@ class NotebookRun:
         self.cache = Path(self.cache).resolve() if self.cache else (results_root() / CACHE_DIR)
 
     def settings(self, checkpoint: str | Path) -> AuditSettings:
-        """The audit settings of ``checkpoint`` in this run, its coefficient cache under the shared root."""
-        settings = AuditSettings(
-            checkpoint=checkpoint_key(checkpoint),
-            eval=str(Path(self.eval_data).resolve()) if self.eval_data else None,
-            calibration=str(Path(self.calibration_data).resolve()) if self.calibration_data else None,
-            window=self.window,
-            max_windows=self.max_windows,
-            device=self.device,
-            dtype=self.dtype,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            per_layer=self.per_layer,
-        )
+        """The audit settings of ``checkpoint`` in this run: every audit setting the parameters cell names
+        (``AUDIT_NAMES`` maps the two spelled otherwise), data files resolved, its coefficient cache under the
+        shared root."""
+        audit_fields = {f.name for f in dataclasses.fields(AuditSettings)} - {"checkpoint", "cache"}
+        given = {AUDIT_NAMES.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        chosen = {name: value for name, value in given.items() if name in audit_fields}
+        for name in PATH_PARAMETERS:
+            chosen[AUDIT_NAMES[name]] = str(Path(getattr(self, name)).resolve()) if getattr(self, name) else None
+        settings = AuditSettings(checkpoint=checkpoint_key(checkpoint), **chosen)
         return dataclasses.replace(settings, cache=str(shared_cache(self.cache, settings)))
 
     def audit_dir(self, audit_or_checkpoint: dict | str | Path) -> Path:
