@@ -180,3 +180,19 @@ def test_a_condition_the_model_does_not_replay_is_one_line(audited):
         session.check_condition("layer_mean_topk")
     with pytest.raises(UserError, match="is not one of its conditions"):
         session.check_condition("layer_median")
+
+
+def test_one_audits_retention_table_shows_every_profile_it_has(tmp_path):
+    """The dashboard's detail view of a router audit shows ``layer_mean_topk`` beside the other profiles (the
+    overview names it an MoE audit's best profile); the paper's table across models keeps the common ones."""
+    from fca_workbench.dashboard.results_folder import audit_tables
+    from fca_workbench.resources import checkpoints_dir
+    from fca_workbench.results.audit_tables import retention_table
+
+    settings = AuditSettings(
+        str(checkpoints_dir() / "moe-s0"), window=32, max_windows=4, batch_size=2, resamples=20, latency_repeats=1
+    )
+    audit = run_audit(settings, tmp_path / "moe")
+    assert "layer_mean_topk" not in retention_table([audit]).columns
+    (detail,) = [t for t in audit_tables(audit) if "layer_mean" in t.columns]
+    assert detail["layer_mean_topk"].tolist() == [audit["retention"]["layer_mean_topk"]["value"]]

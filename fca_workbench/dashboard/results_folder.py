@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from fca_workbench import tables
 from fca_workbench.errors import UserError, first_line
 from fca_workbench.results.binding import binding
+from fca_workbench.results.conditions import retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, CACHE_DIR, FIGURES_DIR, NOTEBOOKS_DIR, PROFILES_FILE, TABLES_DIR
 from fca_workbench.results.profiles import verified_profiles
 from fca_workbench.results.schema import read_audit_json
@@ -79,7 +80,7 @@ def audit_tables(audit: dict) -> list:
     """The audit's tables (``tables.py``, one audit): those with rows, in reading order."""
     made = (
         tables.assignment_table([audit]),
-        tables.retention_table([audit]),
+        tables.retention_table([audit], retention_profiles(audit["retention"])),
         tables.variation_table([audit]),
         tables.execution_table([audit]),
         tables.positive_control_table([audit]),

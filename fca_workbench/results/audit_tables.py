@@ -178,15 +178,16 @@ def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
     )
 
 
-def retention_table(audits: list[dict]) -> pd.DataFrame:
-    """Gap retention of each static profile with its 95% CI, one row per model."""
+def retention_table(audits: list[dict], profiles: Sequence[str] = RETENTION_PROFILES) -> pd.DataFrame:
+    """Gap retention of each static profile with its 95% CI, one row per model: ``profiles``, those every
+    audit with a controller has by default (one audit's view passes all of its own)."""
     columns = [Column("model", "model", "text"), Column("arch", "arch", "text")]
-    for p in RETENTION_PROFILES:
+    for p in profiles:
         columns += [Column(p, p, "pct", digits=4), Column(f"{p}_ci95", f"{p} 95% CI", "pct", "ci", digits=4)]
     rows = []
     for a in with_controller(audits):
         row = {"model": model_name(a), "arch": a["model"]["arch"]}
-        for p in RETENTION_PROFILES:
+        for p in profiles:
             row[p] = a["retention"][p]["value"]
             row[f"{p}_ci95"] = a["retention"][p]["ci95"]
         rows.append(row)
