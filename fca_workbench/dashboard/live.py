@@ -39,7 +39,7 @@ from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
 from fca_workbench.files import fingerprint_tensor
-from fca_workbench.results.conditions import LIVE_RUN, LOW, REFERENCE, condition_named
+from fca_workbench.results.conditions import CONDITIONS, LIVE_RUN, LOW, REFERENCE, condition_named
 
 MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
@@ -88,7 +88,8 @@ class SharedModel:
         )
         self.eval_windows = self.session.windows(EVAL)
         self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
-        self.conditions = self.session.conditions
+        # a model without a controller shows every condition as the live run, with a note that says so
+        self.conditions = self.session.conditions if self.has_coefficients else CONDITIONS
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.serial = next(_LOADS)
@@ -101,6 +102,11 @@ class SharedModel:
     @property
     def has_coefficients(self) -> bool:
         return bool(self.slot_shapes)
+
+    def check_condition(self, condition: str) -> None:
+        """One line for a condition this view does not show for the model (a router's for a model without)."""
+        if condition not in self.conditions:
+            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(self.conditions)}")
 
     @torch.no_grad()
     def profiles(self) -> dict[str, list[torch.Tensor]]:
@@ -309,7 +315,7 @@ class DashboardSession:
     ) -> Values:
         """Per controller, the values ``condition`` assigns to this window (``audit.conditions.assigned_values``,
         as the audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
-        shared.session.check_condition(condition, "intervention")
+        shared.check_condition(condition)
         donor_values = None
         if condition_named(condition).needs_donor:
             donor_values = self.prefix(name, shared, window_input(shared, donor)).values
@@ -361,7 +367,7 @@ class DashboardSession:
         """Answer one query. ``donor`` (cross_input only): an eval window index, None for the audit's own
         seeded derangement. Raises ``UserError`` for anything the user can fix."""
         started = time.perf_counter()
-        shared.session.check_condition(condition, "intervention")
+        shared.check_condition(condition)
         named = condition_named(condition)
         if layer is not None and not 0 <= layer < shared.num_layers:
             raise UserError(f"layer {layer} does not exist: the model has {shared.num_layers} layers")
