@@ -35,7 +35,8 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream, window_sampling
 from fca_workbench.errors import UserError, first_line, one_line
-from fca_workbench.files import fingerprint_tensor, read_json, write_json
+from fca_workbench.files import read_json, write_json
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,

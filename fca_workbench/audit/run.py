@@ -31,7 +31,8 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, window_sampling
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
+from fca_workbench.files import write_atomic, write_json
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.models.hub import Checkpoint, checkpoint_name, resolve_checkpoint
 from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
