@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-import fca_workbench  # noqa: F401  (registers the Auto classes)
+import fca_workbench.models  # noqa: F401  (registers the Auto classes)
 from fca_workbench import train as train_module
 from fca_workbench.cli import main
 from fca_workbench.data.corpus import split_path
