@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
-    from fca_workbench.audit.distributed import error_prefix, under_torchrun
+    from fca_workbench.audit.torchrun import error_prefix, under_torchrun
 
     hf_logging.disable_progress_bar()  # our own tqdm bars say what is happening; theirs would interleave
     hf_logging.set_verbosity_error()
