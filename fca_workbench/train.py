@@ -46,11 +46,11 @@ from fca_workbench.models.limits import (
     parameters_on_meta,
 )
 from fca_workbench.train_card import model_card_markdown
-from fca_workbench.train_state import (  # TrainSettings, CHECKPOINT_FILES, STATE_FILE: also imported from here
+from fca_workbench.train_settings import TrainSettings
+from fca_workbench.train_state import (  # CHECKPOINT_FILES, STATE_FILE: also imported from here
     CHECKPOINT_FILES,
     LOG_FILE,
     STATE_FILE,
-    TrainSettings,
     read_log,
     read_state,
     restore,

@@ -20,7 +20,8 @@ from fca_workbench.audit.mini import MiniAudit, has_controller
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, write_atomic
 from fca_workbench.resources import shipped
-from fca_workbench.train_state import LOG_FILE, TrainSettings
+from fca_workbench.train_settings import TrainSettings
+from fca_workbench.train_state import LOG_FILE
 
 AUDIT_LOG = "audit_log.csv"
 
