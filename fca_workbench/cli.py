@@ -136,13 +136,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     require_lm_eval()
     from fca_workbench.audit.run import default_out
-    from fca_workbench.downstream.run import EvalSettings, comma_names, format_downstream, run_eval
+    from fca_workbench.audit.settings import AuditSettings
+    from fca_workbench.downstream.run import format_downstream, run_eval
+    from fca_workbench.downstream.settings import EvalSettings, comma_names
 
-    settings = EvalSettings(
+    audit = AuditSettings(
         checkpoint=args.checkpoint,
-        tasks=comma_names(args.tasks),
-        conditions=comma_names(args.conditions),
-        limit=args.limit,
         calibration=args.calib,
         window=args.window,
         max_windows=args.max_windows,
@@ -152,6 +151,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         trust_remote_code=args.trust_remote_code,
     )
+    settings = EvalSettings(audit, comma_names(args.tasks), comma_names(args.conditions), args.limit)
     out = Path(args.out) if args.out else default_out(args.checkpoint)
     print(format_downstream(run_eval(settings, out)))
     print(f"\nwrote {out / DOWNSTREAM_FILE}")

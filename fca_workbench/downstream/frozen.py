@@ -5,23 +5,13 @@ import torch
 
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.conditions import Profiles, profile_of, static_values, values_on
+from fca_workbench.downstream.settings import LOW, REFERENCE
 from fca_workbench.errors import UserError
-from fca_workbench.results.conditions import ALL_CONDITIONS, PROFILE_CONDITIONS
-
-REFERENCE = "correct"  # the live model: the gap's top end, retention 1
-LOW = "global_mean"  # one scalar for every coefficient: the gap's bottom end, retention 0
-EVAL_CONDITIONS = (REFERENCE, *PROFILE_CONDITIONS)  # static ones only: a task's text has no cached coefficients
 
 
 def eval_conditions(asked: list[str], has_controller: bool) -> list[str]:
-    """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order; a condition that
-    is not static, or any but ``correct`` for a model without a controller, is one line."""
-    for condition in asked:
-        if condition not in EVAL_CONDITIONS:
-            why = "is not a condition" if condition not in ALL_CONDITIONS else "needs a text's own cached values"
-            raise UserError(
-                f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(EVAL_CONDITIONS)}"
-            )
+    """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order (static ones,
+    ``settings.EvalSettings`` checks); any but ``correct`` for a model without a controller is one line."""
     if not has_controller:
         if set(asked) - {REFERENCE}:
             raise UserError(f"the model has no controller the workbench can audit: only --conditions {REFERENCE}")

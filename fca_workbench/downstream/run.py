@@ -11,7 +11,7 @@ import logging
 import math
 import random
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import lm_eval
@@ -26,7 +26,6 @@ from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.conditions import calibration_profiles, replay_conditions
 from fca_workbench.audit.run import (
     AUDIT_COMMAND,
-    AuditSettings,
     audit_windows,
     capture_split,
     check_audit_out,
@@ -35,9 +34,10 @@ from fca_workbench.audit.run import (
     with_batch_size,
 )
 from fca_workbench.data.tasks import TASKS_DIR
-from fca_workbench.downstream.frozen import LOW, REFERENCE, ConditionLogits, eval_conditions
+from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
 from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
 from fca_workbench.downstream.lm import WorkbenchLM
+from fca_workbench.downstream.settings import LOW, REFERENCE, EvalSettings
 from fca_workbench.errors import UserError
 from fca_workbench.files import reading, write_json
 from fca_workbench.resources import inside_folder
@@ -46,41 +46,6 @@ from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.results.outputs import mark_output, refuse_foreign
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
-
-
-@dataclass
-class EvalSettings:
-    checkpoint: str
-    tasks: list[str]
-    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, "layer_mean"])
-    limit: int | None = None  # the first N documents of each task
-    calibration: str | None = None
-    window: int | None = None
-    max_windows: int | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    batch_size: int | None = None
-    trust_remote_code: bool = False
-
-    def audit_settings(self) -> AuditSettings:
-        """What the audit's loader, windows and capture read (and range-check) of these settings."""
-        return AuditSettings(
-            checkpoint=self.checkpoint,
-            calibration=self.calibration,
-            window=self.window,
-            max_windows=self.max_windows,
-            device=self.device,
-            dtype=self.dtype,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            trust_remote_code=self.trust_remote_code,
-        )
-
-
-def comma_names(text: str) -> list[str]:
-    """``--tasks`` / ``--conditions``: ``a,b`` as ``["a", "b"]``, blanks dropped."""
-    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def local_tasks() -> dict[str, Path]:
@@ -119,13 +84,13 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
     or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
     ``correct``-to-``global_mean`` gap."""
-    if not settings.tasks:
-        raise UserError("--tasks names no task")
     out = check_audit_out(out)
     refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
     manager, tasks = resolve_tasks(settings.tasks)
-    loaded = load_tasks(manager, tasks, settings.seed)  # a task whose data is not on disk: one line, before the model
-    audit_settings = settings.audit_settings()
+    loaded = load_tasks(
+        manager, tasks, settings.audit.seed
+    )  # a task whose data is not on disk: one line, before the model
+    audit_settings = settings.audit
     model, tokenizer = load_audit_model(audit_settings)
     conditions = eval_conditions(settings.conditions, bool(model.controllers))
     calib_path, calib_windows = audit_windows(audit_settings, "calibration", model, tokenizer)
@@ -151,7 +116,7 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
         downstream = {
             "schema": DOWNSTREAM_SCHEMA,
             "model": {
-                "path": str(Path(settings.checkpoint).resolve()),
+                "path": str(Path(settings.audit.checkpoint).resolve()),
                 "arch": model.arch,
                 "fingerprint": model_fingerprint(model),
             },
@@ -159,9 +124,9 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
                 "tasks": settings.tasks,
                 "conditions": conditions,
                 "limit": settings.limit,
-                "seed": settings.seed,
-                "dtype": settings.dtype,
-                "device": settings.device,
+                "seed": settings.audit.seed,
+                "dtype": settings.audit.dtype,
+                "device": settings.audit.device,
                 "window": calib_windows.shape[1],
                 "batch_size": audit_settings.batch_size,
                 "lm_eval": importlib.metadata.version("lm-eval"),
@@ -193,9 +158,9 @@ def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     """lm-eval's results of every task (and group) under the condition ``lm`` uses: per task, its documents
     evaluated (``samples``) and its metrics (``metrics``: value and stderr). ``evaluator.evaluate`` is
     ``simple_evaluate`` without its model loading and its environment report (a ``pip list`` per call)."""
-    random.seed(settings.seed)
-    numpy.random.seed(settings.seed)
-    torch.manual_seed(settings.seed)
+    random.seed(settings.audit.seed)
+    numpy.random.seed(settings.audit.seed)
+    torch.manual_seed(settings.audit.seed)
     results = lm_eval.evaluator.evaluate(
         lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True
     )
