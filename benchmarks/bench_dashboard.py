@@ -289,7 +289,7 @@ def dashboard_server(names: list[str], registry: Registry, calibration_windows, 
         command = [
             sys.executable,
             "-m",
-            "fca_workbench.cli",
+            "fca_workbench",
             "dashboard",
             "--port",
             str(port),

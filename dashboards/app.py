@@ -44,8 +44,9 @@ from fca_workbench.dashboard import (
     unload_idle_models,
 )
 from fca_workbench.dashboard.escaping import markdown_text
-from fca_workbench.dashboard.serving import ServedHosts, ServedSettings, Server, served_settings
-from fca_workbench.dashboard.serving import configure as configure_process
+from fca_workbench.dashboard.server import Server
+from fca_workbench.dashboard.server import configure as configure_process
+from fca_workbench.dashboard.serving import ServedHosts, ServedSettings, served_settings
 from fca_workbench.dashboard.session import Document
 from fca_workbench.errors import UserError
 
@@ -114,7 +115,7 @@ def create_app(server: Server) -> pn.viewable.Viewable:
 
 
 def configure(settings: ServedSettings) -> Server:
-    """The process's ``Server`` for ``settings`` (``serving.configure``), with the fix of Panel's write queue
+    """The process's ``Server`` for ``settings`` (``server.configure``), with the fix of Panel's write queue
     (``panel_writes``) installed."""
     fix_stranded_writes()
     return configure_process(settings)

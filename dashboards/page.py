@@ -34,7 +34,7 @@ from fca_workbench.dashboard.links import (
 )
 from fca_workbench.dashboard.query import ALL_LAYERS, ALL_LAYERS_LABEL, QUERY_NAMES, SOURCES, VIEWS, ViewQuery
 from fca_workbench.dashboard.results_folder import AuditEntry
-from fca_workbench.dashboard.serving import Server
+from fca_workbench.dashboard.server import Server
 from fca_workbench.dashboard.session import Document, LiveReplay, Updates
 from fca_workbench.results.audit_tables import per_layer_table
 from fca_workbench.results.conditions import CONDITIONS

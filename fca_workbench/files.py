@@ -34,7 +34,6 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError
 
 from fca_workbench.errors import UserError, first_line, one_line
@@ -312,13 +311,6 @@ def jsonl_gz(records: list[dict]) -> bytes:
         for record in records:
             gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
     return buffer.getvalue()
-
-
-def fingerprint_tensor(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's shape, dtype and bytes: identifies windows or weights exactly."""
-    digest = hashlib.sha256(f"{tuple(tensor.shape)}|{tensor.dtype}".encode())
-    digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)  # no copy
-    return digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str:

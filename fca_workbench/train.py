@@ -36,7 +36,8 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream, window_sampling
 from fca_workbench.errors import UserError, first_line, one_line
-from fca_workbench.files import fingerprint_tensor, read_json, write_json
+from fca_workbench.files import read_json, write_json
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
@@ -46,9 +47,9 @@ from fca_workbench.models.limits import (
     parameters_on_meta,
 )
 from fca_workbench.train_card import model_card_markdown
-from fca_workbench.train_state import (  # TrainSettings: also imported from here
+from fca_workbench.train_settings import TrainSettings
+from fca_workbench.train_state import (
     CHECKPOINT_FILES,
-    TrainSettings,
     read_log,
     read_state,
     restore,

@@ -21,7 +21,7 @@ from fca_workbench.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json, reading, write_atomic
 from fca_workbench.resources import shipped
-from fca_workbench.train_state import TrainSettings
+from fca_workbench.train_settings import TrainSettings
 
 AUDIT_LOG = "audit_log.csv"
 

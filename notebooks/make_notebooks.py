@@ -625,9 +625,9 @@ DOWNSTREAM = notebook(
             "code",
             """\
 downstreams = [
-    run_eval(EvalSettings(c, comma_names(tasks), comma_names(conditions), limit=limit, calibration=calibration_data,
-                          window=window, max_windows=calibration_windows, device=device, dtype=dtype, seed=seed,
-                          batch_size=batch_size), run.audit_dir(c))
+    run_eval(EvalSettings(AuditSettings(c, calibration=calibration_data, window=window, max_windows=calibration_windows,
+                                        device=device, dtype=dtype, seed=seed, batch_size=batch_size),
+                          comma_names(tasks), comma_names(conditions), limit=limit), run.audit_dir(c))
     for c in evaluated
 ]
 table = downstream_table(downstreams)
@@ -661,11 +661,13 @@ from IPython.display import Markdown, display
 
 from fca_workbench import tables
 from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.downstream import require_lm_eval
+from fca_workbench.downstream.settings import EvalSettings, comma_names
 from fca_workbench.reproduce import NotebookRun
 
 require_lm_eval()  # one line, not a traceback, without the eval extra
-from fca_workbench.downstream.run import EvalSettings, comma_names, run_eval
+from fca_workbench.downstream.run import run_eval
 from fca_workbench.downstream.table import downstream_table, gap_table
 
 run = NotebookRun(checkpoints=checkpoints, out=out, audits=audits)

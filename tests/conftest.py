@@ -18,7 +18,7 @@ TINY = dict(vocab_size=64, layers=2, width=64, heads=4, window=16)
 def fca(*args, cwd=None):
     """``fca ARGS`` in a subprocess of this Python (exit code, stdout and stderr as text)."""
     return subprocess.run(
-        [sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd
+        [sys.executable, "-m", "fca_workbench", *map(str, args)], capture_output=True, text=True, cwd=cwd
     )
 
 

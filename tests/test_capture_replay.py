@@ -18,7 +18,7 @@ from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.interventions import derangement, position_permutations
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.results.conditions import STATIC_PROFILES
 
 SHARD = 2  # 6 windows -> 3 shards

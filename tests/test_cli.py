@@ -9,6 +9,7 @@ import pytest
 from conftest import assert_one_line_error, fca, tiny_model
 
 from fca_workbench.cli import build_parser
+from fca_workbench.cli.settings import audit_settings
 from fca_workbench.data.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min
@@ -101,8 +102,6 @@ def test_tokenizer_larger_than_the_model_vocabulary(tmp_path):
 
 @pytest.mark.parametrize("command", [["audit", "ckpt"], ["audit-many", "ckpt", "ckpt2"]])
 def test_per_layer_flag_reaches_the_audit_settings(command):
-    from fca_workbench.cli import audit_settings, build_parser
-
     parser = build_parser()
     assert audit_settings(parser.parse_args(command + ["--per-layer"]), "ckpt").per_layer is True
     assert audit_settings(parser.parse_args(command), "ckpt").per_layer is False

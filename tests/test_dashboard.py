@@ -571,7 +571,7 @@ def dashboard_server(root: Path, registry: dict, *argv, env=None):
     command = [
         sys.executable,
         "-m",
-        "fca_workbench.cli",
+        "fca_workbench",
         "dashboard",
         "--port",
         str(port),

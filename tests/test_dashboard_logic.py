@@ -26,7 +26,8 @@ from fca_workbench.dashboard.links import (
     opening_view,
 )
 from fca_workbench.dashboard.query import ALL_LAYERS, AUDIT_DONOR, SOURCES
-from fca_workbench.dashboard.serving import ENVIRONMENT, ServedSettings, Server, configure, served_settings
+from fca_workbench.dashboard.server import Server, configure
+from fca_workbench.dashboard.serving import ENVIRONMENT, ServedSettings, served_settings
 from fca_workbench.dashboard.session import Document, LiveReplay, Updates
 from fca_workbench.errors import UserError
 from fca_workbench.resources import checkpoints_dir

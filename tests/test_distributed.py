@@ -22,8 +22,9 @@ import pytest
 from filelock import FileLock
 
 from fca_workbench.audit.cache_lock import lock_path
-from fca_workbench.audit.distributed import EveryRankError, Ranks
+from fca_workbench.audit.distributed import Ranks
 from fca_workbench.audit.run import AuditSettings, run_audit
+from fca_workbench.audit.torchrun import EveryRankError
 from fca_workbench.cli import main as fca_main
 from fca_workbench.data.corpus import split_path
 

@@ -25,7 +25,7 @@ from fca_workbench.errors import UserError
 from fca_workbench.export import export_static
 from fca_workbench.export.experts import fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2
-from fca_workbench.files import fingerprint_tensor
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
 from fca_workbench.resources import checkpoints_dir

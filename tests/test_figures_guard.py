@@ -57,7 +57,7 @@ def test_one_nan_in_one_controller_bias_of_a_shipped_checkpoint_is_one_line_and_
     poisoned = poisoned_copy(SHIPPED / "featuregate-s0", tmp_path / "fg", "h.2.controller.proj.bias")
     out = tmp_path / "out"
     args = ["audit", poisoned, "--max-windows", "4", "--window", "32", "--batch-size", "2", "--out", out]
-    result = subprocess.run([sys.executable, "-m", "fca_workbench.cli", *map(str, args)], capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "fca_workbench", *map(str, args)], capture_output=True)
     stderr = result.stderr.decode()
     assert result.returncode != 0 and "Traceback" not in stderr
     # what a terminal shows: each line as its last carriage return leaves it (the progress bar clears itself)

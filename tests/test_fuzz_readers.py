@@ -36,7 +36,8 @@ from fca_workbench.results.frames import load_audit
 from fca_workbench.results.outputs import refuse_foreign
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 from fca_workbench.train import build_hf_model, make_optimizer, read_hf_config
-from fca_workbench.train_state import TrainSettings, read_log, read_state, restore, save_state
+from fca_workbench.train_settings import TrainSettings
+from fca_workbench.train_state import read_log, read_state, restore, save_state
 
 FUZZ = settings(
     max_examples=25,

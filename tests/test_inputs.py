@@ -21,7 +21,7 @@ from fca_workbench.data.corpus import read_sdist_works, split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import even_sample, load_windows, read_documents
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.results.layout import (
     LOCK_FILE,
     OUTPUT_MARKER,

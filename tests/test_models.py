@@ -5,7 +5,7 @@ import torch
 from conftest import tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-import fca_workbench  # noqa: F401  (registers the Auto classes)
+import fca_workbench.models  # noqa: F401  (registers the Auto classes)
 from fca_workbench.models import FAMILIES, common, head_nll, next_token_nll
 
 

@@ -29,7 +29,7 @@ from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.resources import copy_checkpoints
 
 REPO = Path(__file__).resolve().parent.parent

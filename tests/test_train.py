@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-import fca_workbench  # noqa: F401  (registers the Auto classes)
+import fca_workbench.models  # noqa: F401  (registers the Auto classes)
 from fca_workbench import train as train_module
 from fca_workbench.cli import main
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.files import fingerprint_tensor
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
 

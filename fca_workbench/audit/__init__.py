@@ -1,10 +1,20 @@
 """The method: capture, conditions, replay, figures and execution, and the audit line that runs them in order.
 
 ``run.run_audit`` is the straight line (settings → inputs → capture → profiles → replay per condition →
-metrics → execution → verdicts → write); every other module here is one of its steps.
+metrics → execution → verdicts → write); every other module here is one of its steps. Both names are imported
+when first used (``fca_workbench.lazy``): the command line builds ``settings.AuditSettings`` without torch.
 """
 
-from fca_workbench.audit.run import run_audit
-from fca_workbench.audit.settings import AuditSettings
+from typing import TYPE_CHECKING
+
+from fca_workbench.lazy import lazy_exports
 
 __all__ = ["AuditSettings", "run_audit"]
+
+if TYPE_CHECKING:
+    from fca_workbench.audit.run import run_audit
+    from fca_workbench.audit.settings import AuditSettings
+else:
+    __getattr__, __dir__ = lazy_exports(
+        __name__, {"fca_workbench.audit.run": ["run_audit"], "fca_workbench.audit.settings": ["AuditSettings"]}
+    )

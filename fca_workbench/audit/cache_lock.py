@@ -12,7 +12,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from fca_workbench.audit.distributed import SINGLE, EveryRankError, Ranks
+from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.torchrun import EveryRankError
 from fca_workbench.results.layout import LOCK_FILE
 
 WAIT_HINT = "let it finish, or give --lock-wait SECONDS to wait longer"

@@ -40,13 +40,13 @@ from fca_workbench.errors import UserError, first_line
 from fca_workbench.files import (
     canonical_json,
     file_sha256,
-    fingerprint_tensor,
     parse_json,
     read_json,
     schema_problem,
     write_atomic,
     write_json,
 )
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import LIVE_RUN
 

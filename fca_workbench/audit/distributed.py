@@ -1,4 +1,5 @@
-"""Audits on several processes: the one module that knows about ranks (torchrun, torch.distributed).
+"""Audits on several processes: the ranks and their collectives (torchrun, torch.distributed; what torchrun's
+environment alone says is ``torchrun``).
 
 ``torchrun`` starts the processes and sets ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` and the rendezvous;
 ``process_group`` joins them (gloo on CPU; NCCL with ``--device cuda``, each rank on ``cuda:LOCAL_RANK``).
@@ -17,29 +18,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from fca_workbench.audit.torchrun import TORCHRUN_VARIABLES, EveryRankError, under_torchrun
 from fca_workbench.errors import UserError
 
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 T = TypeVar("T")
-
-
-class EveryRankError(UserError):
-    """A problem every rank finds alike (ranks disagree, more ranks than shards, a locked cache folder):
-    the command line reports it once, on rank 0."""
-
-
-def under_torchrun() -> bool:
-    return all(name in os.environ for name in TORCHRUN_VARIABLES)
-
-
-def error_prefix(exc: Exception) -> str | None:
-    """How this process reports ``exc`` on the command line: ``""`` or ``"rank N: "`` (a problem of this rank
-    alone), or None where rank 0 reports it for every rank."""
-    if not under_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
-        return ""
-    if isinstance(exc, EveryRankError):
-        return "" if os.environ["RANK"] == "0" else None
-    return f"rank {os.environ['RANK']}: "
 
 
 def _short(value) -> str:

@@ -15,7 +15,7 @@ from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows
 from fca_workbench.errors import UserError
-from fca_workbench.files import fingerprint_tensor
+from fca_workbench.fingerprints import fingerprint_tensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # settings.DTYPE_NAMES
 EVAL, CALIBRATION = "eval", "calibration"  # the two data splits a session reads

@@ -24,7 +24,8 @@ from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
 from fca_workbench.checkpoint import checkpoint_name, resolve_checkpoint
 from fca_workbench.data.windows import window_sampling
-from fca_workbench.files import fingerprint_tensor, write_atomic, write_json
+from fca_workbench.files import write_atomic, write_json
+from fca_workbench.fingerprints import fingerprint_tensor
 from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign

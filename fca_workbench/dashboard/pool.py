@@ -16,12 +16,10 @@ from pathlib import Path
 from fca_workbench.checkpoint import checkpoint_name, hub_name, is_checkpoint, resolve_checkpoint
 from fca_workbench.dashboard.live import DashboardSession, SharedModel
 from fca_workbench.dashboard.results_folder import ResultsFolder
+from fca_workbench.dashboard.serving import DEFAULT_MAX_SESSIONS, DEFAULT_MODEL_IDLE_SECONDS
 from fca_workbench.errors import UserError
 from fca_workbench.files import read_json
 from fca_workbench.resources import checkpoints_dir
-
-DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
-DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
 
 
 @dataclass(frozen=True)

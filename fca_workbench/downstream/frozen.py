@@ -5,22 +5,13 @@ import torch
 
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.errors import UserError
-from fca_workbench.results.conditions import ALL_CONDITIONS, LOW, REFERENCE, VOCABULARY, condition_named
-
-# the reference and the static ones only: a task's text has no cached coefficients
-EVAL_CONDITIONS = tuple(c.name for c in VOCABULARY if c.name == REFERENCE or c.static)
+from fca_workbench.results.conditions import LOW, REFERENCE, condition_named
 
 
 def eval_conditions(asked: list[str], session: ReplaySession) -> list[str]:
-    """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order; a condition
-    that is not static, one this model does not replay (a router's for a model without routers) or any but the
-    reference for a model without a controller, is one line."""
-    for condition in asked:
-        if condition not in EVAL_CONDITIONS:
-            why = "is not a condition" if condition not in ALL_CONDITIONS else "needs a text's own cached values"
-            raise UserError(
-                f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(EVAL_CONDITIONS)}"
-            )
+    """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order (static
+    ones, ``settings.EvalSettings`` checks); one this model does not replay (a router's for a model without
+    routers), or any but the reference for a model without a controller, is one line."""
     if not session.has_controller:
         if set(asked) - {REFERENCE}:
             raise UserError(f"the model has no controller the workbench can audit: only --conditions {REFERENCE}")

@@ -11,7 +11,7 @@ import logging
 import math
 import random
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import lm_eval
@@ -25,55 +25,20 @@ from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.run import AUDIT_COMMAND, check_audit_out
 from fca_workbench.audit.session import ReplaySession
-from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.data.tasks import TASKS_DIR
 from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
 from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
 from fca_workbench.downstream.lm import WorkbenchLM
+from fca_workbench.downstream.settings import EvalSettings
 from fca_workbench.errors import UserError
 from fca_workbench.files import inside_folder, reading, write_json
 from fca_workbench.results.binding import check_folder_binding
-from fca_workbench.results.conditions import LAYER_MEAN, LOW, REFERENCE
+from fca_workbench.results.conditions import LOW, REFERENCE
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.results.outputs import mark_output, refuse_foreign
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
-
-
-@dataclass
-class EvalSettings:
-    checkpoint: str
-    tasks: list[str]
-    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, LAYER_MEAN])
-    limit: int | None = None  # the first N documents of each task
-    calibration: str | None = None
-    window: int | None = None
-    max_windows: int | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    batch_size: int | None = None
-    trust_remote_code: bool = False
-
-    def audit_settings(self) -> AuditSettings:
-        """What the audit's loader, windows and capture read (and range-check) of these settings."""
-        return AuditSettings(
-            checkpoint=self.checkpoint,
-            calibration=self.calibration,
-            window=self.window,
-            max_windows=self.max_windows,
-            device=self.device,
-            dtype=self.dtype,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            trust_remote_code=self.trust_remote_code,
-        )
-
-
-def comma_names(text: str) -> list[str]:
-    """``--tasks`` / ``--conditions``: ``a,b`` as ``["a", "b"]``, blanks dropped."""
-    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def local_tasks() -> dict[str, Path]:
@@ -112,15 +77,12 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
     """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
     or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
     ``correct``-to-``global_mean`` gap."""
-    if not settings.tasks:
-        raise UserError("--tasks names no task")
     out = check_audit_out(out)
     refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
     manager, tasks = resolve_tasks(settings.tasks)
-    loaded = load_tasks(manager, tasks, settings.seed)  # a task whose data is not on disk: one line, before the model
+    loaded = load_tasks(manager, tasks, settings.audit.seed)  # a task whose data is not on disk: one line, first
     with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
-        audit_settings = replace(settings.audit_settings(), cache=cache)
-        session = ReplaySession.open(audit_settings, out, read_now=(CALIBRATION,))
+        session = ReplaySession.open(replace(settings.audit, cache=cache), out, read_now=(CALIBRATION,))
         check_folder_binding(out, session.fingerprint)  # another model's audit folder: refused before any work
         conditions = eval_conditions(settings.conditions, session)
         with folder_lock(out, "output folder"):
@@ -145,7 +107,7 @@ def evaluate_conditions(session: ReplaySession, conditions: list[str], loaded: d
     return {
         "schema": DOWNSTREAM_SCHEMA,
         "model": {
-            "path": str(Path(settings.checkpoint).resolve()),
+            "path": str(Path(settings.audit.checkpoint).resolve()),
             "arch": model.arch,
             "fingerprint": session.fingerprint,
         },
@@ -153,9 +115,9 @@ def evaluate_conditions(session: ReplaySession, conditions: list[str], loaded: d
             "tasks": settings.tasks,
             "conditions": conditions,
             "limit": settings.limit,
-            "seed": settings.seed,
-            "dtype": settings.dtype,
-            "device": settings.device,
+            "seed": settings.audit.seed,
+            "dtype": settings.audit.dtype,
+            "device": settings.audit.device,
             "window": calib_windows.shape[1],
             "batch_size": session.batch_size,
             "lm_eval": importlib.metadata.version("lm-eval"),
@@ -184,9 +146,9 @@ def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     """lm-eval's results of every task (and group) under the condition ``lm`` uses: per task, its documents
     evaluated (``samples``) and its metrics (``metrics``: value and stderr). ``evaluator.evaluate`` is
     ``simple_evaluate`` without its model loading and its environment report (a ``pip list`` per call)."""
-    random.seed(settings.seed)
-    numpy.random.seed(settings.seed)
-    torch.manual_seed(settings.seed)
+    random.seed(settings.audit.seed)
+    numpy.random.seed(settings.audit.seed)
+    torch.manual_seed(settings.audit.seed)
     results = lm_eval.evaluator.evaluate(
         lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True
     )

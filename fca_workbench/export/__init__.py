@@ -5,146 +5,18 @@ checkpoint's fingerprint) or is estimated from calibration text as the audit est
 folding lives in its own module (``native``: FeatureGate → GPT-2, MUDDPythia → static MUDDPythia;
 ``experts``: MoE routers → K experts taken by every token). The exported model computes what the audit's
 replay of that profile computes, so its NLL on the audit's eval windows is the audit's NLL for the profile.
+
+``export_static`` is imported when first used (``fca_workbench.lazy``); ``request`` checks what an export is
+asked for without torch, so ``fca export`` refuses a bad ``--profile`` before anything heavy is imported.
 """
 
-import tempfile
-from dataclasses import replace
-from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedModel
-
-from fca_workbench.adapters.hf import TransformersControlled
-from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.audit.inputs import CALIBRATION
-from fca_workbench.audit.session import ReplaySession
-from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.checkpoint import CARD_FILE
-from fca_workbench.errors import UserError
-from fca_workbench.export.card import CARD_JSON, export_card_markdown
-from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
-from fca_workbench.export.native import featuregate_to_gpt2, muddpythia_static
-from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile, static_coefficients
-from fca_workbench.files import atomic_folder, write_atomic, write_json
-from fca_workbench.models.featuregate import FeatureGateForCausalLM
-from fca_workbench.models.muddpythia import MUDDPythiaForCausalLM
-from fca_workbench.results.conditions import EXPORTABLE_PROFILES, PROFILE_CONDITIONS
-from fca_workbench.results.frames import read_audit_json
+from fca_workbench.lazy import lazy_exports
 
 __all__ = ["export_static"]
 
-
-def export_static(
-    checkpoint: str | Path,
-    profile: str,
-    out: str | Path,
-    *,
-    audit: str | Path | None = None,
-    calib: str | Path | None = None,
-    max_windows: int | None = None,
-    seed: int = 0,
-) -> Path:
-    """Write ``out``: the checkpoint with static profile ``profile`` folded into its weights (``save_pretrained``),
-    its tokenizer and a model card; returns ``out``. The profile is the one the audit in ``audit`` saved, else
-    estimated from ``calib`` (default: the shipped calibration split; ``max_windows`` of it, spread evenly).
-    Every refusal is one line, before anything is written; an ``out`` that holds anything is never touched."""
-    out = check_out(out)
-    if profile not in PROFILE_CONDITIONS:
-        raise UserError(f"unknown profile '{profile}'; choose from {', '.join(PROFILE_CONDITIONS)}")
-    if profile not in EXPORTABLE_PROFILES:
-        raise UserError(
-            f"profile '{profile}' depends on the position; a static model has one set of weights for every "
-            f"position: export {', '.join(EXPORTABLE_PROFILES)}"
-        )
-    if audit is not None and (calib is not None or max_windows is not None):
-        raise UserError("--audit gives the profile its audit saved; --calib and --max-windows are for estimating one")
-    audited = read_audit_json(audit) if audit is not None else None
-    dtype = audited[0]["settings"]["dtype"] if audited else "float32"
-    settings = AuditSettings(
-        str(checkpoint),
-        calibration=None if calib is None else str(calib),
-        max_windows=max_windows,
-        seed=seed,
-        dtype=dtype,
-    )
-    with tempfile.TemporaryDirectory(prefix="fca-export-calibration-") as cache:
-        session = ReplaySession.open(replace(settings, cache=cache), read_now=() if audited else (CALIBRATION,))
-        model, tokenizer = session.model, session.tokenizer
-        if not model.controllers:
-            raise UserError(f"{checkpoint} has no controller: there is nothing to fold")
-        check_exportable(model)
-        session.check_condition(profile, "--profile")
-        source = audit_profile(session, profile, *audited) if audited else calibration_profile(session, profile)
-        fingerprint = session.fingerprint
-    coefficients = static_coefficients(source, list(model.coefficient_slot_shapes))
-    exported = folded(model, coefficients)
-    line = command(checkpoint, profile, out, audit, calib, max_windows)
-    card = export_card(model, exported, source, checkpoint, seed, line, fingerprint)
-    with atomic_folder(out) as folder:
-        exported.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        write_json(folder / CARD_JSON, card)
-        write_atomic(folder / CARD_FILE, export_card_markdown(card).encode())
-    return out
-
-
-def check_out(out: str | Path) -> Path:
-    """``out``, refused when it is a file or a folder that holds anything: an export writes a new folder."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} exists and is not an empty folder; fca export writes a new one (nothing written)")
-    return out
-
-
-def check_exportable(model: ControlledModel) -> None:
-    """Refuse a model whose controllers no folding here knows, in one line."""
-    if isinstance(model, TransformersControlled):
-        check_foldable(model)
-    elif not isinstance(model, (FeatureGateForCausalLM, MUDDPythiaForCausalLM)):
-        raise UserError(f"fca export does not fold a {model.arch} model's controllers")
-
-
-def folded(model: ControlledModel, coefficients: list) -> PreTrainedModel:
-    """The model with its static coefficients folded in, by family."""
-    if isinstance(model, FeatureGateForCausalLM):
-        return featuregate_to_gpt2(model, coefficients)
-    if isinstance(model, MUDDPythiaForCausalLM):
-        return muddpythia_static(model, coefficients)
-    return fold_routers(cast(TransformersControlled, model), coefficients)  # check_exportable let no other in
-
-
-def command(checkpoint: str | Path, profile: str, out: Path, audit: Any, calib: Any, max_windows: int | None) -> str:
-    """The ``fca export`` command line that writes this export again."""
-    given = {"--audit": audit, "--calib": calib, "--max-windows": max_windows}
-    options = "".join(f" {flag} {value}" for flag, value in given.items() if value is not None)
-    return f"fca export {checkpoint} --profile {profile}{options} --out {out}"
-
-
-def export_card(
-    model: ControlledModel,
-    exported: Any,
-    source: ProfileSource,
-    checkpoint: str | Path,
-    seed: int,
-    line: str,
-    fingerprint: str,
-) -> dict:
-    """The model card's facts: source checkpoint, profile, calibration data, the audit's figures for it."""
-    card = {
-        "source": {
-            "path": str(Path(checkpoint).resolve()),
-            "arch": model.arch,
-            "fingerprint": fingerprint,
-            "params": sum(p.numel() for p in model.parameters()),
-        },
-        "profile": source.name,
-        "calibration": source.calibration,
-        "audit": source.audit,
-        "model_type": exported.config.model_type,
-        "params": sum(p.numel() for p in exported.parameters()),
-        "seed": seed,
-        "command": line,
-    }
-    if isinstance(model, TransformersControlled):
-        card["experts"] = expert_counts(model, exported)
-    return card
+if TYPE_CHECKING:
+    from fca_workbench.export.static import export_static
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, {"fca_workbench.export.static": ["export_static"]})

@@ -1,6 +1,6 @@
 """The ``fca`` command line's options: every flag, its type (``fca_workbench.flags``) and its help, apart
-from the commands that run them (``fca_workbench.cli``). Nothing here imports torch, so ``fca --help`` stays
-fast."""
+from the commands that run them (``fca_workbench.cli.COMMANDS``). Nothing here imports torch, so ``fca --help``
+stays fast."""
 
 import argparse
 from typing import NoReturn
@@ -222,7 +222,7 @@ def add_dashboard_options(dash: argparse.ArgumentParser) -> None:
 
 
 def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.ArgumentParser:
-    """``fca eval``: its parser and every flag (the command is ``cli.cmd_eval``)."""
+    """``fca eval``: its parser and every flag (the command is ``cli.eval.cmd_eval``)."""
     parser = commands.add_parser(
         "eval", help="downstream tasks (lm-evaluation-harness) under static FCA conditions: downstream.json"
     )
