@@ -53,7 +53,7 @@ import torch
 
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.prefix import PrefixCache
-from fca_workbench.dashboard import (
+from fca_workbench.viewmodel import (
     DEFAULT_MAX_SESSIONS,
     DashboardSession,
     ModelPool,

@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from fca_workbench.reproduce import KERNEL_NAME, NOTEBOOK_DIR
+from fca_workbench.notebooks.reproduce import KERNEL_NAME, NOTEBOOK_DIR
 
 WIDGET_CELL = "display(widgets.VBox("  # the cell whose last statement draws the first figure
 

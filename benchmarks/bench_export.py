@@ -27,11 +27,11 @@ from results_file import write_results
 from timing import best_of_each
 from transformers import AutoModelForCausalLM
 
-from fca_workbench.checkpoint import SAFETENSORS_FILE
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.export import export_static
+from fca_workbench.foundation.checkpoint import SAFETENSORS_FILE
 from fca_workbench.models import next_token_nll
 
 WINDOW = 256

@@ -26,7 +26,7 @@ from results_file import write_results
 from timing import timed
 
 from fca_workbench.adapters import COEFFICIENT
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.interventions import broadcast_profile, routing_top_k, static_profiles, with_routing_profiles
 from fca_workbench.data.corpus import split_path

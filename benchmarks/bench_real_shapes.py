@@ -42,12 +42,12 @@ from gpu_check import TINY_OVERRIDES, build_model
 from results_file import RESULTS
 
 from fca_workbench.adapters.hf import TransformersControlled
+from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.budget import window_bytes
 from fca_workbench.audit.capture import capture, model_fingerprint
-from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.replay import replay_nll
-from fca_workbench.errors import UserError
-from fca_workbench.files import read_json, write_atomic
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import read_json, write_atomic
 from fca_workbench.models import next_token_nll
 from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG
 from fca_workbench.models.muddpythia import MUDDPythiaConfig

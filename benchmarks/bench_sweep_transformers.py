@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from results_file import write_results
 
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit import prefix
+from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep, sweep_mode
 from fca_workbench.data.corpus import split_path

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fca_workbench.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
 from fca_workbench.cli import main as fca
-from fca_workbench.files import read_json, write_atomic, write_json
+from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
+from fca_workbench.foundation.files import read_json, write_atomic, write_json
 from fca_workbench.results.design_study import design_seed_table, read_design_study
 from fca_workbench.results.layout import AUDIT_FILE, STUDY_SUMMARY_FILE
-from fca_workbench.results.tables import to_markdown
+from fca_workbench.results.tabular import to_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_FILE = STUDY_SUMMARY_FILE  # what fca_workbench.results.design_study reads

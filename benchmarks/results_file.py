@@ -4,7 +4,7 @@
 import json
 from pathlib import Path
 
-from fca_workbench.files import write_atomic
+from fca_workbench.foundation.files import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

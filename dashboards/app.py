@@ -7,11 +7,11 @@ Serve it with ``fca dashboard [--port P] [--address A] [--registry FILE] [--resu
     panel serve dashboards/app.py --args --registry FILE
 
 (docs/guides/dashboard.md: serving it to a lab group). This file serves; ``page.py`` builds one session's
-widgets and layouts and wires them to the view model, ``fca_workbench.dashboard``, where every number comes
+widgets and layouts and wires them to the view model, ``fca_workbench.viewmodel``, where every number comes
 from (the core's interventions, prefix cache and metrics), and with it what a link may select (``links``),
 the order of a session's updates (``session``) and the server's settings (``serving``).
 
-Per process: each checkpoint is loaded once (``fca_workbench.dashboard.MODELS``) and shared read-only by
+Per process: each checkpoint is loaded once (``fca_workbench.viewmodel.MODELS``) and shared read-only by
 every session, and unloaded when no session has used it for ``--model-idle-seconds``; forwards on it run in a
 worker thread under the checkpoint's lock, so the server keeps answering other sessions while one computes.
 At most ``--max-sessions`` sessions are connected at once (a request that never opens the websocket takes no
@@ -37,18 +37,18 @@ import tornado.web
 from page import DashboardApp
 from panel_writes import fix_stranded_writes
 
-from fca_workbench.dashboard import (
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.viewmodel import (
     MODELS,
     SESSIONS,
     release_memory,
     unload_idle_models,
 )
-from fca_workbench.dashboard.escaping import markdown_text
-from fca_workbench.dashboard.server import Server
-from fca_workbench.dashboard.server import configure as configure_process
-from fca_workbench.dashboard.serving import ServedHosts, ServedSettings, served_settings
-from fca_workbench.dashboard.session import Document
-from fca_workbench.errors import UserError
+from fca_workbench.viewmodel.escaping import markdown_text
+from fca_workbench.viewmodel.server import Server
+from fca_workbench.viewmodel.server import configure as configure_process
+from fca_workbench.viewmodel.serving import ServedHosts, ServedSettings, served_settings
+from fca_workbench.viewmodel.session_updates import Document
 
 pn.extension("plotly", "tabulator", sizing_mode="stretch_width", notifications=False)
 

@@ -1,5 +1,5 @@
 """Two audits side by side: what differs, their figures next to each other with the differences, both per-layer
-heatmaps. Presentation only: ``fca_workbench.dashboard.compare`` decides what can be compared and makes the
+heatmaps. Presentation only: ``fca_workbench.viewmodel.compare`` decides what can be compared and makes the
 tables; a pair it refuses is its one-line message.
 """
 
@@ -10,9 +10,9 @@ import html
 import panel as pn
 import views
 
-from fca_workbench import tables
-from fca_workbench.dashboard.compare import Comparison
-from fca_workbench.dashboard.escaping import markdown_text
+from fca_workbench.notebooks import tables
+from fca_workbench.viewmodel.compare import Comparison
+from fca_workbench.viewmodel.escaping import markdown_text
 
 
 class CompareView:

@@ -1,7 +1,7 @@
 """The results view's overview: every audit of the results folder in one sortable table, its CSV and the Python
 that gives a notebook the same DataFrame, and figures across audits by architecture.
 
-Presentation only: the table, its order and the figures' numbers come from ``fca_workbench.dashboard.overview``.
+Presentation only: the table, its order and the figures' numbers come from ``fca_workbench.viewmodel.results_overview``.
 Sorting is chosen with the two widgets above the table (so the order is in the URL); a click on a row calls
 ``on_pick`` with that audit's name.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import panel as pn
 import views
 
-from fca_workbench.dashboard.overview import DEFAULT_SORT, ORDERS, SORT_KEYS, Overview, notebook_snippet
+from fca_workbench.viewmodel.results_overview import DEFAULT_SORT, ORDERS, SORT_KEYS, Overview, notebook_snippet
 
 
 class OverviewView:

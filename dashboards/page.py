@@ -1,5 +1,5 @@
 """One session's page of the FCA dashboard: the live replay view and the results view, their widgets and
-layouts, wired to the view model (``fca_workbench.dashboard``) where every number comes from.
+layouts, wired to the view model (``fca_workbench.viewmodel``) where every number comes from.
 
 Served by ``app.py`` (``fca dashboard`` or ``panel serve dashboards/app.py``), once per browser session.
 """
@@ -15,13 +15,15 @@ import param
 import views
 from results_view import ResultsView
 
-from fca_workbench.dashboard import (
+from fca_workbench.results.audit_tables import per_layer_table
+from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.viewmodel import (
     MAX_PASTE_CHARS,
     Analysis,
     SharedModel,
 )
-from fca_workbench.dashboard.escaping import markdown_text
-from fca_workbench.dashboard.links import (
+from fca_workbench.viewmodel.escaping import markdown_text
+from fca_workbench.viewmodel.links import (
     DEFAULT_CONDITION,
     TEXT_SOURCE,
     WINDOW_SOURCE,
@@ -32,12 +34,10 @@ from fca_workbench.dashboard.links import (
     opening_checkpoint,
     opening_view,
 )
-from fca_workbench.dashboard.query import ALL_LAYERS, ALL_LAYERS_LABEL, QUERY_NAMES, SOURCES, VIEWS, ViewQuery
-from fca_workbench.dashboard.results_folder import AuditEntry
-from fca_workbench.dashboard.server import Server
-from fca_workbench.dashboard.session import Document, LiveReplay, Updates
-from fca_workbench.results.audit_tables import per_layer_table
-from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.viewmodel.query import ALL_LAYERS, ALL_LAYERS_LABEL, QUERY_NAMES, SOURCES, VIEWS, ViewQuery
+from fca_workbench.viewmodel.results_folder import AuditEntry
+from fca_workbench.viewmodel.server import Server
+from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Updates
 
 
 class DashboardApp:

@@ -1,5 +1,5 @@
 """A fix for Panel's queue of websocket writes, installed once per dashboard process (``app.configure``). It
-lives with the Panel app: the view model (``fca_workbench.dashboard``) never imports Panel.
+lives with the Panel app: the view model (``fca_workbench.viewmodel``) never imports Panel.
 
 While a write of a session is still in flight, Panel (1.9.4) queues that session's next document changes in
 ``panel.io.document._WRITE_MSGS`` and starts a task, ``_dispatch_msgs``, which sends them while

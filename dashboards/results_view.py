@@ -1,7 +1,7 @@
 """The dashboard's results view: the finished audits of ``--results DIR``, first all of them in one table
 (``overview_view``), then the one picked in full, and beside it a second one to compare (``compare_view``).
 
-Presentation only: entries, tables and files come from ``fca_workbench.dashboard.results_folder`` (which reads
+Presentation only: entries, tables and files come from ``fca_workbench.viewmodel.results_folder`` (which reads
 nothing outside the results folder and builds every table with ``tables.py``), the overview from
 ``dashboard.overview``, the comparison from ``dashboard.compare``; this module lays them out and offers each
 table as CSV and the audit as ``audit.json`` (``pn.widgets.FileDownload``).
@@ -21,14 +21,14 @@ import views
 from compare_view import CompareView
 from overview_view import OverviewView
 
-from fca_workbench import tables
-from fca_workbench.dashboard.compare import comparison
-from fca_workbench.dashboard.downstream import downstream_tables, downstream_version
-from fca_workbench.dashboard.escaping import markdown_text
-from fca_workbench.dashboard.overview import chosen_sort, overview_of
-from fca_workbench.dashboard.query import choose
-from fca_workbench.dashboard.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, SizedCache, audit_tables
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.notebooks import tables
+from fca_workbench.viewmodel.compare import comparison
+from fca_workbench.viewmodel.downstream import downstream_tables, downstream_version
+from fca_workbench.viewmodel.escaping import markdown_text
+from fca_workbench.viewmodel.query import choose
+from fca_workbench.viewmodel.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, SizedCache, audit_tables
+from fca_workbench.viewmodel.results_overview import chosen_sort, overview_of
 
 NONE = ""  # the audit choices' value for "no audit": the overview alone, or nothing to compare with
 RENDERED_BYTES = 64 << 20  # the tables (HTML and CSV text) and figures kept rendered, per process

@@ -1,4 +1,4 @@
-"""Presentation only: HTML and plotly figures of a ``fca_workbench.dashboard.Analysis`` and of an audit's
+"""Presentation only: HTML and plotly figures of a ``fca_workbench.viewmodel.Analysis`` and of an audit's
 tables. No numbers are computed here beyond colour scaling; every value shown comes from the core."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import panel as pn
 
-from fca_workbench.dashboard import SEEDED, Analysis
-from fca_workbench.dashboard.escaping import plotly_text
 from fca_workbench.results.conditions import REFERENCE
+from fca_workbench.viewmodel import SEEDED, Analysis
+from fca_workbench.viewmodel.escaping import plotly_text
 
 
 class FigurePane(pn.pane.Plotly):

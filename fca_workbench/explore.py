@@ -17,10 +17,10 @@ import torch
 from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.checkpoint import checkpoint_name
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.checkpoint import checkpoint_name
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import REFERENCE
-from fca_workbench.results.tables import Column, make_table
+from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # pandas is imported where a table is made
     import pandas as pd

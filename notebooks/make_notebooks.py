@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from fca_workbench.reproduce import DEFAULT_MAX_WINDOWS, KERNEL_NAME
+from fca_workbench.notebooks.reproduce import DEFAULT_MAX_WINDOWS, KERNEL_NAME
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,8 +40,8 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 
-from fca_workbench import tables
-from fca_workbench.reproduce import NotebookRun
+from fca_workbench.notebooks import tables
+from fca_workbench.notebooks.reproduce import NotebookRun
 
 run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data=calibration_data, window=window,
                   max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
@@ -250,8 +250,8 @@ tables.show(fig)""",
         "None: the shipped muddpythia-s0",
     ),
     setup=SETUP.replace(
-        "from fca_workbench.reproduce import NotebookRun",
-        "from fca_workbench.reproduce import NotebookRun, shipped_checkpoints",
+        "from fca_workbench.notebooks.reproduce import NotebookRun",
+        "from fca_workbench.notebooks.reproduce import NotebookRun, shipped_checkpoints",
     ).replace(
         "run = NotebookRun(", 'checkpoints = checkpoints or shipped_checkpoints(["muddpythia-s0"])\nrun = NotebookRun('
     ),
@@ -448,9 +448,9 @@ from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 
 import fca_workbench
-from fca_workbench import tables
-from fca_workbench.errors import UserError
-from fca_workbench.reproduce import NotebookRun
+from fca_workbench.notebooks import tables
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.notebooks.reproduce import NotebookRun
 
 run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data=calibration_data, window=window,
                   max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
@@ -509,9 +509,9 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 
-from fca_workbench import tables
-from fca_workbench.reproduce import NotebookRun
-from fca_workbench.training_audit import load_training_runs
+from fca_workbench.notebooks import tables
+from fca_workbench.notebooks.reproduce import NotebookRun
+from fca_workbench.training.training_audit import load_training_runs
 
 run = NotebookRun(out=out)
 runs_ = load_training_runs(runs)
@@ -601,8 +601,8 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 
-from fca_workbench import tables
-from fca_workbench.reproduce import NotebookRun
+from fca_workbench.notebooks import tables
+from fca_workbench.notebooks.reproduce import NotebookRun
 
 run = NotebookRun(out=out)
 study_ = tables.read_design_study(study)
@@ -659,15 +659,15 @@ calibration_windows = 4  # calibration windows the static profiles come from (No
 import plotly.graph_objects as go
 from IPython.display import Markdown, display
 
-from fca_workbench import tables
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.notebooks import tables
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.downstream import require_lm_eval
-from fca_workbench.downstream.settings import EvalSettings, comma_names
-from fca_workbench.reproduce import NotebookRun
+from fca_workbench.downstream.eval_settings import EvalSettings, comma_names
+from fca_workbench.notebooks.reproduce import NotebookRun
 
 require_lm_eval()  # one line, not a traceback, without the eval extra
-from fca_workbench.downstream.run import run_eval
+from fca_workbench.downstream.evaluation import run_eval
 from fca_workbench.downstream.table import downstream_table, gap_table
 
 run = NotebookRun(checkpoints=checkpoints, out=out, audits=audits)

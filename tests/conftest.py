@@ -134,7 +134,7 @@ def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
     fixture: ~2-5 min on a loaded 2-core machine): tiny random checkpoints of each family, a second FeatureGate
     seed and a tiny Mixtral, 4 windows of 64 tokens. Returns the plan, the results by notebook name, each
     checkpoint's audit.json by checkpoint name, and the checkpoint folders by name. Tests must not write into it."""
-    from fca_workbench import reproduce
+    from fca_workbench.notebooks import reproduce
 
     root = tmp_path_factory.mktemp("reproduce")
     names = {"featuregate": "featuregate-s0", "dense": "dense-s0", "muddpythia": "muddpythia-s0"}

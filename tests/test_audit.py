@@ -11,14 +11,14 @@ from safetensors.torch import load_file
 
 import fca_workbench.audit.capture as capture_module
 import fca_workbench.audit.session as session_module
+from fca_workbench.audit.assignment import ConditionCoefficients
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions, static_profiles
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results.conditions import CONDITIONS
 from fca_workbench.results.schema import validate_audit

@@ -78,7 +78,7 @@ def test_the_routed_shapes_compare_the_default_experts_on_every_static_condition
 
 PROBE = """
 import hashlib, resource, torch
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 weights = torch.randn(64, 1024, 1024)  # 256 MiB, as one expert tensor of a real MoE is GiBs
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 digest = fingerprint_tensor(weights)

@@ -11,9 +11,9 @@ import torch
 import transformers as T
 import zoo
 
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
+from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.capture import MANIFEST, capture
-from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import ReplaySession

@@ -16,14 +16,14 @@ import pytest
 import torch
 from conftest import assert_one_line_error, fca
 
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.adapters.placement import OFFLOAD_PREFIX, is_placed, parse_max_memory, placement
 from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.distributed import Ranks
 from fca_workbench.audit.inputs import load_audit_model
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 BUDGET = "cpu=200KB"  # far less than the tiny models' weights (2 MB and more)
 ROOT = Path(__file__).resolve().parents[1]

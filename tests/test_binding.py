@@ -17,17 +17,17 @@ from safetensors.torch import load_file, save_file
 import fca_workbench
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.cli import main
-from fca_workbench.dashboard.downstream import downstream_tables
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import read_documents
-from fca_workbench.errors import UserError
 from fca_workbench.export import export_static
 from fca_workbench.export.card import card_binding
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results import frames
 from fca_workbench.results.binding import BINDING_KEY, audit_binding, binding, check_folder_binding, parse_binding
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET, PROFILES_FILE
 from fca_workbench.results.per_token import per_token_binding
 from fca_workbench.results.profiles import load_profiles, save_profiles
+from fca_workbench.viewmodel.downstream import downstream_tables
 
 TEXT_CHARS = 4000  # of each shipped split: a few windows of 32 tokens
 AUDIT = dict(window=32, max_windows=2, batch_size=2, resamples=20, latency_repeats=1)

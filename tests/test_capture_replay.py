@@ -13,12 +13,12 @@ import transformers
 from conftest import tiny_model
 from safetensors import safe_open
 
+from fca_workbench.audit.assignment import ConditionCoefficients
 from fca_workbench.audit.capture import capture, model_fingerprint
-from fca_workbench.audit.conditions import ConditionCoefficients
 from fca_workbench.audit.interventions import derangement, position_permutations
 from fca_workbench.audit.replay import replay_nll
-from fca_workbench.errors import UserError
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.results.conditions import STATIC_PROFILES
 
 SHARD = 2  # 6 windows -> 3 shards
@@ -271,7 +271,7 @@ def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, w
 def test_one_checkpoint_reached_by_two_spellings_of_its_path_has_one_fingerprint(tmp_path, monkeypatch):
     """The fingerprint is of the model, not of where it was loaded from: a relative and an absolute path (or
     two nodes mounting the checkpoint differently) share caches; a changed config field still changes it."""
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     tiny_model("featuregate", seed=0).save_pretrained(tmp_path / "ckpt")
     monkeypatch.chdir(tmp_path)

@@ -1,6 +1,6 @@
 """The checkpoint folder in one line: ``checkpoint.resolve_checkpoint`` resolves and checks it once, and
 ``adapters.loading.open_checkpoint`` loads it from there (device, placement, model, tokenizer checked against the
-model) without resolving it again; what a finished checkpoint holds is named by ``fca_workbench.checkpoint``."""
+model) without resolving it again; what a finished checkpoint holds is named by ``fca_workbench.foundation.checkpoint``."""
 
 import gc
 import shutil
@@ -8,12 +8,12 @@ import shutil
 import pytest
 import torch
 
-from fca_workbench import checkpoint
-from fca_workbench.adapters.loading import load_controlled, open_checkpoint
+from fca_workbench.adapters.controlled import load_controlled, open_checkpoint
 from fca_workbench.adapters.placement import OFFLOAD_PREFIX, is_placed
 from fca_workbench.audit.capture import model_fingerprint
-from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
-from fca_workbench.errors import UserError
+from fca_workbench.foundation import checkpoint
+from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
+from fca_workbench.foundation.errors import UserError
 
 
 @pytest.fixture(params=["featuregate", "mixtral"])
@@ -27,7 +27,7 @@ def test_open_checkpoint_loads_the_model_and_its_tokenizer_without_resolving_aga
     def resolved_again(*args, **kwargs):
         raise AssertionError("the checkpoint was resolved a second time")
 
-    monkeypatch.setattr("fca_workbench.adapters.loading.resolve_checkpoint", resolved_again)
+    monkeypatch.setattr("fca_workbench.adapters.controlled.resolve_checkpoint", resolved_again)
     monkeypatch.setattr("fca_workbench.models.resolve_checkpoint", resolved_again)
     model, tokenizer = open_checkpoint(resolved, torch.float32)
     assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32

@@ -9,7 +9,7 @@ import pytest
 from conftest import assert_one_line_error, fca, tiny_model
 
 from fca_workbench.cli import build_parser
-from fca_workbench.cli.settings import audit_settings
+from fca_workbench.cli.flag_settings import audit_settings
 from fca_workbench.data.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min

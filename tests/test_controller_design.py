@@ -17,17 +17,17 @@ import torch
 from conftest import assert_one_line_error, fca
 from safetensors.torch import load_file
 
-from fca_workbench import reproduce
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.cli import build_parser
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.models.featuregate import GATE_INPUTS, GATE_RANGES
+from fca_workbench.notebooks import reproduce
 from fca_workbench.results.design_study import design_points, design_runs_table, design_seed_table, read_design_study
-from fca_workbench.train import TrainSettings, build_model, coefficient_summary, parameter_groups, train
+from fca_workbench.training.train import TrainSettings, build_model, coefficient_summary, parameter_groups, train
 
 ROOT = Path(__file__).resolve().parent.parent
 

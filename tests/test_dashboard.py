@@ -28,7 +28,9 @@ from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 
 from fca_workbench.audit.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
 from fca_workbench.audit.session import DERANGEMENTS_KEPT
-from fca_workbench.dashboard import (
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.models import next_token_nll
+from fca_workbench.viewmodel import (
     MAX_PASTE_CHARS,
     DashboardSession,
     ModelPool,
@@ -39,8 +41,6 @@ from fca_workbench.dashboard import (
     pasted_input,
     window_input,
 )
-from fca_workbench.errors import UserError
-from fca_workbench.models import next_token_nll
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -393,7 +393,7 @@ def results_root(tiny_checkpoints, tmp_path_factory):
 
 
 def test_results_folder_lists_every_layout_and_names_what_it_cannot_show(results_root):
-    from fca_workbench.dashboard.results_folder import ResultsFolder
+    from fca_workbench.viewmodel.results_folder import ResultsFolder
 
     results = ResultsFolder(results_root)
     entries = {entry.name: entry for entry in results.scan()}
@@ -420,8 +420,8 @@ def test_results_folder_lists_every_layout_and_names_what_it_cannot_show(results
 
 
 def test_audit_tables_are_the_audit_numbers(results_root):
-    from fca_workbench import tables
-    from fca_workbench.dashboard.results_folder import audit_tables
+    from fca_workbench.notebooks import tables
+    from fca_workbench.viewmodel.results_folder import audit_tables
 
     audit = json.loads((results_root / "audit-featuregate-tiny" / "audit.json").read_text())
     made = {table.attrs["name"]: table for table in audit_tables(audit)}
@@ -448,8 +448,8 @@ def test_audit_tables_are_the_audit_numbers(results_root):
 
 
 def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_checkpoints, results_root, shared_models):
-    from fca_workbench.dashboard.results_folder import ResultsFolder, per_layer_audit
     from fca_workbench.results.profiles import load_profiles
+    from fca_workbench.viewmodel.results_folder import ResultsFolder, per_layer_audit
 
     folder = tiny_checkpoints["featuregate"]
     results = ResultsFolder(results_root)
@@ -473,7 +473,7 @@ def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_ch
 
 
 def test_link_values_are_checked_before_they_reach_a_widget():
-    from fca_workbench.dashboard.query import choose, choose_index
+    from fca_workbench.viewmodel.query import choose, choose_index
 
     requested = {"checkpoint": "fg", "layer": 1, "window": "abc", "seed": True, "condition": ["x"], "donor": -1}
     assert choose(requested, "checkpoint", ["fg", "mudd"], "mudd", "is not a checkpoint") == ("fg", None)
@@ -498,7 +498,7 @@ def test_link_values_are_checked_before_they_reach_a_widget():
 
 def _dashboard_args(monkeypatch, *argv):
     from fca_workbench.cli import build_parser
-    from fca_workbench.dashboard.serving import serving_auth
+    from fca_workbench.viewmodel.serving import serving_auth
 
     for variable in ("FCA_BASIC_AUTH", "FCA_COOKIE_SECRET"):
         monkeypatch.delenv(variable, raising=False)
@@ -550,7 +550,7 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
     monkeypatch.setenv("FCA_BASIC_AUTH", "from-env")
     monkeypatch.setenv("FCA_COOKIE_SECRET", "secret-from-env")
     from fca_workbench.cli import build_parser
-    from fca_workbench.dashboard.serving import serving_auth
+    from fca_workbench.viewmodel.serving import serving_auth
 
     assert serving_auth(build_parser().parse_args(["dashboard", "--address", "0.0.0.0"])) == {
         "basic_auth": "from-env",
@@ -898,7 +898,7 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
 
 @pytest.mark.timeout(600)
 def test_results_view_lists_audits_and_downloads_their_files(served, browser, results_root):
-    from fca_workbench import tables
+    from fca_workbench.notebooks import tables
 
     url, server_log = served
     page = _opened(browser, url + "?view=results&audit=run/audits/featuregate-tiny")

@@ -14,8 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from fca_workbench.cli import main
-from fca_workbench.dashboard import MODELS, SESSIONS, Registry, SharedModel
-from fca_workbench.dashboard.links import (
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.resources import checkpoints_dir
+from fca_workbench.viewmodel import MODELS, SESSIONS, Registry, SharedModel
+from fca_workbench.viewmodel.links import (
     TEXT_SOURCE,
     WINDOW_SOURCE,
     Selection,
@@ -25,15 +27,13 @@ from fca_workbench.dashboard.links import (
     opening_checkpoint,
     opening_view,
 )
-from fca_workbench.dashboard.query import ALL_LAYERS, AUDIT_DONOR, SOURCES
-from fca_workbench.dashboard.server import Server, configure
-from fca_workbench.dashboard.serving import ENVIRONMENT, ServedSettings, served_settings
-from fca_workbench.dashboard.session import Document, LiveReplay, Updates
-from fca_workbench.errors import UserError
-from fca_workbench.resources import checkpoints_dir
+from fca_workbench.viewmodel.query import ALL_LAYERS, AUDIT_DONOR, SOURCES
+from fca_workbench.viewmodel.server import Server, configure
+from fca_workbench.viewmodel.serving import ENVIRONMENT, ServedSettings, served_settings
+from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Updates
 
 ROOT = Path(__file__).resolve().parent.parent
-VIEW_MODEL = ROOT / "fca_workbench" / "dashboard"
+VIEW_MODEL = ROOT / "fca_workbench" / "viewmodel"
 APP = ROOT / "dashboards"
 BROKEN_CONFIG = '{"model_type": "fca-featuregate", "n_embd": 7, "n_head": 2}'
 
@@ -357,7 +357,7 @@ def test_errors_are_messages_and_the_session_keeps_working(caplog):
 
 
 def test_an_update_of_a_session_that_went_away_ends_quietly(monkeypatch):
-    import fca_workbench.dashboard.session as session
+    import fca_workbench.viewmodel.session_updates as session
 
     monkeypatch.setattr(session, "DOCUMENT_WAIT_SECONDS", 0.05)
     document, pool, view = FakeDocument(runs=False), FakePool(), FakeView()
@@ -397,7 +397,7 @@ def _module_constants(tree: ast.Module) -> set[str]:
 
 def test_the_view_model_imports_no_panel():
     for name, tree in _trees(VIEW_MODEL).items():
-        assert not _imported(tree) & {"panel", "bokeh"}, f"fca_workbench/dashboard/{name} imports Panel"
+        assert not _imported(tree) & {"panel", "bokeh"}, f"fca_workbench/viewmodel/{name} imports Panel"
     assert (APP / "panel_writes.py").is_file() and not (VIEW_MODEL / "panel_writes.py").exists()
 
 
@@ -410,7 +410,7 @@ def test_each_dashboard_constant_is_defined_once():
                 defined.setdefault(constant, []).append(f"{folder.name}/{name}")
     twice = {constant: where for constant, where in defined.items() if len(where) > 1}
     assert not twice, twice
-    assert defined["SOURCES"] == ["dashboard/query.py"] and defined["ALL_LAYERS"] == ["dashboard/query.py"]
+    assert defined["SOURCES"] == ["viewmodel/query.py"] and defined["ALL_LAYERS"] == ["viewmodel/query.py"]
 
 
 def test_serving_logic_is_defined_once_and_not_in_the_app():
@@ -427,7 +427,7 @@ def test_serving_logic_is_defined_once_and_not_in_the_app():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in wanted:
                 where.setdefault(node.name, []).append(path.relative_to(ROOT).as_posix())
-    assert where == {name: ["fca_workbench/dashboard/serving.py"] for name in wanted}
+    assert where == {name: ["fca_workbench/viewmodel/serving.py"] for name in wanted}
     for name, tree in _trees(APP).items():
         assert "argparse" not in _imported(tree), f"dashboards/{name} parses settings of its own"
 
@@ -446,7 +446,7 @@ def test_cli_dashboard_namespace_has_every_served_setting():
 
 
 def test_a_download_that_cannot_be_read_names_the_entry_never_the_server_path(tmp_path):
-    from fca_workbench.dashboard.results_folder import ResultsFolder
+    from fca_workbench.viewmodel.results_folder import ResultsFolder
 
     (tmp_path / "audit-x").mkdir()
     (tmp_path / "audit-x" / "audit.json").write_text("{}")
@@ -493,8 +493,8 @@ def audited(tiny_checkpoints, tmp_path_factory):
 
 def live_layer_mean(folder, results=None):
     """The live view of ``layer_mean`` on eval window 0, with the profiles of ``results``'s audit if usable."""
-    from fca_workbench.dashboard.live import DashboardSession, window_input
-    from fca_workbench.dashboard.results_folder import ResultsFolder
+    from fca_workbench.viewmodel.live import DashboardSession, window_input
+    from fca_workbench.viewmodel.results_folder import ResultsFolder
 
     shared = SharedModel(folder, calibration_windows=8, eval_windows=4, results=results and ResultsFolder(results))
     return shared, DashboardSession().analyse("fg", shared, window_input(shared, 0), "layer_mean")
@@ -531,7 +531,7 @@ def test_a_flipped_bit_or_garbage_in_saved_profiles_gives_the_recomputed_figures
 
 
 def test_the_live_view_of_a_model_with_a_nan_weight_is_one_message(audited):
-    from fca_workbench.dashboard.live import DashboardSession, pasted_input, window_input
+    from fca_workbench.viewmodel.live import DashboardSession, pasted_input, window_input
 
     _, _, poisoned = audited
     shared = SharedModel(poisoned, calibration_windows=4, eval_windows=4)

@@ -14,11 +14,12 @@ import pandas as pd
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, require_browser
 
-from fca_workbench import load_audits, tables
-from fca_workbench.dashboard.compare import comparison
-from fca_workbench.dashboard.overview import chosen_sort, notebook_snippet, overview_of
-from fca_workbench.dashboard.results_folder import ResultsFolder
-from fca_workbench.errors import UserError
+from fca_workbench import load_audits
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.notebooks import tables
+from fca_workbench.viewmodel.compare import comparison
+from fca_workbench.viewmodel.results_folder import ResultsFolder
+from fca_workbench.viewmodel.results_overview import chosen_sort, notebook_snippet, overview_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = ROOT / "data" / "checkpoints"

@@ -20,11 +20,11 @@ import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, require_browser
 
 from fca_workbench.cli import build_parser, main
-from fca_workbench.dashboard.escaping import markdown_text, plotly_text
-from fca_workbench.dashboard.results_folder import ResultsFolder, SizedCache
-from fca_workbench.dashboard.serving import ServedHosts, serving_auth
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.schema import validate_audit
+from fca_workbench.viewmodel.escaping import markdown_text, plotly_text
+from fca_workbench.viewmodel.results_folder import ResultsFolder, SizedCache
+from fca_workbench.viewmodel.serving import ServedHosts, serving_auth
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "dashboards"))

@@ -11,7 +11,7 @@ import torch
 from fca_workbench.data.corpus import DATA_DIR, SPLITS, split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, make_windows, read_documents, token_stream
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 
 def works(split):

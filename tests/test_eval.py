@@ -11,19 +11,19 @@ import pytest
 import torch
 from conftest import fca
 
-from fca_workbench import reproduce
 from fca_workbench.cli import main
-from fca_workbench.dashboard.downstream import downstream_tables
-from fca_workbench.dashboard.results_folder import ResultsFolder
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.downstream.gaps import gap, retention
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
+from fca_workbench.notebooks import reproduce
 from fca_workbench.results import load_audit
 from fca_workbench.results.layout import DOWNSTREAM_FILE
+from fca_workbench.viewmodel.downstream import downstream_tables
+from fca_workbench.viewmodel.results_folder import ResultsFolder
 
 pytest.importorskip("lm_eval")
 
@@ -226,10 +226,10 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.downstream.evaluation import local_task_config, local_tasks
     from fca_workbench.downstream.frozen import ConditionLogits
     from fca_workbench.downstream.lm import WorkbenchLM
-    from fca_workbench.downstream.run import local_task_config, local_tasks
 
     model = load_controlled(tiny_mixtral)
     ours = WorkbenchLM(model, load_tokenizer(tiny_mixtral), model.context_length, 4)
@@ -253,8 +253,8 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
 def test_generation_is_greedy_under_the_condition(tiny_mixtral):
     """``correct`` generates what transformers' own greedy ``generate`` does, each left-padded text alone; a
     static profile generates the frozen model's greedy tokens, computed here one forward at a time."""
-    from fca_workbench.adapters.loading import load_controlled
-    from fca_workbench.audit.conditions import profiles_of, routing_top_k
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.audit.assignment import profiles_of, routing_top_k
     from fca_workbench.downstream.frozen import ConditionLogits
     from fca_workbench.downstream.lm import WorkbenchLM
 
@@ -300,8 +300,8 @@ def test_rolling_loglikelihood_is_the_frozen_models(tiny_mixtral):
     token after lm-eval's prefix token, from ``replay_run`` with the profile broadcast by hand."""
     from lm_eval.api.instance import Instance
 
-    from fca_workbench.adapters.loading import load_controlled
-    from fca_workbench.audit.conditions import profiles_of, routing_top_k
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.audit.assignment import profiles_of, routing_top_k
     from fca_workbench.downstream.frozen import ConditionLogits
     from fca_workbench.downstream.lm import WorkbenchLM
 

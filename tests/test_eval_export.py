@@ -20,7 +20,7 @@ def test_an_export_scores_what_fca_eval_scores_under_its_profile(profile, tmp_pa
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from fca_workbench.downstream.run import local_task_config, local_tasks
+    from fca_workbench.downstream.evaluation import local_task_config, local_tasks
 
     folder = export.export_static(SHIPPED, profile, tmp_path / "export", max_windows=CALIBRATION_WINDOWS)
     task = local_task_config(local_tasks()["fca_next_line"])

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fca_workbench import load_audit
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
-from fca_workbench.reproduce import NotebookRun, ensure_audit
+from fca_workbench.notebooks.reproduce import NotebookRun, ensure_audit
 
 
 def notebook_run(root: Path, checkpoints) -> NotebookRun:
@@ -91,7 +91,7 @@ def test_jsonschema_is_imported_without_the_slow_iri_checker():
     and the library stays importable afterwards."""
     code = (
         "import sys\n"
-        "from fca_workbench.files import import_jsonschema\n"
+        "from fca_workbench.foundation.files import import_jsonschema\n"
         "jsonschema = import_jsonschema()\n"
         "assert 'rfc3987_syntax' not in sys.modules, 'imported'\n"
         "try:\n"

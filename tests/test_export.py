@@ -21,14 +21,14 @@ from fca_workbench.adapters import COEFFICIENT, TransformersControlled
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.errors import UserError
 from fca_workbench.export import export_static
 from fca_workbench.export.experts import fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.resources import checkpoints_dir
 from fca_workbench.models import next_token_nll
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM
-from fca_workbench.resources import checkpoints_dir
 
 TEXT_CHARS = 6000  # of each shipped split: a few windows of 32 tokens, tokenized in milliseconds
 AUDIT = dict(max_windows=2, batch_size=2, resamples=20, latency_repeats=1)  # the window export uses: min(256, context)

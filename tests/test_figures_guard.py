@@ -15,16 +15,16 @@ from conftest import tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save, save_file
 
+from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.capture import MANIFEST, capture, model_fingerprint
-from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.metrics import bootstrap_counts, gap_retention
 from fca_workbench.audit.mini import MiniAudit
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.audit.sweep import per_layer_sweep
 from fca_workbench.data.corpus import DATA_DIR
-from fca_workbench.errors import UserError
-from fca_workbench.files import read_json
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import read_json
 from fca_workbench.results.layout import AUDIT_FILE, PER_TOKEN_CSV, PROFILES_FILE
 from fca_workbench.results.verdicts import verdicts
 
@@ -158,7 +158,7 @@ def test_audit_json_is_strict_and_records_the_invariant_and_the_profiles_hash(he
 
 
 def test_every_family_declares_its_replay_tolerance(tiny_mixtral):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     assert tiny_model("featuregate").replay_tolerance == 0.0
     assert tiny_model("muddpythia").replay_tolerance == 0.0

@@ -15,7 +15,7 @@ import torch
 import transformers
 from conftest import assert_one_line_error, fca
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 # ----------------------------------------------------------------------------------------------------------
 # Foreign models, tokenizers, native checkpoints: every file from inside the folder
@@ -84,7 +84,7 @@ def test_foreign_index_naming_a_shard_outside_is_refused_before_transformers_rea
     attack, place, transformers_reads_nothing
 ):
     """The outside shard holds other weights: loading it would give another NLL, without a word (today)."""
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder, outside = attack
     shard = last_shard(folder)
@@ -97,7 +97,7 @@ def test_foreign_index_naming_a_shard_outside_is_refused_before_transformers_rea
 
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors", "generation_config.json", "tokenizer.json"])
 def test_foreign_file_linked_from_outside_is_refused(tiny_mixtral, tmp_path, name, transformers_reads_nothing):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder = Path(shutil.copytree(tiny_mixtral, tmp_path / "ckpt"))
     outside = tmp_path / "elsewhere"
@@ -112,7 +112,7 @@ def test_foreign_file_linked_from_outside_is_refused(tiny_mixtral, tmp_path, nam
 
 
 def test_unresolvable_names_are_one_line(attack, transformers_reads_nothing):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder, _ = attack
     point_index_at(folder, last_shard(folder), "shard\x00.safetensors")
@@ -134,7 +134,7 @@ def test_foreign_index_outside_is_one_line_from_the_cli(attack, tmp_path):
 
 
 def test_foreign_sharded_folder_inside_still_loads_with_its_own_weights(attack, tiny_mixtral):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder, _ = attack
     loaded = load_controlled(folder).model.state_dict()
@@ -144,7 +144,7 @@ def test_foreign_sharded_folder_inside_still_loads_with_its_own_weights(attack, 
 
 
 def test_foreign_hub_snapshot_with_blob_symlinks_still_loads(sharded, tmp_path):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     snapshot, blobs = tmp_path / "models--x" / "snapshots" / "abc123", tmp_path / "models--x" / "blobs"
     snapshot.mkdir(parents=True)
@@ -165,7 +165,7 @@ def test_foreign_hub_snapshot_with_blob_symlinks_still_loads(sharded, tmp_path):
 )
 def test_remote_code_from_outside_the_folder_is_refused(tiny_mixtral, tmp_path, auto_map, transformers_reads_nothing):
     """Even with --trust-remote-code, only the folder's own code: ``repo--module.Class`` names code elsewhere."""
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder = Path(shutil.copytree(tiny_mixtral, tmp_path / "ckpt"))
     config = json.loads((folder / "config.json").read_text())
@@ -244,7 +244,7 @@ def foreign_folder(tmp_path: Path, tiny_mixtral: Path, config: dict) -> Path:
     ],
 )
 def test_sizes_under_a_familys_own_name_are_refused_fast(tiny_mixtral, tmp_path, model_type, field):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder = foreign_folder(
         tmp_path, tiny_mixtral, {"model_type": model_type, field: 10**6 if "layer" in field else 10**9}
@@ -257,7 +257,7 @@ def test_sizes_under_a_familys_own_name_are_refused_fast(tiny_mixtral, tmp_path,
 
 
 def test_a_sub_configs_sizes_are_checked(tiny_mixtral, tmp_path):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder = foreign_folder(
         tmp_path, tiny_mixtral, {"model_type": "gemma3n", "text_config": {"num_hidden_layers": 10**6}}
@@ -279,7 +279,7 @@ def test_train_refuses_an_aliased_size_of_an_hf_config_before_building(tmp_path)
 
 def test_train_refuses_mpt_layers_before_building():
     from fca_workbench.data.tokenizer import load_tokenizer
-    from fca_workbench.train import build_hf_model
+    from fca_workbench.training.train import build_hf_model
 
     started = time.perf_counter()
     with pytest.raises(UserError, match="n_layers=1000000 is out of range"):
@@ -363,7 +363,7 @@ def source_with_link(tmp_path: Path, link_to_folder: bool = False) -> Path:
 
 @pytest.mark.parametrize("link_to_folder", [False, True])
 def test_copy_from_a_folder_never_follows_a_link(tmp_path, link_to_folder):
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     source = source_with_link(tmp_path, link_to_folder)
     before = entries(tmp_path)
@@ -377,7 +377,7 @@ def test_copy_from_a_folder_refuses_a_special_file_before_copying(tmp_path):
     """A named pipe (or a device) reads without end, or blocks: refused, nothing written."""
     import os
 
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     source = tmp_path / "src"
     (source / CKPT).mkdir(parents=True)
@@ -398,7 +398,7 @@ def test_copy_from_a_folder_with_a_link_is_one_line_from_the_cli(tmp_path):
 
 
 def test_copy_writes_into_a_fresh_private_folder_not_a_predictable_sibling(tmp_path, monkeypatch):
-    import fca_workbench.resources as resources
+    import fca_workbench.foundation.resources as resources
 
     sdist = sdist_with(tmp_path / "s.tar.gz", [(f"{CKPT}/config.json", b"{}")])
     victim = tmp_path / "victim"
@@ -421,7 +421,7 @@ def test_copy_writes_into_a_fresh_private_folder_not_a_predictable_sibling(tmp_p
 
 
 def test_an_archive_declaring_more_than_the_cap_is_refused_before_writing(tmp_path, monkeypatch):
-    import fca_workbench.resources as resources
+    import fca_workbench.foundation.resources as resources
 
     monkeypatch.setattr(resources, "CHECKPOINTS_MAX_BYTES", 1 << 20, raising=False)
     sdist = sdist_with(tmp_path / "s.tar.gz", [(f"{CKPT}/config.json", b"{}"), (f"{CKPT}/zeros", bytes(3 << 20))])
@@ -438,7 +438,7 @@ def test_a_small_archive_expanding_to_a_gigabyte_is_refused_at_once(tmp_path):
     """1 MB of gzip holding 1.1 GB of zeros (gzip members concatenated, as gzip allows) under the real cap."""
     import gzip
 
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     config = tarfile.TarInfo(f"fca_workbench-0.1.0/{CKPT}/config.json")
     config.size = 2
@@ -457,7 +457,7 @@ def test_a_small_archive_expanding_to_a_gigabyte_is_refused_at_once(tmp_path):
 
 
 def test_an_archive_of_too_many_files_is_refused_before_writing(tmp_path, monkeypatch):
-    import fca_workbench.resources as resources
+    import fca_workbench.foundation.resources as resources
 
     monkeypatch.setattr(resources, "CHECKPOINTS_MAX_FILES", 50, raising=False)
     members = [(f"{CKPT}/config.json", b"{}")] + [(f"{CKPT}/empty{n}", b"") for n in range(60)]
@@ -468,7 +468,7 @@ def test_an_archive_of_too_many_files_is_refused_before_writing(tmp_path, monkey
 
 
 def test_a_source_whose_checkpoints_folder_links_elsewhere_is_refused(tmp_path):
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     elsewhere = tmp_path / "elsewhere" / "m"
     elsewhere.mkdir(parents=True)
@@ -481,7 +481,7 @@ def test_a_source_whose_checkpoints_folder_links_elsewhere_is_refused(tmp_path):
 
 
 def test_a_truncated_sdist_is_one_line_and_leaves_nothing(tmp_path):
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     payload = torch.randint(0, 256, (400_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     sdist = sdist_with(
@@ -497,7 +497,7 @@ def test_a_truncated_sdist_is_one_line_and_leaves_nothing(tmp_path):
 
 def test_a_plain_tar_cut_between_two_members_is_one_line_and_leaves_nothing(tmp_path):
     """tarfile reads such a file as a shorter archive: here the second checkpoint would be missing silently."""
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     members = [(f"{CKPT}/config.json", b"{}"), ("data/checkpoints/n/config.json", b"{}")]
     sdist = sdist_with(tmp_path / "s.tar", members, mode="w")
@@ -522,7 +522,7 @@ def test_a_plain_tar_cut_between_two_members_is_one_line_and_leaves_nothing(tmp_
     ids=["file then folder", "folder then file"],
 )
 def test_a_member_colliding_with_a_folder_is_one_line(tmp_path, members):
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     sdist = sdist_with(tmp_path / "s.tar.gz", members)
     with pytest.raises(UserError, match="cannot extract the checkpoints") as error:
@@ -532,7 +532,7 @@ def test_a_member_colliding_with_a_folder_is_one_line(tmp_path, members):
 
 
 def test_a_link_member_in_the_sdist_is_refused(tmp_path):
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     sdist = tmp_path / "s.tar.gz"
     with tarfile.open(sdist, "w:gz") as archive:
@@ -548,7 +548,7 @@ def test_a_link_member_in_the_sdist_is_refused(tmp_path):
 
 
 def test_into_below_a_file_is_one_line(tmp_path):
-    from fca_workbench.resources import copy_checkpoints
+    from fca_workbench.foundation.resources import copy_checkpoints
 
     sdist = sdist_with(tmp_path / "s.tar.gz", [(f"{CKPT}/config.json", b"{}")])
     (tmp_path / "file").write_text("mine")
@@ -558,7 +558,7 @@ def test_into_below_a_file_is_one_line(tmp_path):
 
 
 def test_checkpoints_env_naming_an_unknown_users_home_is_one_line(monkeypatch):
-    from fca_workbench.resources import CHECKPOINTS_ENV, checkpoints_dir
+    from fca_workbench.foundation.resources import CHECKPOINTS_ENV, checkpoints_dir
 
     monkeypatch.setenv(CHECKPOINTS_ENV, "~nosuchuser/x")
     with pytest.raises(

@@ -19,25 +19,25 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import read_manifest
-from fca_workbench.checkpoint import TRAIN_LOG_FILE, TRAIN_STATE_FILE
-from fca_workbench.dashboard.pool import Registry
-from fca_workbench.dashboard.serving import basic_auth_option
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import read_documents
-from fca_workbench.errors import UserError
-from fca_workbench.files import safetensors_shapes
+from fca_workbench.foundation.checkpoint import TRAIN_LOG_FILE, TRAIN_STATE_FILE
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import safetensors_shapes
 from fca_workbench.models import FAMILIES
 from fca_workbench.models.loading import read_config, stored_shapes
-from fca_workbench.reproduce import load_config
+from fca_workbench.notebooks.reproduce import load_config
 from fca_workbench.results.frames import load_audit
 from fca_workbench.results.outputs import refuse_foreign
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
-from fca_workbench.train import build_hf_model, make_optimizer, read_hf_config
-from fca_workbench.train_settings import TrainSettings
-from fca_workbench.train_state import read_log, read_state, restore, save_state
+from fca_workbench.training.train import build_hf_model, make_optimizer, read_hf_config
+from fca_workbench.training.train_settings import TrainSettings
+from fca_workbench.training.train_state import read_log, read_state, restore, save_state
+from fca_workbench.viewmodel.pool import Registry
+from fca_workbench.viewmodel.serving import basic_auth_option
 
 FUZZ = settings(
     max_examples=25,
@@ -469,7 +469,7 @@ def test_train_log(place):
 @pytest.fixture(scope="module")
 def trainer_state(place):
     """A real trainer state of a tiny run (saved after 2 of 4 steps), and what resuming it needs."""
-    from fca_workbench.train import build_model
+    from fca_workbench.training.train import build_model
 
     run = TrainSettings(arch="dense", layers=1, width=16, heads=2, window=16, steps=4, batch_size=2)
     model = build_model(run, load_tokenizer())

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import assert_one_line_error, fca, tiny_model
 
-from fca_workbench.checkpoint import TRAIN_STATE_FILE
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import read_documents
-from fca_workbench.errors import UserError
-from fca_workbench.train import TrainSettings, train
-from fca_workbench.train_state import CHECKPOINT_FILES
+from fca_workbench.foundation.checkpoint import TRAIN_STATE_FILE
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.training.train import TrainSettings, train
+from fca_workbench.training.train_state import CHECKPOINT_FILES
 
 
 @pytest.fixture(scope="module")
@@ -396,7 +396,7 @@ def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_pa
 )
 def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_mixtral, tmp_path, field, value):
     """A planted transformers config.json (here a Mixtral's) is checked before transformers builds anything."""
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     folder = tmp_path / "planted"
     folder.mkdir()
@@ -413,7 +413,7 @@ def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_
 
 def test_foreign_model_beyond_available_memory_is_refused(tiny_mixtral, monkeypatch):
     import fca_workbench.models.limits as limits
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     model = load_controlled(tiny_mixtral).model  # fits: loads
     needed = sum(p.numel() for p in model.parameters()) * 4
@@ -460,7 +460,7 @@ def test_train_refuses_absurd_sizes_before_reading_any_text(tmp_path):
 )
 def test_train_refuses_sizes_it_cannot_build(sizes, message):
     from fca_workbench.data.tokenizer import load_tokenizer
-    from fca_workbench.train import build_model
+    from fca_workbench.training.train import build_model
 
     with pytest.raises(UserError, match=message):
         build_model(TrainSettings(arch="dense", **sizes), load_tokenizer())
@@ -490,9 +490,9 @@ def test_audit_refuses_to_replace_an_audit_json_it_did_not_write(tiny_checkpoint
 
 
 def test_out_naming_a_file_is_one_line(tiny_checkpoints, tmp_path):
-    from fca_workbench import reproduce
     from fca_workbench.audit.many import aggregate_audits
     from fca_workbench.audit.run import AuditSettings
+    from fca_workbench.notebooks import reproduce
 
     path = tmp_path / "file"
     path.write_text("x")
@@ -555,7 +555,7 @@ def test_cache_errors_suggest_no_option_a_command_lacks():
 
 
 def test_reproduce_overwrites_only_a_folder_it_wrote(tiny_checkpoints, tmp_path):
-    from fca_workbench import reproduce
+    from fca_workbench.notebooks import reproduce
     from fca_workbench.results.outputs import RESULTS_MARKER, mark_results
 
     out = tmp_path / "mine"
@@ -637,7 +637,7 @@ def test_foreign_safetensors_header_claiming_absurd_sizes_is_one_line(claim, tin
         weights.write_bytes(struct.pack("<Q", 1 << 62) + weights.read_bytes()[8:])
         fragment = "its header claims 4611686018427387904 bytes"
     else:
-        from fca_workbench.files import safetensors_shapes
+        from fca_workbench.foundation.files import safetensors_shapes
 
         payload = weights.read_bytes()
         (length,) = struct.unpack("<Q", payload[:8])
@@ -665,7 +665,7 @@ def test_manifest_as_a_folder_or_nested_deep_is_one_line(tiny_checkpoints, tmp_p
 
 
 def test_unknown_home_in_fca_checkpoints_is_one_line(monkeypatch):
-    from fca_workbench.resources import checkpoints_dir
+    from fca_workbench.foundation.resources import checkpoints_dir
 
     monkeypatch.setenv("FCA_CHECKPOINTS", "~nosuchuser-fca/x")
     with pytest.raises(UserError, match="FCA_CHECKPOINTS=~nosuchuser-fca/x names a home folder that does not exist"):

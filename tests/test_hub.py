@@ -12,14 +12,14 @@ import pytest
 import torch
 from conftest import assert_one_line_error, fca
 
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.many import audit_names
 from fca_workbench.audit.run import default_out
-from fca_workbench.checkpoint import checkpoint_name, recorded_name, resolve_checkpoint
-from fca_workbench.dashboard.pool import Registry
-from fca_workbench.errors import UserError
-from fca_workbench.notebook_run import NotebookRun
+from fca_workbench.foundation.checkpoint import checkpoint_name, recorded_name, resolve_checkpoint
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.notebooks.notebook_run import NotebookRun
 from fca_workbench.results.schema import validate_audit
+from fca_workbench.viewmodel.pool import Registry
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -162,7 +162,7 @@ def test_only_configs_weights_and_tokenizer_files_are_downloaded(offline_cache, 
         return str(snapshot)
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr("fca_workbench.checkpoint.snapshot_download", download)
+    monkeypatch.setattr("fca_workbench.foundation.checkpoint.snapshot_download", download)
     resolve_checkpoint("lab/fg@main")
     resolve_checkpoint("lab/fg", trust_remote_code=True)
     (_, plain), (_, code) = calls

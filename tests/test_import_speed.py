@@ -1,6 +1,6 @@
 """A package that imports in a blink: ``import fca_workbench``, ``fca --help`` and the refusal of a bad flag import
 neither torch nor transformers (nor lm-eval); the public names are imported when first used
-(``fca_workbench.lazy``), and every command's module when it runs (``fca_workbench.cli.COMMANDS``).
+(``fca_workbench.foundation.lazy``), and every command's module when it runs (``fca_workbench.cli.COMMANDS``).
 
 Each check runs in a fresh interpreter: this one has torch imported long ago.
 """

@@ -20,8 +20,8 @@ from fca_workbench.cli import build_parser, main
 from fca_workbench.data.corpus import read_sdist_works, split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import even_sample, load_windows, read_documents
-from fca_workbench.errors import UserError
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.results.layout import (
     LOCK_FILE,
     OUTPUT_MARKER,
@@ -143,7 +143,7 @@ BOMB_SCRIPT = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))  # a reader that inflates it all fails fast
     from fca_workbench.data.tokenizer import load_tokenizer
     from fca_workbench.data.windows import load_windows
-    from fca_workbench.errors import UserError
+    from fca_workbench.foundation.errors import UserError
     try:
         load_windows(sys.argv[1], load_tokenizer(), 64, 4)
     except UserError as exc:
@@ -344,10 +344,10 @@ def test_every_numeric_flag_is_range_checked_in_one_line(argv, capsys):
 
 
 def test_every_numeric_flag_of_the_parser_has_a_checked_type():
-    """No flag of any command is a bare ``int`` or ``float``: each goes through ``fca_workbench.flags``."""
+    """No flag of any command is a bare ``int`` or ``float``: each goes through ``fca_workbench.foundation.flags``."""
     import argparse
 
-    from fca_workbench import flags
+    from fca_workbench.foundation import flags
 
     checked = {v for v in vars(flags).values() if callable(v)}
     parsers = [build_parser()]
@@ -455,7 +455,7 @@ def test_a_tokenizer_whose_tokens_depend_on_the_cut_tokenizes_documents_whole(tm
 
 def test_a_locked_results_folder_stops_a_second_fca_reproduce(tiny_checkpoints, tmp_path, monkeypatch):
     """Two ``fca reproduce --overwrite`` into one folder: the second stops with one line before it writes."""
-    from fca_workbench import reproduce
+    from fca_workbench.notebooks import reproduce
     from fca_workbench.results.outputs import mark_results
 
     out = tmp_path / "run"

@@ -23,7 +23,7 @@ import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 from test_dashboard import ROOT, SCREENSHOTS
 
-from fca_workbench.reproduce import KERNEL_NAME, ensure_kernel
+from fca_workbench.notebooks.reproduce import KERNEL_NAME, ensure_kernel
 
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
 # server extensions the notebook does not use (Panel's takes ~9 s to import on the loaded reference machine)

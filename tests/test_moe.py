@@ -13,13 +13,13 @@ import zoo
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.adapters.families import MOE_FAMILIES as REGISTRY
 from fca_workbench.adapters.families import OUTPUT_SHAPES, Family
-from fca_workbench.adapters.loading import load_controlled
 from fca_workbench.adapters.routers import OUTPUTS, find_routers
-from fca_workbench.audit.conditions import ConditionCoefficients
+from fca_workbench.audit.assignment import ConditionCoefficients
 from fca_workbench.audit.run import AuditSettings, run_audit
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import next_token_nll
 
 VOCAB = 4096  # the shipped tokenizer's

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fca_workbench import reproduce, tables
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.explore import Explorer
+from fca_workbench.notebooks import reproduce, tables
 
 # Each test may be the first to need the shared papermill run (~2-5 min on a loaded 2-core machine): a hung
 # kernel fails it after 20 min instead of eating CI's time.
@@ -282,7 +282,7 @@ def test_committed_notebooks_are_stripped_and_parameterised(path):
 
 
 def test_training_dynamics_table_equals_the_shipped_audit_logs(tiny_run):
-    from fca_workbench.training_audit import TRAINING_DYNAMICS_DIR
+    from fca_workbench.training.training_audit import TRAINING_DYNAMICS_DIR
 
     plan, _, _ = tiny_run
     table = rows(plan, "training_dynamics")

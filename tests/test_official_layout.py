@@ -22,7 +22,7 @@ from fca_workbench.audit.budget import audit_batch_size, window_bytes
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP, read_config
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM

@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from fca_workbench.adapters import COEFFICIENT
-from fca_workbench.audit import conditions as assignment
+from fca_workbench.audit import assignment
 from fca_workbench.audit.mini import MiniAudit
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.cli import build_parser
-from fca_workbench.dashboard import CONDITION_HELP, SEEDED
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.results.conditions import (
     ALL_CONDITIONS,
@@ -28,6 +27,7 @@ from fca_workbench.results.conditions import (
     conditions_epilog,
 )
 from fca_workbench.results.schema import audit_json_schema, validate_audit
+from fca_workbench.viewmodel import CONDITION_HELP, SEEDED
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCABULARY_MODULE = ROOT / "fca_workbench" / "results" / "conditions.py"
@@ -127,8 +127,8 @@ def test_only_the_one_function_assembles_what_a_condition_assigns():
                 callers.setdefault(node.func.id if isinstance(node.func, ast.Name) else node.func.attr, set()).add(
                     str(path.relative_to(ROOT / "fca_workbench"))
                 )
-    assert callers.pop("derangement") <= {"audit/conditions.py", "audit/session.py"}
-    assert all(files == {"audit/conditions.py"} for files in callers.values()), callers
+    assert callers.pop("derangement") <= {"audit/assignment.py", "audit/session.py"}
+    assert all(files == {"audit/assignment.py"} for files in callers.values()), callers
 
 
 def test_assigned_values_of_each_kind():

@@ -10,20 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from fca_workbench import checkpoint, reproduce
 from fca_workbench.audit import run as audit_run
-from fca_workbench.checkpoint import check_checkpoint, is_checkpoint
-from fca_workbench.errors import UserError, first_line, one_line
-from fca_workbench.files import atomic_path, temporary_sibling, write_atomic
-from fca_workbench.resources import copy_checkpoints
+from fca_workbench.foundation import checkpoint
+from fca_workbench.foundation.checkpoint import check_checkpoint, is_checkpoint
+from fca_workbench.foundation.errors import UserError, first_line, one_line
+from fca_workbench.foundation.files import atomic_path, temporary_sibling, write_atomic
+from fca_workbench.foundation.resources import copy_checkpoints
+from fca_workbench.notebooks import reproduce
 from fca_workbench.results import layout
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted([*(ROOT / "fca_workbench").rglob("*.py"), *(ROOT / "dashboards").rglob("*.py")])
 LAYOUT = ROOT / "fca_workbench" / "results" / "layout.py"
-FILES = ROOT / "fca_workbench" / "files.py"
-ERRORS = ROOT / "fca_workbench" / "errors.py"
-CHECKPOINT = ROOT / "fca_workbench" / "checkpoint.py"
+FILES = ROOT / "fca_workbench" / "foundation" / "files.py"
+ERRORS = ROOT / "fca_workbench" / "foundation" / "errors.py"
+CHECKPOINT = ROOT / "fca_workbench" / "foundation" / "checkpoint.py"
 # Files of an audit or results folder. README.md (a run's index) is left out: a checkpoint's model card has
 # the same name and is another concept (checkpoint.CARD_FILE).
 LAYOUT_FILES = {
@@ -129,7 +130,7 @@ def test_no_second_cache_rule_is_defined():
 
 # Not a temp-and-rename of one file: train's finish moves the files of a staged checkpoint folder (.fca-final)
 # into the run folder one by one, and leaves the staging folder for the user when a name clashes.
-STAGED_MOVES = {("fca_workbench/train.py", "finish")}
+STAGED_MOVES = {("fca_workbench/training/train.py", "finish")}
 
 
 def renames_by_hand(path: Path) -> list[str]:
@@ -330,7 +331,7 @@ def test_every_checkpoint_file_name_is_spelled_only_in_the_checkpoint_module():
         if not (name == checkpoint.CARD_FILE and path in README_ELSEWHERE)
         for hit in hits
     }
-    assert not spelled, f"import these names from fca_workbench.checkpoint: {sorted(spelled)}"
+    assert not spelled, f"import these names from fca_workbench.foundation.checkpoint: {sorted(spelled)}"
     assert set(checkpoint_spellings(CHECKPOINT)) == CHECKPOINT_NAMES  # and each is declared there
 
 
@@ -388,7 +389,7 @@ def test_check_checkpoint_messages(tmp_path):
 
 
 def test_every_caller_uses_the_one_check(tmp_path):
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
     from fca_workbench.models import load_model
 
     checks = (load_model, load_controlled, lambda folder: reproduce.NotebookRun(checkpoints=[folder]).check())
@@ -408,7 +409,7 @@ JSON_MODULES = {"json", "orjson", "ujson", "simplejson"}
 # cache key, and plotly's JSON handed to Jupyter as a dict. Any other is a JSON reader or writer by hand.
 JSON_NOT_FILES = {
     ("fca_workbench/audit/capture.py", "model_fingerprint"),
-    ("fca_workbench/notebook_run.py", "shared_cache"),
+    ("fca_workbench/notebooks/notebook_run.py", "shared_cache"),
     ("fca_workbench/results/figures.py", "mimebundle"),
 }
 
@@ -495,7 +496,7 @@ def test_the_broad_handler_scan_catches_a_hand_written_boundary(tmp_path):
 
 
 def test_reading_turns_a_librarys_errors_into_one_line_and_leaves_bugs_alone(tmp_path):
-    from fca_workbench.files import reading
+    from fca_workbench.foundation.files import reading
 
     with pytest.raises(UserError, match=r"^cannot read x: no key 'added_tokens'; try again$"):
         with reading("cannot read x", "try again"):
@@ -527,7 +528,7 @@ def test_a_user_error_is_one_line_wherever_it_is_printed():
 
 
 def test_read_json_refuses_what_strict_json_has_not(tmp_path):
-    from fca_workbench.files import read_json
+    from fca_workbench.foundation.files import read_json
 
     path = tmp_path / "a.json"
     for text, message in [

@@ -28,9 +28,9 @@ import fca_workbench
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
-from fca_workbench.errors import UserError
-from fca_workbench.fingerprints import fingerprint_tensor
-from fca_workbench.resources import copy_checkpoints
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.resources import copy_checkpoints
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "checkpoints"
@@ -201,7 +201,7 @@ def test_wheel_carries_the_controller_design_study_and_reads_it_from_there(dist,
         [
             str(user.python),
             "-c",
-            "from fca_workbench.tables import read_design_study as r; s = r(); print(s.folder, len(s.runs))",
+            "from fca_workbench.notebooks.tables import read_design_study as r; s = r(); print(s.folder, len(s.runs))",
         ],
         cwd=user.work,
         capture_output=True,
@@ -231,8 +231,8 @@ def test_installed_package_finds_and_loads_its_own_checkpoints(user):
     """``checkpoints_dir()`` of the installed wheel is its own ``shipped/data/checkpoints``, offline, and a
     shipped checkpoint loads from there with the weights of the checkout's."""
     script = (
-        "import json; from fca_workbench.resources import checkpoints_dir; "
-        "from fca_workbench.adapters.loading import load_controlled; "
+        "import json; from fca_workbench.foundation.resources import checkpoints_dir; "
+        "from fca_workbench.adapters.controlled import load_controlled; "
         "model = load_controlled(checkpoints_dir() / 'featuregate-s0'); "
         "print(json.dumps([str(checkpoints_dir()), model.arch, sum(p.numel() for p in model.parameters())]))"
     )
@@ -247,7 +247,7 @@ def test_installed_package_finds_and_loads_its_own_checkpoints(user):
     assert found.returncode == 0, found.stderr[-3000:]
     folder, arch, params = json.loads(found.stdout.strip().splitlines()[-1])
     assert Path(folder) == user.package / "shipped" / "data" / "checkpoints" and arch == "featuregate"
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     assert params == sum(p.numel() for p in load_controlled(CHECKPOINT).parameters())
     copied = fca(user, "data", "checkpoints", "--into", "elsewhere")  # no --from: the installed package's own

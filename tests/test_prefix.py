@@ -111,7 +111,7 @@ def test_a_transformers_moe_replays_from_the_layer_without_running_a_router(tiny
     """A transformers MoE keeps the state before every decoder layer: a one-layer replay resumes at the layer
     and equals the protocol's full frozen forward with the window's own router outputs elsewhere
     (``replay_run``); no router executes (tests/test_prefix_transformers.py: more families, the sweep)."""
-    from fca_workbench.adapters.loading import load_controlled
+    from fca_workbench.adapters.controlled import load_controlled
 
     model = load_controlled(tiny_mixtral)
     window = torch.randint(1, 4096, (1, 16), generator=torch.Generator().manual_seed(3))

@@ -12,16 +12,16 @@ import zoo
 from test_zoo_ssm import COMMON, ZOO
 
 from fca_workbench.adapters import COEFFICIENT, SteppingModel, TransformersControlled
-from fca_workbench.adapters.loading import load_controlled
+from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.adapters.selective import ColumnKind
+from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.conditions import calibration_profiles
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.audit.sweep import PREFIX, full_forward_window_nll, prefix_window_nll, sweep_mode
+from fca_workbench.foundation.resources import checkpoints_dir
 from fca_workbench.models import next_token_nll
-from fca_workbench.resources import checkpoints_dir
 
 SWEPT = ["cross_input", "layer_mean", "token_shuffle"]  # a router's whole output moved, a static mixture
 

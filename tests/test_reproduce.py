@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_REPRODUCE_SETTINGS, assert_one_line_error, fca
 
-from fca_workbench import reproduce
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.notebooks import reproduce
 from fca_workbench.results.outputs import mark_results
 
 pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
@@ -174,7 +174,7 @@ def test_per_layer_false_leaves_the_per_layer_notebook_out(tiny_checkpoints, tmp
 def test_the_names_notebooks_and_readme_import_stay_in_reproduce():
     """``reproduce`` was split (notebook_run, notebook_execution); what the notebooks, README and tests import
     from it is still there, and is the one object, not a copy."""
-    from fca_workbench import notebook_execution, notebook_run
+    from fca_workbench.notebooks import notebook_execution, notebook_run
 
     for name in ("NotebookRun", "shipped_checkpoints", "DEFAULT_MAX_WINDOWS", "ensure_audit"):
         assert getattr(reproduce, name) is getattr(notebook_run, name)

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import fca_workbench
-from fca_workbench import tables
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.notebooks import tables
 from fca_workbench.results import per_token as results_module
 from fca_workbench.results.binding import binding
 from fca_workbench.results.conditions import CONDITIONS

@@ -16,7 +16,7 @@ from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import (
     ALL_CONDITIONS,
@@ -38,14 +38,14 @@ DASHBOARDS = PACKAGE.parent / "dashboards"
 STEPS = {
     "capture": {"audit/session.py"},
     "calibration_profiles": {"audit/session.py"},
-    "profiles_of": {"audit/session.py", "audit/conditions.py"},
+    "profiles_of": {"audit/session.py", "audit/assignment.py"},
     "replay_nll": {"audit/session.py", "audit/sweep.py"},
     "per_layer_window_nll": {"audit/session.py", "audit/sweep.py"},
     "per_layer_sweep": set(),
     "ConditionCoefficients": {"audit/session.py", "audit/replay.py", "audit/sweep.py"},
-    "assigned_values": {"audit/session.py", "audit/conditions.py"},
-    "static_values": {"audit/session.py", "audit/conditions.py"},
-    "routing_top_k": {"audit/session.py", "audit/conditions.py"},
+    "assigned_values": {"audit/session.py", "audit/assignment.py"},
+    "static_values": {"audit/session.py", "audit/assignment.py"},
+    "routing_top_k": {"audit/session.py", "audit/assignment.py"},
 }
 
 
@@ -185,9 +185,9 @@ def test_a_condition_the_model_does_not_replay_is_one_line(audited):
 def test_one_audits_retention_table_shows_every_profile_it_has(tmp_path):
     """The dashboard's detail view of a router audit shows ``layer_mean_topk`` beside the other profiles (the
     overview names it an MoE audit's best profile); the paper's table across models keeps the common ones."""
-    from fca_workbench.dashboard.results_folder import audit_tables
-    from fca_workbench.resources import checkpoints_dir
+    from fca_workbench.foundation.resources import checkpoints_dir
     from fca_workbench.results.audit_tables import retention_table
+    from fca_workbench.viewmodel.results_folder import audit_tables
 
     settings = AuditSettings(
         str(checkpoints_dir() / "moe-s0"), window=32, max_windows=4, batch_size=2, resamples=20, latency_repeats=1

@@ -1,8 +1,8 @@
 """The package's shape: layers that only point down, no import cycles, modules of a readable size.
 
 Layers, lowest first (a module imports only from its own layer or the ones below; docs/layers.md):
-files (errors, files, fingerprints, lazy, resources, checkpoint) → data → models → adapters → results → audit →
-entry points (cli, reproduce, explore, train, callbacks, the notebooks' and dashboard's modules).
+foundation/ (errors, files, fingerprints, flags, lazy, resources, checkpoint) → data → models → adapters → results
+→ audit → entry points (cli/, training/, notebooks/, export/, downstream/, viewmodel/, explore).
 """
 
 import ast
@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fca_workbench"
-LAYERS = ["files", "data", "models", "adapters", "results", "audit", "entry"]
-FOUNDATION = {"errors", "files", "fingerprints", "lazy", "resources", "checkpoint"}
+LAYERS = ["foundation", "data", "models", "adapters", "results", "audit", "entry"]
 MAX_LINES = 450  # outside models/, where one readable file per family may be longer
 
 
@@ -26,9 +25,7 @@ def layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "entry"  # fca_workbench itself re-exports from below
-    if parts[1] in FOUNDATION:
-        return "files"
-    return parts[1] if parts[1] in LAYERS[1:-1] else "entry"
+    return parts[1] if parts[1] in LAYERS[:-1] else "entry"
 
 
 def imports(path: Path) -> list[tuple[str, int, bool]]:
@@ -59,9 +56,9 @@ MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 def test_every_module_has_a_layer():
     assert {layer(m) for m in MODULES} <= set(LAYERS)
-    assert layer("fca_workbench.audit.capture") == "audit" and layer("fca_workbench.files") == "files"
-    assert layer("fca_workbench.checkpoint") == "files"
-    assert layer("fca_workbench.cli") == "entry" and layer("fca_workbench.dashboard.live") == "entry"
+    assert layer("fca_workbench.audit.capture") == "audit" and layer("fca_workbench.foundation.files") == "foundation"
+    assert layer("fca_workbench.foundation.checkpoint") == "foundation"
+    assert layer("fca_workbench.cli") == "entry" and layer("fca_workbench.viewmodel.live") == "entry"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -149,21 +146,21 @@ PUBLIC_PATHS = [  # what the README and notebooks of the flat layout imported, a
     ("fca_workbench", "load_model"),
     ("fca_workbench", "load_audit"),
     ("fca_workbench", "load_audits"),
-    ("fca_workbench.tables", "variation_table"),
-    ("fca_workbench.tables", "open_cache"),
-    ("fca_workbench.tables", "show"),
-    ("fca_workbench.reproduce", "NotebookRun"),
-    ("fca_workbench.reproduce", "shipped_checkpoints"),
-    ("fca_workbench.training_audit", "MiniAudit"),
-    ("fca_workbench.training_audit", "load_training_runs"),
-    ("fca_workbench.callbacks", "FCACallback"),
+    ("fca_workbench.notebooks.tables", "variation_table"),
+    ("fca_workbench.notebooks.tables", "open_cache"),
+    ("fca_workbench.notebooks.tables", "show"),
+    ("fca_workbench.notebooks.reproduce", "NotebookRun"),
+    ("fca_workbench.notebooks.reproduce", "shipped_checkpoints"),
+    ("fca_workbench.training.training_audit", "MiniAudit"),
+    ("fca_workbench.training.training_audit", "load_training_runs"),
+    ("fca_workbench.training.callbacks", "FCACallback"),
     ("fca_workbench.explore", "Explorer"),
     ("fca_workbench.adapters", "load_controlled"),
     ("fca_workbench.adapters", "register_kind"),
     ("fca_workbench.adapters", "tensor_kind"),
-    ("fca_workbench.resources", "shipped"),
-    ("fca_workbench.errors", "UserError"),
-    ("fca_workbench.dashboard", "CONDITION_HELP"),
+    ("fca_workbench.foundation.resources", "shipped"),
+    ("fca_workbench.foundation.errors", "UserError"),
+    ("fca_workbench.viewmodel", "CONDITION_HELP"),
     ("fca_workbench.audit", "run_audit"),
     ("fca_workbench.audit", "AuditSettings"),
     ("fca_workbench.data", "load_windows"),

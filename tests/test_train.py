@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import fca_workbench.models  # noqa: F401  (registers the Auto classes)
-from fca_workbench import train as train_module
 from fca_workbench.cli import main
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
-from fca_workbench.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
+from fca_workbench.training import train as train_module
+from fca_workbench.training.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ from safetensors.torch import load_file
 from test_train import TINY_HF_CONFIGS, hf_settings, small_text, tiny_settings, write_config  # noqa: F401 (small_text is a fixture)
 from transformers import AutoModelForCausalLM
 
-from fca_workbench import tables
 from fca_workbench.audit.interventions import derangement
 from fca_workbench.audit.mini import MiniAudit
 from fca_workbench.cli import main
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.models import FeatureGateForCausalLM, load_model, next_token_nll
-from fca_workbench.train import build_hf_model, build_model, train
-from fca_workbench.training_audit import load_training_runs
+from fca_workbench.notebooks import tables
+from fca_workbench.training.train import build_hf_model, build_model, train
+from fca_workbench.training.training_audit import load_training_runs
 
 ROUTER_KEYS = [c.key for c in tables.ROUTER_DYNAMICS_COLUMNS]
 
@@ -193,7 +193,7 @@ def train_with_callback(model, audit: MiniAudit, folder):
     TensorBoard or MLflow, it receives ``on_log``); returns the trainer and what the reporter received."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from fca_workbench.callbacks import FCACallback
+    from fca_workbench.training.callbacks import FCACallback
 
     data = [{"input_ids": w, "labels": w} for w in audit.calib_windows.repeat(4, 1)]
     args = TrainingArguments(

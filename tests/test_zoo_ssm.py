@@ -267,8 +267,8 @@ def test_a_fused_projection_keeps_its_content_columns_live_on_replay(ids):
 
 
 def test_a_model_without_a_context_length_takes_the_window_asked_for(mamba2_folder):
+    from fca_workbench.adapters.controlled import load_controlled
     from fca_workbench.adapters.hf import UNBOUNDED_CONTEXT
-    from fca_workbench.adapters.loading import load_controlled
 
     controlled = load_controlled(mamba2_folder)
     assert not hasattr(controlled.config, "max_position_embeddings")
@@ -328,7 +328,7 @@ def test_controllers_and_only_controllers_together_are_refused(mamba2_folder, ca
 
 def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_line():
     """DeepSeek-V3.2's indexer gives each token the top-k of the keys before it: k = min(index_topk, T)."""
-    from fca_workbench.errors import UserError
+    from fca_workbench.foundation.errors import UserError
 
     config = T.DeepseekV32Config(
         **COMMON,
@@ -353,7 +353,7 @@ def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_
 
 def test_a_registered_family_whose_modules_the_roles_do_not_know_is_a_one_line_error(monkeypatch):
     """A later transformers that renames Mamba2's mixer attributes must not give an audit with no controller."""
-    from fca_workbench.errors import UserError
+    from fca_workbench.foundation.errors import UserError
 
     model = build("mamba2")
     for layer in model.backbone.layers:

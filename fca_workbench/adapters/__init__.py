@@ -6,9 +6,9 @@ is loaded from local safetensors and wrapped in ``TransformersControlled`` (``lo
 ``open_checkpoint`` is the whole load: device, placement, model and its tokenizer.
 """
 
+from fca_workbench.adapters.controlled import controlled_view, load_controlled, load_transformers, open_checkpoint
 from fca_workbench.adapters.hf import TransformersControlled, find_controllers
 from fca_workbench.adapters.kinds import ControllerKind, class_suffix, name_pattern, register_kind, tensor_kind
-from fca_workbench.adapters.loading import controlled_view, load_controlled, load_transformers, open_checkpoint
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel, SteppingModel, frozen
 
 __all__ = [

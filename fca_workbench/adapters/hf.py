@@ -26,7 +26,7 @@ from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
 from fca_workbench.adapters.selective import ColumnKind, selective_controllers
 from fca_workbench.adapters.stepping import LayerStepping, controller_layers, separate_head
-from fca_workbench.errors import UserError, first_line
+from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window, execution_device
 
 PROBE_SHAPE = (2, 3)  # the forward that learns the slot shapes and output layouts, and checks the outputs

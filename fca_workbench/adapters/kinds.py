@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fca_workbench.adapters.protocol import COEFFICIENT
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.models.common import index_slot_labels
 
 ROUTER_OUTPUT = ("router_logits", "top_k_weights", "top_k_index")

@@ -16,8 +16,8 @@ import psutil
 import torch
 from torch import nn
 
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import read_json
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import read_json
 from fca_workbench.models.common import execution_device
 
 __all__ = [

@@ -17,7 +17,7 @@ from torch import nn
 from fca_workbench.adapters.families import Family, family_of, zero_experts
 from fca_workbench.adapters.kinds import ROUTER_OUTPUT, TOP_K_INDEX, ControllerKind
 from fca_workbench.adapters.protocol import COEFFICIENT
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 LOGITS, WEIGHTS = ROUTER_OUTPUT[:2]
 LOOKS_LIKE_ROUTER = re.compile(r"(Router|Gating)$|TopK|Topk")  # a class name no kind claiming it is refused

@@ -36,7 +36,7 @@ from fca_workbench.adapters.families import (
 )
 from fca_workbench.adapters.kinds import ControllerKind
 from fca_workbench.adapters.protocol import COEFFICIENT
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 Span = tuple[str, int, int]  # a labelled run of output columns: (label, start, stop)
 

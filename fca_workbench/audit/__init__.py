@@ -2,12 +2,12 @@
 
 ``run.run_audit`` is the straight line (settings → inputs → capture → profiles → replay per condition →
 metrics → execution → verdicts → write); every other module here is one of its steps. Both names are imported
-when first used (``fca_workbench.lazy``): the command line builds ``settings.AuditSettings`` without torch.
+when first used (``fca_workbench.foundation.lazy``): the command line builds ``settings.AuditSettings`` without torch.
 """
 
 from typing import TYPE_CHECKING
 
-from fca_workbench.lazy import lazy_exports
+from fca_workbench.foundation.lazy import lazy_exports
 
 __all__ = ["AuditSettings", "run_audit"]
 

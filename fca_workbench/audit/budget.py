@@ -10,8 +10,8 @@ from typing import Any, cast
 import torch
 
 from fca_workbench.audit.capture import MANIFEST
-from fca_workbench.errors import UserError
-from fca_workbench.files import read_json
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import read_json
 
 CPU_BATCH_SIZE = 16
 

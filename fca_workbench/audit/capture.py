@@ -36,8 +36,8 @@ from fca_workbench.adapters.placement import tensor_fingerprints
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.guard import require_finite
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import (
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import (
     canonical_json,
     file_sha256,
     parse_json,
@@ -46,7 +46,7 @@ from fca_workbench.files import (
     write_atomic,
     write_json,
 )
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import LIVE_RUN
 

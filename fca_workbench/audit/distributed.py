@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from fca_workbench.audit.torchrun import TORCHRUN_VARIABLES, EveryRankError, under_torchrun
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import LIVE_RUN, REFERENCE
 
 Windows = Sequence[int] | torch.Tensor  # the window index of each row

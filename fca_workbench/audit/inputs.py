@@ -6,16 +6,16 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from fca_workbench.adapters.loading import open_checkpoint
+from fca_workbench.adapters.controlled import open_checkpoint
 from fca_workbench.adapters.placement import check_device
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows
-from fca_workbench.errors import UserError
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # settings.DTYPE_NAMES
 EVAL, CALIBRATION = "eval", "calibration"  # the two data splits a session reads

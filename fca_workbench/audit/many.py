@@ -8,9 +8,9 @@ from fca_workbench.adapters.placement import check_device
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.run import AuditSettings, check_audit_out, run_audit
-from fca_workbench.checkpoint import checkpoint_name, hub_name
-from fca_workbench.errors import UserError
-from fca_workbench.files import write_json
+from fca_workbench.foundation.checkpoint import checkpoint_name, hub_name
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import write_json
 from fca_workbench.results.layout import AUDIT_MANY_FILE
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.schema import AUDIT_MANY_SCHEMA

@@ -15,14 +15,14 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from fca_workbench.adapters.loading import controlled_view
+from fca_workbench.adapters.controlled import controlled_view
 from fca_workbench.audit.execution import expert_execution
 from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import even_sample, load_windows
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import INTERVENTIONS, REFERENCE
 
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")

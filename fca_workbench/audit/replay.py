@@ -11,8 +11,8 @@ from tqdm.auto import tqdm
 
 from fca_workbench.adapters.placement import value_devices
 from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.capture import CoefficientCache
-from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import condition_named

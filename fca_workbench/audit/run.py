@@ -12,9 +12,9 @@ from tqdm.auto import tqdm
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.audit.assignment import Profiles
 from fca_workbench.audit.cache_lock import cache_lock, folder_lock
 from fca_workbench.audit.capture import shard_count
-from fca_workbench.audit.conditions import Profiles
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.execution import execution_audit, expert_execution
 from fca_workbench.audit.inputs import CALIBRATION, EVAL
@@ -22,10 +22,10 @@ from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
-from fca_workbench.checkpoint import checkpoint_name, resolve_checkpoint
 from fca_workbench.data.windows import window_sampling
-from fca_workbench.files import write_atomic, write_json
-from fca_workbench.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.checkpoint import checkpoint_name, resolve_checkpoint
+from fca_workbench.foundation.files import write_atomic, write_json
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign

@@ -24,9 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
-from fca_workbench.audit.budget import audit_batch_size
-from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint
-from fca_workbench.audit.conditions import (
+from fca_workbench.audit.assignment import (
     ConditionCoefficients,
     Profiles,
     Values,
@@ -36,6 +34,8 @@ from fca_workbench.audit.conditions import (
     static_values,
     values_on,
 )
+from fca_workbench.audit.budget import audit_batch_size
+from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.inputs import CALIBRATION, EVAL, audit_windows, data_summary, load_audit_model
@@ -44,8 +44,8 @@ from fca_workbench.audit.metrics import VarianceAccumulator, condition_figures, 
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.sweep import per_layer_window_nll
-from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import LIVE_RUN, REFERENCE, condition_named, model_conditions, retention_profiles
 from fca_workbench.results.layout import cache_root
 

@@ -7,7 +7,7 @@ flag is refused in a blink.
 
 from dataclasses import dataclass
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model is loaded in (session.DTYPES maps them)
 

@@ -19,9 +19,9 @@ import torch
 from tqdm.auto import tqdm
 
 from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
+from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import CoefficientCache
-from fca_workbench.audit.conditions import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.guard import at_layer, check_correct_replay, require_finite
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures

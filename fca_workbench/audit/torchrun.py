@@ -3,7 +3,7 @@ user error. No torch here: the command line refuses a bad flag, on the right ran
 
 import os
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

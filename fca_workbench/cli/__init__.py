@@ -13,8 +13,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fca_workbench import flags
 from fca_workbench.audit.torchrun import error_prefix, under_torchrun
+from fca_workbench.cli.flag_settings import (
+    arch_train_settings,
+    audit_settings,
+    audits_settings,
+    check_export_flags,
+    dashboard_serving,
+    eval_settings,
+)
 from fca_workbench.cli.options import (
     Parser,
     add_audit_options,
@@ -23,16 +30,9 @@ from fca_workbench.cli.options import (
     add_export_parser,
     add_train_options,
 )
-from fca_workbench.cli.settings import (
-    arch_train_settings,
-    audit_settings,
-    audits_settings,
-    check_export_flags,
-    dashboard_serving,
-    eval_settings,
-)
 from fca_workbench.downstream import require_lm_eval
-from fca_workbench.errors import UserError
+from fca_workbench.foundation import flags
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
 
 
@@ -49,15 +49,17 @@ class Command:
 
 
 COMMANDS = {
-    "data prepare": Command("fca_workbench.cli.data", "cmd_data_prepare"),
-    "data checkpoints": Command("fca_workbench.cli.data", "cmd_data_checkpoints"),
-    "train": Command("fca_workbench.cli.train", "cmd_train", arch_train_settings),
-    "audit": Command("fca_workbench.cli.audit", "cmd_audit", lambda args: audit_settings(args, args.checkpoint)),
-    "audit-many": Command("fca_workbench.cli.audit", "cmd_audit_many", audits_settings),
-    "eval": Command("fca_workbench.cli.eval", "cmd_eval", eval_settings, needs=require_lm_eval),
-    "export": Command("fca_workbench.cli.export", "cmd_export", check_export_flags),
-    "dashboard": Command("fca_workbench.cli.dashboard", "cmd_dashboard", dashboard_serving),
-    "reproduce": Command("fca_workbench.cli.reproduce", "cmd_reproduce"),
+    "data prepare": Command("fca_workbench.cli.data_commands", "cmd_data_prepare"),
+    "data checkpoints": Command("fca_workbench.cli.data_commands", "cmd_data_checkpoints"),
+    "train": Command("fca_workbench.cli.train_command", "cmd_train", arch_train_settings),
+    "audit": Command(
+        "fca_workbench.cli.audit_commands", "cmd_audit", lambda args: audit_settings(args, args.checkpoint)
+    ),
+    "audit-many": Command("fca_workbench.cli.audit_commands", "cmd_audit_many", audits_settings),
+    "eval": Command("fca_workbench.cli.eval_command", "cmd_eval", eval_settings, needs=require_lm_eval),
+    "export": Command("fca_workbench.cli.export_command", "cmd_export", check_export_flags),
+    "dashboard": Command("fca_workbench.cli.dashboard_command", "cmd_dashboard", dashboard_serving),
+    "reproduce": Command("fca_workbench.cli.reproduce_command", "cmd_reproduce"),
 }
 DISTRIBUTED_COMMANDS = ("audit", "audit-many")  # the commands that run under torchrun
 

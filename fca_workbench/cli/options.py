@@ -1,11 +1,11 @@
-"""The ``fca`` command line's options: every flag, its type (``fca_workbench.flags``) and its help, apart
+"""The ``fca`` command line's options: every flag, its type (``fca_workbench.foundation.flags``) and its help, apart
 from the commands that run them (``fca_workbench.cli.COMMANDS``). Nothing here imports torch, so ``fca --help``
 stays fast."""
 
 import argparse
 from typing import NoReturn
 
-from fca_workbench import flags
+from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import PROFILE_CONDITIONS
 
 

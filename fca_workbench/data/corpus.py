@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, train_tokenizer
-from fca_workbench.errors import UserError
-from fca_workbench.files import jsonl_gz, write_atomic
-from fca_workbench.resources import in_checkout, shipped
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import jsonl_gz, write_atomic
+from fca_workbench.foundation.resources import in_checkout, shipped
 
 DATA_DIR = shipped("data")  # the checkout's data/, or the copy bundled in the wheel
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fca_workbench.data.corpus import DATA_DIR, split_path
 from fca_workbench.data.windows import read_documents
-from fca_workbench.files import canonical_json, write_atomic
+from fca_workbench.foundation.files import canonical_json, write_atomic
 
 TASKS_DIR = DATA_DIR / "tasks"
 NEXT_LINE_TASK = "fca_next_line"

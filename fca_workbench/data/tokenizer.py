@@ -5,10 +5,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from fca_workbench.checkpoint import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
-from fca_workbench.errors import UserError
-from fca_workbench.files import check_links_inside, reading
-from fca_workbench.resources import shipped
+from fca_workbench.foundation.checkpoint import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import check_links_inside, reading
+from fca_workbench.foundation.resources import shipped
 
 TOKENIZER_DIR = shipped("data") / "tokenizer"  # the checkout's data/tokenizer, or the copy bundled in the wheel
 EOS = "<|endoftext|>"

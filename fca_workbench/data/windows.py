@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # the tokenizer's type only: importing transformers here woul
     from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.data.corpus import TextNormalizer, normalize_text
-from fca_workbench.errors import UserError
-from fca_workbench.files import parse_json
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import parse_json
 
 TEXT_MAX_BYTES = 256 << 20  # of text, after decompression: far above the shipped splits (~0.6 MB each)
 

@@ -10,7 +10,7 @@ import importlib
 import os
 import types
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}  # a task's data comes from disk, never the network
 

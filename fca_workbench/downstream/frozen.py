@@ -4,7 +4,7 @@ for the reference, the frozen model's fed a static profile of the calibration se
 import torch
 
 from fca_workbench.audit.session import ReplaySession
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import LOW, REFERENCE, condition_named
 
 

@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.downstream.frozen import ConditionLogits
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 
 class WorkbenchLM(HFLM):

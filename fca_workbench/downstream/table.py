@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench.downstream.gaps import GAP_Z, resolved
-from fca_workbench.results.tables import Column, make_table
+from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # imported when a table is built
     import pandas as pd

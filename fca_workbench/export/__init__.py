@@ -6,13 +6,13 @@ folding lives in its own module (``native``: FeatureGate → GPT-2, MUDDPythia �
 ``experts``: MoE routers → K experts taken by every token). The exported model computes what the audit's
 replay of that profile computes, so its NLL on the audit's eval windows is the audit's NLL for the profile.
 
-``export_static`` is imported when first used (``fca_workbench.lazy``); ``request`` checks what an export is
+``export_static`` is imported when first used (``fca_workbench.foundation.lazy``); ``request`` checks what an export is
 asked for without torch, so ``fca export`` refuses a bad ``--profile`` before anything heavy is imported.
 """
 
 from typing import TYPE_CHECKING
 
-from fca_workbench.lazy import lazy_exports
+from fca_workbench.foundation.lazy import lazy_exports
 
 __all__ = ["export_static"]
 

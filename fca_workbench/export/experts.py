@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.routers import find_routers
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 # model_type → the config field counting its routed experts (/work/shared/moe-routing.md: softmax → top-k)
 FOLDABLE = {

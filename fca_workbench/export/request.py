@@ -3,7 +3,7 @@ before anything heavy is imported, ``export_static`` before anything is loaded."
 
 from pathlib import Path
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import EXPORTABLE_PROFILES, PROFILE_CONDITIONS
 
 

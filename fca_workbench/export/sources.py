@@ -9,8 +9,8 @@ import torch
 
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
-from fca_workbench.errors import UserError
-from fca_workbench.files import inside_folder
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import inside_folder
 from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.layout import PROFILES_FILE
 from fca_workbench.results.profiles import verified_profiles

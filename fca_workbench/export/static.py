@@ -13,14 +13,14 @@ from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.checkpoint import CARD_FILE
-from fca_workbench.errors import UserError
 from fca_workbench.export.card import CARD_JSON, export_card_markdown
 from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2, muddpythia_static
 from fca_workbench.export.request import check_request
 from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile, static_coefficients
-from fca_workbench.files import atomic_folder, write_atomic, write_json
+from fca_workbench.foundation.checkpoint import CARD_FILE
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import atomic_folder, write_atomic, write_json
 from fca_workbench.models.featuregate import FeatureGateForCausalLM
 from fca_workbench.models.muddpythia import MUDDPythiaForCausalLM
 from fca_workbench.results.frames import read_audit_json

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from fca_workbench.checkpoint import Checkpoint, resolve_checkpoint
+from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.models.common import (
     CoefficientLMOutput,
     CoefficientModel,
@@ -54,7 +54,7 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
 def load_model(
     path: str | Path | Checkpoint, dtype: torch.dtype | None = None, placing: Mapping[str, Any] | None = None
 ) -> CoefficientModel:
-    """Load a checkpoint folder (or a hub name; or a ``Checkpoint`` already resolved, ``fca_workbench.checkpoint``)
+    """Load a checkpoint folder (or a hub name; or a ``Checkpoint`` already resolved, ``fca_workbench.foundation.checkpoint``)
     strictly, turning every way it can be broken into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is

@@ -21,7 +21,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 # config field -> largest accepted value; every size field any family has (a family lacks some).
 SIZE_LIMITS = {

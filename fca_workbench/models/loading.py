@@ -38,9 +38,15 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
-from fca_workbench.checkpoint import CONFIG_FILE, SAFETENSORS_WEIGHTS, WEIGHT_FILES, config_fields, model_type_of
-from fca_workbench.errors import UserError
-from fca_workbench.files import inside_folder, read_json, reading, safetensors_shapes
+from fca_workbench.foundation.checkpoint import (
+    CONFIG_FILE,
+    SAFETENSORS_WEIGHTS,
+    WEIGHT_FILES,
+    config_fields,
+    model_type_of,
+)
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import inside_folder, read_json, reading, safetensors_shapes
 from fca_workbench.models.limits import check_memory, check_sizes
 
 Model = TypeVar("Model", bound=PreTrainedModel)

@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from fca_workbench.checkpoint import BIN_FILE, BIN_INDEX, CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX
-from fca_workbench.files import write_json
+from fca_workbench.foundation.checkpoint import BIN_FILE, BIN_INDEX, CONFIG_FILE, SAFETENSORS_FILE, SAFETENSORS_INDEX
+from fca_workbench.foundation.files import write_json
 from fca_workbench.models.loading import OFFICIAL_1P4B_CONFIG, OFFICIAL_AUTO_MAP
 
 

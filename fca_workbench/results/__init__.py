@@ -2,13 +2,13 @@
 verdicts and report text, and the DataFrames, tables and figures read back from them.
 
 Nothing here runs a model: every value comes from an audit's files (or a dict of ``audit.json``).
-``load_audit`` and ``load_audits`` are imported when first used (``fca_workbench.lazy``), so the command line
+``load_audit`` and ``load_audits`` are imported when first used (``fca_workbench.foundation.lazy``), so the command line
 reads the condition vocabulary and folder layout without pandas.
 """
 
 from typing import TYPE_CHECKING
 
-from fca_workbench.lazy import lazy_exports
+from fca_workbench.foundation.lazy import lazy_exports
 
 __all__ = ["load_audit", "load_audits"]
 

@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fca_workbench.checkpoint import recorded_name
+from fca_workbench.foundation.checkpoint import recorded_name
 from fca_workbench.results.conditions import (
     ALL_CONDITIONS,
     CONDITIONS,
@@ -25,7 +25,7 @@ from fca_workbench.results.conditions import (
 )
 from fca_workbench.results.report import nll_label
 from fca_workbench.results.seeds import summarise
-from fca_workbench.results.tables import Column, make_table
+from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from fca_workbench.errors import UserError
-from fca_workbench.files import canonical_json, parse_json, schema_problem
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import canonical_json, parse_json, schema_problem
 from fca_workbench.results.layout import AUDIT_FILE
 from fca_workbench.results.schema import read_audit_json
 

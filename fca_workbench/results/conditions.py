@@ -11,7 +11,7 @@ names the workbench needs is derived from ``VOCABULARY``; nothing else spells tw
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 
 LIVE, OWN, REASSIGNMENT, PROFILE = "live", "own", "reassignment", "profile"
 

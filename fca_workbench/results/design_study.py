@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fca_workbench.checkpoint import TRAIN_CARD_FILE
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import inside_folder, read_json, schema_problem
-from fca_workbench.resources import shipped
+from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import inside_folder, read_json, schema_problem
+from fca_workbench.foundation.resources import shipped
 from fca_workbench.results.audit_tables import seed_summary
 from fca_workbench.results.conditions import LAYER_MEAN, REASSIGNMENTS, REFERENCE
 from fca_workbench.results.layout import STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
-from fca_workbench.results.tables import Column, make_table
+from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from fca_workbench.checkpoint import recorded_name
-from fca_workbench.errors import UserError
-from fca_workbench.files import read_json, reading, schema_problem
+from fca_workbench.foundation.checkpoint import recorded_name
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import read_json, reading, schema_problem
 from fca_workbench.results.binding import FINGERPRINT, RERUN_AUDIT, audit_binding, check_binding, downstream_binding
 from fca_workbench.results.layout import AUDIT_FILE, DOWNSTREAM_FILE, PER_TOKEN_CSV, PER_TOKEN_PARQUET
 from fca_workbench.results.overview import overview_table
@@ -58,7 +58,7 @@ DOWNSTREAM_KEYS = ["task", "condition", "metric"]
 DOWNSTREAM_COLUMNS = ["value", "stderr", "retention"]
 _NUMBER = {"type": ["number", "null"]}
 _FIGURE = {"type": "object", "required": DOWNSTREAM_COLUMNS, "properties": dict.fromkeys(DOWNSTREAM_COLUMNS, _NUMBER)}
-DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_workbench/downstream/run.py)
+DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_workbench/downstream/evaluation.py)
     "type": "object",
     "required": ["schema", "model", "settings", "calibration", "tasks"],
     "properties": {

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from fca_workbench.errors import UserError
-from fca_workbench.files import import_jsonschema, read_json, write_atomic
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import import_jsonschema, read_json, write_atomic
 from fca_workbench.results.layout import LOCK_FILE, OUTPUT_MARKER, RESULTS_MARKER
 
 MARKER_MAX_BYTES = 4096

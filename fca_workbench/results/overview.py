@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.results.audit_tables import model_name
 from fca_workbench.results.conditions import LIVE_RUN, REASSIGNMENTS, REFERENCE, RETAINED
-from fca_workbench.results.tables import Column, make_table
+from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd

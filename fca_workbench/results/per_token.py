@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fca_workbench.files import reading
+from fca_workbench.foundation.files import reading
 from fca_workbench.results.binding import BINDING_KEY, binding_text, parse_binding
 from fca_workbench.results.layout import PER_TOKEN_CSV, PER_TOKEN_PARQUET
 

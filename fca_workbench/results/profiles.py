@@ -14,8 +14,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from fca_workbench.errors import UserError, first_line
-from fca_workbench.files import parse_json, reading, write_atomic
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import parse_json, reading, write_atomic
 from fca_workbench.results.binding import (
     BINDING_KEY,
     RERUN_AUDIT,

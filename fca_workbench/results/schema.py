@@ -6,8 +6,8 @@ import reprlib
 from pathlib import Path
 from typing import cast
 
-from fca_workbench.errors import UserError
-from fca_workbench.files import import_jsonschema, read_json, schema_problem
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import import_jsonschema, read_json, schema_problem
 from fca_workbench.results.conditions import ALL_CONDITIONS, RETAINED
 from fca_workbench.results.layout import AUDIT_FILE
 

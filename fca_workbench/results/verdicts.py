@@ -7,7 +7,7 @@ finite: ``verdicts`` refuses the audit instead (``require_finite_figures``).
 
 import math
 
-from fca_workbench.errors import UserError
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import CROSS_INPUT, LAYER_MEAN, TOKEN_SHUFFLE
 
 JUDGED = ("conditions", "retention", "variance", "variation", "execution", "per_layer")  # what the verdicts read

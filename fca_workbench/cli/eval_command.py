@@ -1,0 +1,18 @@
+"""``fca eval``: run once ``require_lm_eval`` found lm-eval (the command table asks it first, so a missing
+``eval`` extra is one line, not an ImportError from this module's imports)."""
+
+import argparse
+from pathlib import Path
+
+from fca_workbench.audit.run import default_out
+from fca_workbench.cli.quiet import quiet_transformers
+from fca_workbench.downstream.eval_settings import EvalSettings
+from fca_workbench.downstream.evaluation import format_downstream, run_eval
+from fca_workbench.results.layout import DOWNSTREAM_FILE
+
+
+def cmd_eval(args: argparse.Namespace, settings: EvalSettings) -> None:
+    quiet_transformers()
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
+    print(format_downstream(run_eval(settings, out)))
+    print(f"\nwrote {out / DOWNSTREAM_FILE}")

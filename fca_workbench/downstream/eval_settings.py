@@ -1,0 +1,38 @@
+"""What one ``fca eval`` run is run with: the audit's settings for the model and its calibration profiles, the
+tasks, the static conditions and the document limit.
+
+Plain data, no torch and no lm-eval: the command line builds and checks it before anything heavy is imported, so
+an empty ``--tasks`` or a condition that is not static is refused in a blink.
+"""
+
+from dataclasses import dataclass, field
+
+from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.results.conditions import ALL_CONDITIONS, LAYER_MEAN, LOW, REFERENCE, VOCABULARY
+
+# the reference (the live model, on any text) and the static ones: a task's text has no cached coefficients
+EVAL_CONDITIONS = tuple(c.name for c in VOCABULARY if c.name == REFERENCE or c.static)
+
+
+@dataclass
+class EvalSettings:
+    audit: AuditSettings  # the model, its calibration windows and batches, as the audit reads (and checks) them
+    tasks: list[str]
+    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, LAYER_MEAN])
+    limit: int | None = None  # the first N documents of each task
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise UserError("--tasks names no task")
+        for condition in self.conditions:
+            if condition not in EVAL_CONDITIONS:
+                why = "is not a condition" if condition not in ALL_CONDITIONS else "needs a text's own cached values"
+                raise UserError(
+                    f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(EVAL_CONDITIONS)}"
+                )
+
+
+def comma_names(text: str) -> list[str]:
+    """``--tasks`` / ``--conditions``: ``a,b`` as ``["a", "b"]``, blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]

@@ -1,0 +1,242 @@
+"""``fca eval``: lm-eval tasks under FCA conditions, their accuracy and its retention, as ``downstream.json``.
+
+The static profiles come from the calibration set exactly as ``fca audit`` makes them: a replay session on
+the same settings, its calibration capture in a temporary folder, so an audit's own cache in the output folder
+is never touched. Tasks run through lm-eval's evaluator with its
+own task definitions, metrics and standard errors; the shipped ``data/tasks/`` ones run offline.
+"""
+
+import importlib.metadata
+import logging
+import math
+import random
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import lm_eval
+import lm_eval.evaluator
+import numpy
+import torch
+import yaml
+from lm_eval.tasks import TaskManager
+
+from fca_workbench.audit.cache_lock import folder_lock
+from fca_workbench.audit.inputs import CALIBRATION
+from fca_workbench.audit.run import AUDIT_COMMAND, check_audit_out
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.data.tasks import TASKS_DIR
+from fca_workbench.downstream.eval_settings import EvalSettings
+from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
+from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
+from fca_workbench.downstream.lm import WorkbenchLM
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import inside_folder, reading, write_json
+from fca_workbench.results.binding import check_folder_binding
+from fca_workbench.results.conditions import LOW, REFERENCE
+from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
+from fca_workbench.results.layout import DOWNSTREAM_FILE
+from fca_workbench.results.outputs import mark_output, refuse_foreign
+
+BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
+
+
+def local_tasks() -> dict[str, Path]:
+    """The shipped tasks: every ``data/tasks/<name>.yaml``, by name."""
+    return {path.stem: path for path in sorted(TASKS_DIR.glob("*.yaml"))}
+
+
+def local_task_config(path: Path) -> dict:
+    """A shipped task's lm-eval config, its ``data_files`` resolved inside ``data/tasks/`` (lm-eval would read
+    them from the current folder)."""
+    config = yaml.safe_load(path.read_text())
+    files = config["dataset_kwargs"]["data_files"]
+    config["dataset_kwargs"]["data_files"] = {
+        split: str(inside_folder(path.parent, name, path.name)) for split, name in files.items()
+    }
+    return config
+
+
+def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str | dict]]:
+    """lm-eval's task manager and what to hand it for each name: a shipped task's config, or the name of an
+    installed task or group (lm-eval's whole index is read only when some task is not a shipped one); an
+    unknown name is one line, before any model is loaded."""
+    shipped = local_tasks()
+    others = [name for name in names if name not in shipped]
+    manager = TaskManager(include_defaults=bool(others))
+    unknown = [name for name in others if name not in manager.all_tasks]
+    if unknown:
+        raise UserError(
+            f"--tasks: unknown task {', '.join(map(repr, unknown))}; shipped: {', '.join(shipped)}, "
+            "or any task lm-eval lists (lm-eval ls tasks)"
+        )
+    return manager, [local_task_config(shipped[name]) if name in shipped else name for name in names]
+
+
+def run_eval(settings: EvalSettings, out: str | Path) -> dict:
+    """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
+    or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
+    ``correct``-to-``global_mean`` gap."""
+    out = check_audit_out(out)
+    refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
+    manager, tasks = resolve_tasks(settings.tasks)
+    loaded = load_tasks(manager, tasks, settings.audit.seed)  # a task whose data is not on disk: one line, first
+    with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
+        session = ReplaySession.open(replace(settings.audit, cache=cache), out, read_now=(CALIBRATION,))
+        check_folder_binding(out, session.fingerprint)  # another model's audit folder: refused before any work
+        conditions = eval_conditions(settings.conditions, session)
+        with folder_lock(out, "output folder"):
+            mark_output(out, AUDIT_COMMAND)
+            downstream = evaluate_conditions(session, conditions, loaded, settings)
+            check_downstream(downstream, out / DOWNSTREAM_FILE)
+            write_json(out / DOWNSTREAM_FILE, downstream)
+    return downstream
+
+
+def evaluate_conditions(session: ReplaySession, conditions: list[str], loaded: dict, settings: EvalSettings) -> dict:
+    """``downstream.json``: every loaded task under every condition, through lm-eval's evaluator."""
+    model, calib_windows = session.model, session.windows(CALIBRATION)
+    if session.has_controller:
+        session.profiles  # noqa: B018 (the calibration capture, before the first task)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
+    lm = WorkbenchLM(model, session.tokenizer, calib_windows.shape[1], session.batch_size)
+    by_condition = {}
+    for condition in conditions:
+        lm.use(ConditionLogits(session, condition))
+        by_condition[condition] = evaluate(lm, loaded, settings)
+    return {
+        "schema": DOWNSTREAM_SCHEMA,
+        "model": {
+            "path": str(Path(settings.audit.checkpoint).resolve()),
+            "arch": model.arch,
+            "fingerprint": session.fingerprint,
+        },
+        "settings": {
+            "tasks": settings.tasks,
+            "conditions": conditions,
+            "limit": settings.limit,
+            "seed": settings.audit.seed,
+            "dtype": settings.audit.dtype,
+            "device": settings.audit.device,
+            "window": calib_windows.shape[1],
+            "batch_size": session.batch_size,
+            "lm_eval": importlib.metadata.version("lm-eval"),
+        },
+        "calibration": session.data_summary(CALIBRATION),
+        "tasks": task_figures(by_condition),
+    }
+
+
+def load_tasks(manager: TaskManager, tasks: list[str | dict], seed: int) -> dict:
+    """lm-eval's tasks, loaded once for every condition, set up as ``simple_evaluate`` sets them up: zero-shot
+    unless the task says otherwise, its few-shot sampler seeded."""
+    with reading(
+        "lm-eval cannot load the tasks",
+        "a task's data must be in the Hugging Face cache: fca eval runs offline unless HF_DATASETS_OFFLINE=0",
+    ):
+        loaded = manager.load(tasks)
+    for task in loaded["tasks"].values():
+        if task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=seed)
+    return loaded
+
+
+def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
+    """lm-eval's results of every task (and group) under the condition ``lm`` uses: per task, its documents
+    evaluated (``samples``) and its metrics (``metrics``: value and stderr). ``evaluator.evaluate`` is
+    ``simple_evaluate`` without its model loading and its environment report (a ``pip list`` per call)."""
+    random.seed(settings.audit.seed)
+    numpy.random.seed(settings.audit.seed)
+    torch.manual_seed(settings.audit.seed)
+    results = lm_eval.evaluator.evaluate(
+        lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True
+    )
+    samples, logged = results.get("n-samples", {}), results.get("samples") or {}
+    return {
+        task: {
+            "samples": samples.get(task, {}).get("effective"),
+            "metrics": metrics_of(entry),
+            "documents": per_document(logged.get(task, [])),
+        }
+        for task, entry in results["results"].items()
+    }
+
+
+def per_document(logged: list[dict]) -> dict[str, dict]:
+    """Per metric (named as ``metrics_of`` names it), each document's value (None where it is not a number):
+    the same documents under two conditions give the gap between them a paired standard error."""
+    values: dict[str, dict] = {}
+    for sample in logged:
+        kept = sample["filter"]
+        for metric in sample["metrics"]:
+            name = metric if kept == "none" else f"{metric},{kept}"
+            values.setdefault(name, {})[sample["doc_id"]] = finite(sample.get(metric))
+    return values
+
+
+def metrics_of(entry: dict) -> dict[str, dict]:
+    """A task's numeric metrics from lm-eval's ``"<metric>,<filter>"`` keys (named by the metric alone for the
+    ``none`` filter), each with its ``"<metric>_stderr,<filter>"`` (None where lm-eval gives none)."""
+    metrics = {}
+    for key, value in entry.items():
+        metric, comma, kept = key.partition(",")
+        if not comma or metric.endswith("_stderr") or finite(value) is None:
+            continue
+        name = metric if kept == "none" else key
+        metrics[name] = {"value": finite(value), "stderr": finite(entry.get(f"{metric}_stderr,{kept}"))}
+    return metrics
+
+
+def finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite number, else None (lm-eval writes ``"N/A"`` for no stderr)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
+    """Per task: ``samples``, per condition and metric its value, stderr and retention (None where a reference
+    lacks the metric, or the model has no controller and evaluates ``correct`` alone), and per metric the
+    ``gaps`` the retention is over."""
+    figures = {}
+    for task, entry in by_condition[REFERENCE].items():
+        rows = {condition: results[task]["metrics"] for condition, results in by_condition.items()}
+        top, low = (
+            {m: {**f, "documents": by_condition[end][task]["documents"].get(m)} for m, f in rows.get(end, {}).items()}
+            for end in (REFERENCE, LOW)
+        )
+        gaps = {metric: gap(top[metric], low[metric]) for metric in top if metric in low}
+        conditions = {
+            condition: {
+                metric: {
+                    **f,
+                    "retention": retention(f["value"], top[metric], low[metric], gaps[metric])
+                    if metric in gaps
+                    else None,
+                }
+                for metric, f in metrics.items()
+            }
+            for condition, metrics in rows.items()
+        }
+        figures[task] = {"samples": entry["samples"], "conditions": conditions, "gaps": gaps}
+    return figures
+
+
+def format_downstream(downstream: dict) -> str:
+    """The printed table: per task and metric, each condition's value ± stderr and its retention."""
+    lines = [
+        f"{downstream['model']['path']} ({downstream['model']['arch']}), lm-eval {downstream['settings']['lm_eval']}"
+    ]
+    for task, entry in downstream["tasks"].items():
+        lines.append(f"\n{task} ({entry['samples']} documents)")
+        for condition, metrics in entry["conditions"].items():
+            for metric, f in metrics.items():
+                stderr = "" if f["stderr"] is None else f" ± {f['stderr']:.4f}"
+                kept = "" if f["retention"] is None else f"   retention {f['retention']:.3f}"
+                lines.append(f"  {condition:20s} {metric:10s} {f['value']:.4f}{stderr}{kept}")
+        for metric, g in entry.get("gaps", {}).items():
+            stderr = "" if g["stderr"] is None else f" ± {g['stderr']:.4f} ({'paired' if g['paired'] else 'unpaired'})"
+            note = "" if resolved(g) else f": within {GAP_Z} stderr, no retention"
+            lines.append(f"  {'gap ' + REFERENCE + ' − ' + LOW:31s} {metric:10s} {g['value']:+.4f}{stderr}{note}")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""The checkpoint folder: the names of its files, a checkpoint as the user names it resolved to a checked folder,
+and its config's fields read before anything is built from them.
+
+A checkpoint is named as a folder, or as a Hugging Face hub name ``ORG/NAME[@REVISION]``, resolved the way
+transformers resolves one: the local cache (``HF_HOME`` / ``HF_HUB_CACHE``) first, a download through
+``huggingface_hub`` only while the network is allowed (``HF_HUB_OFFLINE`` unset), and only configs, safetensors
+and tokenizer files (code files only with ``--trust-remote-code``). An existing folder always stays a folder (a
+folder ``org/name`` in the current folder wins, as in transformers). What comes back is a ``Checkpoint``: a
+folder that holds a ``config.json`` and no link leading out of it, and where it came from.
+
+Every file name of a checkpoint folder is declared here, for the loaders, the trainer, the exporter and the
+tokenizer alike. It is a foundation module because ``resources`` (which folders of a copy are checkpoints, what
+is never shipped) and ``data.tokenizer`` (a folder's tokenizer files) need the names below ``models``.
+"""
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name
+from huggingface_hub.utils import validate_repo_id
+
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import check_links_inside, read_json
+
+CONFIG_FILE = "config.json"  # what makes a folder a checkpoint folder
+GENERATION_CONFIG_FILE = "generation_config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded model's shards, by tensor
+BIN_FILE = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+SAFETENSORS_WEIGHTS = (SAFETENSORS_FILE, SAFETENSORS_INDEX)  # what a foreign model loads from: safetensors only
+WEIGHT_FILES = (*SAFETENSORS_WEIGHTS, BIN_FILE, BIN_INDEX)  # what the strict loader reads, in transformers' order
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+CARD_FILE = "README.md"  # the model card, as the hub shows it
+TRAIN_CARD_FILE = "model_card.json"  # fca train's card: the command that trains it again, what it reached
+TRAIN_LOG_FILE = "train_log.csv"  # fca train's loss, one row per step
+TRAIN_STATE_FILE = "trainer_state.pt"  # an unfinished fca train run's whole state; never shipped
+
+# What a download fetches: configs (and shard indexes), weights, tokenizer files; never code or other formats.
+HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
+CODE_FILES = ("*.py",)  # fetched only with --trust-remote-code
+HUB_NAME = re.compile(r"[^/@~.\\][^/@\\]*/[^/@\\]+(@.*)?", re.DOTALL)  # ORG/NAME[@REVISION], validated below
+REVISION = re.compile(r"[\w.\-]+(/[\w.\-]+)*")  # a branch, tag or commit; refs/pr/1 too
+MAX_REVISION = 255  # the cache keeps refs/<revision> as a file: longer is no name a file system takes
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """True for a folder that holds a checkpoint's ``config.json`` (its weights are checked when loaded)."""
+    return (Path(folder) / CONFIG_FILE).is_file()
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path``, or a one-line ``UserError`` saying it is missing or is not one: the
+    check every command and loader makes before reading a checkpoint."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"checkpoint folder not found: {folder}")
+    if not is_checkpoint(folder):
+        raise UserError(f"not a checkpoint folder (no {CONFIG_FILE}): {folder}")
+    check_links_inside(folder)
+    return folder
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checked checkpoint folder; for a hub name, also the id, the revision asked and the commit it is."""
+
+    folder: Path
+    hub_id: str | None = None
+    revision: str | None = None  # as asked; None: the repository's default branch
+    commit: str | None = None  # the snapshot's commit sha
+
+    def provenance(self) -> dict | None:
+        """What ``audit.json`` records as ``model.hub``: None for a plain folder."""
+        if self.hub_id is None:
+            return None
+        return {"id": self.hub_id, "revision": self.revision, "commit": self.commit}
+
+
+def hub_name(name: str | Path) -> tuple[str, str | None] | None:
+    """``(id, revision)`` when ``name`` is a hub name, None when it names a folder (a ``Path``, an existing
+    path, or text not shaped ``ORG/NAME[@REVISION]``); a malformed hub name is one ``UserError`` line."""
+    if isinstance(name, Path) or not HUB_NAME.fullmatch(name) or os.path.lexists(name):
+        return None
+    repo_id, _, revision = name.partition("@")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise UserError(f"{name!r} is neither a folder nor a valid hub name: {first_line(exc)}") from None
+    if "@" in name and (not REVISION.fullmatch(revision) or ".." in revision or len(revision) > MAX_REVISION):
+        raise UserError(f"{name!r}: the revision {revision!r} is not a branch, tag or commit name")
+    return repo_id, revision or None
+
+
+def checkpoint_key(name: str | Path) -> str:
+    """What tells checkpoints apart, without looking anything up: a hub name as given, else the resolved path."""
+    return str(name) if hub_name(name) else str(Path(name).resolve())
+
+
+def checkpoint_name(name: str | Path) -> str:
+    """A name for ``name`` safe as a file name and a label: a folder's own name, ``org--name[@revision]`` for a
+    hub name (``/`` in a revision as ``--``), without looking anything up."""
+    parsed = hub_name(name)
+    return Path(name).resolve().name if parsed is None else _hub_label(*parsed)
+
+
+def recorded_name(model: dict) -> str:
+    """``checkpoint_name`` of the checkpoint an ``audit.json``'s ``model`` record was computed from."""
+    hub = model.get("hub")
+    return _hub_label(hub["id"], hub["revision"]) if hub else Path(model["path"]).name
+
+
+def _hub_label(repo_id: str, revision: str | None) -> str:
+    return repo_id.replace("/", "--") + (f"@{revision.replace('/', '--')}" if revision else "")
+
+
+def resolve_checkpoint(name: str | Path, trust_remote_code: bool = False) -> Checkpoint:
+    """The checkpoint ``name`` names, checked (``check_checkpoint``: no link leading out of it, a hub snapshot's
+    links into its own ``blobs/`` aside); every way it cannot be found is one ``UserError`` line."""
+    parsed = hub_name(name)
+    if parsed is None:
+        return Checkpoint(check_checkpoint(name))
+    repo_id, revision = parsed
+    patterns = [*HUB_FILES, *(CODE_FILES if trust_remote_code else ())]
+    offline = constants.HF_HUB_OFFLINE
+    try:
+        fetched = snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline)
+    except LocalEntryNotFoundError:
+        asked = f" --revision {revision}" if revision else ""
+        how = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        raise UserError(
+            f"{name} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {how}; "
+            f"fetch it where the network is allowed: hf download {repo_id}{asked} --include "
+            + " ".join(f"'{p}'" for p in patterns)
+        ) from None
+    except (HfHubHTTPError, HFValidationError, OSError, ValueError) as exc:  # not found, gated, revision unknown
+        raise UserError(f"cannot fetch {name} from the Hugging Face hub: {first_line(exc)}") from None
+    snapshot = Path(os.path.normpath(fetched))
+    storage = Path(os.path.normpath(constants.HF_HUB_CACHE)).resolve() / repo_folder_name(
+        repo_id=repo_id, repo_type="model"
+    )
+    if snapshot.parent != storage / "snapshots" or not REGEX_COMMIT_HASH.fullmatch(snapshot.name):
+        raise UserError(f"the Hugging Face cache of {repo_id} points outside its own folder ({snapshot})")
+    return Checkpoint(check_checkpoint(snapshot), repo_id, revision, snapshot.name)
+
+
+def config_fields(folder: Path) -> dict:
+    """The JSON object in a checkpoint's ``config.json``, as it is; unreadable: one ``UserError`` line."""
+    try:
+        return cast(dict, read_json(folder / CONFIG_FILE))
+    except UserError as exc:
+        raise UserError(f"unreadable checkpoint config: {exc}") from None
+
+
+def model_type_of(raw: dict, folder: Path) -> str | None:
+    """A config's ``model_type``: a name, or None when it has none; anything else is one ``UserError`` line."""
+    model_type = raw.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise UserError(f"{folder / CONFIG_FILE}: model_type is a JSON {type(model_type).__name__}, not a name")
+    return model_type

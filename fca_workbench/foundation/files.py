@@ -1,0 +1,359 @@
+"""Files the workbench writes and reads: atomic writes, content hashes, and JSON Schema validation.
+
+Every file is written through ``write_atomic`` (bytes) or ``atomic_path`` (a writer that needs a path): a
+temporary sibling, then a rename, so a crash never leaves a half-written result; tensors and files are
+identified by sha256 of exactly their bytes. Every JSON file is read through ``read_json`` (bounded in
+size, any malformation one line naming the file) and written through ``write_json`` (strict JSON: a NaN or
+an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject). A file that
+a library parses (a tokenizer, weights, a pickled state, a CSV) is read inside ``reading``, the one boundary
+that turns the library's own exceptions into one line; a safetensors header is checked by
+``safetensors_shapes`` against the file's size before any library trusts what it declares. A file one file
+names (a shard an index lists, a link in a folder) is read only from inside that folder (``inside_folder``,
+``check_links_inside``).
+"""
+
+import contextlib
+import csv
+import gzip
+import hashlib
+import importlib
+import io
+import json
+import math
+import os
+import pickle
+import reprlib
+import shutil
+import struct
+import sys
+import tarfile
+import tempfile
+import types
+import zipfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+from fca_workbench.foundation.errors import UserError, first_line, one_line
+
+
+def temporary_sibling(path: Path) -> Path:
+    """The hidden name ``path`` is written under before it is renamed into place (``.<name>.tmp``)."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` for writers that need a path of their own (``torch.save``, safetensors,
+    a folder copied into place): renamed over ``path`` when the block ends, removed when it raises, so
+    ``path`` is either its old self or complete. A leftover of an interrupted earlier write is removed first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    _remove(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Path) -> Iterator[Path]:
+    """A fresh private folder (``mkdtemp``: an unpredictable name, mode 0700) beside ``path`` to fill, renamed
+    to ``path`` (which must not exist, or be an empty folder) when the block ends and removed when it raises:
+    unlike a fixed sibling name, nobody can plant a link at it beforehand to redirect what is written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)
+        tmp.replace(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    """Write to a temporary sibling, then rename, so a crash never leaves a half-written file."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(payload)
+
+
+JSON_MAX_BYTES = 64 << 20  # far above any config, index, manifest or audit.json the workbench meets
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: a number too large for a float, read as infinity
+        raise ValueError(f"{text[:40]} is too large for a number")
+    return value
+
+
+def parse_json(text: str | bytes, source: str) -> object:
+    """``text`` parsed as strict JSON (no ``NaN``/``Infinity``); any malformation, nesting too deep for the
+    parser included, is one ``UserError`` line naming ``source``."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise UserError(f"{source} is nested too deeply to be read as JSON") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{source} is not valid JSON: {first_line(exc)}") from None
+
+
+def read_json(path: Path, expect: type | None = dict, max_bytes: int = JSON_MAX_BYTES) -> object:
+    """A JSON file, read once with a size cap; ``expect`` (default: an object) is the type its top level must
+    have. Every failure (missing, a folder, too large, not UTF-8, malformed, too deep, wrong type) is one
+    ``UserError`` line naming the file: the one way the workbench reads JSON."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            payload = handle.read(max_bytes + 1)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a JSON file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or first_line(exc)}") from None
+    if len(payload) > max_bytes:
+        raise UserError(f"{path} is larger than {max_bytes >> 20} MiB; refusing to read it as JSON")
+    try:
+        text = payload.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text, so not a JSON file") from None
+    value = parse_json(text, str(path))
+    if expect is not None and not isinstance(value, expect):
+        wanted = _JSON_NAMES.get(expect, expect.__name__)
+        raise UserError(
+            f"{path} holds a JSON {_JSON_NAMES.get(type(value), type(value).__name__)}, not a JSON {wanted}"
+        )
+    return value
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def dumps_json(value: object) -> bytes:
+    """``value`` as strict, indented JSON with a final newline; a NaN or infinity anywhere is a ``ValueError``
+    (a bug upstream: figures are checked finite before they are written)."""
+    return (json.dumps(value, indent=2, allow_nan=False) + "\n").encode()
+
+
+def canonical_json(value: object) -> str:
+    """``value`` as compact, key-sorted, strict JSON: the same value always gives the same text (metadata
+    stored inside a file and compared byte for byte)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def write_json(path: Path, value: object) -> None:
+    """``dumps_json(value)`` written atomically."""
+    write_atomic(path, dumps_json(value))
+
+
+# What libraries raise on a file that is malformed: parse errors, wrong types or keys in what was parsed,
+# truncation (``struct.error`` from torch's unpickler), nesting too deep, shapes that do not fit (torch's
+# load_state_dict). The Rust ``tokenizers`` raises a bare ``Exception``, caught as that exact type only, so
+# a real bug of any other type keeps its traceback.
+MALFORMED = (
+    OSError,
+    EOFError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    RuntimeError,
+    csv.Error,
+    pickle.UnpicklingError,
+    struct.error,
+    zipfile.BadZipFile,
+    tarfile.TarError,
+    zlib.error,
+    SafetensorError,
+)
+
+
+@contextlib.contextmanager
+def reading(what: str, advice: str = "") -> Iterator[None]:
+    """The one boundary of a loader that hands a file to a library: whatever the library raises on a
+    malformed file becomes one ``UserError`` line: ``what`` (which names the file), the library's reason,
+    then ``advice`` (what to do about it) when given."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if not isinstance(exc, MALFORMED) and type(exc) is not Exception:
+            raise
+        raise UserError(f"{what}: {library_reason(exc)}" + (f"; {advice}" if advice else "")) from None
+
+
+REASON_CHARS = 300  # of a library's reason: torch lists every mismatched tensor
+
+
+def library_reason(exc: BaseException) -> str:
+    """A library's reason for refusing a file, as one short line: its first line, or all of it when the first
+    line only announces the detail (torch's ``Error(s) in loading state_dict for X:``)."""
+    if isinstance(exc, KeyError):
+        return f"no key {first_line(exc)}"
+    reason = one_line(exc) if first_line(exc).endswith(":") else first_line(exc)
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
+
+
+def inside_folder(folder: Path, name: str, named_by: str) -> Path:
+    """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
+    symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an
+    audit's freshness record cover everything that was loaded. ``named_by``: the file that names it. The
+    one exception is the Hugging Face hub cache, whose ``models--org--name/snapshots/<revision>/`` files are
+    symlinks into the same repository's ``blobs/``, and nowhere else."""
+    try:
+        root, resolved = folder.resolve(), (folder / name).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte in the name, a symlink loop
+        raise UserError(
+            f"{named_by} in {folder} names a path that cannot be resolved ({name!r}): {first_line(exc)}"
+        ) from None
+    in_hub_cache = root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--")
+    allowed = [root, root.parent.parent / "blobs"] if in_hub_cache else [root]
+    if not any(resolved.is_relative_to(place) for place in allowed):
+        raise UserError(
+            f"{named_by} in {folder} points outside the folder ({name} is {resolved}); "
+            "files are read only from inside it"
+        )
+    return folder / name
+
+
+def check_links_inside(folder: Path) -> None:
+    """Refuse a folder holding a symlink (at any depth) that leads outside it: every loader (the workbench's,
+    transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file
+    from elsewhere. Linked folders are checked, not entered."""
+    for root, dirs, names in os.walk(folder):
+        for path in sorted(Path(root, name) for name in [*dirs, *names]):
+            if path.is_symlink():
+                relative = str(path.relative_to(folder))
+                inside_folder(folder, relative, relative)
+
+
+SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit
+SAFETENSORS_ITEM_BITS = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
+    **dict.fromkeys(("U16", "I16", "F16", "BF16"), 16),
+    **dict.fromkeys(("U32", "I32", "F32"), 32),
+    **dict.fromkeys(("U64", "I64", "F64", "C64"), 64),
+    "F4": 4,
+    **dict.fromkeys(("F6_E2M3", "F6_E3M2"), 6),
+}
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The names and shapes a safetensors file declares, read from its header alone and checked against the
+    file: the header's length, and every tensor's byte range (inside the data, the size its dtype and shape
+    need), so a header claiming absurd sizes is one ``UserError`` line before any library allocates for it."""
+    path = Path(path)
+    with reading(f"cannot read {path}"):
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise UserError(f"{path} is not a safetensors file: {size} bytes, shorter than its header length")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > min(size - 8, SAFETENSORS_HEADER_MAX_BYTES):
+                raise UserError(f"{path} is not a safetensors file: its header claims {length} bytes of {size}")
+            header = parse_json(handle.read(length), f"the header of {path}")
+    if not isinstance(header, dict):
+        raise UserError(f"the header of {path} is not a JSON object, so not a safetensors header")
+    data_bytes = size - 8 - length
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = tensor_entry_problem(entry, data_bytes)
+        if problem:
+            raise UserError(f"{path} declares tensor {name[:80]!r} {problem}")
+        shapes[name] = tuple(entry["shape"])
+    return shapes
+
+
+def tensor_entry_problem(entry: object, data_bytes: int) -> str | None:
+    """What is wrong with one tensor's header entry in a file of ``data_bytes`` bytes of data; None: nothing."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return "without a dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        return f"with shape {str(shape)[:80]}, not a list of sizes"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
+        return "without data_offsets [begin, end]"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        return f"at bytes {begin}..{end}, outside the file's {data_bytes} bytes of data"
+    bits = SAFETENSORS_ITEM_BITS.get(entry["dtype"])
+    if bits is not None and -(-math.prod(shape) * bits // 8) != end - begin:
+        return f"of shape {shape} in {entry['dtype']}, which is not its {end - begin} bytes"
+    return None
+
+
+def jsonl_gz(records: list[dict]) -> bytes:
+    """Deterministic gzip (mtime 0), so the shipped files' sha256 only changes when their text does."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
+        for record in records:
+            gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+    return buffer.getvalue()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ``jsonschema`` is imported without its optional IRI format checker: when ``rfc3987_syntax`` is installed
+# (Jupyter brings it), importing jsonschema builds ~40 Earley parsers, 2-20 s per process
+# (python-jsonschema/jsonschema#1428). No workbench schema uses the ``iri`` formats.
+SKIPPED = "rfc3987_syntax"
+
+
+def schema_problem(instance: object, schema: dict) -> str | None:
+    """Why ``instance`` (JSON read from a file) does not match ``schema``, as one short line (where, then
+    what); None when it matches. Not ``str`` of jsonschema's error, which pretty-prints the whole instance
+    (many lines, and a ``RecursionError`` for one nested deep enough)."""
+    jsonschema = import_jsonschema()
+    try:
+        jsonschema.validate(instance, schema)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(reprlib.repr(part) if not isinstance(part, str) else part[:40] for part in exc.absolute_path)
+        return f"{where or 'top level'}: {first_line(exc.message)[:PROBLEM_CHARS]}"
+    except RecursionError:
+        return "nested too deeply to be checked"
+    return None
+
+
+PROBLEM_CHARS = 200  # of a validation message, which quotes the offending value
+
+
+def import_jsonschema() -> types.ModuleType:
+    """The ``jsonschema`` module (already imported, or imported now without ``rfc3987_syntax``)."""
+    if "jsonschema" in sys.modules:
+        return sys.modules["jsonschema"]
+    refuse = SKIPPED not in sys.modules
+    if refuse:
+        sys.modules[SKIPPED] = None  # type: ignore[assignment]  # an import of a None entry raises ImportError
+    try:
+        return importlib.import_module("jsonschema")
+    finally:
+        if refuse:
+            del sys.modules[SKIPPED]

@@ -1,0 +1,103 @@
+"""The project's Jupyter kernel and the execution of one notebook through papermill.
+
+Every notebook of ``fca reproduce`` runs on the kernel ``fca-workbench`` (installed by ``scripts/setup.sh``,
+or here when absent), which must run this very Python; a failing notebook is reported in one line and the
+files it wrote are listed for the run's index.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.results.layout import AUDITS_DIR, NOTEBOOKS_DIR
+
+KERNEL_NAME = "fca-workbench"
+
+
+@dataclass
+class NotebookJob:
+    name: str
+    source: Path
+    parameters: dict
+
+
+def ensure_kernel(name: str = KERNEL_NAME) -> dict:
+    """The project's Jupyter kernel must run this very Python; install it into this environment if absent."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    manager = KernelSpecManager()
+    try:
+        spec = manager.get_kernel_spec(name)
+    except NoSuchKernel:
+        from ipykernel.kernelspec import install
+
+        install(kernel_name=name, display_name="Python (fca-workbench)", prefix=sys.prefix)
+        print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
+        spec = KernelSpecManager().get_kernel_spec(name)
+    python = spec.argv[0]
+    if os.path.isabs(python) and Path(python).parent.resolve() != Path(sys.executable).parent.resolve():
+        raise UserError(
+            f"the Jupyter kernel '{name}' runs {python}, not this environment's {sys.executable}; reinstall it "
+            f"with: {sys.executable} -m ipykernel install --prefix {sys.prefix} --name {name} "
+            f"(or remove the other one: jupyter kernelspec remove {name})"
+        )
+    return {"name": name, "python": python, "resource_dir": spec.resource_dir}
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    ok: bool
+    seconds: float
+    output: Path
+    error: str | None = None
+    files: list[Path] = field(default_factory=list)
+
+
+def _snapshot(folder: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
+
+
+def describe_failure(exc: Exception) -> str:
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        lines = [line for line in (exc.source or "").splitlines() if line.strip() and not line.startswith("#")]
+        first = lines[0].strip()[:80] if lines else ""
+        evalue = first_line(exc.evalue or "")
+        return f"cell {exc.cell_index} (In [{exc.exec_count}]: {first}) raised {exc.ename}: {evalue}"
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
+
+
+def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
+    import papermill
+
+    output = out / NOTEBOOKS_DIR / f"{job.name}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    before = _snapshot(out)
+    start = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(job.source),
+            str(output),
+            parameters=job.parameters,
+            kernel_name=KERNEL_NAME,
+            progress_bar=False,
+            log_output=False,
+            request_save_on_cell_execute=False,
+            cwd=str(output.parent),
+        )
+    except Exception as exc:  # a notebook's failure is reported, and the others still run
+        error = describe_failure(exc)
+    seconds = time.perf_counter() - start
+    after = _snapshot(out)
+    files = sorted(
+        p for p, mtime in after.items() if before.get(p) != mtime and p != output and out / AUDITS_DIR not in p.parents
+    )
+    return NotebookResult(job.name, error is None, seconds, output, error, files)

@@ -1,0 +1,379 @@
+"""``fca reproduce``: every paper notebook run through papermill into one results folder.
+
+The notebooks in ``notebooks/`` hold presentation only. The audits they show are run once per checkpoint
+and settings into ``DIR/audits/<checkpoint>/`` and shared by every notebook of the run and by later runs
+(``notebook_run``: ``NotebookRun``, ``ensure_audit``). This module plans a run from its config, checks the
+kernel, executes the notebooks (one at a time: ``notebook_execution``) and writes the run's index.
+
+Everything that can be checked before a notebook starts is checked first: the config's parameter names
+(against ``papermill.inspect_notebook``), the checkpoints, the data files, the output folder and the
+project's Jupyter kernel (``fca-workbench``, installed by ``scripts/setup.sh``, used explicitly).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fca_workbench.audit.cache_lock import folder_lock
+from fca_workbench.audit.run import AuditSettings
+from fca_workbench.foundation.checkpoint import checkpoint_key, checkpoint_name
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import read_json, reading, write_atomic, write_json
+from fca_workbench.foundation.resources import shipped
+
+# NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
+# README and tests import them from here
+from fca_workbench.notebooks.notebook_execution import (
+    KERNEL_NAME,
+    NotebookJob,
+    NotebookResult,
+    ensure_kernel,
+    run_notebook,
+)
+from fca_workbench.notebooks.notebook_run import (
+    DEFAULT_MAX_WINDOWS,
+    PATH_PARAMETERS,
+    NotebookRun,
+    ensure_audit,
+    read_finished,
+    shipped_checkpoints,
+)
+from fca_workbench.results import layout
+from fca_workbench.results.design_study import read_design_study
+from fca_workbench.results.outputs import is_results, mark_results, output_folder
+
+NOTEBOOK_DIR = shipped("notebooks")
+PER_LAYER_NOTEBOOK = "06_per_layer"
+AUDIT_NOTEBOOKS = (
+    "01_variation",
+    "02_assignment",
+    "03_static_profiles",
+    "04_execution",
+    "05_muddpythia",
+    PER_LAYER_NOTEBOOK,
+)
+# 07 reads the shipped training-dynamics logs (data/training_dynamics), 09 the controller-design study's summaries
+# (data/controller_design); they audit nothing. 08 runs fca eval beside the audits (the eval extra: left out of
+# the default run without lm-eval)
+DOWNSTREAM_NOTEBOOK = "08_downstream"
+STUDY_NOTEBOOK = "09_controller_design"
+STUDY_PARAMETER = "study"  # its study folder, checked before any notebook starts
+PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK, STUDY_NOTEBOOK)
+EXPLORE_NOTEBOOK = "explore"
+DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
+# Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
+DEFAULT_PARAMETERS = {
+    "checkpoints": None,
+    "eval_data": None,
+    "calibration_data": None,
+    "window": None,
+    "max_windows": DEFAULT_MAX_WINDOWS,
+    "device": "cpu",
+    "dtype": "float32",
+    "seed": 0,
+    "batch_size": None,
+    "per_layer": True,
+}
+RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
+CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
+
+
+def load_config(path: str | Path) -> dict:
+    """A reproduce config: TOML or JSON with ``notebooks``, ``cache``, ``[parameters]`` (every notebook that
+    declares a name gets it) and ``[notebook.<name>]`` (one notebook only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    if path.suffix == ".json":
+        config = read_json(path, expect=None)
+    else:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
+            import tomli as tomllib
+        with reading(f"{path} is not valid TOML"):
+            config = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    if not isinstance(config, dict):
+        raise UserError(f"{path} must hold a table of settings")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise UserError(
+            f"{path}: unknown config key '{unknown[0]}' (known: {', '.join(CONFIG_KEYS)}; "
+            "notebook parameters go under [parameters])"
+        )
+    return config
+
+
+@dataclass
+class Plan:
+    out: Path
+    jobs: list[NotebookJob]
+    audits: dict[str, AuditSettings]  # checkpoint -> settings, shared by every notebook that reads it
+    cache: Path
+    config_path: str | None
+    overwrite: bool
+
+
+def notebook_parameters(source: Path) -> dict:
+    import papermill
+
+    return papermill.inspect_notebook(str(source))
+
+
+def default_out() -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out, n = Path("results") / stamp, 1
+    while out.exists():
+        n += 1
+        out = Path("results") / f"{stamp}-{n}"
+    return out
+
+
+def plan(
+    config: dict | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    config_path: str | Path | None = None,
+    notebook_dir: Path = NOTEBOOK_DIR,
+) -> Plan:
+    """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
+    config = dict(config or {})
+    missing = [name for name in ("ipykernel", "papermill") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"fca reproduce needs the notebooks extra ({missing[0]} is missing): "
+            "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)"
+        )
+    has_lm_eval = importlib.util.find_spec("lm_eval") is not None
+    names = config.get("notebooks", [n for n in PAPER_NOTEBOOKS if has_lm_eval or n != DOWNSTREAM_NOTEBOOK])
+    if isinstance(names, str) or not isinstance(names, list) or not names:
+        raise UserError("config 'notebooks' must be a non-empty list of notebook names")
+    if not has_lm_eval and DOWNSTREAM_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
+        raise UserError(f"notebook {DOWNSTREAM_NOTEBOOK} needs the eval extra: pip install 'fca-workbench[eval]'")
+    parameters = config.get("parameters")
+    if isinstance(parameters, dict) and parameters.get("per_layer") is False:  # no sweep: nothing for 06 to show
+        if "notebooks" in config and PER_LAYER_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
+            raise UserError(
+                f"notebook {PER_LAYER_NOTEBOOK} shows the per-layer sweep, which per_layer = false "
+                "leaves out: drop one of the two"
+            )
+        names = [n for n in names if n != PER_LAYER_NOTEBOOK]
+    available = sorted(p.stem for p in Path(notebook_dir).glob("*.ipynb"))
+    sources = {}
+    for name in names:
+        stem = str(name).removesuffix(".ipynb")
+        if stem not in available:
+            raise UserError(f"unknown notebook '{name}' (available: {', '.join(available)})")
+        sources[stem] = Path(notebook_dir) / f"{stem}.ipynb"
+    declared = {name: notebook_parameters(path) for name, path in sources.items()}
+
+    shared = config.get("parameters", {}) or {}
+    overrides = config.get("notebook", {}) or {}
+    if not isinstance(shared, dict) or not isinstance(overrides, dict):
+        raise UserError("config [parameters] and [notebook.<name>] must be tables")
+    for name in shared:
+        if name in RESERVED:
+            raise UserError(
+                f"parameter '{name}' is set by fca reproduce itself (use --out, or 'cache' at the top level)"
+            )
+        if not any(name in d for d in declared.values()):
+            known = sorted(set().union(*declared.values()) - set(RESERVED))
+            raise UserError(
+                f"unknown parameter '{name}': no notebook of this run declares it (known: {', '.join(known)})"
+            )
+    for stem, params in overrides.items():
+        stem = str(stem).removesuffix(".ipynb")
+        if stem not in declared:
+            raise UserError(f"[notebook.{stem}]: no such notebook in this run ({', '.join(declared)})")
+        if not isinstance(params, dict):
+            raise UserError(f"[notebook.{stem}] must be a table of parameters")
+        for name in params:
+            if name in RESERVED or name not in declared[stem]:
+                raise UserError(
+                    f"unknown parameter '{name}' for notebook {stem} "
+                    f"(it declares: {', '.join(n for n in declared[stem] if n not in RESERVED)})"
+                )
+
+    out = output_folder(out or default_out())
+    if out.is_dir() and any(out.iterdir()):
+        if not is_results(out):
+            raise UserError(
+                f"output folder {out} is not empty and was not written by fca reproduce "
+                f"(no {layout.RESULTS_MARKER} in it); choose another --out"
+            )
+        if not overwrite:
+            raise UserError(
+                f"output folder {out} already holds results; choose another --out, or pass --overwrite "
+                "to write this run over them (current audits are reused)"
+            )
+    cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
+
+    jobs: list[NotebookJob] = []
+    audits: dict[str, AuditSettings] = {}
+    first_user: dict[str, str] = {}
+    for stem, source in sources.items():
+        params = {k: v for k, v in DEFAULT_PARAMETERS.items() if k in declared[stem]}
+        params.update({k: v for k, v in shared.items() if k in declared[stem]})
+        params.update({k: v for k, v in overrides.get(stem, {}).items()})
+        if params.get("max_windows") == "all":  # TOML has no null: "all" means every window
+            params["max_windows"] = None
+        for key in (*PATH_PARAMETERS, STUDY_PARAMETER):
+            if params.get(key):
+                params[key] = str(Path(params[key]).resolve())
+        if STUDY_PARAMETER in declared[stem]:
+            read_design_study(params.get(STUDY_PARAMETER))  # a missing or empty study folder: one line, now
+        if "checkpoints" in declared[stem]:
+            checkpoints = params.get("checkpoints") or shipped_checkpoints()
+            if isinstance(checkpoints, str):
+                checkpoints = [checkpoints]
+            params["checkpoints"] = [checkpoint_key(c) for c in checkpoints]
+        reserved = {"out": str(out), "audits": str(out / layout.AUDITS_DIR), "cache": str(cache)}
+        params.update({k: v for k, v in reserved.items() if k in declared[stem]})
+        run = NotebookRun(**{k: v for k, v in params.items() if k in NotebookRun.__dataclass_fields__})
+        run.check()
+        for checkpoint in run.checkpoints if "checkpoints" in declared[stem] else []:
+            settings = run.settings(checkpoint)
+            if checkpoint in audits and audits[checkpoint] != settings:
+                raise UserError(
+                    f"{checkpoint_name(checkpoint)} is audited with different settings in notebooks "
+                    f"{first_user[checkpoint]} and {stem}; give both the same audit parameters"
+                )
+            audits.setdefault(checkpoint, settings)
+            first_user.setdefault(checkpoint, stem)
+        jobs.append(NotebookJob(stem, source, params))
+    ensure_kernel()
+    return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite)
+
+
+def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
+    """Run the audits once, then every notebook; a failing notebook does not stop the others."""
+    from tqdm.auto import tqdm
+
+    out = plan_.out
+    out.mkdir(parents=True, exist_ok=True)
+    mark_results(out)
+    write_json(out / layout.REPRODUCE_CONFIG_FILE, plan_summary(plan_))
+    started = time.perf_counter()
+    audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
+    for checkpoint, settings in tqdm(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
+        ensure_audit(settings, out / layout.AUDITS_DIR / checkpoint_name(checkpoint))
+    audit_seconds = time.perf_counter() - started
+    results = []
+    bar = tqdm(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
+    for job in bar:
+        bar.set_postfix_str(job.name)
+        result = run_notebook(job, out)
+        if not result.ok:
+            tqdm.write(f"FAILED {job.name}: {result.error} (see {result.output})", file=sys.stderr)
+        results.append(result)
+    write_index(plan_, results, audit_seconds, time.perf_counter() - started)
+    return results
+
+
+def plan_summary(plan_: Plan) -> dict:
+    return {
+        "config": plan_.config_path,
+        "out": str(plan_.out),
+        "cache": str(plan_.cache),
+        "kernel": KERNEL_NAME,
+        "notebooks": {job.name: job.parameters for job in plan_.jobs},
+        "audits": {Path(c).name: asdict(s) for c, s in plan_.audits.items()},
+    }
+
+
+def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float, total_seconds: float) -> Path:
+    """``DIR/README.md``: what ran on which models, data and settings, and where every output lies."""
+    out = plan_.out
+    audits = [
+        (Path(c).name, read_finished(out / layout.AUDITS_DIR / Path(c).name / layout.AUDIT_FILE)) for c in plan_.audits
+    ]
+    passed = sum(r.ok for r in results)
+    lines = [
+        "# fca reproduce",
+        "",
+        f"Run on {datetime.datetime.now().isoformat(timespec='seconds')} with `fca reproduce"
+        + (f" --config {plan_.config_path}" if plan_.config_path else "")
+        + f" --out {out}`"
+        + f" (Jupyter kernel `{KERNEL_NAME}`, Python {sys.version.split()[0]}).",
+        "",
+        f"**{passed} of {len(results)} notebooks passed.** Wall time {total_seconds:.0f} s "
+        f"(audits {audit_seconds:.0f} s, notebooks {sum(r.seconds for r in results):.0f} s).",
+        "",
+        "## Notebooks",
+        "",
+        "| notebook | status | seconds | executed notebook |",
+        "|---|---|---:|---|",
+    ]
+    for r in results:
+        status = "passed" if r.ok else f"**FAILED**: {r.error}".replace("|", "\\|")
+        lines.append(f"| {r.name} | {status} | {r.seconds:.1f} | [{r.output.name}]({r.output.relative_to(out)}) |")
+    lines += ["", "## Models", "", "| model | arch | params | fingerprint | path |", "|---|---|---:|---|---|"]
+    for name, audit in audits:
+        if audit:
+            m = audit["model"]
+            lines.append(f"| {name} | {m['arch']} | {m['params']:,} | `{m['fingerprint'][:12]}` | `{m['path']}` |")
+        else:
+            lines.append(f"| {name} | (audit missing) | | | |")
+    first = next((a for _, a in audits if a), None)
+    if first:
+        lines += ["", "## Data", ""]
+        for split in ("eval", "calibration"):
+            d = first["data"][split]
+            lines.append(
+                f"- {split}: `{d['source']}`, {d['windows']} windows × {d['window']} tokens "
+                f"({d['tokens']:,} tokens), fingerprint `{d['fingerprint'][:12]}`"
+            )
+        s = first["settings"]
+        lines += [
+            "",
+            "## Settings",
+            "",
+            f"device {s['device']}, dtype {s['dtype']}, seed {s['seed']}, window {first['data']['eval']['window']}, "
+            f"max windows {s['max_windows']}, batch size {s['batch_size']}, bootstrap resamples {s['resamples']}, "
+            f"latency repeats {s['latency_repeats']}; coefficient caches in `{plan_.cache}`; audits in "
+            "[audits/](audits/). Every notebook's parameters are in "
+            "[reproduce_config.json](reproduce_config.json).",
+        ]
+    lines += ["", "## Tables and figures", ""]
+    for r in results:
+        tables = sorted({p.with_suffix("") for p in r.files if p.parent == out / layout.TABLES_DIR})
+        figures = sorted(p for p in r.files if p.parent == out / layout.FIGURES_DIR and p.suffix == ".html")
+        if not tables and not figures:
+            continue
+        lines += [f"### {r.name}", ""]
+        for stem in tables:
+            rel = stem.relative_to(out)
+            links = ", ".join(
+                f"[{ext}]({rel}.{ext})" for ext in ("csv", "md", "tex") if stem.with_suffix(f".{ext}").exists()
+            )
+            lines.append(f"Table `{stem.name}` ({links}):")
+            lines.append("")
+            md = stem.with_suffix(".md")
+            if md.exists():
+                lines += [md.read_text().rstrip(), ""]
+        if figures:
+            lines.append(
+                "Figures (interactive HTML, offline): "
+                + ", ".join(f"[{p.stem}]({p.relative_to(out)})" for p in figures)
+            )
+            lines.append("")
+    path = out / layout.INDEX_FILE
+    write_atomic(path, ("\n".join(lines).rstrip() + "\n").encode())
+    return path
+
+
+def reproduce(
+    config_path: str | Path | None = None, out: str | Path | None = None, overwrite: bool = False, progress: bool = True
+) -> tuple[Plan, list[NotebookResult]]:
+    """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
+    config = load_config(config_path) if config_path else {}
+    plan_ = plan(config, out, overwrite, config_path)
+    with folder_lock(
+        plan_.out, "results folder", holder="fca reproduce", hint="let it finish, or choose another --out"
+    ):
+        return plan_, execute(plan_, progress)

@@ -1,0 +1,365 @@
+"""``fca train``: AdamW with warmup + cosine on random windows of the train split, resumable.
+
+The run folder's state, log and resuming are ``train_state``'s; the batch of step s is drawn from a generator
+seeded with (seed, s), so a resumed run sees the same data as an uninterrupted one.
+
+Besides the workbench's own families (``arch``), any built-in ``transformers`` causal-LM config can be
+trained (``hf_config``: the fields of a config JSON file with its ``model_type``); it is built with
+``AutoConfig.for_model`` and ``AutoModelForCausalLM.from_config``, so no code from anywhere but the
+installed ``transformers`` ever runs. Its objective is the same next-token NLL plus, for mixture-of-experts
+configs (those with ``router_aux_loss_coef``), that coefficient times transformers' router load-balancing
+loss, which ``transformers`` adds only when ``output_router_logits`` is set; here it is always added while
+training (set the coefficient to 0 to train without it) and the saved config keeps the file's setting.
+"""
+
+import contextlib
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub.errors import StrictDataclassError
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from fca_workbench.audit.cache_lock import folder_lock, lock_path
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
+from fca_workbench.data.windows import load_windows, read_documents, token_stream, window_sampling
+from fca_workbench.foundation.checkpoint import CARD_FILE, TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
+from fca_workbench.foundation.errors import UserError, first_line, one_line
+from fca_workbench.foundation.files import read_json, write_json
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.models import FAMILIES, next_token_nll
+from fca_workbench.models.limits import (
+    HF_SIZE_LIMITS,
+    check_fields,
+    check_memory,
+    check_sizes,
+    parameters_on_meta,
+)
+from fca_workbench.training.train_card import model_card_markdown
+from fca_workbench.training.train_settings import TrainSettings
+from fca_workbench.training.train_state import (
+    CHECKPOINT_FILES,
+    read_log,
+    read_state,
+    restore,
+    run_folder,
+    save_state,
+)
+from fca_workbench.training.training_audit import TrainingAudit, postfix
+
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """The fields of a transformers config JSON file; one that names remote code is refused."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no config file {path}")
+    fields = read_json(path, expect=None)
+    if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
+        raise UserError(f'{path} is not a transformers config: it needs a JSON object with a "model_type"')
+    if "auto_map" in fields:
+        raise UserError(f"{path} names remote code (auto_map); only transformers' built-in model types can be trained")
+    if fields["model_type"] not in CONFIG_MAPPING:
+        raise UserError(f"{path}: unknown model_type '{fields['model_type']}' in this transformers")
+    if fields["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"{path}: model_type '{fields['model_type']}' has no causal language model in transformers")
+    return fields
+
+
+def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> PreTrainedModel:
+    """A transformers causal LM from config fields (see read_hf_config), sized to the shipped tokenizer.
+
+    Vocabulary size and special-token ids default to the tokenizer's; its pad id is None, so no real
+    token's embedding row is frozen as padding (some families default ``pad_token_id`` to 1).
+    """
+    defaults = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    model_type = fields["model_type"]
+    given = {k: v for k, v in fields.items() if k != "model_type"}
+    check_fields(given, CONFIG_MAPPING[model_type], "fca train's --hf-config", HF_SIZE_LIMITS, none_allowed=True)
+    try:
+        config = AutoConfig.for_model(model_type, **{**defaults, **given})
+    except (StrictDataclassError, ValueError, TypeError) as exc:
+        raise UserError(f"invalid {model_type} config: {one_line(exc)}") from None
+    check_sizes(config, "fca train's --hf-config", HF_SIZE_LIMITS, none_allowed=True)
+    if config.vocab_size < len(tokenizer):
+        raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    if getattr(config, "max_position_embeddings", window) < window:
+        raise UserError(f"max_position_embeddings {config.max_position_embeddings} is shorter than the window {window}")
+    check_training_memory(lambda: AutoModelForCausalLM.from_config(config))
+    return AutoModelForCausalLM.from_config(config)
+
+
+def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
+    """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
+    runs on the meta device, which only counts the parameters."""
+    check_memory(
+        parameters_on_meta(build),
+        TRAINING_BYTES_PER_PARAMETER,
+        "fca train's model config",
+        "for fp32 weights, gradients and AdamW",
+    )
+
+
+def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """The untrained model ``settings`` describe, seeded, sized to ``tokenizer`` and checked to fit in memory."""
+    if settings.hf_config is not None:
+        torch.manual_seed(settings.seed)
+        return build_hf_model(settings.hf_config, tokenizer, settings.window)
+    vocab_size = len(tokenizer)
+    if settings.arch not in FAMILIES:
+        raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
+    config_class, model_class = FAMILIES[settings.arch]
+    try:
+        config = config_class.from_sizes(  # type: ignore[attr-defined]  # every native family's config has it
+            vocab_size=vocab_size,
+            layers=settings.layers,
+            width=settings.width,
+            heads=settings.heads,
+            window=settings.window,
+            gate_groups=settings.gate_groups,
+            **gate_design(settings),
+        )
+    except (ValueError, ZeroDivisionError) as exc:  # the config classes refuse shapes they cannot build
+        raise UserError(f"fca train's model config: {first_line(exc)}") from None
+    check_sizes(config, "fca train's model config")
+    check_training_memory(lambda: model_class(config))
+    torch.manual_seed(settings.seed)
+    return model_class(config)
+
+
+def gate_design(settings: TrainSettings) -> dict[str, str]:
+    """The FeatureGate config fields the settings choose (only those given: the others keep the config's defaults)."""
+    return {k: v for k in ("gate_range", "gate_input") if (v := getattr(settings, k)) is not None}
+
+
+def lr_factor(step: int, settings: TrainSettings) -> float:
+    """The learning rate's multiplier at ``step``: linear warm-up, then cosine decay to a tenth."""
+    if step < settings.warmup:
+        return (step + 1) / settings.warmup
+    progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def parameter_groups(model: torch.nn.Module, settings: TrainSettings) -> list[dict]:
+    """AdamW's groups: weight decay on matrices only. The controllers' parameters get groups of their own when
+    their weight decay or learning rate differs from the model's (``--controller-weight-decay``,
+    ``--controller-lr-mult``); otherwise the two groups are those of every run before these options."""
+    own_decay = settings.controller_weight_decay
+    controllers = getattr(model, "controllers", []) if settings.arch else []
+    if (own_decay is not None or settings.controller_lr_mult != 1.0) and not controllers:
+        raise UserError(
+            f"--controller-weight-decay and --controller-lr-mult need a model with controllers; {settings.name} has none"
+        )
+    separate = (own_decay is not None and own_decay != settings.weight_decay) or settings.controller_lr_mult != 1.0
+    mine = [p for c in controllers for p in c.parameters()] if separate else []
+    rest = [p for p in model.parameters() if all(p is not q for q in mine)]
+    groups = [
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": settings.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    lr = settings.lr * settings.controller_lr_mult
+    for params, decay in ([p for p in mine if p.dim() >= 2], own_decay), ([p for p in mine if p.dim() < 2], 0.0):
+        if params:
+            groups.append(
+                {"params": params, "weight_decay": settings.weight_decay if decay is None else decay, "lr": lr}
+            )
+    return groups
+
+
+def make_optimizer(model: torch.nn.Module, settings: TrainSettings) -> tuple[Optimizer, LRScheduler]:
+    """AdamW (``parameter_groups``) with the warm-up and cosine schedule of ``lr_factor``."""
+    optimizer = torch.optim.AdamW(parameter_groups(model, settings), lr=settings.lr, betas=(0.9, 0.95))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
+    return optimizer, scheduler
+
+
+def step_seed(settings: TrainSettings, step: int) -> int:
+    """The batch seed of ``step``: a resumed run draws the same batches an uninterrupted one would."""
+    return settings.seed * 1_000_003 + step
+
+
+def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
+    """``batch_size`` random windows of the token stream, drawn from ``step_seed`` alone."""
+    if len(stream) <= settings.window:
+        raise UserError(f"training text has {len(stream)} tokens, not more than one window of {settings.window}")
+    generator = torch.Generator().manual_seed(step_seed(settings, step))
+    starts = torch.randint(0, len(stream) - settings.window, (settings.batch_size,), generator=generator)
+    return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
+
+
+def training_loss(model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss."""
+    aux_coef = getattr(model.config, "router_aux_loss_coef", None)
+    out = model(batch, **({"output_router_logits": True} if aux_coef is not None else {}))
+    nll = next_token_nll(out.logits, batch).mean()
+    aux = getattr(out, "aux_loss", None)
+    return nll, nll if aux is None else nll + aux_coef * aux
+
+
+def autocast(device: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA (the speed of a GPU run); on the CPU, full precision."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(settings: TrainSettings, out: str | Path, stop_after: int | None = None) -> dict | None:
+    """Train (or resume) into ``out``; ``stop_after`` ends this invocation early, checkpointed.
+
+    Returns the model card's figures when the run completes, None when it stopped early.
+    """
+    out = run_folder(out)
+    state = read_state(out, settings)
+    tokenizer = load_tokenizer(TOKENIZER_DIR)
+    model = build_model(settings, tokenizer)  # a bad config fails before the corpus is read
+    # transformers types PreTrainedModel.to as the unbound nn.Module.to (functools.wraps), self included
+    model.to(settings.device)  # type: ignore[arg-type]
+    stream = token_stream(tokenizer, read_documents(settings.train_data or split_path("train")))
+    optimizer, scheduler = make_optimizer(model, settings)
+    step = restore(state, model, optimizer, scheduler)
+    audit = TrainingAudit.for_run(settings, model, tokenizer, out, step)
+    out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "run folder", holder="fca train", hint="let it finish (rerun then to resume)"):
+        card = train_steps(settings, out, model, tokenizer, stream, optimizer, scheduler, step, audit, stop_after)
+        if card is not None:  # a finished checkpoint holds its own files only; no run waits on this lock
+            lock_path(out).unlink(missing_ok=True)
+        return card
+
+
+def train_steps(
+    settings: TrainSettings,
+    out: Path,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    stream: torch.Tensor,
+    optimizer: Optimizer,
+    scheduler: LRScheduler,
+    step: int,
+    audit: TrainingAudit | None,
+    stop_after: int | None,
+) -> dict | None:
+    """``train``'s steps from ``step`` on, in its run folder, which it holds locked: two runs never write
+    one folder's state at once."""
+    log_rows = read_log(out, step)
+    started, elapsed_before = time.perf_counter(), (float(log_rows[-1]["seconds"]) if log_rows else 0.0)
+    last_step = settings.steps if stop_after is None else min(settings.steps, step + stop_after)
+    model.train()
+    latest_audit = postfix(audit.log.rows[-1]) if audit and audit.log.rows else {}
+    with tqdm(total=settings.steps, initial=step, desc=f"train {settings.name} seed {settings.seed}") as bar:
+        while step < last_step:
+            batch = sample_batch(stream, step, settings).to(settings.device)
+            torch.manual_seed(step_seed(settings, step))  # dropout or router jitter, if a config has them
+            with autocast(settings.device):
+                nll, loss = training_loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            log_rows.append(
+                {
+                    "step": step,
+                    "loss": f"{nll.item():.5f}",
+                    "lr": f"{scheduler.get_last_lr()[0]:.6g}",
+                    "tokens_seen": step * settings.batch_size * settings.window,
+                    "seconds": f"{elapsed_before + time.perf_counter() - started:.1f}",
+                }
+            )
+            bar.update(1)
+            audited = audit and audit.maybe_run(model, step)
+            if audited:
+                latest_audit = postfix(audited)
+            bar.set_postfix(loss=f"{nll.item():.3f}", **latest_audit)
+            if step % settings.save_every == 0 or step == last_step:
+                save_state(out, settings, model, optimizer, scheduler, step, log_rows)
+    if step < settings.steps:
+        return None
+    return finish(out, settings, model, tokenizer, log_rows, audit)
+
+
+@torch.no_grad()
+def coefficient_summary(
+    model: torch.nn.Module, windows: torch.Tensor, with_coefficients: bool = True, batch_size: int = 16
+) -> tuple[float, float | None]:
+    """Eval NLL and the mean within-(layer, slot) std of coefficients (a workbench family's) over the windows."""
+    model.eval()
+    nll_sum, count, per_layer = 0.0, 0, None
+    for batch in windows.split(batch_size):
+        out = model(batch, return_coefficients=True) if with_coefficients else model(batch)
+        nll = next_token_nll(out.logits, batch)
+        nll_sum, count = nll_sum + nll.sum().item(), count + nll.numel()
+        flat = [c.flatten(0, 1).double() for c in out.coefficients] if with_coefficients else []
+        per_layer = flat if per_layer is None else [torch.cat(pair) for pair in zip(per_layer, flat)]
+    within_std = None
+    if per_layer:
+        within_std = torch.cat([c.flatten(1).std(dim=0) for c in per_layer]).mean().item()
+    return nll_sum / count, within_std
+
+
+def finish(
+    out: Path,
+    settings: TrainSettings,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    log_rows: list[dict],
+    audit: TrainingAudit | None = None,
+) -> dict:
+    """Save the final checkpoint (weights, config, tokenizer, log, card) and drop the optimizer state."""
+    model = model.float().cpu()
+    windows = load_windows(split_path("eval"), tokenizer, settings.window, settings.eval_windows)
+    eval_nll, within_std = coefficient_summary(model, windows, with_coefficients=settings.arch is not None)
+    card: dict[str, Any] = {
+        "arch": settings.name,
+        "params": sum(p.numel() for p in model.parameters()),
+        "tokens_seen": int(log_rows[-1]["tokens_seen"]),
+        "final_train_loss": float(log_rows[-1]["loss"]),
+        "eval_nll": round(eval_nll, 4),
+        "eval_windows": len(windows),
+        "eval_window_sampling": window_sampling(settings.eval_windows),
+        "eval_fingerprint": fingerprint_tensor(windows),
+        "within_layer_coefficient_std": None if within_std is None else round(within_std, 4),
+        "train_seconds": float(log_rows[-1]["seconds"]),
+        "settings": asdict(settings),
+    }
+    if settings.hf_config is not None:
+        card["router_aux_loss_coef"] = getattr(model.config, "router_aux_loss_coef", None)
+    if audit:
+        card["audit"] = audit.card(card["train_seconds"])
+    staging = out / STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    write_json(staging / TRAIN_CARD_FILE, card)
+    (staging / CARD_FILE).write_text(model_card_markdown(card))
+    shutil.copy(out / TRAIN_LOG_FILE, staging / TRAIN_LOG_FILE)
+    staged = sorted(staging.iterdir())
+    clashes = [p.name for p in staged if p.name not in CHECKPOINT_FILES and (out / p.name).exists()]
+    if clashes:  # a file name CHECKPOINT_FILES does not know yet (a newer transformers): never replace it
+        raise UserError(
+            f"{out} holds {', '.join(clashes)}, which fca train did not write; "
+            f"the finished checkpoint is left in {staging}"
+        )
+    for path in staged:
+        path.replace(out / path.name)
+    staging.rmdir()
+    (out / TRAIN_STATE_FILE).unlink()
+    return card

@@ -1,0 +1,61 @@
+"""What one ``fca train`` run is run with: the model (a workbench family and its sizes, or a transformers
+config), the data, the optimizer's schedule, checkpoints and mini-audits.
+
+Plain data, no torch: the command line builds and checks it before anything heavy is imported, so a FeatureGate
+flag given to another model is refused in a blink.
+"""
+
+import math
+from dataclasses import dataclass
+
+from fca_workbench.foundation.errors import UserError
+
+
+@dataclass
+class TrainSettings:
+    arch: str | None = None  # a workbench family, or None with hf_config
+    hf_config: dict | None = None  # a transformers config's fields, model_type included (see read_hf_config)
+    seed: int = 0
+    train_data: str | None = None  # any UTF-8 text or JSONL; default: the shipped train split
+    layers: int | None = 4  # layers, width, heads and gate_groups shape arch models; hf_config has its own
+    width: int | None = 96
+    heads: int | None = 4
+    gate_groups: int | None = None
+    gate_range: str | None = None  # FeatureGate only (None: the config's default, 2sigmoid)
+    gate_input: str | None = None  # FeatureGate only (None: the config's default, normed)
+    window: int = 256
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.1
+    controller_weight_decay: float | None = None  # the controllers' weights (None: weight_decay)
+    controller_lr_mult: float = 1.0  # the controllers' learning rate is lr times this
+    save_every: int = 100
+    eval_windows: int = 64
+    device: str = "cpu"
+    audit_every: int | None = None  # mini-audit every N steps and at the end (training_audit.py)
+    audit_windows: int = 16
+
+    def __post_init__(self):
+        if (self.arch is None) == (self.hf_config is None):
+            raise UserError("give exactly one of --arch and --hf-config")
+        if self.hf_config is not None:
+            self.layers = self.width = self.heads = self.gate_groups = None
+        design = [k for k in ("gate_range", "gate_input") if getattr(self, k) is not None]
+        if design and self.arch != "featuregate":
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in design)
+            raise UserError(f"{flags} shape FeatureGate controllers; {self.name} has none")
+        if not (math.isfinite(self.controller_lr_mult) and self.controller_lr_mult > 0):
+            raise UserError(f"--controller-lr-mult must be a positive number, got {self.controller_lr_mult}")
+        if self.controller_weight_decay is not None and not (
+            math.isfinite(self.controller_weight_decay) and self.controller_weight_decay >= 0
+        ):
+            raise UserError(f"--controller-weight-decay must be 0 or more, got {self.controller_weight_decay}")
+
+    @property
+    def name(self) -> str:
+        if self.arch:
+            return self.arch
+        assert self.hf_config is not None  # __post_init__: exactly one of the two
+        return self.hf_config["model_type"]

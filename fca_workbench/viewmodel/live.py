@@ -1,0 +1,431 @@
+"""The live replay view's model: one checkpoint loaded once per process (``SharedModel``: model, tokenizer,
+eval windows, a lock around every forward, static profiles read from a matching audit or computed lazily from
+the calibration split), pasted text validated, and one query (window, layer, condition, seed, donor) answered
+with per-token NLL, ΔNLL and the original and intervened coefficients, using the core's interventions, the
+prefix cache (an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
+``DashboardSession`` is one browser session's state: a bounded prefix store and a bounded result cache, freed
+by ``close``; every per-seed or per-text result is kept in a cache of fixed size.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from fca_workbench.adapters import COEFFICIENT
+from fca_workbench.adapters.controlled import load_controlled
+from fca_workbench.audit.assignment import Values
+from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS, audit_batch_size
+from fca_workbench.audit.guard import at_layer, require_finite
+from fca_workbench.audit.inputs import CALIBRATION, EVAL
+from fca_workbench.audit.metrics import gap_retention
+from fca_workbench.audit.prefix import PrefixCache, PrefixStore
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import load_windows
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.results.conditions import CONDITIONS, LIVE_RUN, LOW, REFERENCE, condition_named
+from fca_workbench.viewmodel.results_folder import ResultsFolder, saved_profiles
+
+MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
+DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
+
+
+# ------------------------------------------------------------------------------------------------------
+# one checkpoint, shared read-only by every session of the process
+
+
+_LOADS = itertools.count()
+
+
+class SharedModel:
+    """A checkpoint loaded once per process. ``lock`` is held around every computation on the model.
+
+    ``serial`` numbers the loads of the process, so state derived from one load (a session's prefix caches)
+    is never mistaken for state of a later load of the same folder. ``results`` (a ``ResultsFolder``, or None)
+    is where finished audits of this checkpoint may be found: their static profiles and per-layer sweeps."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        calibration_windows: int | None = None,
+        eval_windows: int | None = None,
+        results: ResultsFolder | None = None,
+    ):
+        self.folder = Path(folder)
+        self.model = load_controlled(self.folder)  # never with remote code
+        for param in self.model.parameters():
+            param.requires_grad_(False)
+        self.tokenizer = load_tokenizer(self.folder)
+        self.arch = self.model.arch
+        self.window = min(DEFAULT_WINDOW, self.model.context_length)
+        self.results = results
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.profiles_source: str | None = None  # set with the profiles: the audit they came from, or how computed
+        self.profiles_refused: str | None = None  # why a matching audit's saved profiles were not used
+        self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
+        self.lock = threading.Lock()
+        counts = {EVAL: eval_windows, CALIBRATION: calibration_windows}
+        splits = {split: functools.partial(self._split, split, count) for split, count in counts.items()}
+        size = audit_batch_size(self.model, self.window, next(self.model.parameters()).device)
+        # the session keeps no cache on disk: profiles are estimated batch by batch under the lock
+        self.session = ReplaySession(
+            self.model, splits, cache_root=None, batch_size=size, tokenizer=self.tokenizer, lock=self.lock
+        )
+        self.eval_windows = self.session.windows(EVAL)
+        self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
+        # a model without a controller shows every condition as the live run, with a note that says so
+        self.conditions = self.session.conditions if self.has_coefficients else CONDITIONS
+        # where an intervention can go: a controller (one per layer for the native families), else a block
+        self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
+        self.serial = next(_LOADS)
+        self._profiles_lock = threading.Lock()
+
+    def _split(self, split: str, count: int | None) -> tuple[Path, torch.Tensor]:
+        path = split_path(split)
+        return path, load_windows(path, self.tokenizer, self.window, count)
+
+    @property
+    def has_coefficients(self) -> bool:
+        return bool(self.slot_shapes)
+
+    def check_condition(self, condition: str) -> None:
+        """One line for a condition this view does not show for the model (a router's for a model without)."""
+        if condition not in self.conditions:
+            raise UserError(f"unknown intervention '{condition}'; choose one of {', '.join(self.conditions)}")
+
+    @torch.no_grad()
+    def profiles(self) -> dict[str, list[torch.Tensor]]:
+        """Static profiles of the calibration split, once: an audit's saved ones when one in the results folder
+        has this model's and these calibration windows' fingerprints and its file the sha256 it recorded
+        (``saved_profiles``), else the session's, estimated batch by batch under the lock. ``profiles_source``
+        says which."""
+        with self._profiles_lock:
+            if self.profiles_source is None:
+                windows = self.session.windows(CALIBRATION)
+                if self.results is not None and self.has_coefficients:
+                    needed = {c for c in self.conditions if condition_named(c).static}
+                    saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
+                    if saved is not None:
+                        self.session.use_profiles(saved, said or "an audit's saved profiles")
+                        self.profiles_source = said
+                        return saved
+                    self.profiles_refused = said
+                profiles = self.session.profiles
+                unmatched = f" ({self.profiles_refused or 'no audit in the results folder matches this checkpoint and calibration data'})"
+                self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
+                    unmatched if self.results is not None else ""
+                )
+                return profiles
+            return self.session.profiles
+
+    @property
+    def fingerprint(self) -> str:
+        """``capture.model_fingerprint`` of the model, hashed once (it reads every weight)."""
+        return self.session.fingerprint
+
+    def donor_for(self, window_index: int | None, seed: int) -> int:
+        """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""
+        return self.session.donor_of(window_index or 0, seed)
+
+    def slot_labels(self, layer: int) -> list[str]:
+        """Names of layer ``layer``'s flattened slots, as the model declares them (``audit.json``'s
+        ``model.slot_labels``), shared across layers where the slot means the same."""
+        return self.model.slot_labels(layer)
+
+    def all_slot_labels(self) -> list[str]:
+        """Every layer's slot names, each once, in order of first appearance."""
+        return distinct_labels(self.slot_labels(layer) for layer in range(self.num_layers))
+
+
+def distinct_labels(per_layer: Iterable[list[str]]) -> list[str]:
+    """Every layer's slot labels, each once, in the order the layers first name them (the heatmap's slot choices)."""
+    return list(dict.fromkeys(label for labels in per_layer for label in labels))
+
+
+# ------------------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """The tokens one query runs on: an eval window (``window_index``) or pasted text (None)."""
+
+    ids: torch.Tensor  # [1, T]
+    window_index: int | None
+    note: str = ""
+
+    @property
+    def key(self) -> tuple[str, int | tuple[int, ...]]:
+        return ("window", self.window_index) if self.window_index is not None else ("text", tuple(self.ids[0].tolist()))
+
+
+def window_input(shared: SharedModel, index: object) -> TextInput:
+    count = len(shared.eval_windows)
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < count:
+        raise UserError(f"eval window {index!r} does not exist: choose 0..{count - 1}")
+    return TextInput(shared.eval_windows[int(index)].unsqueeze(0), int(index))
+
+
+def pasted_input(shared: SharedModel, text: object) -> TextInput:
+    """Validate pasted text: non-empty, at most ``MAX_PASTE_CHARS`` characters, text (no control characters
+    but newline and tab), at least 2 tokens; cut to the eval window length, with a note."""
+    if not isinstance(text, str):
+        raise UserError("pasted input is not text")
+    if not text.strip():
+        raise UserError("pasted text is empty")
+    if len(text) > MAX_PASTE_CHARS:
+        raise UserError(f"pasted text has {len(text):,} characters; the limit is {MAX_PASTE_CHARS:,}")
+    bad = [ch for ch in text if ch not in "\n\r\t" and unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn")]
+    if bad:
+        raise UserError(
+            f"pasted input is not plain text (it contains {len(bad)} control or invalid characters, e.g. U+{ord(bad[0]):04X})"
+        )
+    ids = shared.tokenizer(text)["input_ids"]
+    if len(ids) < 2:
+        raise UserError("pasted text is a single token; NLL needs at least 2")
+    note = ""
+    if len(ids) > shared.window:
+        note = f"pasted text has {len(ids)} tokens; only the first {shared.window} (one window) are scored"
+        ids = ids[: shared.window]
+    return TextInput(torch.tensor([ids], dtype=torch.long), None, note)
+
+
+# ------------------------------------------------------------------------------------------------------
+# one query's answer
+
+
+@dataclass
+class Analysis:
+    """Everything one view of the dashboard shows, as plain numbers."""
+
+    checkpoint: str
+    arch: str
+    condition: str
+    layer: int | None
+    seed: int
+    donor: int | None
+    tokens: list[str]
+    nll_correct: np.ndarray  # [T-1]: position t predicts token t+1
+    nll_condition: np.ndarray
+    coefficients_correct: list[np.ndarray]  # per layer [T, S_l], slots flattened
+    coefficients_condition: list[np.ndarray]
+    slot_labels: list[list[str]]  # per layer
+    start_layer: int  # where the replay started (0 = from the embeddings)
+    retention: float | None = None
+    nll_global_mean: float | None = None
+    profiles_source: str | None = None  # static profiles: the audit they came from, or how they were computed
+    compute_ms: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def delta(self) -> np.ndarray:
+        return self.nll_condition - self.nll_correct
+
+    @property
+    def summary(self) -> dict:
+        return {
+            "tokens scored": len(self.nll_correct),
+            "mean NLL correct": float(self.nll_correct.mean()),
+            f"mean NLL {self.condition}": float(self.nll_condition.mean()),
+            "mean ΔNLL": float(self.delta.mean()),
+            "max |ΔNLL|": float(np.abs(self.delta).max()),
+            "retention": self.retention,
+        }
+
+    def all_slot_labels(self) -> list[str]:
+        """Every slot label of any layer, once, in the order the layers name them."""
+        return distinct_labels(self.slot_labels)
+
+    def layer_position(self, slot: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Original, intervened and difference ``[layers, T]`` of one slot (NaN where a layer lacks it)."""
+        length = len(self.tokens)
+        rows = []
+        for coefficients in (self.coefficients_correct, self.coefficients_condition):
+            grid = np.full((len(coefficients), length), np.nan)
+            for layer, (values, labels) in enumerate(zip(coefficients, self.slot_labels)):
+                if slot in labels:
+                    grid[layer] = values[:, labels.index(slot)]
+            rows.append(grid)
+        return rows[0], rows[1], rows[1] - rows[0]
+
+    def slot_position(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Original, intervened and difference ``[slots, T]`` of one layer."""
+        original = self.coefficients_correct[layer].T.astype(np.float64)
+        intervened = self.coefficients_condition[layer].T.astype(np.float64)
+        return original, intervened, intervened - original
+
+
+def decode_tokens(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> list[str]:
+    return [cast(str, tokenizer.decode([i])) for i in ids[0].tolist()]  # one sequence decodes to one string
+
+
+def _flat(coefficients: list[torch.Tensor]) -> list[np.ndarray]:
+    return [c[0].reshape(c.shape[1], -1).float().numpy() for c in coefficients]
+
+
+class DashboardSession:
+    """One browser session: a bounded prefix store and a bounded cache of replay NLLs, freed by ``close``."""
+
+    def __init__(
+        self, max_windows: int = PREFIX_STORE_WINDOWS, max_bytes: int = PREFIX_STORE_BYTES, max_results: int = 32
+    ):
+        self.prefixes = PrefixStore(max_entries=max_windows, max_bytes=max_bytes)
+        self.results: OrderedDict = OrderedDict()
+        self.max_results = max_results
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        self.prefixes.clear()
+        with self._mutex:
+            self.results.clear()
+
+    def prefix(self, name: str, shared: SharedModel, text: TextInput) -> PrefixCache:
+        key = (shared.serial, text.key)
+        return self.prefixes.get(key, lambda: PrefixCache(shared.model, text.ids, lock=shared.lock))
+
+    def forget(self, shared: SharedModel) -> None:
+        """Drop the prefix caches of ``shared`` (being unloaded), which hold its model."""
+        self.prefixes.discard(lambda key: key[0] == shared.serial)
+
+    def condition_values(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        prefix: PrefixCache,
+        condition: str,
+        seed: int,
+        donor: int | None,
+        layer: int | None = None,
+    ) -> Values:
+        """Per controller, the values ``condition`` assigns to this window (``audit.conditions.assigned_values``,
+        as the audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
+        shared.check_condition(condition)
+        donor_values = None
+        if condition_named(condition).needs_donor:
+            donor_values = self.prefix(name, shared, window_input(shared, donor)).values
+        if condition_named(condition).static:
+            shared.profiles()  # an audit's saved ones, when one matches
+        return shared.session.assigned(condition, prefix.values, donor_values, text.window_index, seed, layer)
+
+    def replay(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        prefix: PrefixCache,
+        condition: str,
+        layer: int | None,
+        seed: int,
+        donor: int | None,
+    ) -> np.ndarray:
+        """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session; a NaN or
+        inf is a UserError naming the condition and the window (``audit.guard.require_finite``)."""
+        key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
+        with self._mutex:
+            if key in self.results:
+                self.results.move_to_end(key)
+                return self.results[key]
+        rows = prefix.nll
+        if not condition_named(condition).live and shared.has_coefficients:
+            values = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
+            rows = prefix.replay_nll(values, layer)
+        where = (None, "the pasted text") if text.window_index is None else ([text.window_index], "eval")
+        require_finite(rows, "NLL", at_layer(condition, layer), *where)
+        nll = rows[0].numpy()
+        with self._mutex:
+            self.results[key] = nll
+            while len(self.results) > self.max_results:
+                self.results.popitem(last=False)
+        return nll
+
+    def analyse(
+        self,
+        name: str,
+        shared: SharedModel,
+        text: TextInput,
+        condition: str,
+        layer: int | None = None,
+        seed: int = 0,
+        donor: int | None = None,
+    ) -> Analysis:
+        """Answer one query. ``donor`` (cross_input only): an eval window index, None for the audit's own
+        seeded derangement. Raises ``UserError`` for anything the user can fix."""
+        started = time.perf_counter()
+        shared.check_condition(condition)
+        named = condition_named(condition)
+        if layer is not None and not 0 <= layer < shared.num_layers:
+            raise UserError(f"layer {layer} does not exist: the model has {shared.num_layers} layers")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+        notes = [text.note] if text.note else []
+        if named.needs_donor:
+            if donor is None:
+                donor = shared.donor_for(text.window_index, seed)
+            else:
+                window_input(shared, donor)  # validates the index
+                if donor == text.window_index:
+                    notes.append(f"the donor is the window itself: {condition} equals {REFERENCE}")
+        else:
+            donor = None
+        if not named.seeded:
+            seed = 0
+        if not shared.has_coefficients:
+            notes.append(f"{shared.arch} has no controller: there are no coefficients to intervene on")
+        prefix = self.prefix(name, shared, text)
+        nll_correct = self.replay(name, shared, text, prefix, LIVE_RUN, None, 0, None).astype(np.float64)
+        nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
+        if shared.has_coefficients and not named.baseline:
+            intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
+        else:
+            intervened = prefix.values
+        retention = nll_gm = None
+        if named.static and shared.has_coefficients:
+            gm = self.replay(name, shared, text, prefix, LOW, layer, 0, None).astype(np.float64)
+            nll_gm = float(gm.mean())
+            per_window = {
+                LOW: torch.tensor([gm.mean()], dtype=torch.float64),
+                condition: torch.tensor([nll.mean()], dtype=torch.float64),
+                REFERENCE: torch.tensor([nll_correct.mean()], dtype=torch.float64),
+            }
+            retention = gap_retention(per_window, condition, torch.ones(1, 1, dtype=torch.long))["value"]
+            if retention is None:
+                notes.append("retention is undefined: global_mean and correct give the same NLL here")
+            if shared.profiles_refused is not None:
+                notes.append(f"static profiles {shared.profiles_source}")
+        start = 0 if layer is None or not shared.has_coefficients else prefix.start_for(layer)
+        return Analysis(
+            checkpoint=name,
+            arch=shared.arch,
+            condition=condition,
+            layer=layer,
+            seed=seed,
+            donor=donor,
+            tokens=decode_tokens(shared.tokenizer, text.ids),
+            nll_correct=nll_correct,
+            nll_condition=nll,
+            coefficients_correct=_flat(prefix.coefficients),
+            coefficients_condition=_flat([value[COEFFICIENT] for value in intervened]),
+            slot_labels=[shared.slot_labels(l) for l in range(shared.num_layers)] if shared.has_coefficients else [],
+            start_layer=start,
+            retention=retention,
+            nll_global_mean=nll_gm,
+            profiles_source=shared.profiles_source if nll_gm is not None else None,
+            compute_ms=(time.perf_counter() - started) * 1000,
+            notes=notes,
+        )
