@@ -216,7 +216,7 @@ def session_of(model, profiles=None):
 
     session = ReplaySession(model, {}, cache_root=None)
     if profiles is not None:
-        session.use_profiles(profiles, "given by the test")
+        session.use_profiles(profiles)
     return session
 
 

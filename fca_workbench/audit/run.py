@@ -108,7 +108,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
             "static_profiles": None,  # its sha256, once written (write_outputs)
             **spread,
             "execution": {
-                **execution_figures(model, eval_windows, calib_windows, settings),
+                **execution_figures(model, eval_windows, calib_windows, session.batch_size, settings.latency_repeats),
                 **expert_execution(model, eval_cache),
             },
         }
@@ -141,7 +141,11 @@ def check_ranks(session: ReplaySession) -> None:
 
 
 def execution_figures(
-    model: ControlledModel, eval_windows: torch.Tensor, calib_windows: torch.Tensor, settings: AuditSettings
+    model: ControlledModel,
+    eval_windows: torch.Tensor,
+    calib_windows: torch.Tensor,
+    batch_size: int,
+    latency_repeats: int,
 ) -> dict:
     """Execution counted on the first batches (a full extra pass would add nothing), latency vs the model's
     baseline (a shape-matched Dense; for routers the static mixture, every expert run for every token).
@@ -150,13 +154,12 @@ def execution_figures(
     recorded with the settings that make it skip, so the report shows what a real saving would look like
     next to the model's own figures.
     """
-    batch_size = settings.batch_size or 1  # filled in by the session (fitted_settings)
     counted = eval_windows[: EXECUTION_BATCHES * batch_size]
-    execution = execution_audit(model, counted, batch_size, settings.latency_repeats)
+    execution = execution_audit(model, counted, batch_size, latency_repeats)
     execution["windows_counted"] = len(counted)
     control = model.positive_control(calib_windows[: EXECUTION_BATCHES * batch_size])
     if control is not None:
-        figures = execution_audit(control.model, counted, batch_size, settings.latency_repeats)
+        figures = execution_audit(control.model, counted, batch_size, latency_repeats)
         execution["positive_control"] = {**figures, **control.settings}
     return execution
 

@@ -89,7 +89,6 @@ class ReplaySession:
         self._profiles_lock = threading.Lock()
         self._assigners: dict[tuple[str, int | None], ConditionCoefficients] = {}
         self._caches: dict[str, CoefficientCache] = {}
-        self.profiles_source: str | None = None  # where the profiles came from, once they are there
         self.derangement = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(self._derangement)
 
     @classmethod
@@ -219,14 +218,16 @@ class ReplaySession:
                     self._profiles = calibration_profiles(cache, self.ranks.share(cache.num_shards()), self.ranks.sum)
                 else:
                     self._profiles = profiles_of(self._live_batches(self.windows(CALIBRATION)), self.router_top_k)
-                windows = len(self.windows(CALIBRATION))
-                self.profiles_source = self.profiles_source or f"computed here from {windows} calibration windows"
             return self._profiles
 
-    def use_profiles(self, profiles: Profiles, source: str) -> None:
+    def use_profiles(self, profiles: Profiles) -> None:
         """Profiles read from elsewhere (an audit's saved ones, checked by the caller) instead of estimated."""
         with self._profiles_lock:
-            self._profiles, self.profiles_source = profiles, source
+            self._profiles = profiles
+
+    def profiles_for(self, conditions: Iterable[str]) -> Profiles | None:
+        """The calibration profiles when some of ``conditions`` is static (estimated then), else None."""
+        return self.profiles if any(condition_named(c).static for c in conditions) else None
 
     def _live_batches(self, windows: torch.Tensor) -> Iterable[list[torch.Tensor]]:
         device = next(self.model.parameters()).device
@@ -274,7 +275,7 @@ class ReplaySession:
     def _assigner(self, condition: str, layer: int | None) -> ConditionCoefficients:
         key = (condition, layer)
         if key not in self._assigners:
-            profiles = self.profiles if condition_named(condition).static else None
+            profiles = self.profiles_for([condition])
             self._assigners[key] = ConditionCoefficients(condition, self.eval_cache, profiles, self.seed, layer)
         return self._assigners[key]
 
@@ -301,7 +302,7 @@ class ReplaySession:
         """Per controller, what ``condition`` assigns to one text whose own values are ``own`` (an eval window,
         or pasted text: ``window`` None), with ``donor``'s values for a donor condition, in the model's dtype on
         its device: what a live view replays from its own prefix caches."""
-        profiles = self.profiles if condition_named(condition).static else None
+        profiles = self.profiles_for([condition])
         slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         values = assigned_values(condition, own, donor, profiles, slot_shapes, torch.tensor([window or 0]), seed, layer)
         parameter = next(self.model.parameters())
@@ -325,7 +326,7 @@ class ReplaySession:
         windows; with ``batches``, those windows) under ``condition``, at ``layer`` alone or everywhere
         (``replay.replay_nll``: batches follow the cache's shards, so ``correct`` repeats capture's arithmetic
         exactly; a NaN or inf stops it)."""
-        profiles = self.profiles if condition_named(condition).static else None
+        profiles = self.profiles_for([condition])
         return replay_nll(
             self.model,
             self.windows(EVAL),
@@ -353,7 +354,7 @@ class ReplaySession:
         swept = [c for c in conditions if condition_named(c).intervention]
         if not swept:
             return {}, None
-        profiles = self.profiles if any(condition_named(c).static for c in swept) else None
+        profiles = self.profiles_for(swept)
         return per_layer_window_nll(
             self.model, self.windows(EVAL), self.eval_cache, swept, profiles, self.seed, self.device, shards=shards
         )

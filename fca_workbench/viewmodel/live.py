@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.assignment import Values
-from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS, audit_batch_size
+from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
 from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.metrics import gap_retention
@@ -81,10 +81,11 @@ class SharedModel:
         self.lock = threading.Lock()
         counts = {EVAL: eval_windows, CALIBRATION: calibration_windows}
         splits = {split: functools.partial(self._split, split, count) for split, count in counts.items()}
-        size = audit_batch_size(self.model, self.window, next(self.model.parameters()).device)
-        # the session keeps no cache on disk: profiles are estimated batch by batch under the lock
+        device = next(self.model.parameters()).device
+        # the session keeps no cache on disk: profiles are estimated batch by batch under the lock, in batches the
+        # session fits to the device
         self.session = ReplaySession(
-            self.model, splits, cache_root=None, batch_size=size, tokenizer=self.tokenizer, lock=self.lock
+            self.model, splits, cache_root=None, device=device, tokenizer=self.tokenizer, lock=self.lock
         )
         self.eval_windows = self.session.windows(EVAL)
         self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
@@ -121,7 +122,7 @@ class SharedModel:
                     needed = {c for c in self.conditions if condition_named(c).static}
                     saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
                     if saved is not None:
-                        self.session.use_profiles(saved, said or "an audit's saved profiles")
+                        self.session.use_profiles(saved)
                         self.profiles_source = said
                         return saved
                     self.profiles_refused = said
