@@ -56,12 +56,12 @@ def check_audit_out(out: str | Path) -> Path:
 def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
 
-    The line, step by step: capture the eval and calibration coefficients (``capture_split``); the calibration
-    set's static profiles (``conditions.calibration_profiles``); frozen replay of every eval window under every
-    condition (``replay_every_condition``); from the per-window NLLs, every condition's NLL and ΔNLL and the
-    profiles' gap retention (``replay_figures``); the variance decomposition and variation of the eval
-    coefficients (``spread_figures``); execution counted on the first batches and timed (``execution_figures``,
-    ``execution.expert_execution``). The mini-audit (``mini.py``) runs these same steps on fewer windows.
+    The line, step by step, each asked of one replay session (``session.ReplaySession``): capture the eval and
+    calibration coefficients and the calibration set's static profiles (``capture_all``); frozen replay of every
+    eval window under every condition (``replay``); from the per-window NLLs, every condition's NLL and ΔNLL and
+    the profiles' gap retention (``figures``); the variance decomposition and variation of the eval coefficients
+    (``spread``); execution counted on the first batches and timed (``execution_figures``,
+    ``execution.expert_execution``). The mini-audit (``mini.py``) asks a session the same on fewer windows.
 
     With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``).
     ``ranks`` (``distributed.process_group``, under torchrun): each rank captures and replays its share of the

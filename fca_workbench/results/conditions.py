@@ -15,7 +15,7 @@ from fca_workbench.foundation.errors import UserError
 
 LIVE, OWN, REASSIGNMENT, PROFILE = "live", "own", "reassignment", "profile"
 
-# what a condition assigns to a window (``audit.conditions.assigned_values`` dispatches on it)
+# what a condition assigns to a window (``audit.assignment.assigned_values`` dispatches on it)
 CACHED_RUN = "cached_run"  # nothing replayed: the live run's cached NLL and coefficients
 OWN_VALUES = "own_values"  # the window's own cached values, replayed with the controller off
 DONOR_VALUES = "donor_values"  # another window's cached values (a seeded derangement, or a donor picked)

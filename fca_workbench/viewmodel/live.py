@@ -314,8 +314,8 @@ class DashboardSession:
         donor: int | None,
         layer: int | None = None,
     ) -> Values:
-        """Per controller, the values ``condition`` assigns to this window (``audit.conditions.assigned_values``,
-        as the audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
+        """Per controller, the values ``condition`` assigns to this window (``ReplaySession.assigned``, as the
+        audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
         shared.check_condition(condition)
         donor_values = None
         if condition_named(condition).needs_donor:
