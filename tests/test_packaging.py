@@ -7,9 +7,13 @@ split and the dashboard app come from the installed wheel.
 """
 
 import email
+import hashlib
 import io
 import json
 import os
+import re
+import runpy
+import shutil
 import socket
 import subprocess
 import sys
@@ -38,18 +42,115 @@ CHECKPOINT = SHIPPED / "featuregate-s0"
 MAX_WINDOWS = 4
 
 
+# A careless user's leftovers beside the committed files: none of them may enter the sdist or the wheel.
+STRAYS = {
+    "data/checkpoints/featuregate-s0/credentials.json": b'{"hf_token": "hf_secret"}',
+    "data/checkpoints/scratch-s9/config.json": b"{}",
+    "data/checkpoints/scratch-s9/model.safetensors": b"weights",
+    "data/checkpoints/scratch-s9/optimizer.safetensors": b"optimizer state",
+    "data/checkpoints/scratch-s9/trainer_state.pt": b"optimizer state",
+    "data/corpus/scratch.jsonl.gz": b"not the corpus",
+    "notebooks/scratch.ipynb": b"{}",
+}
+# links to a file and to a folder outside the tree, named as the globs once shipped them
+LINKS = {"data/checkpoints/featuregate-s0/outside.json": "secret.json", "data/checkpoints/linked-s0": "run"}
+SECRET = hashlib.sha256(b"outside the tree").hexdigest().encode()  # bytes this source does not spell
+
+
+def tracked_files() -> list[str]:
+    """The checkout's committed files (``git ls-files``), as they stand in the working tree."""
+    listed = subprocess.check_output(["git", "-C", str(REPO), "ls-files", "-z"], timeout=60).decode().split("\0")
+    return [name for name in listed if name and (REPO / name).is_file()]
+
+
+def listed_data_files() -> set[str]:
+    """The paths package_data.txt names, the one list of the package's data files."""
+    lines = (REPO / "package_data.txt").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def in_wheel(name: str) -> str:
+    """Where a checkout file lies in the wheel (pyproject's package-dir maps notebooks/ and data/)."""
+    top, _, rest = name.partition("/")
+    return f"fca_workbench/shipped/{top}/{rest}" if top in ("data", "notebooks", "dashboards") else name
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory):
-    """``python -m build``: the sdist, and the wheel built from that sdist (so the sdist must be complete)."""
+    """``python -m build``: the sdist, and the wheel built from that sdist (so the sdist must be complete), from a
+    copy of the checkout's tracked files with ``STRAYS`` and ``LINKS`` added, as a working checkout may hold."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    for name in tracked_files():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, checkout / name, follow_symlinks=False)
+    for name, payload in STRAYS.items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_bytes(payload)
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "secret.json").write_bytes(SECRET)
+    (outside / "run").mkdir()
+    for name in ("config.json", "model.safetensors", "README.md"):
+        (outside / "run" / name).write_bytes(SECRET)
+    for name, target in LINKS.items():
+        (checkout / name).symlink_to(outside / target)
     out = tmp_path_factory.mktemp("dist")
     build = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(checkout)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     return SimpleNamespace(wheel=next(out.glob("*.whl")), sdist=next(out.glob("*.tar.gz")))
+
+
+def test_wheel_and_sdist_hold_the_listed_files_and_no_stray_or_linked_one(dist):
+    """The package's data files are the committed ones package_data.txt names: untracked credentials, a scratch
+    run with its optimizer state and links out of the tree stay out of both archives (issue 34)."""
+    listed = listed_data_files()
+    package_folders = ("fca_workbench/", "notebooks/", "dashboards/", "data/")
+    committed = {n for n in tracked_files() if n.startswith(package_folders) and not n.endswith(".py")}
+    assert listed == committed, f"package_data.txt differs from git ls-files: {sorted(listed ^ committed)}"
+    with zipfile.ZipFile(dist.wheel) as wheel:
+        names = set(wheel.namelist())
+        assert not any(SECRET in wheel.read(n) for n in names)
+    data = {n for n in names if not n.endswith(".py") and ".dist-info/" not in n}
+    assert data == {in_wheel(n) for n in listed}, sorted(data ^ {in_wheel(n) for n in listed})
+    with tarfile.open(dist.sdist) as sdist:
+        members = {m.name.split("/", 1)[1]: m for m in sdist.getmembers() if "/" in m.name}
+        assert not any(m.issym() or m.islnk() for m in members.values())
+        assert not any(SECRET in sdist.extractfile(m).read() for m in members.values() if m.isfile())
+    strays = set(STRAYS) | set(LINKS) | {"data/checkpoints/linked-s0/config.json"}
+    assert not strays & set(members) and not {in_wheel(n) for n in strays} & names
+    sdist_data = {n for n, m in members.items() if n.startswith("data/") and not m.isdir()}
+    assert sdist_data == {n for n in listed if n.startswith("data/")}
+
+
+def test_the_build_hook_refuses_a_listed_link_glob_or_missing_file(tmp_path):
+    """setup.py's check: a listed path reached through a link, a glob, a path out of the tree or a missing file
+    stops the build with its line named."""
+    hook = runpy.run_path(str(REPO / "setup.py"), run_name="setup_hook")
+    (tmp_path / "data" / "run").mkdir(parents=True)
+    (tmp_path / "data" / "run" / "config.json").write_text("{}")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "config.json").write_text("{}")
+    (tmp_path / "data" / "linked.json").symlink_to(tmp_path / "elsewhere" / "config.json")
+    (tmp_path / "data" / "linked-run").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    listing = tmp_path / "package_data.txt"
+    listing.write_text("# a comment\n\ndata/run/config.json\n")
+    assert hook["listed_data_files"](tmp_path) == ["data/run/config.json"]
+    for line, problem in [
+        ("data/linked.json", "data/linked.json is a symbolic link"),
+        ("data/linked-run/config.json", "data/linked-run is a symbolic link"),
+        ("data/run/*.json", "not a plain relative path"),
+        ("data/../elsewhere/config.json", "not a plain relative path"),
+        ("/etc/hostname", "not a plain relative path"),
+        ("data/run/missing.json", "not a file of this checkout"),
+        ("data/run", "not a file of this checkout"),
+    ]:
+        listing.write_text(f"data/run/config.json\n{line}\n")
+        with pytest.raises(hook["SetupError"], match=re.escape("package_data.txt:2: ") + ".*" + re.escape(problem)):
+            hook["listed_data_files"](tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +243,13 @@ def test_copy_checkpoints_takes_only_checkpoint_files_and_never_overwrites(tmp_p
 
 
 def shipped_checkpoint_files() -> set[str]:
-    """Every file of every shipped checkpoint, as the wheel names it (lock files and optimizer state aside)."""
-    return {
-        f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data').as_posix()}"
-        for p in SHIPPED.rglob("*")
-        if p.is_file() and p.name != "trainer_state.pt" and not any(part.startswith(".") for part in p.parts)
-    }
+    """Every listed file of every shipped checkpoint, as the wheel names it."""
+    return {in_wheel(n) for n in listed_data_files() if n.startswith("data/checkpoints/")}
+
+
+def shipped_checkpoints() -> set[str]:
+    """The names of the shipped checkpoints (the folders package_data.txt lists files of)."""
+    return {n.split("/")[2] for n in listed_data_files() if n.startswith("data/checkpoints/")}
 
 
 def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
@@ -169,7 +271,7 @@ def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
     expected.add("fca_workbench/py.typed")  # the package's annotations are for its users' type checkers too
     assert len(expected) >= 6 + 2 + 3 + 2 and expected <= names, sorted(expected - names)
     checkpoint_files = shipped_checkpoint_files()
-    assert {n.split("/")[4] for n in checkpoint_files} == {p.name for p in SHIPPED.iterdir() if p.is_dir()}
+    assert {n.split("/")[4] for n in checkpoint_files} == shipped_checkpoints() and len(shipped_checkpoints()) >= 10
     assert checkpoint_files <= names, sorted(checkpoint_files - names)
     assert {n for n in names if "/checkpoints/" in n} == checkpoint_files  # no lock file, no optimizer state
     for name in checkpoint_files:  # byte for byte the checkout's
@@ -186,7 +288,7 @@ def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
 
     with tarfile.open(dist.sdist) as sdist:
         weights = {Path(n).parent.name for n in sdist.getnames() if n.endswith("model.safetensors")}
-    assert weights == {p.name for p in SHIPPED.iterdir() if (p / "model.safetensors").is_file()}
+    assert weights == shipped_checkpoints()
 
 
 def test_wheel_carries_the_controller_design_study_and_reads_it_from_there(dist, user):
@@ -252,17 +354,17 @@ def test_installed_package_finds_and_loads_its_own_checkpoints(user):
     assert params == sum(p.numel() for p in load_controlled(CHECKPOINT).parameters())
     copied = fca(user, "data", "checkpoints", "--into", "elsewhere")  # no --from: the installed package's own
     assert copied.returncode == 0, copied.stderr
-    assert sorted(p.name for p in (user.work / "elsewhere").iterdir()) == sorted(
-        p.name for p in SHIPPED.iterdir() if p.is_dir()
-    )
+    assert {p.name for p in (user.work / "elsewhere").iterdir()} == shipped_checkpoints()
 
 
 def test_data_checkpoints_copies_them_out_of_the_sdist(checkpoints):
-    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(p.name for p in SHIPPED.iterdir() if p.is_dir())
-    for folder in SHIPPED.iterdir():
-        for file in folder.iterdir():
-            if file.is_file() and file.name != "trainer_state.pt" and not file.name.startswith("."):
-                assert (checkpoints / folder.name / file.name).read_bytes() == file.read_bytes(), file
+    assert {p.name for p in checkpoints.iterdir()} == shipped_checkpoints()
+    copied = {
+        f"data/checkpoints/{p.relative_to(checkpoints).as_posix()}" for p in checkpoints.rglob("*") if p.is_file()
+    }
+    assert copied == {n for n in listed_data_files() if n.startswith("data/checkpoints/")}
+    for name in copied:
+        assert (checkpoints / name.removeprefix("data/checkpoints/")).read_bytes() == (REPO / name).read_bytes(), name
 
 
 def test_installed_reproduce_runs_the_bundled_notebook_with_its_own_kernel(user):
