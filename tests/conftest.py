@@ -158,6 +158,18 @@ def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
     return plan, {r.name: r for r in results}, audits, folders
 
 
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Fails the test if a layer with weights (a Linear or an Embedding: every model has one) is constructed: a
+    refusal "before building" is checked on that state, not by how long it took (a time bound fails under load)."""
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"a {type(self).__name__} was built before the refusal")
+
+    for layer in (torch.nn.Linear, torch.nn.Embedding):
+        monkeypatch.setattr(layer, "__init__", refuse)
+
+
 def assert_identical_models(model, loaded, ids):
     """Bit-exact equality of two models: every weight, and the logits and coefficients on ``ids``."""
     before, after = model.state_dict(), loaded.state_dict()

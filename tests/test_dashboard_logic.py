@@ -297,10 +297,12 @@ class FakeView:
 class FakePool:
     def __init__(self, block=None, blocked=None):
         self.acquired, self.released, self.block, self.blocked = [], [], block, blocked
+        self.loading = threading.Event()  # set once the blocked model's load has begun
 
     def acquire(self, name):
         if name == self.blocked:  # loading this one takes until ``block`` is set
-            self.block.wait(10)
+            self.loading.set()
+            self.block.wait()
         self.acquired.append(name)
         return f"model {name}"
 
@@ -316,6 +318,7 @@ def test_an_update_shows_its_result_and_releases_the_model():
     assert pool.released == ["model fg"] and view.synced == ["model fg"]
 
 
+@pytest.mark.timeout(300)  # the waits are on events; a bug that never sets one fails here instead of hanging
 def test_an_update_overtaken_by_a_newer_one_shows_nothing():
     go_on = threading.Event()
     pool = FakePool(block=go_on, blocked="first")
@@ -324,7 +327,7 @@ def test_an_update_overtaken_by_a_newer_one_shows_nothing():
 
     async def both():
         older = asyncio.ensure_future(updates.run(first))
-        await asyncio.sleep(0.05)  # the first is loading its model
+        await asyncio.to_thread(pool.loading.wait)  # the first is loading its model
         await updates.run(second)
         go_on.set()
         await older

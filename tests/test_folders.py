@@ -243,16 +243,16 @@ def foreign_folder(tmp_path: Path, tiny_mixtral: Path, config: dict) -> Path:
         ("gpt2", "n_positions"),
     ],
 )
-def test_sizes_under_a_familys_own_name_are_refused_fast(tiny_mixtral, tmp_path, model_type, field):
+def test_sizes_under_a_familys_own_name_are_refused_before_building(
+    tiny_mixtral, tmp_path, model_type, field, nothing_built
+):
     from fca_workbench.adapters.controlled import load_controlled
 
     folder = foreign_folder(
         tmp_path, tiny_mixtral, {"model_type": model_type, field: 10**6 if "layer" in field else 10**9}
     )
-    started = time.perf_counter()
     with pytest.raises(UserError, match=f"config.json: {field}=10+ is out of range") as error:
         load_controlled(folder)
-    assert time.perf_counter() - started < 2
     assert "\n" not in str(error.value)
 
 
@@ -277,14 +277,12 @@ def test_train_refuses_an_aliased_size_of_an_hf_config_before_building(tmp_path)
     assert not (tmp_path / "run").exists()
 
 
-def test_train_refuses_mpt_layers_before_building():
+def test_train_refuses_mpt_layers_before_building(nothing_built):
     from fca_workbench.data.tokenizer import load_tokenizer
     from fca_workbench.training.train import build_hf_model
 
-    started = time.perf_counter()
     with pytest.raises(UserError, match="n_layers=1000000 is out of range"):
         build_hf_model({"model_type": "mpt", "n_layers": 10**6}, load_tokenizer(), 64)
-    assert time.perf_counter() - started < 2
 
 
 def test_per_layer_sizes_are_checked_element_wise():

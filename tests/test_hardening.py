@@ -373,14 +373,14 @@ def checkpoint_with(tiny_checkpoints, tmp_path, arch, **fields):
         ("dense", "n_layer", 0),
     ],
 )
-def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_path, arch, field, value):
+def test_absurd_sizes_are_refused_before_building_naming_the_field(
+    tiny_checkpoints, tmp_path, arch, field, value, nothing_built
+):
     from fca_workbench.models import load_model
 
     folder = checkpoint_with(tiny_checkpoints, tmp_path, arch, **{field: value})
-    started = time.perf_counter()
     with pytest.raises(UserError, match=f"{field}={value} is out of range") as error:
         load_model(folder)
-    assert time.perf_counter() - started < 5
     assert "\n" not in str(error.value)
 
 
@@ -394,7 +394,9 @@ def test_absurd_sizes_are_refused_fast_naming_the_field(tiny_checkpoints, tmp_pa
         ("num_attention_heads", 0),
     ],
 )
-def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_mixtral, tmp_path, field, value):
+def test_absurd_sizes_of_a_foreign_model_are_refused_before_building(
+    tiny_mixtral, tmp_path, field, value, nothing_built
+):
     """A planted transformers config.json (here a Mixtral's) is checked before transformers builds anything."""
     from fca_workbench.adapters.controlled import load_controlled
 
@@ -404,10 +406,8 @@ def test_absurd_sizes_of_a_foreign_model_are_refused_fast_naming_the_field(tiny_
         (folder / item.name).write_bytes(item.read_bytes())
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, field: value}))
-    started = time.perf_counter()
     with pytest.raises(UserError, match=f"config.json: {field}={value} is out of range") as error:
         load_controlled(folder)
-    assert time.perf_counter() - started < 10
     assert "\n" not in str(error.value)
 
 

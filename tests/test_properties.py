@@ -91,14 +91,15 @@ def test_position_permutations_are_per_window_and_seeded(indices, length, seed):
         assert torch.equal(position_permutations(torch.tensor([index]), length, seed)[0], row)
 
 
-@FAST
-@given(index=st.integers(0, 10_000), length=st.integers(6, 40), seed=st.integers(0, 2**20))
-def test_position_permutations_differ_between_seeds_and_windows(index, length, seed):
-    # length >= 6: two independent uniform permutations coincide with probability <= 1/720
-    one = position_permutations(torch.tensor([index]), length, seed)[0]
-    assert not torch.equal(one, position_permutations(torch.tensor([index]), length, seed + 1)[0])
-    assert not torch.equal(one, position_permutations(torch.tensor([index + 1]), length, seed)[0])
-    assert not torch.equal(one, torch.arange(length))
+def test_position_permutations_differ_between_seeds_and_windows():
+    """Over a fixed, stated set (seeds 0-4 x windows 0-19, 64 positions) every permutation is a different one and
+    none is the identity. Two uniform permutations may coincide by chance (1/720 for 6 positions), so no
+    property over arbitrary seeds and windows is asserted; validity and reproducibility are guaranteed and
+    checked for any input above."""
+    length, seeds_used, windows = 64, range(5), torch.arange(20)
+    rows = torch.cat([position_permutations(windows, length, seed) for seed in seeds_used])
+    assert len({tuple(row.tolist()) for row in rows}) == len(seeds_used) * len(windows)
+    assert not any(torch.equal(row, torch.arange(length)) for row in rows)
 
 
 @FAST
