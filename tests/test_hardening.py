@@ -4,7 +4,6 @@ workbench did not write, weights from outside the checkpoint folder. Each is ref
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
