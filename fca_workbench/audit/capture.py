@@ -30,7 +30,6 @@ import torch
 from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
-from tqdm.auto import tqdm
 
 from fca_workbench.adapters.placement import tensor_fingerprints
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
@@ -47,6 +46,7 @@ from fca_workbench.foundation.files import (
     write_json,
 )
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.progress import progress
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import LIVE_RUN
 
@@ -381,7 +381,7 @@ def capture(
     ranks.barrier()
     model.eval()
     cache = CoefficientCache(folder, manifest)
-    for shard in tqdm(ranks.share(cache.num_shards()), desc=desc, unit="shard", leave=False):
+    for shard in progress(ranks.share(cache.num_shards()), desc=desc, unit="shard", leave=False):
         path = cache.shard_path(shard)
         claim = manifest["shards"].get(path.name)
         binding = shard_binding(manifest, shard)

@@ -7,13 +7,13 @@ here measures assignment dependence only: the controller never sees a perturbed 
 from collections.abc import Iterable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from fca_workbench.adapters.placement import value_devices
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.guard import at_layer, require_finite
+from fca_workbench.foundation.progress import progress
 from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import condition_named
 
@@ -49,7 +49,7 @@ def replay_nll(
     devices = value_devices(model, device)  # each controller's own, where big-model inference placed the model
     model.eval()
     rows = []
-    for indices in tqdm(batches, desc=condition, leave=False, disable=len(batches) < 2):
+    for indices in progress(batches, desc=condition, leave=False, disable=len(batches) < 2):
         batch = windows[indices].to(device)
         values = values_on(assign.values(indices), devices, model.coefficient_dtypes)
         rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())

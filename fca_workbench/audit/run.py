@@ -8,7 +8,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
@@ -26,6 +25,7 @@ from fca_workbench.data.windows import window_sampling
 from fca_workbench.foundation.checkpoint import checkpoint_name, resolve_checkpoint
 from fca_workbench.foundation.files import write_atomic, write_json
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.progress import progress
 from fca_workbench.results.binding import audit_binding
 from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
@@ -83,7 +83,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
         session.capture_all()
         eval_cache, profiles = session.eval_cache, session.profiles if session.has_controller else None
         share = ranks.share(eval_cache.num_shards())
-        per_token = ranks.gather(session.replay(tqdm(session.conditions, desc="replay", unit="condition"), share))
+        per_token = ranks.gather(session.replay(progress(session.conditions, desc="replay", unit="condition"), share))
         spread = session.spread()
         counts = bootstrap_counts(len(eval_windows), settings.resamples, settings.seed)
         if settings.per_layer:

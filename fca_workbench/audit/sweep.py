@@ -16,7 +16,6 @@ Both modes give the rows of full one-layer replays (tested within 1e-6). Both ch
 from collections.abc import Iterable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
 from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
@@ -27,6 +26,7 @@ from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.metrics import condition_figures
 from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.audit.replay import replay_nll
+from fca_workbench.foundation.progress import progress
 from fca_workbench.results.conditions import REFERENCE
 
 PREFIX, FULL_FORWARD = "prefix", "full_forward"
@@ -110,7 +110,7 @@ def prefix_window_nll(
         (layer, c): [] for layer in range(cache.num_layers) for c in conditions
     }
     correct: list[torch.Tensor] = []
-    for indices in tqdm(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
+    for indices in progress(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
         batch = windows[indices].to(device)
         own = values_on(cache.values(indices), device, dtype)
         prefix = PrefixCache(model, batch, coefficients=own)

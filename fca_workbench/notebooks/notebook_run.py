@@ -32,6 +32,7 @@ from fca_workbench.foundation.checkpoint import (
 )
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import read_json, write_json
+from fca_workbench.foundation.progress import progress as progress_bar
 from fca_workbench.foundation.resources import checkpoints_dir, results_root
 from fca_workbench.results.figures import write_figure
 from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache
@@ -199,12 +200,10 @@ class NotebookRun:
     def load_audits(self) -> list[dict]:
         """The audit of every checkpoint, run or reused, in the order given."""
         if self._audits is None:
-            from tqdm.auto import tqdm
-
             self.check()
             self._audits = [
                 ensure_audit(self.settings(c), self.audit_dir(c))
-                for c in tqdm(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
+                for c in progress_bar(self.checkpoints, desc="audits", unit="checkpoint", disable=not self.progress)
             ]
         return self._audits
 

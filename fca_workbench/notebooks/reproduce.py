@@ -24,6 +24,7 @@ from fca_workbench.audit.run import AuditSettings
 from fca_workbench.foundation.checkpoint import checkpoint_key, checkpoint_name
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import read_json, reading, write_atomic, write_json
+from fca_workbench.foundation.progress import progress as progress_bar
 from fca_workbench.foundation.resources import shipped
 
 # NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
@@ -252,24 +253,22 @@ def plan(
 
 def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
     """Run the audits once, then every notebook; a failing notebook does not stop the others."""
-    from tqdm.auto import tqdm
-
     out = plan_.out
     out.mkdir(parents=True, exist_ok=True)
     mark_results(out)
     write_json(out / layout.REPRODUCE_CONFIG_FILE, plan_summary(plan_))
     started = time.perf_counter()
     audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
-    for checkpoint, settings in tqdm(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
+    for checkpoint, settings in progress_bar(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
         ensure_audit(settings, out / layout.AUDITS_DIR / checkpoint_name(checkpoint))
     audit_seconds = time.perf_counter() - started
     results = []
-    bar = tqdm(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
+    bar = progress_bar(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
     for job in bar:
         bar.set_postfix_str(job.name)
         result = run_notebook(job, out)
         if not result.ok:
-            tqdm.write(f"FAILED {job.name}: {result.error} (see {result.output})", file=sys.stderr)
+            bar.write(f"FAILED {job.name}: {result.error} (see {result.output})", file=sys.stderr)
         results.append(result)
     write_index(plan_, results, audit_seconds, time.perf_counter() - started)
     return results

@@ -25,7 +25,6 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -38,6 +37,7 @@ from fca_workbench.foundation.checkpoint import CARD_FILE, TRAIN_CARD_FILE, TRAI
 from fca_workbench.foundation.errors import UserError, first_line, one_line
 from fca_workbench.foundation.files import read_json, write_json
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
+from fca_workbench.foundation.progress import progress
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
@@ -263,7 +263,7 @@ def train_steps(
     last_step = settings.steps if stop_after is None else min(settings.steps, step + stop_after)
     model.train()
     latest_audit = postfix(audit.log.rows[-1]) if audit and audit.log.rows else {}
-    with tqdm(total=settings.steps, initial=step, desc=f"train {settings.name} seed {settings.seed}") as bar:
+    with progress(total=settings.steps, initial=step, desc=f"train {settings.name} seed {settings.seed}") as bar:
         while step < last_step:
             batch = sample_batch(stream, step, settings).to(settings.device)
             torch.manual_seed(step_seed(settings, step))  # dropout or router jitter, if a config has them
