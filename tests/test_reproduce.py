@@ -191,3 +191,24 @@ def test_without_the_notebooks_extra_one_line_names_what_is_missing(monkeypatch,
     with pytest.raises(UserError, match=r"needs the notebooks extra \(papermill is missing\)"):
         reproduce.plan(out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_notebook_runs_on_a_local_kernel_over_ipc_without_the_tcp_warning(tmp_path, capfd):
+    """``fca reproduce``'s kernel listens on Unix sockets, not TCP: ipykernel's "Kernel is running over TCP without
+    encryption" warning (which the kernel writes to the inherited standard error) is never printed."""
+    import nbformat
+
+    from fca_workbench.notebooks.notebook_execution import NotebookJob, ensure_kernel, run_notebook
+
+    ensure_kernel()
+    source = tmp_path / "transport.ipynb"
+    cell = "from ipykernel.kernelapp import IPKernelApp\nprint(IPKernelApp.instance().transport)"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), source)
+    result = run_notebook(NotebookJob("transport", source, {}), tmp_path / "out")
+    assert result.ok, result.error
+    (executed,) = nbformat.read(result.output, as_version=4).cells
+    assert executed.outputs[0]["text"].strip() == "ipc"
+    captured = capfd.readouterr()
+    assert "without encryption" not in captured.err + captured.out
+    assert "eavesdropping" not in captured.err + captured.out
+    assert not list((tmp_path / "out").rglob("*ipc*"))  # the sockets lived in a private temporary folder

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.results.layout import AUDITS_DIR, NOTEBOOKS_DIR
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 KERNEL_NAME = "fca-workbench"
 
@@ -74,6 +79,15 @@ def describe_failure(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
+def local_kernel(sockets: Path) -> Config:
+    """The kernel manager's settings for a kernel on this machine: IPC transport (Unix sockets in ``sockets``,
+    a short private folder: socket paths are limited to about 100 bytes) instead of TCP on localhost, which
+    ipykernel warns is unencrypted and which any local user could connect to."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "connection_file": str(sockets / "kernel.json")}})
+
+
 def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
     import papermill
 
@@ -83,16 +97,18 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
     start = time.perf_counter()
     error = None
     try:
-        papermill.execute_notebook(
-            str(job.source),
-            str(output),
-            parameters=job.parameters,
-            kernel_name=KERNEL_NAME,
-            progress_bar=False,
-            log_output=False,
-            request_save_on_cell_execute=False,
-            cwd=str(output.parent),
-        )
+        with tempfile.TemporaryDirectory(prefix="fca-kernel-") as sockets:
+            papermill.execute_notebook(
+                str(job.source),
+                str(output),
+                parameters=job.parameters,
+                kernel_name=KERNEL_NAME,
+                progress_bar=False,
+                log_output=False,
+                request_save_on_cell_execute=False,
+                cwd=str(output.parent),
+                config=local_kernel(Path(sockets)),
+            )
     except Exception as exc:  # a notebook's failure is reported, and the others still run
         error = describe_failure(exc)
     seconds = time.perf_counter() - start
