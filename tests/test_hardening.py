@@ -634,7 +634,7 @@ def test_foreign_safetensors_header_claiming_absurd_sizes_is_one_line(claim, tin
     weights = folder / "model.safetensors"
     if claim == "header length":
         weights.write_bytes(struct.pack("<Q", 1 << 62) + weights.read_bytes()[8:])
-        fragment = "its header claims 4611686018427387904 bytes"
+        fragment = "header too large"
     else:
         from fca_workbench.foundation.files import safetensors_shapes
 
@@ -646,7 +646,7 @@ def test_foreign_safetensors_header_claiming_absurd_sizes_is_one_line(claim, tin
         if claim == "offsets":
             header[name]["data_offsets"] = [0, 10**15]
         safetensors_with_header(weights, header)
-        fragment = "which is not its" if claim == "shape" else "outside the file's"
+        fragment = "overflow computing buffer size" if claim == "shape" else "invalid shape, data type, or offset"
         with pytest.raises(UserError, match=fragment):
             safetensors_shapes(weights)
     assert_one_line_error(fca("audit", folder, "--out", tmp_path / "out"), "model.safetensors", fragment)

@@ -6,8 +6,8 @@ identified by sha256 of exactly their bytes. Every JSON file is read through ``r
 size, any malformation one line naming the file) and written through ``write_json`` (strict JSON: a NaN or
 an infinity is refused, never written as a bare ``NaN`` token that other JSON readers reject). A file that
 a library parses (a tokenizer, weights, a pickled state, a CSV) is read inside ``reading``, the one boundary
-that turns the library's own exceptions into one line; a safetensors header is checked by
-``safetensors_shapes`` against the file's size before any library trusts what it declares. A file one file
+that turns the library's own exceptions into one line; a safetensors header is checked by safetensors itself
+(``safetensors_shapes``) before anything allocates for what it declares. A file one file
 names (a shard an index lists, a link in a folder) is read only from inside that folder (``inside_folder``,
 ``check_links_inside``).
 """
@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from fca_workbench.foundation.errors import UserError, first_line, one_line
 
@@ -247,61 +247,32 @@ def check_links_inside(folder: Path) -> None:
 
 
 SAFETENSORS_HEADER_MAX_BYTES = 100 << 20  # the safetensors library's own limit
-SAFETENSORS_ITEM_BITS = {
-    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
-    **dict.fromkeys(("U16", "I16", "F16", "BF16"), 16),
-    **dict.fromkeys(("U32", "I32", "F32"), 32),
-    **dict.fromkeys(("U64", "I64", "F64", "C64"), 64),
-    "F4": 4,
-    **dict.fromkeys(("F6_E2M3", "F6_E3M2"), 6),
-}
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The names and shapes a safetensors file declares, read from its header alone and checked against the
-    file: the header's length, and every tensor's byte range (inside the data, the size its dtype and shape
-    need), so a header claiming absurd sizes is one ``UserError`` line before any library allocates for it."""
+    """The names and shapes a safetensors file declares, from safetensors' own ``safe_open`` (it memory-maps the
+    file and checks the header against it: its length, every tensor's dtype, shape and byte range, the data
+    covered exactly), so a header claiming absurd sizes is one ``UserError`` line before anything allocates."""
     path = Path(path)
     with reading(f"cannot read {path}"):
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise UserError(f"{path} is not a safetensors file: {size} bytes, shorter than its header length")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > min(size - 8, SAFETENSORS_HEADER_MAX_BYTES):
-                raise UserError(f"{path} is not a safetensors file: its header claims {length} bytes of {size}")
-            header = parse_json(handle.read(length), f"the header of {path}")
-    if not isinstance(header, dict):
-        raise UserError(f"the header of {path} is not a JSON object, so not a safetensors header")
-    data_bytes = size - 8 - length
-    shapes = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        problem = tensor_entry_problem(entry, data_bytes)
-        if problem:
-            raise UserError(f"{path} declares tensor {name[:80]!r} {problem}")
-        shapes[name] = tuple(entry["shape"])
-    return shapes
+        try:
+            with safe_open(path, framework="pt") as weights:
+                return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+        except SafetensorError as exc:
+            raise UserError(f"{path} is not a valid safetensors file ({first_line(exc)})") from None
 
 
-def tensor_entry_problem(entry: object, data_bytes: int) -> str | None:
-    """What is wrong with one tensor's header entry in a file of ``data_bytes`` bytes of data; None: nothing."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
-        return "without a dtype"
-    shape, offsets = entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
-        return f"with shape {str(shape)[:80]}, not a list of sizes"
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)):
-        return "without data_offsets [begin, end]"
-    begin, end = offsets
-    if not 0 <= begin <= end <= data_bytes:
-        return f"at bytes {begin}..{end}, outside the file's {data_bytes} bytes of data"
-    bits = SAFETENSORS_ITEM_BITS.get(entry["dtype"])
-    if bits is not None and -(-math.prod(shape) * bits // 8) != end - begin:
-        return f"of shape {shape} in {entry['dtype']}, which is not its {end - begin} bytes"
-    return None
+def safetensors_header_bytes(path: Path) -> bytes | None:
+    """A safetensors file's length prefix and header exactly as stored (every tensor's name, dtype, shape and
+    offsets, and the metadata: what a digest of the file's layout hashes); None when the file is too short or
+    claims a header longer than itself or the library's limit. Its content is checked by ``safetensors_shapes``."""
+    with reading(f"cannot read {path}"), open(path, "rb") as handle:
+        prefix = handle.read(8)
+        length = int.from_bytes(prefix, "little")
+        if len(prefix) < 8 or length > SAFETENSORS_HEADER_MAX_BYTES:
+            return None
+        header = handle.read(length)
+    return prefix + header if len(header) == length else None
 
 
 def jsonl_gz(records: list[dict]) -> bytes:
