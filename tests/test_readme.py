@@ -45,6 +45,23 @@ def test_every_api_reference_names_a_module_of_the_package() -> None:
     assert not unknown, f"docs reference modules that do not exist: {unknown}"
 
 
+def test_the_api_reference_has_every_public_entry_point_with_its_annotations() -> None:
+    """The entry points the guides cite have their page, and signatures show their annotations (issue 37)."""
+    identifiers = {i for page in PAGES for i in re.findall(r"^::: (\S+)$", read(page), re.MULTILINE)}
+    entry_points = {"fca_workbench", "fca_workbench.audit.run", "fca_workbench.audit.session", "fca_workbench.export"}
+    entry_points |= {"fca_workbench.export.static", "fca_workbench.downstream", "fca_workbench.viewmodel"}
+    assert entry_points <= identifiers, sorted(entry_points - identifiers)
+    config = read(ROOT / "mkdocs.yml")
+    for option in ("show_signature_annotations: true", "separate_signature: true", "docstring_section_style: table"):
+        assert option in config
+    pages = set(re.findall(r"(api/[\w-]+\.md)", config))
+    assert pages == {str(p.relative_to(DOCS)) for p in (DOCS / "api").glob("*.md")}  # every page in the nav
+
+
+def test_readme_gives_the_run_time_of_reproduce() -> None:
+    assert re.search(r"^Run time .*about \d+ minutes", read(ROOT / "README.md"), re.MULTILINE)
+
+
 def test_concepts_define_every_condition_by_its_audit_name() -> None:
     concepts = read(DOCS / "concepts.md")
     for condition in CONDITIONS + STATIC_PROFILES + ROUTING_CONDITIONS:

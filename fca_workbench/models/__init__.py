@@ -54,14 +54,23 @@ def family_slot_labels(arch: str, slot_shape: tuple[int, ...]) -> list[str]:
 def load_model(
     path: str | Path | Checkpoint, dtype: torch.dtype | None = None, placing: Mapping[str, Any] | None = None
 ) -> CoefficientModel:
-    """Load a checkpoint folder (or a hub name; or a ``Checkpoint`` already resolved, ``fca_workbench.foundation.checkpoint``)
+    """Load a checkpoint of one of the workbench's own families (``FAMILIES``: dense, featuregate, muddpythia)
     strictly, turning every way it can be broken into one-line UserErrors.
 
     Workbench folders and the official Hugging Face layout of the MUDDPythia releases alike: the config is
     read from ``config.json`` with its ``auto_map`` dropped (code shipped in the folder is never imported,
     and no Auto class or ``trust_remote_code`` is involved), and the stored weight names and shapes must
-    match the model exactly before anything is loaded (see ``fca_workbench.models.loading``). ``placing``:
-    big-model inference's ``from_pretrained`` arguments (``adapters.placement.Placement.loading_kwargs``).
+    match the model exactly before anything is loaded (see ``fca_workbench.models.loading``). A hub name is
+    accepted for these families only; any other model (a Mixtral, a Mamba, ...) is refused with one line and
+    loads through ``fca_workbench.adapters.controlled.load_controlled``, which takes hub names of any family.
+
+    :param path: a checkpoint folder, a hub name ``ORG/NAME[@REVISION]`` (read from the Hugging Face cache, or
+        downloaded unless ``HF_HUB_OFFLINE`` is set) or a ``Checkpoint`` already resolved
+        (``fca_workbench.foundation.checkpoint``).
+    :param dtype: the dtype of the loaded weights; None: the checkpoint's own.
+    :param placing: big-model inference's ``from_pretrained`` arguments
+        (``adapters.placement.Placement.loading_kwargs``); None: one device holds the whole model.
+    :returns: the model, in eval mode as ``from_pretrained`` leaves it.
     """
     folder = (path if isinstance(path, Checkpoint) else resolve_checkpoint(path)).folder
     config = read_config(folder, FAMILIES)
