@@ -13,7 +13,6 @@ import json
 import os
 import re
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -679,10 +678,9 @@ def _update_number(page) -> int:
 
 
 def _wait_for_update(page, after: int) -> str:
-    """Wait until the app finished the update after number ``after``; returns its state (ok/error)."""
-    deadline = time.monotonic() + 90
+    """Wait until the app finished the update after number ``after``; returns its state (ok/error). Waited for on
+    the state, for as long as a loaded machine needs: the calling test's own timeout turns a hang into a failure."""
     while _update_number(page) <= after:
-        assert time.monotonic() < deadline, "the dashboard did not update within 90 s"
         page.wait_for_timeout(150)
     return page.locator(".fca-update").get_attribute("data-state")
 

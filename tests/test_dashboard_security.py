@@ -398,8 +398,7 @@ def test_plain_gets_take_no_place_and_one_over_the_cap_gets_a_polite_page(tiny_c
                 )
                 over.close()
                 first.close()
-                deadline = time.monotonic() + 60  # a closed tab's place is freed once its session is reaped
-                while True:
+                while True:  # a closed tab's place is freed once its session is reaped; the test's timeout bounds it
                     again = browser.new_page()
                     again.goto(url)
                     _wait_for(again, ".fca-checkpoint, .fca-server-full")
@@ -407,7 +406,6 @@ def test_plain_gets_take_no_place_and_one_over_the_cap_gets_a_polite_page(tiny_c
                         _wait_for(again, ".fca-update")
                         break
                     again.close()
-                    assert time.monotonic() < deadline, "a closed session kept its place"
                     time.sleep(2)
             finally:
                 browser.close()

@@ -54,12 +54,13 @@ def test_derangement_is_a_seeded_permutation_without_fixed_points(n, seed):
     assert torch.equal(permutation, derangement(n, seed))
 
 
-@FAST
-@given(n=st.integers(3, 60), seed=st.integers(0, 2**31 - 100))
-def test_derangement_depends_on_the_seed(n, seed):
-    # n = 3 has only two derangements: 20 seeds all agreeing would be a 2**-19 coincidence
-    drawn = {tuple(derangement(n, s).tolist()) for s in range(seed, seed + 20)}
-    assert len(drawn) > 1
+@pytest.mark.parametrize("n", [3, 4, 10, 60])
+def test_derangement_depends_on_the_seed(n):
+    """Over the fixed seeds 0-19 the derangements differ (n = 3: both of its two appear). Over arbitrary seeds
+    this holds only with high probability (20 seeds agree for n = 3 with probability 2**-19), so it is asserted
+    over a stated set."""
+    drawn = {tuple(derangement(n, seed).tolist()) for seed in range(20)}
+    assert len(drawn) == 2 if n == 3 else len(drawn) > 1
 
 
 def test_derangement_reaches_every_derangement():
