@@ -10,12 +10,11 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 import torch
-from conftest import assert_one_line_error, fca
+from conftest import assert_one_line_error, fca, refused_before_anything
 
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.many import audit_names
 from fca_workbench.audit.run import default_out
-from fca_workbench.cli import main
 from fca_workbench.foundation.checkpoint import checkpoint_name, recorded_name, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks.notebook_run import NotebookRun
@@ -55,18 +54,6 @@ def write_tree(snapshot: Path, names: list[str]) -> Path:
     tree.parent.mkdir(exist_ok=True)
     tree.write_text(json.dumps({"format_version": 1, "files": files}))
     return tree
-
-
-def refused_before_anything(argv: list, out: Path, capsys, *fragments: str) -> str:
-    """``fca ARGV --out OUT`` run in this process: refused (exit 2) in one ``fca: error:`` line holding every
-    fragment, with ``OUT`` never created; the line is returned."""
-    assert main([*map(str, argv), "--out", str(out)]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fca: error:"), lines
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    assert not out.exists()
-    return lines[0]
 
 
 @pytest.fixture
