@@ -244,6 +244,19 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
     return folder / name
 
 
+def check_folder_path(path: Path, what: str) -> Path:
+    """``path`` when it is a folder or can be made one; refused in one line (``what``: the flag or folder it
+    is) when it, or a folder it would be made in, is a file: ``mkdir`` would stop with ``FileExistsError`` or
+    ``NotADirectoryError`` halfway through a run, after its output folder was claimed."""
+    for place in (path, *path.parents):
+        if os.path.lexists(place):
+            if not place.is_dir():
+                where = "" if place == path else f": {place} is a file"
+                raise UserError(f"{what} {path}{where or ' is a file'}, not a folder")
+            return path
+    return path
+
+
 def check_links_inside(folder: Path) -> None:
     """Refuse a folder holding a symlink (at any depth) that leads outside it: every loader (the workbench's,
     transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file
