@@ -523,6 +523,15 @@ def test_a_file_where_a_folder_belongs_is_one_line_before_anything_is_claimed(ti
     assert afile.read_text() == "x" and sorted(os.listdir(cache)) == []
 
 
+def test_a_folder_where_a_file_belongs_is_one_line_before_anything_is_claimed(tiny_checkpoints, tmp_path, capsys):
+    folder, place = tiny_checkpoints["featuregate"], tmp_path / "a-folder.json"
+    place.mkdir()
+    for flags in (["--eval", place], ["--calib", place], ["--device-map", place]):
+        refused_before_anything(["audit", folder, *flags], tmp_path / "out", capsys, f"{place} is a folder, not a")
+    for flags in (["--hf-config", place], ["--arch", "dense", "--train", place]):
+        refused_before_anything(["train", *flags], tmp_path / "out", capsys, f"{place} is a folder, not a")
+
+
 def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkpoints, tmp_path):
     from fca_workbench.audit.many import aggregate_audits, audit_names
     from fca_workbench.audit.run import AuditSettings
