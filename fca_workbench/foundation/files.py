@@ -250,10 +250,10 @@ def check_folder_path(path: Path, what: str) -> Path:
     ``NotADirectoryError`` halfway through a run, after its output folder was claimed."""
     for place in (path, *path.parents):
         if os.path.lexists(place):
-            if not place.is_dir():
-                where = "" if place == path else f": {place} is a file"
-                raise UserError(f"{what} {path}{where or ' is a file'}, not a folder")
-            return path
+            if place.is_dir():
+                break
+            where = " is a file" if place == path else f": {place} is a file"
+            raise UserError(f"{what} {path}{where}, not a folder")
     return path
 
 
