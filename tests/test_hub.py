@@ -237,8 +237,9 @@ def test_a_snapshot_folder_that_is_a_link_out_of_its_cache_is_refused(
     would audit that folder's weights under this hub id and commit."""
     snapshot = cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
     other = cache_snapshot(offline_cache, "lab/other", tiny_checkpoints["dense"], OTHER_COMMIT)
+    shutil.rmtree(snapshot)
     for target in (tiny_checkpoints["dense"], other):
-        shutil.rmtree(snapshot) if not snapshot.is_symlink() else snapshot.unlink()
+        snapshot.unlink(missing_ok=True)
         snapshot.symlink_to(target)
         with pytest.raises(UserError, match="is a link to"):
             resolve_checkpoint("lab/fg")
@@ -246,7 +247,7 @@ def test_a_snapshot_folder_that_is_a_link_out_of_its_cache_is_refused(
             ["audit", "lab/fg"], tmp_path / "out", capsys, "lab/fg", "not a folder of its own cache"
         )
     snapshot.unlink()  # the snapshots/ folder itself linked elsewhere is the same link
-    (snapshot.parent).rename(tmp_path / "moved")
+    snapshot.parent.rename(tmp_path / "moved")
     (offline_cache / "models--lab--fg" / "snapshots").symlink_to(other.parent)
     with pytest.raises(UserError, match="is a link to"):
         resolve_checkpoint(f"lab/fg@{OTHER_COMMIT}")
