@@ -32,6 +32,20 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0]
 
 
+def refused_before_anything(argv: list, out: Path, capsys, *fragments: str) -> str:
+    """``fca ARGV --out OUT`` run in this process (``cli.main``): refused (exit 2) in one ``fca: error:`` line
+    holding every fragment, with ``OUT`` never created; the line is returned."""
+    from fca_workbench.cli import main
+
+    assert main([*map(str, argv), "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fca: error:"), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert not out.exists()
+    return lines[0]
+
+
 def tiny_model(arch: str, seed: int = 0, **sizes):
     """A tiny random model whose controllers emit input-dependent coefficients (not the zero init)."""
     config_class, model_class = FAMILIES[arch]

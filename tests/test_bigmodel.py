@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import assert_one_line_error, fca
+from conftest import assert_one_line_error, fca, refused_before_anything
 
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.adapters.placement import OFFLOAD_PREFIX, is_placed, parse_max_memory, placement
@@ -118,6 +118,38 @@ def test_max_memory_is_read_into_accelerates_dict(text, expected):
 def test_a_bad_max_memory_is_one_line(text, fragment):
     with pytest.raises(UserError, match=fragment):
         parse_max_memory(text)
+
+
+@pytest.mark.parametrize(
+    ("size", "fragment"),
+    [
+        ("infGB", "is not a size"),
+        ("1e400GB", "is not a size"),
+        ("nanGB", "is not a size"),
+        ("-1GB", "is not a size"),
+        ("0GB", "above 0"),
+        ("1e30GB", "more than 1 PiB"),
+    ],
+)
+def test_a_max_memory_size_must_be_finite_positive_and_bounded(tiny_checkpoints, tmp_path, capsys, size, fragment):
+    argv = ["audit", tiny_checkpoints["featuregate"], "--device-map", "auto", "--max-memory", f"cpu=1GB,0={size}"]
+    refused_before_anything(argv, tmp_path / "out", capsys, "--max-memory", repr(size), fragment)
+    refused_before_anything(argv[:-1] + [f"cpu={size}"], tmp_path / "out", capsys, fragment)
+
+
+def test_a_device_map_naming_modules_the_model_lacks_is_refused_before_any_capture(checkpoint, tmp_path, capsys):
+    """transformers takes a map of names the model does not have and places nothing by them; the audit would
+    record the map as if it had placed the model."""
+    mapping = tmp_path / "map.json"
+    offload = tmp_path / "offload"
+    for placed in ({"transformer.nonexistent": "cpu", "bogus": "disk"}, {"": "cpu", "h.99": "cpu"}):
+        mapping.write_text(json.dumps(placed))
+        unknown = [name for name in placed if name]
+        argv = ["audit", checkpoint, "--device-map", mapping, "--offload-folder", offload]
+        refused_before_anything(
+            argv, tmp_path / "out", capsys, f"names {len(unknown)} module(s) the model does not have", repr(unknown[0])
+        )
+        assert list(offload.iterdir()) == []  # the offload subfolder made for the load is removed
 
 
 def test_bad_placements_are_refused_before_anything_is_made(tiny_checkpoints, tmp_path):

@@ -6,11 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, fca, tiny_model
+from conftest import assert_one_line_error, fca, refused_before_anything, tiny_model
 
-from fca_workbench.cli import build_parser
+from fca_workbench.cli import build_parser, main
 from fca_workbench.cli.flag_settings import audit_settings
 from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.results.conditions import LAYER_MEAN_TOPK
 
 pytestmark = pytest.mark.timeout(300)  # every test runs `fca` in a subprocess: a hang fails after 5 min
 
@@ -105,3 +106,22 @@ def test_per_layer_flag_reaches_the_audit_settings(command):
     parser = build_parser()
     assert audit_settings(parser.parse_args(command + ["--per-layer"]), "ckpt").per_layer is True
     assert audit_settings(parser.parse_args(command), "ckpt").per_layer is False
+
+
+def test_eval_of_a_router_condition_on_a_model_without_routers_is_refused_before_any_capture(
+    tiny_checkpoints, tmp_path, capsys, monkeypatch
+):
+    """``--conditions layer_mean_topk`` needs top-k routers: refused once the model is known, before the
+    calibration capture (any capture here fails the test) and before ``--out`` is claimed."""
+    pytest.importorskip("lm_eval")
+    from fca_workbench.audit.session import ReplaySession
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("a coefficient cache was opened before the refusal")
+
+    monkeypatch.setattr(ReplaySession, "cache", no_capture)
+    argv = ["eval", tiny_checkpoints["featuregate"], "--tasks", "fca_next_line", "--conditions", LAYER_MEAN_TOPK]
+    argv += ["--limit", 2, "--max-windows", 2]
+    main([*map(str, argv), "--out", str(tmp_path / "out")])  # the task's split generated once: its progress
+    capsys.readouterr()  # lines on stderr are the datasets library's, not the refusal's
+    refused_before_anything(argv, tmp_path / "out", capsys, LAYER_MEAN_TOPK, "top-k routers")

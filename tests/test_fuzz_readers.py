@@ -18,13 +18,14 @@ from conftest import TINY_MIXTRAL, tiny_model
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
+from test_hub import COMMIT, cache_snapshot, offline_cache, write_tree  # noqa: F401 (offline_cache is a fixture)
 
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import read_manifest
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import read_documents
-from fca_workbench.foundation.checkpoint import TRAIN_LOG_FILE, TRAIN_STATE_FILE
+from fca_workbench.foundation.checkpoint import TRAIN_LOG_FILE, TRAIN_STATE_FILE, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import safetensors_shapes
 from fca_workbench.models import FAMILIES
@@ -370,6 +371,37 @@ def test_a_bom_at_the_start_of_jsonl_is_accepted(place):
     path = place / "bom.jsonl"
     path.write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second \xe2\x80\xa8 still the second"}\n')
     assert read_documents(path) == ["first", "second \u2028 still the second"]
+
+
+def test_hub_tree_listing(offline_cache, checkpoint):  # noqa: F811  (the fixture imported above)
+    """``trees/<sha>.json``, which huggingface_hub reads with a bare ``json.load`` when a hub name resolves."""
+    snapshot = cache_snapshot(offline_cache, "lab/fg", checkpoint)
+    tree = write_tree(snapshot, sorted(p.name for p in snapshot.iterdir()))
+    valid = tree.read_bytes()
+
+    @FUZZ
+    @given(malformed(valid))
+    @ALWAYS_DEEP
+    @example(b"[]")
+    def read(payload):
+        tree.write_bytes(payload)
+        one_line_or_success(lambda: resolve_checkpoint("lab/fg"))
+
+    read()
+
+
+def test_hub_ref(offline_cache, checkpoint):  # noqa: F811  (the fixture imported above)
+    """``refs/<branch>``, the commit a branch of a cached repository is at."""
+    cache_snapshot(offline_cache, "lab/fg", checkpoint)
+    ref = offline_cache / "models--lab--fg" / "refs" / "main"
+
+    @FUZZ
+    @given(malformed(COMMIT.encode(), structured=False) | st.sampled_from(DEEP))
+    def read(payload):
+        ref.write_bytes(payload)
+        one_line_or_success(lambda: resolve_checkpoint("lab/fg"))
+
+    read()
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, fca, tiny_model
+from conftest import assert_one_line_error, fca, refused_before_anything, tiny_model
 
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import read_documents
@@ -501,6 +501,34 @@ def test_out_naming_a_file_is_one_line(tiny_checkpoints, tmp_path):
     with pytest.raises(UserError, match="is a file, not a folder"):
         reproduce.plan({"notebooks": ["03_static_profiles"]}, path)
     assert path.read_text() == "x"
+
+
+def test_a_file_where_a_folder_belongs_is_one_line_before_anything_is_claimed(tiny_checkpoints, tmp_path, capsys):
+    """A coefficient cache's split folder, the cache or an output folder's parent that is a file: today a
+    ``FileExistsError`` / ``NotADirectoryError`` traceback halfway through, after ``--out`` was claimed."""
+    folder, afile, cache = tiny_checkpoints["featuregate"], tmp_path / "afile", tmp_path / "cache"
+    afile.write_text("x")
+    for split in ("eval", "calibration"):
+        cache.mkdir(exist_ok=True)
+        (cache / split).write_text("x")
+        argv = ["audit", folder, "--cache", cache, "--max-windows", 2]
+        refused_before_anything(argv, tmp_path / "out", capsys, f"{cache / split} is a file, not a folder")
+        (cache / split).unlink()
+    argv = ["audit", folder, "--cache", afile / "cache"]
+    refused_before_anything(argv, tmp_path / "out", capsys, f"{afile} is a file, not a folder")
+    refused_before_anything(["audit", folder, "--cache", afile], tmp_path / "out", capsys, "is a file, not a folder")
+    for command in (["audit", folder], ["audit-many", folder], ["train", "--arch", "dense", "--steps", 1]):
+        refused_before_anything(command, afile / "sub", capsys, f"--out {afile / 'sub'}: {afile} is a file")
+    assert afile.read_text() == "x" and sorted(os.listdir(cache)) == []
+
+
+def test_a_folder_where_a_file_belongs_is_one_line_before_anything_is_claimed(tiny_checkpoints, tmp_path, capsys):
+    folder, place = tiny_checkpoints["featuregate"], tmp_path / "a-folder.json"
+    place.mkdir()
+    for flags in (["--eval", place], ["--calib", place], ["--device-map", place]):
+        refused_before_anything(["audit", folder, *flags], tmp_path / "out", capsys, f"{place} is a folder, not a")
+    for flags in (["--hf-config", place], ["--arch", "dense", "--train", place]):
+        refused_before_anything(["train", *flags], tmp_path / "out", capsys, f"{place} is a folder, not a")
 
 
 def test_audit_many_names_two_checkpoints_with_one_folder_name_apart(tiny_checkpoints, tmp_path):

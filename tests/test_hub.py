@@ -10,7 +10,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 import torch
-from conftest import assert_one_line_error, fca
+from conftest import assert_one_line_error, fca, refused_before_anything
 
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.many import audit_names
@@ -41,6 +41,19 @@ def cache_snapshot(cache: Path, repo_id: str, folder: Path, commit: str = COMMIT
         (repo / "refs").mkdir(exist_ok=True)
         (repo / "refs" / ref).write_text(commit)  # no newline, as huggingface_hub writes it
     return snapshot
+
+
+def write_tree(snapshot: Path, names: list[str]) -> Path:
+    """The tree listing huggingface_hub caches for a snapshot it downloaded (``trees/<sha>.json``), naming
+    ``names`` of the snapshot's files (sizes and blob ids as the hub gives them)."""
+    files = {}
+    for name in names:
+        payload = (snapshot / name).read_bytes() if (snapshot / name).exists() else b""
+        files[name] = {"size": len(payload), "blob_id": hashlib.sha1(payload).hexdigest()}
+    tree = snapshot.parent.parent / "trees" / f"{snapshot.name}.json"
+    tree.parent.mkdir(exist_ok=True)
+    tree.write_text(json.dumps({"format_version": 1, "files": files}))
+    return tree
 
 
 @pytest.fixture
@@ -128,7 +141,7 @@ def test_a_ref_leading_out_of_the_repository_is_refused(offline_cache, tiny_chec
     (offline_cache / "models--lab--fg" / "refs" / "evil").write_text(
         f"../../models--lab--other/snapshots/{OTHER_COMMIT}"
     )
-    with pytest.raises(UserError, match="outside its own folder"):
+    with pytest.raises(UserError, match="refs/evil holds '../../models--lab--other/snapshots/.*not a commit hash"):
         resolve_checkpoint("lab/fg@evil")
 
 
@@ -215,3 +228,94 @@ def test_audit_records_the_hub_id_and_commit(offline_cache, tiny_checkpoints, tm
     validate_audit({**audit, "model": {**older, "hub": None}})
     with pytest.raises(Exception, match="does not match"):
         validate_audit({**audit, "model": {**older, "hub": {"id": "lab/fg", "revision": None, "commit": "main"}}})
+
+
+def test_a_snapshot_folder_that_is_a_link_out_of_its_cache_is_refused(
+    offline_cache, tiny_checkpoints, tmp_path, capsys
+):
+    """A ``snapshots/<sha>`` link to a folder elsewhere (another checkpoint, another repository's snapshot)
+    would audit that folder's weights under this hub id and commit."""
+    snapshot = cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    other = cache_snapshot(offline_cache, "lab/other", tiny_checkpoints["dense"], OTHER_COMMIT)
+    shutil.rmtree(snapshot)
+    for target in (tiny_checkpoints["dense"], other):
+        snapshot.unlink(missing_ok=True)
+        snapshot.symlink_to(target)
+        with pytest.raises(UserError, match="is a link to"):
+            resolve_checkpoint("lab/fg")
+        refused_before_anything(
+            ["audit", "lab/fg"], tmp_path / "out", capsys, "lab/fg", "not a folder of its own cache"
+        )
+    snapshot.unlink()  # the snapshots/ folder itself linked elsewhere is the same link
+    snapshot.parent.rename(tmp_path / "moved")
+    (offline_cache / "models--lab--fg" / "snapshots").symlink_to(other.parent)
+    with pytest.raises(UserError, match="is a link to"):
+        resolve_checkpoint(f"lab/fg@{OTHER_COMMIT}")
+
+
+DAMAGED_TREES = {
+    "nested 100,000 deep": b'{"files": ' * 100_000,
+    "a JSON list": b"[]",
+    "files a list": json.dumps({"format_version": 1, "files": ["config.json"]}).encode(),
+    "an entry a number": json.dumps({"format_version": 1, "files": {"config.json": 5}}).encode(),
+    "a xet hash a number": json.dumps(
+        {"format_version": 1, "files": {"config.json": {"size": 1, "blob_id": "x", "xet_hash": 5}}}
+    ).encode(),
+    "not UTF-8": b"\xff\xfe{",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_TREES))
+def test_a_damaged_tree_listing_is_one_line(offline_cache, tiny_checkpoints, tmp_path, capsys, damage):
+    snapshot = cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    write_tree(snapshot, ["config.json"]).write_bytes(DAMAGED_TREES[damage])
+    with pytest.raises(UserError, match=f"trees/{COMMIT}.json"):
+        resolve_checkpoint("lab/fg")
+    refused_before_anything(["audit", "lab/fg"], tmp_path / "out", capsys, "the Hugging Face cache of lab/fg")
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda ref: ref.write_bytes(b"\xff" * 40), "not UTF-8"),
+        (lambda ref: ref.write_text(COMMIT + "\n" * 10_000), "larger than"),
+        (lambda ref: ref.write_text("[" * 100), "not a commit hash"),
+        (lambda ref: (ref.unlink(), ref.mkdir()), "is a folder"),
+        (lambda ref: (ref.unlink(), ref.symlink_to("/etc/hostname")), "points outside"),
+    ],
+)
+def test_a_damaged_ref_is_one_line(offline_cache, tiny_checkpoints, tmp_path, capsys, damage, why):
+    cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    damage(offline_cache / "models--lab--fg" / "refs" / "main")
+    refused_before_anything(["audit", "lab/fg"], tmp_path / "out", capsys, "refs/main", why)
+
+
+def test_a_file_the_tree_lists_but_the_snapshot_lacks_is_named_as_missing(
+    offline_cache, tiny_checkpoints, tmp_path, capsys
+):
+    snapshot = cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    write_tree(snapshot, sorted(p.name for p in snapshot.iterdir()))
+    assert resolve_checkpoint("lab/fg").folder == snapshot  # complete: the listing changes nothing
+    (snapshot / "model.safetensors").unlink()
+    line = refused_before_anything(
+        ["audit", "lab/fg"],
+        tmp_path / "out",
+        capsys,
+        "model.safetensors is missing from the cached snapshot of lab/fg",
+        "HF_HUB_OFFLINE is set",
+        "hf download lab/fg",
+    )
+    assert "neither a folder" not in line
+
+
+def test_a_mistyped_hub_name_gets_the_closest_cached_name(offline_cache, tiny_checkpoints, tmp_path, capsys):
+    cache_snapshot(offline_cache, "lab/featuregate", tiny_checkpoints["featuregate"])
+    cache_snapshot(offline_cache, "lab/dense", tiny_checkpoints["dense"], OTHER_COMMIT)
+    (offline_cache / "datasets--lab--featuregatee").mkdir()  # a dataset is no model to suggest
+    refused_before_anything(
+        ["audit", "lab/featuregatee"], tmp_path / "out", capsys, "did you mean lab/featuregate?", "hf download"
+    )
+    refused_before_anything(["audit", "labs/dense@main"], tmp_path / "out", capsys, "did you mean lab/dense?")
+    for far in ("other/thing", "lab/dense@v9"):  # nothing close; a cached name whose revision is missing
+        line = refused_before_anything(["audit", far], tmp_path / "out", capsys, "hf download")
+        assert "did you mean" not in line

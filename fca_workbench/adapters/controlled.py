@@ -36,7 +36,14 @@ from fca_workbench.foundation.checkpoint import (
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import inside_folder, reading
 from fca_workbench.models import FAMILIES, load_model
-from fca_workbench.models.limits import HF_SIZE_LIMITS, check_fields, check_memory, check_sizes, parameters_on_meta
+from fca_workbench.models.limits import (
+    HF_SIZE_LIMITS,
+    check_fields,
+    check_map_names,
+    check_memory,
+    check_sizes,
+    parameters_on_meta,
+)
 from fca_workbench.models.loading import quiet_weight_loading, stored_shapes
 
 
@@ -186,6 +193,7 @@ def load_transformers(
         parameters = parameters_on_meta(lambda: build(config, **remote))
         if placing is None:
             check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+        check_map_names(placing, lambda: build(config, **remote))
         with quiet_weight_loading():
             return model_class.from_pretrained(
                 folder,

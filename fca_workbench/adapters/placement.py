@@ -3,6 +3,7 @@ and ``--offload-folder`` parsed into what ``from_pretrained`` takes, the offload
 safely, and where a placed module computes (its weights may sit on ``meta``, streamed in by accelerate's hook).
 """
 
+import argparse
 import re
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ import psutil
 import torch
 from torch import nn
 
+from fca_workbench.foundation import flags
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import read_json
 from fca_workbench.models.common import execution_device
@@ -76,9 +78,7 @@ def parse_device_map(text: str) -> str | dict[str, int | str]:
 
 
 def parse_max_memory(text: str) -> MaxMemory:
-    """``cpu=200MB`` or ``0=10GiB,cpu=30GiB``: accelerate's ``max_memory`` (sizes as accelerate reads them)."""
-    from accelerate.utils import convert_file_size_to_int
-
+    """``cpu=200MB`` or ``0=10GiB,cpu=30GiB``: accelerate's ``max_memory`` (each size ``flags.byte_size``)."""
     memory: MaxMemory = {}
     for entry in text.split(","):
         key, equals, size = (part.strip() for part in entry.partition("="))
@@ -88,11 +88,9 @@ def parse_max_memory(text: str) -> MaxMemory:
         if device in memory:
             raise UserError(f"--max-memory {text!r} names {key} twice")
         try:
-            memory[device] = convert_file_size_to_int(size)
-        except ValueError:
-            memory[device] = -1
-        if memory[device] <= 0:
-            raise UserError(f"--max-memory {text!r}: {size!r} is not a size (like 200MB, 10GiB)")
+            memory[device] = flags.byte_size(size)
+        except argparse.ArgumentTypeError as exc:
+            raise UserError(f"--max-memory {text[:80]!r}: {exc}") from None
     return memory
 
 

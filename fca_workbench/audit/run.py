@@ -23,11 +23,11 @@ from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
 from fca_workbench.data.windows import window_sampling
 from fca_workbench.foundation.checkpoint import checkpoint_name, resolve_checkpoint
-from fca_workbench.foundation.files import write_atomic, write_json
+from fca_workbench.foundation.files import check_folder_path, write_atomic, write_json
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.foundation.progress import progress
 from fca_workbench.results.binding import audit_binding
-from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root
+from fca_workbench.results.layout import AUDIT_FILE, PROFILES_FILE, cache_root, split_cache
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.per_token import per_token_files
 from fca_workbench.results.profiles import save_profiles
@@ -69,6 +69,8 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
     """
     out = check_audit_out(out)
+    for split in (EVAL, CALIBRATION):  # a file where a cache folder belongs: refused before anything is claimed
+        check_folder_path(split_cache(settings.cache, out, split), "the coefficient cache")
     checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
     session = ReplaySession.open(settings, out, ranks, checkpoint)
     model, eval_windows, calib_windows = session.model, session.windows(EVAL), session.windows(CALIBRATION)

@@ -82,6 +82,8 @@ def token_ids(tokenizer: PreTrainedTokenizerBase, text: str, special: bool) -> l
 def raw_blocks(path: Path) -> Iterator[bytes]:
     """The bytes of a file (decompressed when it ends in ``.gz``), a block at a time; a missing, unreadable
     or oversized file is a one-line ``UserError``."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a text file")
     if not path.is_file():
         raise UserError(f"text file not found: {path}")
     gzipped, read = path.suffix == ".gz", 0

@@ -13,19 +13,26 @@ tokenizer alike. It is a foundation module because ``resources`` (which folders 
 is never shipped) and ``data.tokenizer`` (a folder's tokenizer files) need the names below ``models``.
 """
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from huggingface_hub import constants, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+from huggingface_hub import constants, get_cached_repo_tree, snapshot_download
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    HFValidationError,
+    IncompleteSnapshotError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
 from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from fca_workbench.foundation.errors import UserError, first_line
-from fca_workbench.foundation.files import check_links_inside, read_json
+from fca_workbench.foundation.files import check_links_inside, inside_folder, read_json, read_text, schema_problem
 
 CONFIG_FILE = "config.json"  # what makes a folder a checkpoint folder
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -130,25 +137,119 @@ def resolve_checkpoint(name: str | Path, trust_remote_code: bool = False) -> Che
     repo_id, revision = parsed
     patterns = [*HUB_FILES, *(CODE_FILES if trust_remote_code else ())]
     offline = constants.HF_HUB_OFFLINE
+    how = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+    fetch = f"fetch it where the network is allowed: {download_command(repo_id, revision, patterns)}"
+    cache = Path(os.path.normpath(constants.HF_HUB_CACHE)).resolve()
+    storage = cache / repo_folder_name(repo_id=repo_id, repo_type=constants.REPO_TYPE_MODEL)
+    check_cache_files(storage, repo_id, revision)
     try:
         fetched = snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline)
+    except IncompleteSnapshotError as exc:
+        missing = missing_files(repo_id, Path(exc.snapshot_path), patterns)
+        raise UserError(
+            f"{missing} missing from the cached snapshot of {name} ({exc.snapshot_path}) and {how}; {fetch}"
+        ) from None
     except LocalEntryNotFoundError:
-        asked = f" --revision {revision}" if revision else ""
-        how = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        close = closest_cached(repo_id, cache)
         raise UserError(
             f"{name} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {how}; "
-            f"fetch it where the network is allowed: hf download {repo_id}{asked} --include "
-            + " ".join(f"'{p}'" for p in patterns)
+            + (f"did you mean {close}? If not, {fetch}" if close else fetch)
         ) from None
-    except (HfHubHTTPError, HFValidationError, OSError, ValueError) as exc:  # not found, gated, revision unknown
+    except RepositoryNotFoundError as exc:
+        close = closest_cached(repo_id, cache)
+        raise UserError(
+            f"cannot fetch {name} from the Hugging Face hub: {first_line(exc)}"
+            + (f"; did you mean {close}?" if close else "")
+        ) from None
+    except (HfHubHTTPError, HFValidationError, OSError, ValueError) as exc:  # gated, revision unknown
         raise UserError(f"cannot fetch {name} from the Hugging Face hub: {first_line(exc)}") from None
     snapshot = Path(os.path.normpath(fetched))
-    storage = Path(os.path.normpath(constants.HF_HUB_CACHE)).resolve() / repo_folder_name(
-        repo_id=repo_id, repo_type="model"
-    )
     if snapshot.parent != storage / "snapshots" or not REGEX_COMMIT_HASH.fullmatch(snapshot.name):
         raise UserError(f"the Hugging Face cache of {repo_id} points outside its own folder ({snapshot})")
+    if snapshot.resolve() != storage.resolve() / "snapshots" / snapshot.name:  # a link to another folder
+        raise UserError(
+            f"the cached snapshot {snapshot} of {repo_id} is a link to {snapshot.resolve()}, not a folder of "
+            "its own cache; refusing to read a checkpoint from elsewhere"
+        )
     return Checkpoint(check_checkpoint(snapshot), repo_id, revision, snapshot.name)
+
+
+def download_command(repo_id: str, revision: str | None, patterns: list[str]) -> str:
+    """The ``hf download`` command that fetches what ``resolve_checkpoint`` reads of a hub repository."""
+    asked = f" --revision {revision}" if revision else ""
+    return f"hf download {repo_id}{asked} --include " + " ".join(f"'{p}'" for p in patterns)
+
+
+REF_MAX_BYTES = 4096  # a ref holds one 40-character commit hash
+TREE_MAX_BYTES = 16 << 20  # a tree listing: ~150 bytes a file, far above any model repository's
+
+
+def check_cache_files(storage: Path, repo_id: str, revision: str | None) -> None:
+    """Read the files huggingface_hub reads from a repository's cache before it does, through the bounded
+    readers: the ref the revision names (``refs/<revision>``) must hold a commit hash, every cached tree listing
+    (``trees/<sha>.json``) must be an object of the shape it writes, neither a link out of the repository.
+    huggingface_hub parses them with a bare ``json.load`` / ``read()`` (a list or deep nesting: a traceback)."""
+    what = f"the Hugging Face cache of {repo_id}"
+    ref = f"refs/{revision or constants.DEFAULT_REVISION}"
+    try:
+        if not REGEX_COMMIT_HASH.fullmatch(revision or "") and os.path.lexists(storage / ref):
+            commit = read_text(inside_folder(storage, ref, what), REF_MAX_BYTES, "a ref holding a commit hash")
+            if not REGEX_COMMIT_HASH.fullmatch(commit):
+                raise UserError(f"{storage / ref} holds {commit[:60]!r}, not a commit hash")
+        for tree in sorted((storage / "trees").glob("*.json")):
+            listing = read_json(inside_folder(storage, f"trees/{tree.name}", what), max_bytes=TREE_MAX_BYTES)
+            problem = schema_problem(listing, TREE_SCHEMA)
+            if problem:
+                raise UserError(f"{tree} is not a tree listing ({problem})")
+    except UserError as exc:
+        raise UserError(f"{what} is damaged: {exc}") from None
+
+
+# ``trees/<sha>.json`` as huggingface_hub writes it (``_tree_cache``): a listing of another format version is
+# one it ignores, so only version 1's files are held to this shape.
+TREE_ENTRY = {
+    "type": "object",
+    "required": ["size", "blob_id"],
+    "properties": {
+        "size": {"type": "integer"},
+        "blob_id": {"type": "string"},
+        "lfs_sha256": {"type": ["string", "null"]},
+        "lfs_size": {"type": ["integer", "null"]},
+        "xet_hash": {"type": ["string", "null"]},
+    },
+}
+TREE_SCHEMA = {
+    "type": "object",
+    "if": {"properties": {"format_version": {"const": 1}}, "required": ["format_version"]},
+    "then": {"required": ["files"], "properties": {"files": {"type": "object", "additionalProperties": TREE_ENTRY}}},
+}
+
+
+def missing_files(repo_id: str, snapshot: Path, patterns: list[str]) -> str:
+    """Which files the cached tree listing of ``snapshot`` names (of those ``patterns`` fetch) and the snapshot
+    lacks, as the start of a sentence (``X is``, ``X, Y and 3 more are``)."""
+    listed = get_cached_repo_tree(repo_id, revision=snapshot.name)
+    names = [f.path for f in filter_repo_objects(listed, allow_patterns=patterns, key=lambda f: f.path)]
+    missing = [repr(name)[1:-1][:80] for name in names if not (snapshot / name).is_file()] or ["a file"]
+    if len(missing) == 1:
+        return f"{missing[0]} is"
+    shown = ", ".join(missing[:3])
+    return f"{shown} and {len(missing) - 3} more are" if len(missing) > 3 else f"{shown} are"
+
+
+def closest_cached(repo_id: str, cache: Path) -> str | None:
+    """The name of a model repository in the cache closest to ``repo_id`` (a likely typo), if any is close;
+    None when ``repo_id`` itself is cached (then its revision is what is missing). Only the folder names are
+    read: ``scan_cache_dir`` would read every ref and stat every blob of every repository."""
+    prefix = f"{constants.REPO_TYPE_MODEL}s{constants.REPO_ID_SEPARATOR}"
+    try:
+        folders = [p.name for p in cache.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return None
+    cached = [folder.removeprefix(prefix).replace(constants.REPO_ID_SEPARATOR, "/") for folder in folders]
+    if repo_id in cached:
+        return None
+    return next(iter(difflib.get_close_matches(repo_id, cached, n=1)), None)
 
 
 def config_fields(folder: Path) -> dict:

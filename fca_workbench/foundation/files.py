@@ -114,25 +114,34 @@ def parse_json(text: str | bytes, source: str) -> object:
         raise UserError(f"{source} is not valid JSON: {first_line(exc)}") from None
 
 
+def read_text(path: Path, max_bytes: int, kind: str) -> str:
+    """The UTF-8 text of a small file (a BOM dropped), read once with a size cap; missing, a folder, too
+    large or not UTF-8 is one ``UserError`` line naming the file and the ``kind`` of file it should be."""
+    try:
+        with open(path, "rb") as handle:
+            payload = handle.read(max_bytes + 1)
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not {kind}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or first_line(exc)}") from None
+    if len(payload) > max_bytes:
+        raise UserError(f"{path} is larger than {_size_text(max_bytes)}; refusing to read it as {kind}")
+    try:
+        return payload.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text, so not {kind}") from None
+
+
+def _size_text(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size} bytes"
+
+
 def read_json(path: Path, expect: type | None = dict, max_bytes: int = JSON_MAX_BYTES) -> object:
     """A JSON file, read once with a size cap; ``expect`` (default: an object) is the type its top level must
     have. Every failure (missing, a folder, too large, not UTF-8, malformed, too deep, wrong type) is one
     ``UserError`` line naming the file: the one way the workbench reads JSON."""
     path = Path(path)
-    try:
-        with open(path, "rb") as handle:
-            payload = handle.read(max_bytes + 1)
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder, not a JSON file") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or first_line(exc)}") from None
-    if len(payload) > max_bytes:
-        raise UserError(f"{path} is larger than {max_bytes >> 20} MiB; refusing to read it as JSON")
-    try:
-        text = payload.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text, so not a JSON file") from None
-    value = parse_json(text, str(path))
+    value = parse_json(read_text(path, max_bytes, "a JSON file"), str(path))
     if expect is not None and not isinstance(value, expect):
         wanted = _JSON_NAMES.get(expect, expect.__name__)
         raise UserError(
@@ -233,6 +242,19 @@ def inside_folder(folder: Path, name: str, named_by: str) -> Path:
             "files are read only from inside it"
         )
     return folder / name
+
+
+def check_folder_path(path: Path, what: str) -> Path:
+    """``path`` when it is a folder or can be made one; refused in one line (``what``: the flag or folder it
+    is) when it, or a folder it would be made in, is a file: ``mkdir`` would stop with ``FileExistsError`` or
+    ``NotADirectoryError`` halfway through a run, after its output folder was claimed."""
+    for place in (path, *path.parents):
+        if os.path.lexists(place):
+            if place.is_dir():
+                break
+            where = " is a file" if place == path else f": {place} is a file"
+            raise UserError(f"{what} {path}{where}, not a folder")
+    return path
 
 
 def check_links_inside(folder: Path) -> None:

@@ -1,12 +1,14 @@
 """The command lines' number types: every numeric flag of ``fca`` and ``panel serve ... --args`` is parsed by
 one of these, so a value out of range is one line naming the flag before any work (never a
-``ZeroDivisionError`` from ``--batch-size 0`` or a silent default for ``--window 0``)."""
+``ZeroDivisionError`` from ``--batch-size 0`` or a silent default for ``--window 0``); every size of memory
+(``--max-memory cpu=200MB``) by ``byte_size`` (never an ``OverflowError`` from ``infGB``)."""
 
 import argparse
 import math
 from collections.abc import Callable
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's generators both take it
+BYTES_MAX = 1 << 50  # 1 PiB: more memory than any one device or machine has
 
 
 def bounded(kind: type, minimum: float | None = None, maximum: float | None = None) -> Callable[[str], int | float]:
@@ -45,3 +47,22 @@ non_negative_float = bounded(float, 0.0)  # seconds
 window_size = bounded(int, 2)  # tokens per window: a next-token NLL needs two
 seed = bounded(int, 0, SEED_MAX)
 port = bounded(int, 1, 65535)
+
+
+def byte_size(text: str) -> int:
+    """A size of memory in bytes, written as accelerate reads one (``200MB``, ``10GiB``, ``1.5GB``): finite,
+    above 0 and at most ``BYTES_MAX``; anything else an ``argparse.ArgumentTypeError`` saying why. accelerate
+    imports torch, so it is imported here, by the one command that places a model, not by every parse."""
+    from accelerate.utils import convert_file_size_to_int
+
+    try:
+        size = convert_file_size_to_int(text)
+    except (ValueError, OverflowError):  # OverflowError: infGB, 1e400GB (a float infinity)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a size (like 200MB, 10GiB)") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a size above 0 bytes")
+    if size > BYTES_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is more than {BYTES_MAX >> 50} PiB, more than any device holds"
+        )
+    return size

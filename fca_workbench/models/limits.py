@@ -15,6 +15,7 @@ in the built config (``check_sizes``); sub-configs (a multimodal model's ``text_
 
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import psutil
 import torch
@@ -140,6 +141,30 @@ def parameters_on_meta(build: Callable[[], torch.nn.Module]) -> int:
     """The parameter count of the module ``build()`` makes, built on the meta device (allocating nothing)."""
     with torch.device("meta"):
         return sum(p.numel() for p in build().parameters())
+
+
+MAP_NAMES_SHOWN = 5
+
+
+def check_map_names(placing: Mapping[str, Any] | None, build: Callable[[], torch.nn.Module]) -> None:
+    """A ``--device-map FILE.json`` (big-model inference's ``placing``) must name modules or weights of the
+    model ``build()`` makes, checked on that model built on the meta device before any weight is read:
+    transformers takes a map of other names and places nothing by them (or stops with a list of every weight
+    the map misses, none of the names that are wrong)."""
+    device_map = (placing or {}).get("device_map")
+    if not isinstance(device_map, Mapping):
+        return
+    with torch.device("meta"):
+        skeleton = build()
+    names = {name for name, _ in skeleton.named_modules()} | set(skeleton.state_dict(keep_vars=True))
+    unknown = [name for name in device_map if name not in names]
+    if unknown:
+        shown = ", ".join(repr(name[:80]) for name in unknown[:MAP_NAMES_SHOWN])
+        more = f" and {len(unknown) - MAP_NAMES_SHOWN} more" if len(unknown) > MAP_NAMES_SHOWN else ""
+        raise UserError(
+            f"--device-map names {len(unknown)} module(s) the model does not have: {shown}{more} "
+            f"(its top-level modules: {', '.join(name for name, _ in skeleton.named_children())})"
+        )
 
 
 def check_memory(parameters: int, bytes_per_parameter: float, source: str, purpose: str) -> None:

@@ -47,7 +47,7 @@ from fca_workbench.foundation.checkpoint import (
 )
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import inside_folder, read_json, reading, safetensors_shapes
-from fca_workbench.models.limits import check_memory, check_sizes
+from fca_workbench.models.limits import check_map_names, check_memory, check_sizes
 
 Model = TypeVar("Model", bound=PreTrainedModel)
 
@@ -337,6 +337,7 @@ def load_weights(
     which the model need not fit in memory."""
     dtype = dtype or torch.float32
     path = check_weights(folder, model_class, config, dtype, fits_in_memory=placing is None)
+    check_map_names(placing, lambda: model_class(config))
     with reading(f"corrupt or missing weights in {folder}"), quiet_weight_loading():  # their own error types
         loaded = model_class.from_pretrained(
             folder,

@@ -13,18 +13,15 @@ from pathlib import Path
 from typing import cast
 
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.foundation.files import import_jsonschema, read_json, write_atomic
+from fca_workbench.foundation.files import check_folder_path, import_jsonschema, read_json, write_atomic
 from fca_workbench.results.layout import LOCK_FILE, OUTPUT_MARKER, RESULTS_MARKER
 
 MARKER_MAX_BYTES = 4096
 
 
 def output_folder(out: str | Path) -> Path:
-    """``out`` resolved (so ``.`` has a name), refused when it exists and is not a folder."""
-    out = Path(out).resolve()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a folder")
-    return out
+    """``out`` resolved (so ``.`` has a name), refused when it or a folder it would be made in is a file."""
+    return check_folder_path(Path(out).resolve(), "--out")
 
 
 def check_output(out: Path, command: str, adopt: Callable[[Path], bool]) -> Path:
