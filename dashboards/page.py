@@ -15,6 +15,7 @@ import param
 import views
 from results_view import ResultsView
 
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.audit_tables import per_layer_table
 from fca_workbench.results.conditions import CONDITIONS
 from fca_workbench.viewmodel import (
@@ -357,20 +358,25 @@ class DashboardApp:
         )
 
     def show_live_audit(self, entry: AuditEntry | None) -> None:
-        """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes)."""
+        """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes; none
+        when that audit cannot be read whole now)."""
         if entry is self.live_per_layer_entry:
             return
         self.live_per_layer_entry = entry
-        self.live_per_layer.object = (
-            None
-            if entry is None
-            else views.per_layer_heatmap(
-                per_layer_table([entry.valid_audit]),
-                f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
-                "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
-            )
-        )
-        self.live_per_layer.visible = entry is not None
+        figure = None
+        if entry is not None and self.server.results is not None:
+            try:
+                sweep = per_layer_table([self.server.results.full(entry)])
+            except UserError:
+                sweep = None
+            if sweep is not None:
+                figure = views.per_layer_heatmap(
+                    sweep,
+                    f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
+                    "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
+                )
+        self.live_per_layer.object = figure
+        self.live_per_layer.visible = figure is not None
 
     def close(self) -> None:
         self.replay.close()

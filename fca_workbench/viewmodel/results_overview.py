@@ -17,6 +17,7 @@ from fca_workbench.notebooks import tables
 from fca_workbench.results.audit_tables import assignment_seed_table, retention_seed_table
 from fca_workbench.results.conditions import INTERVENTIONS, RETENTION_PROFILES
 from fca_workbench.results.overview import OVERVIEW_COLUMNS, overview_row, overview_table
+from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.query import choose
 from fca_workbench.viewmodel.results_folder import AuditEntry
 
@@ -65,8 +66,8 @@ class Overview:
         return tables.readable(ordered)
 
     def csv(self, key: str, order: str) -> str:
-        """The sorted table's exact values (``tables.to_csv``), as the download gives them."""
-        return tables.to_csv(self.sorted(key, order))
+        """The sorted table's exact values, as the download gives them (``downloads.download_csv``)."""
+        return download_csv(self.sorted(key, order))
 
     def retention_bars(self) -> list[Bars]:
         """Gap retention of each static profile, by architecture (``retention_seed_table``)."""
