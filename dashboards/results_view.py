@@ -15,6 +15,7 @@ import html
 import io
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import panel as pn
@@ -150,7 +151,7 @@ class ResultsView:
         )
         self.problems.object = f"<div class='fca-results-note'>{note}</div>" + (f"<ul>{items}</ul>" if items else "")
         if self.active:
-            self.overview.show(self.summary, self.results.root.name if self.results else "results")
+            self.overview.show(self.summary, self.results.root if self.results else Path("results"))
         self.show()
 
     def apply_link(self, requested: dict) -> list[str]:
@@ -176,7 +177,7 @@ class ResultsView:
         """The view is shown: draw the overview and the selected audit from now on."""
         if not self.active:
             self.active = True
-            self.overview.show(self.summary, self.results.root.name if self.results else "results")
+            self.overview.show(self.summary, self.results.root if self.results else Path("results"))
             self.show()
 
     def show(self) -> None:

@@ -18,6 +18,7 @@ from fca_workbench import load_audits
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import tables
 from fca_workbench.viewmodel.compare import comparison
+from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.results_folder import ResultsFolder
 from fca_workbench.viewmodel.results_overview import chosen_sort, notebook_snippet, overview_of
 
@@ -91,12 +92,23 @@ def test_overview_numbers_are_the_audit_files_and_load_audits(overview_root):
     assert tables.to_csv(notebook) == tables.to_csv(overview.table)
 
 
-def test_the_snippet_gives_the_table_the_csv_holds(overview_root, monkeypatch):
+def test_the_snippet_gives_the_table_the_csv_holds_wherever_it_runs(overview_root, monkeypatch, tmp_path):
+    """Started above the results folder, the snippet's paths are relative to where the dashboard was started and
+    say so; started elsewhere, they are absolute; run from that folder, or from any other when absolute, the
+    snippet gives the table the download holds."""
     overview = overview_of(ResultsFolder(overview_root).scan())
-    monkeypatch.chdir(overview_root.parent)
-    scope: dict = {}
-    exec(notebook_snippet(overview_root.name, overview.names), scope)
-    assert tables.to_csv(scope["audits"].overview) == overview.csv("audit", "ascending")
+    started = overview_root.parent.parent
+    relative = notebook_snippet(overview_root, overview.names, start=started)
+    assert f"# paths relative to {started}" in relative and f"'{overview_root.parent.name}/results/" in relative
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    absolute = notebook_snippet(overview_root, overview.names, start=elsewhere)
+    assert "# absolute paths" in absolute and f"'{overview_root}/audit-dense-s0'" in absolute
+    for snippet, runs_in in ((relative, started), (absolute, elsewhere)):
+        monkeypatch.chdir(runs_in)
+        scope: dict = {}
+        exec(snippet, scope)
+        assert download_csv(scope["audits"].overview) == overview.csv("audit", "ascending")
 
 
 def test_figures_across_audits_are_mean_and_sd_over_distinct_seeds(overview_root):

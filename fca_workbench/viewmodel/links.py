@@ -23,6 +23,7 @@ from fca_workbench.viewmodel.query import (
     VIEWS,
     choose,
     choose_index,
+    whole,
 )
 
 MAX_SEED = 2**31 - 1
@@ -175,17 +176,18 @@ def linked(requested: dict, model: SharedModel, slots: Sequence[str], condition:
 
 
 def link_of(view: str, selection: Selection, heat_slot: str | None, heat_layer: int | None, audit: str | None) -> dict:
-    """The values of ``query.ViewQuery`` (the URL) for the view shown."""
+    """The values of ``query.ViewQuery`` (the URL) for the view shown; a whole number as an integer (a widget
+    may hand back ``-1.0``, which the URL would then carry)."""
     return dict(
         view=view,
         checkpoint=selection.checkpoint,
         source=SOURCES[selection.source],
-        window=selection.window,
-        layer=ALL_LAYERS_LINK if selection.replay_layer is None else selection.replay_layer,
+        window=whole(selection.window),
+        layer=ALL_LAYERS_LINK if selection.replay_layer is None else whole(selection.replay_layer),
         condition=selection.condition,
-        seed=selection.seed,
-        donor=selection.donor,
+        seed=whole(selection.seed),
+        donor=whole(selection.donor),
         heat_slot=heat_slot,
-        heat_layer=heat_layer,
+        heat_layer=whole(heat_layer),
         audit=audit,
     )

@@ -15,7 +15,7 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -79,8 +79,12 @@ class SharedModel:
         self.profiles_refused: str | None = None  # why a matching audit's saved profiles were not used
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         self.lock = threading.Lock()
-        counts = {EVAL: eval_windows, CALIBRATION: calibration_windows}
-        splits = {split: functools.partial(self._split, split, count) for split, count in counts.items()}
+        self.calibration_windows = calibration_windows  # None: those of this checkpoint's audit, else all
+        self.stage: str | None = None  # what a long computation on the model is doing now (the status line's)
+        splits: dict[str, Callable[[], tuple[Path, torch.Tensor]]] = {
+            EVAL: functools.partial(self._split, EVAL, eval_windows),
+            CALIBRATION: lambda: self._split(CALIBRATION, self._calibration_count()),
+        }
         device = next(self.model.parameters()).device
         # the session keeps no cache on disk: profiles are estimated batch by batch under the lock, in batches the
         # session fits to the device
@@ -100,6 +104,20 @@ class SharedModel:
         path = split_path(split)
         return path, load_windows(path, self.tokenizer, self.window, count)
 
+    def _calibration_count(self) -> int | None:
+        """The calibration windows the profiles come from: the server's ``--calibration-windows``, else those
+        of this checkpoint's newest audit in the results folder (so the profiles it saved serve, computed by
+        nobody), else all."""
+        if self.calibration_windows is None and self.results is not None and self.has_coefficients:
+            self.stage = "looking for this checkpoint's audits (hashing its weights)"
+            audits = self.results.audits_of(self)
+            if audits:
+                return audits[0].valid_audit["data"]["calibration"]["windows"]
+        return self.calibration_windows
+
+    def _estimating(self, done: int, total: int) -> None:
+        self.stage = f"computing static profiles: {done} of {total} calibration windows"
+
     @property
     def has_coefficients(self) -> bool:
         return bool(self.slot_shapes)
@@ -117,22 +135,36 @@ class SharedModel:
         says which."""
         with self._profiles_lock:
             if self.profiles_source is None:
-                windows = self.session.windows(CALIBRATION)
-                if self.results is not None and self.has_coefficients:
-                    needed = {c for c in self.conditions if condition_named(c).static}
-                    saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
-                    if saved is not None:
-                        self.session.use_profiles(saved)
-                        self.profiles_source = said
-                        return saved
-                    self.profiles_refused = said
-                profiles = self.session.profiles
-                unmatched = f" ({self.profiles_refused or 'no audit in the results folder matches this checkpoint and calibration data'})"
-                self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
-                    unmatched if self.results is not None else ""
-                )
-                return profiles
+                try:
+                    return self._first_profiles()
+                finally:
+                    self.stage = None
             return self.session.profiles
+
+    def _first_profiles(self) -> dict[str, list[torch.Tensor]]:
+        """``profiles`` the first time, each stage said in ``stage``."""
+        windows = self.session.windows(CALIBRATION)
+        if self.results is not None and self.has_coefficients:
+            needed = {c for c in self.conditions if condition_named(c).static}
+            saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
+            if saved is not None:
+                self.session.use_profiles(saved)
+                self.profiles_source = said
+                return saved
+            self.profiles_refused = said
+        self.session.on_profile_batch = self._estimating
+        self._estimating(0, len(windows))
+        try:
+            profiles = self.session.profiles
+        finally:
+            self.session.on_profile_batch = None
+        unmatched = (
+            self.profiles_refused or "no audit in the results folder matches this checkpoint and calibration data"
+        )
+        self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
+            f" ({unmatched})" if self.results is not None else ""
+        )
+        return profiles
 
     @property
     def fingerprint(self) -> str:

@@ -78,6 +78,11 @@ def choose(requested: dict, key: str, allowed: Iterable, default: Any, why: str)
     return default, f"the link's {_shown(key, value)} {why}; showing {default!r} instead"
 
 
+def whole(value: object) -> object:
+    """``value`` as an ``int`` when it is a float without a fraction (``-1.0``), else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def choose_index(
     requested: dict, key: str, low: int, high: int, default: Any, shown: str | None = None
 ) -> tuple[Any, str | None]:
@@ -85,7 +90,7 @@ def choose_index(
     (called ``shown`` in the message, when its value alone would not say what it means)."""
     if key not in requested:
         return default, None
-    value = requested[key]
+    value = whole(requested[key])
     if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
         return value, None
     limits = f"{low}–{high}" if high != low else str(low)
