@@ -7,6 +7,7 @@ import ast
 import asyncio
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Update
 ROOT = Path(__file__).resolve().parent.parent
 VIEW_MODEL = ROOT / "fca_workbench" / "viewmodel"
 APP = ROOT / "dashboards"
+sys.path.insert(0, str(APP))
 BROKEN_CONFIG = '{"model_type": "fca-featuregate", "n_embd": 7, "n_head": 2}'
 
 
@@ -230,6 +232,44 @@ def test_the_link_of_a_view_opens_the_same_view():
     every = link_of("results", Selection(checkpoint="a"), None, 0, "audit-x")
     assert every["layer"] == "all" and every["donor"] == AUDIT_DONOR and every["audit"] == "audit-x"
     assert linked({k: v for k, v in every.items() if v is not None}, model, [], "correct")[0]["layer"] == ALL_LAYERS
+
+
+def test_a_whole_number_a_widget_hands_back_is_an_integer_in_the_link_and_a_link_may_carry_one():
+    """A reload once put ``donor=-1.0`` into the URL: a widget's ``-1.0`` is ``-1`` in the link, and a link
+    carrying ``-1.0`` opens the view it means."""
+    link = link_of("live", Selection(checkpoint="a", window=2.0, seed=3.0, donor=-1.0), None, 1.0, None)
+    assert [(link[k], type(link[k])) for k in ("window", "seed", "donor", "heat_layer")] == [
+        (2, int),
+        (3, int),
+        (AUDIT_DONOR, int),
+        (1, int),
+    ]
+    values, notes = linked({"donor": -1.0, "window": 2.0}, fake_model(), [], "correct")
+    assert notes == [] and (values["donor"], values["window"]) == (AUDIT_DONOR, 2)
+    assert linked({"window": 2.5}, fake_model(), [], "correct")[1]  # a fraction is still refused, with a note
+
+
+def test_an_update_still_working_shows_its_stage_below_the_status_line():
+    import time
+
+    import page
+    import panel as pn
+
+    shown = SimpleNamespace(
+        working_since=time.perf_counter() - page.PROGRESS_AFTER_SECONDS - 1,
+        computing_on=SimpleNamespace(stage="computing static profiles: 3 of 10 calibration windows"),
+        checkpoint=SimpleNamespace(value="moe"),
+        progress=pn.pane.HTML("", visible=False),
+        stop_progress=lambda: None,
+    )
+    page.DashboardApp.show_progress(shown)
+    assert shown.progress.visible and "computing static profiles: 3 of 10 calibration windows…" in shown.progress.object
+    shown.computing_on = None  # still loading the checkpoint
+    page.DashboardApp.show_progress(shown)
+    assert "loading checkpoint moe" in shown.progress.object
+    fresh = SimpleNamespace(**{**vars(shown), "working_since": time.perf_counter() + 60, "progress": pn.pane.HTML("")})
+    page.DashboardApp.show_progress(fresh)  # not yet past the threshold: nothing shown
+    assert fresh.progress.object == ""
 
 
 def test_a_selection_says_what_to_replay():

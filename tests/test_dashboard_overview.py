@@ -245,3 +245,31 @@ def test_overview_in_a_real_browser(served_overview, overview_root):
         finally:
             browser.close()
     assert_quiet(server_log)
+
+
+def test_compare_notes_different_latency_baselines_and_gives_flops_in_gflop(overview_root):
+    a, b = raw(overview_root, "audit-featuregate-s0"), raw(overview_root, "audit-featuregate-s1")
+    assert not any("latency baselines" in d for d in comparison(a, b, ("s0", "s1")).differences)
+    mixture = json.loads(json.dumps(b))
+    mixture["execution"]["baseline"] = "static_mixture"
+    made = comparison(a, mixture, ("s0", "s1"))
+    (note,) = [d for d in made.differences if "latency baselines" in d]
+    assert "s0 against a shape-matched Dense" in note and "s1 against the static mixture" in note
+    figures = {t.attrs["name"]: t for t in made.tables}["compare_figures"].set_index("figure")
+    flops = figures.loc["GFLOP (one batch)"]
+    assert flops["first"] == a["execution"]["flops"] / 1e9 and flops["second"] == b["execution"]["flops"] / 1e9
+    readable = tables.readable(figures.reset_index().set_axis(["figure", *figures.columns], axis=1))
+    assert readable.iloc[list(figures.index).index("GFLOP (one batch)"), 1] == f"{a['execution']['flops'] / 1e9:.4f}"
+
+
+def test_the_retention_chart_shows_every_profile_an_architectures_audits_have(overview_root):
+    """A router's audits add ``layer_mean_topk``: its bars show it beside the profiles every controller has."""
+    audits = [raw(overview_root, f"audit-featuregate-s{i}") for i in (0, 1)]
+    routed = json.loads(json.dumps(audits[0]))
+    routed["model"] = {**routed["model"], "arch": "mixtral", "fingerprint": "1" * 64}
+    routed["retention"]["layer_mean_topk"] = {"value": 0.25, "ci95": [0.2, 0.3]}
+    from fca_workbench.viewmodel.results_overview import Overview
+
+    bars = {b.arch: b for b in Overview(pd.DataFrame(), [], [*audits, routed]).retention_bars()}
+    assert bars["mixtral"].x == [*bars["featuregate"].x, "layer_mean_topk"] and bars["mixtral"].mean[-1] == 0.25
+    assert "layer_mean_topk" not in bars["featuregate"].x

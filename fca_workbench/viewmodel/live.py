@@ -91,6 +91,7 @@ class SharedModel:
         self.session = ReplaySession(
             self.model, splits, cache_root=None, device=device, tokenizer=self.tokenizer, lock=self.lock
         )
+        self.session.on_profile_batch = self._estimating
         self.eval_windows = self.session.windows(EVAL)
         self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
         # a model without a controller shows every condition as the live run, with a note that says so
@@ -105,9 +106,8 @@ class SharedModel:
         return path, load_windows(path, self.tokenizer, self.window, count)
 
     def _calibration_count(self) -> int | None:
-        """The calibration windows the profiles come from: the server's ``--calibration-windows``, else those
-        of this checkpoint's newest audit in the results folder (so the profiles it saved serve, computed by
-        nobody), else all."""
+        """The calibration windows of the profiles: the server's ``--calibration-windows``, else those of this
+        checkpoint's newest audit in the results folder (whose saved profiles then serve), else all."""
         if self.calibration_windows is None and self.results is not None and self.has_coefficients:
             self.stage = "looking for this checkpoint's audits (hashing its weights)"
             audits = self.results.audits_of(self)
@@ -152,12 +152,8 @@ class SharedModel:
                 self.profiles_source = said
                 return saved
             self.profiles_refused = said
-        self.session.on_profile_batch = self._estimating
         self._estimating(0, len(windows))
-        try:
-            profiles = self.session.profiles
-        finally:
-            self.session.on_profile_batch = None
+        profiles = self.session.profiles  # estimated here (``session.on_profile_batch`` says how far)
         unmatched = (
             self.profiles_refused or "no audit in the results folder matches this checkpoint and calibration data"
         )
