@@ -28,7 +28,7 @@ from fca_workbench.viewmodel.links import (
     opening_checkpoint,
     opening_view,
 )
-from fca_workbench.viewmodel.query import ALL_LAYERS, AUDIT_DONOR, SOURCES
+from fca_workbench.viewmodel.query import ALL_LAYERS, AUDIT_DONOR, AUDIT_DONOR_LINK, SOURCES
 from fca_workbench.viewmodel.server import Server, configure
 from fca_workbench.viewmodel.serving import ENVIRONMENT, ServedSettings, served_settings
 from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Updates
@@ -230,20 +230,22 @@ def test_the_link_of_a_view_opens_the_same_view():
         "heat_slot": "slot 2",
     }
     every = link_of("results", Selection(checkpoint="a"), None, 0, "audit-x")
-    assert every["layer"] == "all" and every["donor"] == AUDIT_DONOR and every["audit"] == "audit-x"
+    assert every["layer"] == "all" and every["donor"] == AUDIT_DONOR_LINK and every["audit"] == "audit-x"
     assert linked({k: v for k, v in every.items() if v is not None}, model, [], "correct")[0]["layer"] == ALL_LAYERS
 
 
 def test_a_whole_number_a_widget_hands_back_is_an_integer_in_the_link_and_a_link_may_carry_one():
-    """A reload once put ``donor=-1.0`` into the URL: a widget's ``-1.0`` is ``-1`` in the link, and a link
-    carrying ``-1.0`` opens the view it means."""
-    link = link_of("live", Selection(checkpoint="a", window=2.0, seed=3.0, donor=-1.0), None, 1.0, None)
+    """A reload once put ``donor=-1.0`` into the URL (Panel reads ``-1`` back as a float): the audit's donor is
+    a word in the link, a widget's whole float an integer, and a link carrying ``-1.0`` opens the view it means."""
+    link = link_of("live", Selection(checkpoint="a", window=2.0, seed=3.0, donor=4.0), None, 1.0, None)
     assert [(link[k], type(link[k])) for k in ("window", "seed", "donor", "heat_layer")] == [
         (2, int),
         (3, int),
-        (AUDIT_DONOR, int),
+        (4, int),
         (1, int),
     ]
+    assert link_of("live", Selection(checkpoint="a"), None, 0, None)["donor"] == AUDIT_DONOR_LINK
+    assert linked({"donor": AUDIT_DONOR_LINK}, fake_model(), [], "correct") == (linked({}, fake_model(), [], "correct"))
     values, notes = linked({"donor": -1.0, "window": 2.0}, fake_model(), [], "correct")
     assert notes == [] and (values["donor"], values["window"]) == (AUDIT_DONOR, 2)
     assert linked({"window": 2.5}, fake_model(), [], "correct")[1]  # a fraction is still refused, with a note

@@ -36,7 +36,10 @@ SOURCES = {"eval window": "window", "pasted text": "text"}
 ALL_LAYERS = -1  # the layer choice "every layer at once": shown as ALL_LAYERS_LABEL, in a link layer=ALL_LAYERS_LINK
 ALL_LAYERS_LABEL = "all layers"
 ALL_LAYERS_LINK = "all"
-AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement
+AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement; in a link donor=AUDIT_DONOR_LINK
+# a word, not -1: Panel re-reads the whole query at each change and turns "-1" into the float -1.0 (only digits
+# are read as an int), so a negative number in the URL would come back as "-1.0" after a reload
+AUDIT_DONOR_LINK = "audit"
 
 
 class ViewQuery(param.Parameterized):
