@@ -946,6 +946,7 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
 @pytest.mark.timeout(600)
 def test_results_view_lists_audits_and_downloads_their_files(served, browser, results_root):
     from fca_workbench.notebooks import tables
+    from fca_workbench.viewmodel.downloads import download_csv
 
     url, server_log = served
     page = _opened(browser, url + "?view=results&audit=run/audits/featuregate-tiny")
@@ -961,8 +962,8 @@ def test_results_view_lists_audits_and_downloads_their_files(served, browser, re
     audit = json.loads(audit_file.read_text())
     expected = {
         "audit": audit_file.read_bytes(),
-        "assignment_per_model": tables.to_csv(tables.assignment_table([audit])).encode(),
-        "per_layer": tables.to_csv(tables.per_layer_table([audit])).encode(),
+        "assignment_per_model": download_csv(tables.assignment_table([audit])).encode(),
+        "per_layer": download_csv(tables.per_layer_table([audit])).encode(),
     }
     for name, content in expected.items():
         with page.expect_download(timeout=60_000) as download:

@@ -535,7 +535,8 @@ def audited(tiny_checkpoints, tmp_path_factory):
 
 def live_layer_mean(folder, results=None):
     """The live view of ``layer_mean`` on eval window 0, with the profiles of ``results``'s audit if usable."""
-    from fca_workbench.viewmodel.live import DashboardSession, window_input
+    from fca_workbench.viewmodel.inputs import window_input
+    from fca_workbench.viewmodel.live import DashboardSession
     from fca_workbench.viewmodel.results_folder import ResultsFolder
 
     shared = SharedModel(folder, calibration_windows=8, eval_windows=4, results=results and ResultsFolder(results))
@@ -573,7 +574,8 @@ def test_a_flipped_bit_or_garbage_in_saved_profiles_gives_the_recomputed_figures
 
 
 def test_the_live_view_of_a_model_with_a_nan_weight_is_one_message(audited):
-    from fca_workbench.viewmodel.live import DashboardSession, pasted_input, window_input
+    from fca_workbench.viewmodel.inputs import pasted_input, window_input
+    from fca_workbench.viewmodel.live import DashboardSession
 
     _, _, poisoned = audited
     shared = SharedModel(poisoned, calibration_windows=4, eval_windows=4)

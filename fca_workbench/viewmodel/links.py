@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import CONDITION_HELP, SEEDED, TOKEN_SHUFFLE, condition_named
-from fca_workbench.viewmodel.live import SharedModel, TextInput, pasted_input, window_input
+from fca_workbench.viewmodel.inputs import TextInput, pasted_input, window_input
+from fca_workbench.viewmodel.live import SharedModel
 from fca_workbench.viewmodel.query import (
     ALL_LAYERS,
     ALL_LAYERS_LABEL,

@@ -1,6 +1,6 @@
 """The live replay view's model: one checkpoint loaded once per process (``SharedModel``: model, tokenizer,
 eval windows, a lock around every forward, static profiles read from a matching audit or computed lazily from
-the calibration split), pasted text validated, and one query (window, layer, condition, seed, donor) answered
+the calibration split), and one query (an ``inputs.TextInput`` with layer, condition, seed, donor) answered
 with per-token NLL, ΔNLL and the original and intervened coefficients, using the core's interventions, the
 prefix cache (an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
 ``DashboardSession`` is one browser session's state: a bounded prefix store and a bounded result cache, freed
@@ -13,7 +13,6 @@ import functools
 import itertools
 import threading
 import time
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,9 +38,9 @@ from fca_workbench.data.windows import load_windows
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.results.conditions import CONDITIONS, LIVE_RUN, LOW, REFERENCE, condition_named
+from fca_workbench.viewmodel.inputs import TextInput, window_input
 from fca_workbench.viewmodel.results_folder import ResultsFolder, saved_profiles
 
-MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
 
 
@@ -184,54 +183,6 @@ class SharedModel:
 def distinct_labels(per_layer: Iterable[list[str]]) -> list[str]:
     """Every layer's slot labels, each once, in the order the layers first name them (the heatmap's slot choices)."""
     return list(dict.fromkeys(label for labels in per_layer for label in labels))
-
-
-# ------------------------------------------------------------------------------------------------------
-# inputs
-
-
-@dataclass(frozen=True)
-class TextInput:
-    """The tokens one query runs on: an eval window (``window_index``) or pasted text (None)."""
-
-    ids: torch.Tensor  # [1, T]
-    window_index: int | None
-    note: str = ""
-
-    @property
-    def key(self) -> tuple[str, int | tuple[int, ...]]:
-        return ("window", self.window_index) if self.window_index is not None else ("text", tuple(self.ids[0].tolist()))
-
-
-def window_input(shared: SharedModel, index: object) -> TextInput:
-    count = len(shared.eval_windows)
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < count:
-        raise UserError(f"eval window {index!r} does not exist: choose 0..{count - 1}")
-    return TextInput(shared.eval_windows[int(index)].unsqueeze(0), int(index))
-
-
-def pasted_input(shared: SharedModel, text: object) -> TextInput:
-    """Validate pasted text: non-empty, at most ``MAX_PASTE_CHARS`` characters, text (no control characters
-    but newline and tab), at least 2 tokens; cut to the eval window length, with a note."""
-    if not isinstance(text, str):
-        raise UserError("pasted input is not text")
-    if not text.strip():
-        raise UserError("pasted text is empty")
-    if len(text) > MAX_PASTE_CHARS:
-        raise UserError(f"pasted text has {len(text):,} characters; the limit is {MAX_PASTE_CHARS:,}")
-    bad = [ch for ch in text if ch not in "\n\r\t" and unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn")]
-    if bad:
-        raise UserError(
-            f"pasted input is not plain text (it contains {len(bad)} control or invalid characters, e.g. U+{ord(bad[0]):04X})"
-        )
-    ids = shared.tokenizer(text)["input_ids"]
-    if len(ids) < 2:
-        raise UserError("pasted text is a single token; NLL needs at least 2")
-    note = ""
-    if len(ids) > shared.window:
-        note = f"pasted text has {len(ids)} tokens; only the first {shared.window} (one window) are scored"
-        ids = ids[: shared.window]
-    return TextInput(torch.tensor([ids], dtype=torch.long), None, note)
 
 
 # ------------------------------------------------------------------------------------------------------
