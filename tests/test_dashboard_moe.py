@@ -90,6 +90,12 @@ LABELS_CLEAR = """(el) => {
 }"""
 
 
+def _settled(page) -> None:
+    """Wait until the page's live view has shown its first update (every page computes one, whichever view it
+    opens): leaving the page before would interrupt the server's write to it."""
+    page.wait_for_selector(".fca-update", state="attached", timeout=180_000)
+
+
 def _table_text(page, name: str) -> str:
     return page.locator(f".fca-table-{name}").inner_text()
 
@@ -125,6 +131,7 @@ def test_overview_detail_and_compare_of_an_moe_audit_list_every_condition(served
             box = last.bounding_box()
             assert box is not None and box["x"] + box["width"] <= 1400 + 1  # the last column, scrolled to
 
+            _settled(page)
             page.goto(url + "?view=results&audit=audit-moe", timeout=120_000)
             page.wait_for_selector(".fca-table-retention_per_model", timeout=120_000)
             shown = _table_text(page, "retention_per_model")
@@ -132,6 +139,7 @@ def test_overview_detail_and_compare_of_an_moe_audit_list_every_condition(served
             shown = _table_text(page, "assignment_per_model")
             assert all(condition in shown for condition in conditions)
 
+            _settled(page)
             page.goto(url + "?view=results&audit=audit-moe&compare=copy-moe", timeout=120_000)
             page.wait_for_selector(".fca-table-compare_conditions", timeout=120_000)
             rows = page.locator(".fca-table-compare_conditions tbody tr td:first-child").all_inner_texts()
@@ -142,12 +150,14 @@ def test_overview_detail_and_compare_of_an_moe_audit_list_every_condition(served
             assert f"GFLOP (one batch)\t{moe['execution']['flops'] / 1e9:.4f}" in figures
             assert not re.search(r"\d{7,}", figures)  # no raw FLOP count
 
+            _settled(page)
             page.goto(url + "?view=results&audit=audit-moe&compare=audit-fg", timeout=120_000)
             page.wait_for_selector(".fca-compare-title", timeout=120_000)
             said = " ".join(page.locator(".fca-compare-difference").all_inner_texts())
             assert moe["execution"]["baseline"] != fg["execution"]["baseline"]
             assert "different latency baselines" in said
             page.screenshot(path=str(moe_root.parent / "moe-compare.png"), full_page=True)
+            _settled(page)
             assert requests.foreign(url) == [], requests.foreign(url)
         finally:
             browser.close()
