@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,11 +158,13 @@ def serve(
     address: str = "127.0.0.1",
     show: bool = False,
     hosts: ServedHosts | None = None,
+    on_ready: Callable[[], None] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Serve the app (blocking), answering only the ``hosts`` it is served as (default: those of ``address``).
     ``kwargs`` go to ``pn.serve`` (websocket_origin, basic_auth, cookie_secret, num_threads, ...). The default
-    checkpoint is found before the first session; closed sessions are cleaned up within ~10 s."""
+    checkpoint is found before the first session; closed sessions are cleaned up within ~10 s. ``on_ready`` is
+    called once the server answers (its first turn of the event loop, the port listening)."""
     hosts = hosts or ServedHosts.of(address)
     kwargs.setdefault("websocket_origin", hosts.websocket_origins(port))
     server = configure(settings)
@@ -187,6 +190,8 @@ def serve(
     )
     refuse_foreign_hosts(served, hosts)
     served.start()
+    if on_ready is not None:
+        served.io_loop.add_callback(on_ready)
     served.io_loop.start()
     return served
 

@@ -12,6 +12,7 @@ import views
 
 from fca_workbench.notebooks import tables
 from fca_workbench.viewmodel.compare import Comparison
+from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.escaping import markdown_text
 
 
@@ -52,7 +53,7 @@ class CompareView:
         downloads, panes = [], []
         for table in comparison.tables:
             name = table.attrs["name"]
-            downloads.append(views.csv_download(name, tables.to_csv(table)))
+            downloads.append(views.csv_download(name, download_csv(table)))
             body = tables.readable(table).to_html(index=False, escape=True, border=0)
             panes.append(views.table_pane(name, table.attrs["caption"], body))
         self.downloads.objects, self.tables.objects = downloads, panes

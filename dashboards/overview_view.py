@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import io
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import panel as pn
@@ -42,7 +43,7 @@ class OverviewView:
             show_index=False,
             selectable=1,
             disabled=True,
-            layout="fit_data_table",
+            layout="fit_data",  # the table as wide as the page, scrolling sideways when its columns are wider
             configuration={"columnDefaults": {"headerSort": False}},  # sorted by the widgets above, kept in the URL
             css_classes=["fca-overview"],
             max_height=520,
@@ -71,11 +72,11 @@ class OverviewView:
             css_classes=["fca-overview-section"],
         )
 
-    def show(self, overview: Overview, root_name: str) -> None:
+    def show(self, overview: Overview, root: Path) -> None:
         self.overview = overview
         self.snippet.object = (
             "<div style='font-size:0.85em'>The same table in a notebook:</div>"
-            f"<pre class='fca-snippet'>{html.escape(notebook_snippet(root_name, overview.names))}</pre>"
+            f"<pre class='fca-snippet'>{html.escape(notebook_snippet(root, overview.names))}</pre>"
         )
         self.retention.object = views.bars_figure(
             overview.retention_bars(),

@@ -15,6 +15,7 @@ import param
 import views
 from results_view import ResultsView
 
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.audit_tables import per_layer_table
 from fca_workbench.results.conditions import CONDITIONS
 from fca_workbench.viewmodel import (
@@ -38,6 +39,9 @@ from fca_workbench.viewmodel.query import ALL_LAYERS, ALL_LAYERS_LABEL, QUERY_NA
 from fca_workbench.viewmodel.results_folder import AuditEntry
 from fca_workbench.viewmodel.server import Server
 from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Updates
+
+PROGRESS_AFTER_SECONDS = 1.0  # an update still working after this shows its stage
+PROGRESS_PERIOD_MS = 500  # how often the stage shown is refreshed
 
 
 class DashboardApp:
@@ -113,7 +117,11 @@ class DashboardApp:
         )
 
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["fca-message"])
-        self.status = pn.pane.HTML("starting…", css_classes=["fca-status"])
+        self.status = pn.pane.HTML("starting…", css_classes=["fca-status"])  # the last update shown
+        self.progress = pn.pane.HTML("", css_classes=["fca-progress-pane"], visible=False)  # the update under way
+        self.computing_on: SharedModel | None = None  # the model the update under way computes on
+        self.working_since: float | None = None
+        self.ticker: Any = None  # the periodic callback that shows the update's stage while it works
         self.summary = pn.pane.HTML("", css_classes=["fca-summary-pane"])
         self.tokens = pn.pane.HTML("", css_classes=["fca-token-pane"])
         self.delta_plot = views.FigurePane(None, css_classes=["fca-delta"], height=440)
@@ -154,7 +162,8 @@ class DashboardApp:
             self.condition_help,
             self.seed,
             self.donor,
-            pn.layout.Divider(),
+            # a rule drawn here: Panel's Divider loads its stylesheet from a public CDN, which the page must not call
+            pn.pane.HTML("<hr style='border:0;border-top:1px solid #ddd;margin:8px 0'>", css_classes=["fca-rule"]),
             self.heat_slot,
             self.heat_layer,
             min_width=300,
@@ -162,7 +171,6 @@ class DashboardApp:
         )
         self.main = pn.Column(
             self.alert,
-            self.status,
             self.summary,
             self.tokens,
             self.delta_plot,
@@ -174,7 +182,7 @@ class DashboardApp:
         view, note = opening_view(self.pending_link)
         self.link_notes += ([note] if note else []) + self.results_view.apply_link(self.pending_link)
         self.tabs = pn.Tabs(
-            ("Live replay", pn.Row(sidebar, self.main)),
+            ("Live replay", pn.Row(sidebar, pn.Column(self.status, self.progress, self.main))),
             ("Finished audits", self.results_view.layout),
             active=VIEWS.index(view),
             dynamic=False,
@@ -225,7 +233,37 @@ class DashboardApp:
         await self.updates.run(self)
 
     def set_loading(self, value: bool) -> None:
+        """Dim the views while an update works; its stage shows below the status line from ~1 s on (not
+        dimmed), every half second, until it finishes."""
         self.main.loading = value
+        self.working_since = time.perf_counter() if value else None
+        if value and self.ticker is None and self.document.served:
+            self.ticker = pn.state.add_periodic_callback(self.show_progress, period=PROGRESS_PERIOD_MS)
+        if not value:
+            self.stop_progress()
+
+    def show_progress(self) -> None:
+        if self.working_since is None:
+            return self.stop_progress()
+        elapsed = time.perf_counter() - self.working_since
+        if elapsed < PROGRESS_AFTER_SECONDS:
+            return None
+        model = self.computing_on
+        stage = model.stage if model is not None else None
+        doing = stage or ("replaying" if model is not None else f"loading checkpoint {self.checkpoint.value}")
+        self.progress.object = (
+            f"<span class='fca-progress' data-stage='{html.escape(doing)}'>working for {elapsed:.0f} s: "
+            f"{html.escape(doing)}…</span>"
+        )
+        self.progress.visible = True
+        return None
+
+    def stop_progress(self) -> None:
+        if self.ticker is not None:
+            self.ticker.stop()
+            self.ticker = None
+        self.progress.visible = False
+        self.progress.object = ""
 
     def checkpoint_name(self) -> str:
         return self.checkpoint.value
@@ -246,6 +284,7 @@ class DashboardApp:
         return self.replay.compute(selection, model)
 
     def sync_and_query(self, model: SharedModel) -> Selection:
+        self.computing_on = model
         if "source" in self.pending:
             self.set_quietly(self.source, "value", self.pending.pop("source"))
         self.sync_widgets(model)
@@ -260,7 +299,8 @@ class DashboardApp:
 
     def finish(self, started: float, analysis: Analysis | None, message: str | None) -> None:
         """Show the result (or the message) of the newest update."""
-        self.main.loading = False
+        self.set_loading(False)
+        self.computing_on = None
         if analysis is None:
             self.show_error(message or "", started)
         else:
@@ -357,20 +397,25 @@ class DashboardApp:
         )
 
     def show_live_audit(self, entry: AuditEntry | None) -> None:
-        """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes)."""
+        """The per-layer heatmap of the checkpoint's audit (drawn again only when the audit shown changes; none
+        when that audit cannot be read whole now)."""
         if entry is self.live_per_layer_entry:
             return
         self.live_per_layer_entry = entry
-        self.live_per_layer.object = (
-            None
-            if entry is None
-            else views.per_layer_heatmap(
-                per_layer_table([entry.valid_audit]),
-                f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
-                "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
-            )
-        )
-        self.live_per_layer.visible = entry is not None
+        figure = None
+        if entry is not None and self.server.results is not None:
+            try:
+                sweep = per_layer_table([self.server.results.full(entry)])
+            except UserError:
+                sweep = None
+            if sweep is not None:
+                figure = views.per_layer_heatmap(
+                    sweep,
+                    f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
+                    "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
+                )
+        self.live_per_layer.object = figure
+        self.live_per_layer.visible = figure is not None
 
     def close(self) -> None:
         self.replay.close()

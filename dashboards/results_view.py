@@ -13,7 +13,9 @@ import asyncio
 import functools
 import html
 import io
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import panel as pn
@@ -24,31 +26,42 @@ from overview_view import OverviewView
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.notebooks import tables
 from fca_workbench.viewmodel.compare import comparison
+from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.downstream import downstream_tables, downstream_version
 from fca_workbench.viewmodel.escaping import markdown_text
 from fca_workbench.viewmodel.query import choose
-from fca_workbench.viewmodel.results_folder import AUDIT_FILE, AuditEntry, ResultsFolder, SizedCache, audit_tables
+from fca_workbench.viewmodel.results_folder import (
+    AUDIT_FILE,
+    AuditEntry,
+    ResultsFolder,
+    audit_tables,
+    byte_bounded_cache,
+    keep,
+    kept,
+)
 from fca_workbench.viewmodel.results_overview import chosen_sort, overview_of
 
 NONE = ""  # the audit choices' value for "no audit": the overview alone, or nothing to compare with
 RENDERED_BYTES = 64 << 20  # the tables (HTML and CSV text) and figures kept rendered, per process
-_RENDERED = SizedCache(RENDERED_BYTES)
+_RENDERED = byte_bounded_cache(RENDERED_BYTES)
+_RENDERED_LOCK = threading.Lock()
 
 
-def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
+def rendered(entry: AuditEntry, audit: dict) -> tuple[list, dict | None]:
     """An audit's tables as (name, caption, HTML, CSV) and its per-layer figure, made once per version of its
-    audit.json and downstream.json and shared by the sessions of the process."""
+    audit.json and downstream.json and shared by the sessions of the process (``audit``: the entry's whole audit,
+    ``ResultsFolder.full``)."""
     version = (entry.version, downstream_version(entry.folder))
-    kept = _RENDERED.get(version)
-    if kept is not None:
-        return kept
-    made = audit_tables(entry.valid_audit) + downstream_tables(entry.folder, entry.valid_audit)
+    shown = kept(_RENDERED, _RENDERED_LOCK, version)
+    if shown is not None:
+        return shown
+    made = audit_tables(audit) + downstream_tables(entry.folder, audit)
     parts = [
         (
             t.attrs["name"],
             t.attrs["caption"],
             tables.readable(t).to_html(index=False, escape=True, border=0),
-            tables.to_csv(t),
+            download_csv(t),
         )
         for t in made
     ]
@@ -61,7 +74,7 @@ def rendered(entry: AuditEntry) -> tuple[list, dict | None]:
         )
     )
     size = sum(len(table_html) + len(csv) for _, _, table_html, csv in parts)
-    _RENDERED.put(version, (parts, figure), size + (0 if per_layer is None else 64 * len(per_layer)))
+    keep(_RENDERED, _RENDERED_LOCK, version, (parts, figure), size + (0 if per_layer is None else 64 * len(per_layer)))
     return parts, figure
 
 
@@ -138,7 +151,7 @@ class ResultsView:
         )
         self.problems.object = f"<div class='fca-results-note'>{note}</div>" + (f"<ul>{items}</ul>" if items else "")
         if self.active:
-            self.overview.show(self.summary, self.results.root.name if self.results else "results")
+            self.overview.show(self.summary, self.results.root if self.results else Path("results"))
         self.show()
 
     def apply_link(self, requested: dict) -> list[str]:
@@ -164,7 +177,7 @@ class ResultsView:
         """The view is shown: draw the overview and the selected audit from now on."""
         if not self.active:
             self.active = True
-            self.overview.show(self.summary, self.results.root.name if self.results else "results")
+            self.overview.show(self.summary, self.results.root if self.results else Path("results"))
             self.show()
 
     def show(self) -> None:
@@ -185,7 +198,7 @@ class ResultsView:
             self.comparison.clear()
             return
         try:
-            a, b = self.results.entry(first).valid_audit, self.results.entry(second).valid_audit
+            a, b = (self.results.full(self.results.entry(name)) for name in (first, second))
             self.comparison.show(comparison(a, b, (first, second)))
         except UserError as exc:
             self.comparison.refuse(str(exc))
@@ -200,7 +213,8 @@ class ResultsView:
             self.heatmap.object, self.heatmap.visible = None, False
             return
         try:
-            self.render(self.results.entry(name))
+            entry = self.results.entry(name)
+            self.render(entry, self.results.full(entry))
         except UserError as exc:
             self.show_error(str(exc))
         except Exception as exc:  # an audit the tables cannot be made of is that audit's message, never a blank page
@@ -210,8 +224,7 @@ class ResultsView:
         self.message.object = markdown_text(message)
         self.message.visible = True
 
-    def render(self, entry: AuditEntry) -> None:
-        audit = entry.valid_audit
+    def render(self, entry: AuditEntry, audit: dict) -> None:
         settings, data = audit["settings"], audit["data"]["eval"]
         rows = [
             ("model", f"{entry.model_name} ({audit['model']['arch']}, {audit['model']['params']:,} parameters)"),
@@ -226,7 +239,7 @@ class ResultsView:
             for k, v in rows
         )
         self.header.object = f"<h3 class='fca-results-title'>{html.escape(entry.name)}</h3><table>{body}</table>"
-        parts, figure = rendered(entry)
+        parts, figure = rendered(entry, audit)
         downloads = [
             pn.widgets.FileDownload(
                 callback=functools.partial(self.audit_bytes, entry),

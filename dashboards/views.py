@@ -274,13 +274,16 @@ def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> 
         )
         for b in bars
     ]
+    # the legend in a row above the plot (under the title), the condition names below it slanted, with room
+    # made for them (``automargin``): long names neither clip nor run into the legend
     layout = dict(
         barmode="group",
-        height=360,
-        margin=dict(l=70, r=30, t=50, b=90),
-        title=dict(text=plotly_text(title), font=dict(size=14)),
-        yaxis=dict(title=dict(text=plotly_text(y_title)), tickformat=".0%" if percent else None),
-        legend=dict(orientation="h"),
+        height=400,
+        margin=dict(l=70, r=30, t=90, b=40),
+        title=dict(text=plotly_text(title), font=dict(size=14), y=0.97, yanchor="top"),
+        xaxis=dict(automargin=True, tickangle=-30),
+        yaxis=dict(title=dict(text=plotly_text(y_title)), tickformat=".0%" if percent else None, automargin=True),
+        legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
         showlegend=True,
     )
     return dict(data=data, layout=layout)

@@ -471,6 +471,53 @@ def test_live_view_reads_static_profiles_of_a_matching_audit_and_says_so(tiny_ch
     assert per_layer_audit(results, shared_models["muddpythia"]) is None  # audits of other models are not its own
 
 
+def test_by_default_the_calibration_windows_are_those_of_the_checkpoints_audit(tiny_checkpoints, results_root):
+    """Without ``--calibration-windows`` the profiles come from the audit's own count of calibration windows
+    (its saved profiles then serve), never from every window of the split."""
+    from fca_workbench.audit.inputs import CALIBRATION
+    from fca_workbench.viewmodel.results_folder import ResultsFolder
+
+    audit = json.loads((results_root / "audit-featuregate-tiny" / "audit.json").read_text())
+    model = SharedModel(tiny_checkpoints["featuregate"], eval_windows=4, results=ResultsFolder(results_root))
+    model.profiles()
+    assert len(model.session.windows(CALIBRATION)) == audit["data"]["calibration"]["windows"]
+    assert "audit '" in model.profiles_source and "fingerprints match" in model.profiles_source
+
+
+def test_computing_profiles_says_its_stage_and_clears_it(tiny_checkpoints):
+    model = SharedModel(tiny_checkpoints["featuregate"], calibration_windows=8, eval_windows=2)
+    stages = []
+    estimating = model.session.on_profile_batch
+    model.session.on_profile_batch = lambda done, total: (estimating(done, total), stages.append(model.stage))
+    model.profiles()
+    assert stages and all(re.fullmatch(r"computing static profiles: \d of 8 calibration windows", s) for s in stages)
+    assert stages[-1] == "computing static profiles: 8 of 8 calibration windows"
+    assert model.stage is None and model.profiles_source == "computed here from 8 calibration windows"
+
+
+@pytest.mark.timeout(300)
+def test_fca_dashboard_says_serving_on_only_once_the_port_answers(tiny_checkpoints, tmp_path):
+    import subprocess
+
+    (tmp_path / "registry.json").write_text(json.dumps({"fg": str(tiny_checkpoints["featuregate"])}))
+    port = free_port()
+    command = [sys.executable, "-m", "fca_workbench", "dashboard", "--port", str(port)]
+    command += ["--registry", str(tmp_path / "registry.json"), "--results", str(tmp_path)]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        lines = []
+        while not lines or "serving on" not in lines[-1]:
+            line = server.stdout.readline()
+            assert line, "fca dashboard ended before it said it serves:\n" + "".join(lines)
+            lines.append(line)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/js/bokeh.min.js", timeout=30) as response:
+            assert response.status == 200  # at once: no retry, no wait
+        assert lines[-1].strip() == f"fca dashboard: serving on http://127.0.0.1:{port}/ (Ctrl-C stops it)"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_link_values_are_checked_before_they_reach_a_widget():
     from fca_workbench.viewmodel.query import choose, choose_index
 
@@ -563,8 +610,9 @@ def test_dashboard_auth_comes_from_files_or_the_environment(tmp_path, monkeypatc
 
 
 @contextmanager
-def dashboard_server(root: Path, registry: dict, *argv, env=None):
-    """``fca dashboard`` on a free localhost port in a subprocess; yields (url, server log) once it answers."""
+def dashboard_server(root: Path, registry: dict, *argv, env=None, calibration_windows: int | None = 16):
+    """``fca dashboard`` on a free localhost port in a subprocess; yields (url, server log) once it answers.
+    ``calibration_windows`` None: the server's default (those of each checkpoint's audit)."""
     (root / "registry.json").write_text(json.dumps(registry))
     port = free_port()
     command = [
@@ -576,8 +624,7 @@ def dashboard_server(root: Path, registry: dict, *argv, env=None):
         str(port),
         "--registry",
         str(root / "registry.json"),
-        "--calibration-windows",
-        "16",
+        *(["--calibration-windows", str(calibration_windows)] if calibration_windows else []),
         *argv,
     ]
     url = f"http://127.0.0.1:{port}/"
@@ -897,6 +944,7 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
 @pytest.mark.timeout(600)
 def test_results_view_lists_audits_and_downloads_their_files(served, browser, results_root):
     from fca_workbench.notebooks import tables
+    from fca_workbench.viewmodel.downloads import download_csv
 
     url, server_log = served
     page = _opened(browser, url + "?view=results&audit=run/audits/featuregate-tiny")
@@ -912,8 +960,8 @@ def test_results_view_lists_audits_and_downloads_their_files(served, browser, re
     audit = json.loads(audit_file.read_text())
     expected = {
         "audit": audit_file.read_bytes(),
-        "assignment_per_model": tables.to_csv(tables.assignment_table([audit])).encode(),
-        "per_layer": tables.to_csv(tables.per_layer_table([audit])).encode(),
+        "assignment_per_model": download_csv(tables.assignment_table([audit])).encode(),
+        "per_layer": download_csv(tables.per_layer_table([audit])).encode(),
     }
     for name, content in expected.items():
         with page.expect_download(timeout=60_000) as download:

@@ -7,6 +7,7 @@ import ast
 import asyncio
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +28,7 @@ from fca_workbench.viewmodel.links import (
     opening_checkpoint,
     opening_view,
 )
-from fca_workbench.viewmodel.query import ALL_LAYERS, AUDIT_DONOR, SOURCES
+from fca_workbench.viewmodel.query import ALL_LAYERS, AUDIT_DONOR, AUDIT_DONOR_LINK, SOURCES
 from fca_workbench.viewmodel.server import Server, configure
 from fca_workbench.viewmodel.serving import ENVIRONMENT, ServedSettings, served_settings
 from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Updates
@@ -35,6 +36,7 @@ from fca_workbench.viewmodel.session_updates import Document, LiveReplay, Update
 ROOT = Path(__file__).resolve().parent.parent
 VIEW_MODEL = ROOT / "fca_workbench" / "viewmodel"
 APP = ROOT / "dashboards"
+sys.path.insert(0, str(APP))
 BROKEN_CONFIG = '{"model_type": "fca-featuregate", "n_embd": 7, "n_head": 2}'
 
 
@@ -228,8 +230,48 @@ def test_the_link_of_a_view_opens_the_same_view():
         "heat_slot": "slot 2",
     }
     every = link_of("results", Selection(checkpoint="a"), None, 0, "audit-x")
-    assert every["layer"] == "all" and every["donor"] == AUDIT_DONOR and every["audit"] == "audit-x"
+    assert every["layer"] == "all" and every["donor"] == AUDIT_DONOR_LINK and every["audit"] == "audit-x"
     assert linked({k: v for k, v in every.items() if v is not None}, model, [], "correct")[0]["layer"] == ALL_LAYERS
+
+
+def test_a_whole_number_a_widget_hands_back_is_an_integer_in_the_link_and_a_link_may_carry_one():
+    """A reload once put ``donor=-1.0`` into the URL (Panel reads ``-1`` back as a float): the audit's donor is
+    a word in the link, a widget's whole float an integer, and a link carrying ``-1.0`` opens the view it means."""
+    link = link_of("live", Selection(checkpoint="a", window=2.0, seed=3.0, donor=4.0), None, 1.0, None)
+    assert [(link[k], type(link[k])) for k in ("window", "seed", "donor", "heat_layer")] == [
+        (2, int),
+        (3, int),
+        (4, int),
+        (1, int),
+    ]
+    assert link_of("live", Selection(checkpoint="a"), None, 0, None)["donor"] == AUDIT_DONOR_LINK
+    assert linked({"donor": AUDIT_DONOR_LINK}, fake_model(), [], "correct") == (linked({}, fake_model(), [], "correct"))
+    values, notes = linked({"donor": -1.0, "window": 2.0}, fake_model(), [], "correct")
+    assert notes == [] and (values["donor"], values["window"]) == (AUDIT_DONOR, 2)
+    assert linked({"window": 2.5}, fake_model(), [], "correct")[1]  # a fraction is still refused, with a note
+
+
+def test_an_update_still_working_shows_its_stage_below_the_status_line():
+    import time
+
+    import page
+    import panel as pn
+
+    shown = SimpleNamespace(
+        working_since=time.perf_counter() - page.PROGRESS_AFTER_SECONDS - 1,
+        computing_on=SimpleNamespace(stage="computing static profiles: 3 of 10 calibration windows"),
+        checkpoint=SimpleNamespace(value="moe"),
+        progress=pn.pane.HTML("", visible=False),
+        stop_progress=lambda: None,
+    )
+    page.DashboardApp.show_progress(shown)
+    assert shown.progress.visible and "computing static profiles: 3 of 10 calibration windows…" in shown.progress.object
+    shown.computing_on = None  # still loading the checkpoint
+    page.DashboardApp.show_progress(shown)
+    assert "loading checkpoint moe" in shown.progress.object
+    fresh = SimpleNamespace(**{**vars(shown), "working_since": time.perf_counter() + 60, "progress": pn.pane.HTML("")})
+    page.DashboardApp.show_progress(fresh)  # not yet past the threshold: nothing shown
+    assert fresh.progress.object == ""
 
 
 def test_a_selection_says_what_to_replay():
@@ -496,7 +538,8 @@ def audited(tiny_checkpoints, tmp_path_factory):
 
 def live_layer_mean(folder, results=None):
     """The live view of ``layer_mean`` on eval window 0, with the profiles of ``results``'s audit if usable."""
-    from fca_workbench.viewmodel.live import DashboardSession, window_input
+    from fca_workbench.viewmodel.inputs import window_input
+    from fca_workbench.viewmodel.live import DashboardSession
     from fca_workbench.viewmodel.results_folder import ResultsFolder
 
     shared = SharedModel(folder, calibration_windows=8, eval_windows=4, results=results and ResultsFolder(results))
@@ -534,7 +577,8 @@ def test_a_flipped_bit_or_garbage_in_saved_profiles_gives_the_recomputed_figures
 
 
 def test_the_live_view_of_a_model_with_a_nan_weight_is_one_message(audited):
-    from fca_workbench.viewmodel.live import DashboardSession, pasted_input, window_input
+    from fca_workbench.viewmodel.inputs import pasted_input, window_input
+    from fca_workbench.viewmodel.live import DashboardSession
 
     _, _, poisoned = audited
     shared = SharedModel(poisoned, calibration_windows=4, eval_windows=4)

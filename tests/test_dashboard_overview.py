@@ -18,6 +18,7 @@ from fca_workbench import load_audits
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import tables
 from fca_workbench.viewmodel.compare import comparison
+from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.results_folder import ResultsFolder
 from fca_workbench.viewmodel.results_overview import chosen_sort, notebook_snippet, overview_of
 
@@ -91,12 +92,23 @@ def test_overview_numbers_are_the_audit_files_and_load_audits(overview_root):
     assert tables.to_csv(notebook) == tables.to_csv(overview.table)
 
 
-def test_the_snippet_gives_the_table_the_csv_holds(overview_root, monkeypatch):
+def test_the_snippet_gives_the_table_the_csv_holds_wherever_it_runs(overview_root, monkeypatch, tmp_path):
+    """Started above the results folder, the snippet's paths are relative to where the dashboard was started and
+    say so; started elsewhere, they are absolute; run from that folder, or from any other when absolute, the
+    snippet gives the table the download holds."""
     overview = overview_of(ResultsFolder(overview_root).scan())
-    monkeypatch.chdir(overview_root.parent)
-    scope: dict = {}
-    exec(notebook_snippet(overview_root.name, overview.names), scope)
-    assert tables.to_csv(scope["audits"].overview) == overview.csv("audit", "ascending")
+    started = overview_root.parent.parent
+    relative = notebook_snippet(overview_root, overview.names, start=started)
+    assert f"# paths relative to {started}" in relative and f"'{overview_root.parent.name}/results/" in relative
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    absolute = notebook_snippet(overview_root, overview.names, start=elsewhere)
+    assert "# absolute paths" in absolute and f"'{overview_root}/audit-dense-s0'" in absolute
+    for snippet, runs_in in ((relative, started), (absolute, elsewhere)):
+        monkeypatch.chdir(runs_in)
+        scope: dict = {}
+        exec(snippet, scope)
+        assert download_csv(scope["audits"].overview) == overview.csv("audit", "ascending")
 
 
 def test_figures_across_audits_are_mean_and_sd_over_distinct_seeds(overview_root):
@@ -233,3 +245,31 @@ def test_overview_in_a_real_browser(served_overview, overview_root):
         finally:
             browser.close()
     assert_quiet(server_log)
+
+
+def test_compare_notes_different_latency_baselines_and_gives_flops_in_gflop(overview_root):
+    a, b = raw(overview_root, "audit-featuregate-s0"), raw(overview_root, "audit-featuregate-s1")
+    assert not any("latency baselines" in d for d in comparison(a, b, ("s0", "s1")).differences)
+    mixture = json.loads(json.dumps(b))
+    mixture["execution"]["baseline"] = "static_mixture"
+    made = comparison(a, mixture, ("s0", "s1"))
+    (note,) = [d for d in made.differences if "latency baselines" in d]
+    assert "s0 against a shape-matched Dense" in note and "s1 against the static mixture" in note
+    figures = {t.attrs["name"]: t for t in made.tables}["compare_figures"].set_index("figure")
+    flops = figures.loc["GFLOP (one batch)"]
+    assert flops["first"] == a["execution"]["flops"] / 1e9 and flops["second"] == b["execution"]["flops"] / 1e9
+    readable = tables.readable(figures.reset_index().set_axis(["figure", *figures.columns], axis=1))
+    assert readable.iloc[list(figures.index).index("GFLOP (one batch)"), 1] == f"{a['execution']['flops'] / 1e9:.4f}"
+
+
+def test_the_retention_chart_shows_every_profile_an_architectures_audits_have(overview_root):
+    """A router's audits add ``layer_mean_topk``: its bars show it beside the profiles every controller has."""
+    audits = [raw(overview_root, f"audit-featuregate-s{i}") for i in (0, 1)]
+    routed = json.loads(json.dumps(audits[0]))
+    routed["model"] = {**routed["model"], "arch": "mixtral", "fingerprint": "1" * 64}
+    routed["retention"]["layer_mean_topk"] = {"value": 0.25, "ci95": [0.2, 0.3]}
+    from fca_workbench.viewmodel.results_overview import Overview
+
+    bars = {b.arch: b for b in Overview(pd.DataFrame(), [], [*audits, routed]).retention_bars()}
+    assert bars["mixtral"].x == [*bars["featuregate"].x, "layer_mean_topk"] and bars["mixtral"].mean[-1] == 0.25
+    assert "layer_mean_topk" not in bars["featuregate"].x

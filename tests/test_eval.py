@@ -160,7 +160,7 @@ def test_the_results_view_shows_a_downstream_json_that_came_after_it_drew_the_au
 
     def names() -> list[str]:
         (entry,) = results.scan()
-        return [name for name, *_ in results_view.rendered(entry)[0]]
+        return [name for name, *_ in results_view.rendered(entry, results.full(entry))[0]]
 
     assert "downstream" not in names()
     (folder / DOWNSTREAM_FILE).write_bytes((out / DOWNSTREAM_FILE).read_bytes())

@@ -90,6 +90,9 @@ class ReplaySession:
         self._assigners: dict[tuple[str, int | None], ConditionCoefficients] = {}
         self._caches: dict[str, CoefficientCache] = {}
         self.derangement = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(self._derangement)
+        # told (windows done, windows in all) after each batch of profiles estimated in memory (the dashboard's
+        # status line); None: nobody is told
+        self.on_profile_batch: Callable[[int, int], None] | None = None
 
     @classmethod
     def open(
@@ -235,6 +238,8 @@ class ReplaySession:
             with self.lock, torch.no_grad():
                 _, values = self.model.capture_run(windows[start : start + self.batch_size].to(device))
             yield [value[COEFFICIENT] for value in values]
+            if self.on_profile_batch is not None:
+                self.on_profile_batch(min(start + self.batch_size, len(windows)), len(windows))
 
     @functools.cached_property
     def router_top_k(self) -> list[int | None]:

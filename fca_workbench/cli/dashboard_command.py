@@ -30,5 +30,8 @@ def cmd_dashboard(args: argparse.Namespace, serving: DashboardServing) -> None:
         options["num_threads"] = args.num_threads
     if args.no_auth and not is_loopback(args.address):
         print(f"fca dashboard: warning: serving {args.address} WITHOUT authentication (--no-auth)", file=sys.stderr)
-    print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
-    app.serve(serving.settings, port=args.port, address=args.address, hosts=hosts, **options)
+
+    def announce() -> None:  # once the port answers: the checkpoint is loaded and the event loop turns
+        print(f"fca dashboard: serving on http://{args.address}:{args.port}/ (Ctrl-C stops it)", flush=True)
+
+    app.serve(serving.settings, port=args.port, address=args.address, hosts=hosts, on_ready=announce, **options)

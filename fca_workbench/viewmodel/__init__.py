@@ -7,6 +7,7 @@ Panel's write queue, ``dashboards/panel_writes.py``, lives with the app).
   options, without torch, so ``fca dashboard`` refuses a bad flag before anything heavy is imported;
 - ``server``: the ``Server`` every session uses (its checkpoints, the one shown first, errors that name no folder);
 - ``live``: the live replay view (one checkpoint, one window, one intervention, per token);
+- ``inputs``: what a live query runs on (an eval window, or pasted text checked);
 - ``session``: one session's update protocol (generations, the document's callbacks) and live replay;
 - ``links``: the live view's selection fitted to a checkpoint, a link applied to it, the link of the view shown;
 - ``query``: the view's selection as URL query values, checked against what the server can show;
@@ -43,15 +44,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
-    from fca_workbench.viewmodel.live import (
-        MAX_PASTE_CHARS,
-        Analysis,
-        DashboardSession,
-        SharedModel,
-        TextInput,
-        pasted_input,
-        window_input,
-    )
+    from fca_workbench.viewmodel.inputs import MAX_PASTE_CHARS, TextInput, pasted_input, window_input
+    from fca_workbench.viewmodel.live import Analysis, DashboardSession, SharedModel
     from fca_workbench.viewmodel.pool import (
         MODELS,
         SESSIONS,
@@ -67,15 +61,8 @@ else:
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "fca_workbench.viewmodel.live": [
-                "MAX_PASTE_CHARS",
-                "Analysis",
-                "DashboardSession",
-                "SharedModel",
-                "TextInput",
-                "pasted_input",
-                "window_input",
-            ],
+            "fca_workbench.viewmodel.inputs": ["MAX_PASTE_CHARS", "TextInput", "pasted_input", "window_input"],
+            "fca_workbench.viewmodel.live": ["Analysis", "DashboardSession", "SharedModel"],
             "fca_workbench.viewmodel.pool": [
                 "MODELS",
                 "SESSIONS",

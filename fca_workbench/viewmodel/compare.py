@@ -29,9 +29,15 @@ FIGURES = (  # (row label, dotted path in audit.json) of the one-number figures 
     ("CV", "variation.cv"),
     ("fraction executed", "execution.fraction_executed"),
     ("expert fraction executed", "execution.expert_fraction_executed"),
-    ("FLOPs (one batch)", "execution.flops"),
+    ("GFLOP (one batch)", "execution.flops"),
     ("latency / baseline", "execution.latency_ratio_vs_dense"),
 )
+SCALES = {"execution.flops": 1e-9}  # a figure compared in larger units (FLOPs as GFLOP: 3.4351, not 3435134976.0)
+LATENCY_BASELINES = {  # what ``execution.baseline`` ran, as the comparison names it
+    "dense": "a shape-matched Dense",
+    "static_mixture": "the static mixture (every expert for every token)",
+    "same_model": "the same model",
+}
 SETTINGS_SHOWN = ("seed", "resamples", "max_windows", "window_sampling", "per_layer", "dtype", "latency_repeats")
 
 
@@ -52,6 +58,11 @@ def _dig(tree: dict | None, path: str) -> object:
             return None
         tree = tree.get(part)
     return tree
+
+
+def _scaled(value: object, scale: float) -> object:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return value * scale if numeric and scale != 1.0 else value  # type: ignore[operator]
 
 
 def _difference(first: object, second: object) -> float | None:
@@ -95,6 +106,13 @@ def differences(first: dict, second: dict, names: tuple[str, str]) -> list[str]:
                 f"{PurePath(b['source']).name} ({b['windows']} windows)"
                 + (": the figures are over different text" if split == "eval" else "")
             )
+    baselines = [audit["execution"].get("baseline") for audit in (first, second)]
+    if baselines[0] != baselines[1]:
+        said = [LATENCY_BASELINES.get(str(b), "an unrecorded baseline") for b in baselines]
+        found.append(
+            f"different latency baselines: {names[0]} against {said[0]}, {names[1]} against {said[1]}: "
+            "their latency / baseline ratios are not against the same thing"
+        )
     for key in SETTINGS_SHOWN:
         a, b = first["settings"].get(key), second["settings"].get(key)
         if a != b:
@@ -189,7 +207,7 @@ def figure_comparison(first: dict, second: dict, names: tuple[str, str]) -> pd.D
     """Variation, variance decomposition and execution figures (each where either audit has it)."""
     rows = []
     for label, path in FIGURES:
-        a, b = _dig(first, path), _dig(second, path)
+        a, b = (_scaled(_dig(audit, path), SCALES.get(path, 1.0)) for audit in (first, second))
         if a is not None or b is not None:
             rows.append({"figure": label, "first": a, "second": b, "difference": _difference(a, b)})
     return make_table(

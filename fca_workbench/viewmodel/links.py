@@ -13,16 +13,19 @@ from dataclasses import dataclass
 
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import CONDITION_HELP, SEEDED, TOKEN_SHUFFLE, condition_named
-from fca_workbench.viewmodel.live import SharedModel, TextInput, pasted_input, window_input
+from fca_workbench.viewmodel.inputs import TextInput, pasted_input, window_input
+from fca_workbench.viewmodel.live import SharedModel
 from fca_workbench.viewmodel.query import (
     ALL_LAYERS,
     ALL_LAYERS_LABEL,
     ALL_LAYERS_LINK,
     AUDIT_DONOR,
+    AUDIT_DONOR_LINK,
     SOURCES,
     VIEWS,
     choose,
     choose_index,
+    whole,
 )
 
 MAX_SEED = 2**31 - 1
@@ -156,8 +159,9 @@ def linked(requested: dict, model: SharedModel, slots: Sequence[str], condition:
     if source == SOURCES[TEXT_SOURCE]:
         note = "the link was to pasted text, which a link does not carry; showing an eval window instead"
     notes = [note] if note else []
-    if requested.get("layer") == ALL_LAYERS_LINK:
-        requested = {k: v for k, v in requested.items() if k != "layer"}
+    for key, word in (("layer", ALL_LAYERS_LINK), ("donor", AUDIT_DONOR_LINK)):  # the defaults, as a link spells them
+        if requested.get(key) == word:
+            requested = {k: v for k, v in requested.items() if k != key}
     chosen = {
         "window": choose_index(requested, "window", 0, last_window, 0),
         "layer": choose_index(requested, "layer", 0, last_layer, ALL_LAYERS, ALL_LAYERS_LABEL),
@@ -175,17 +179,18 @@ def linked(requested: dict, model: SharedModel, slots: Sequence[str], condition:
 
 
 def link_of(view: str, selection: Selection, heat_slot: str | None, heat_layer: int | None, audit: str | None) -> dict:
-    """The values of ``query.ViewQuery`` (the URL) for the view shown."""
+    """The values of ``query.ViewQuery`` (the URL) for the view shown: a whole number as an integer, the
+    audit's donor as ``AUDIT_DONOR_LINK`` (no negative number, which Panel would read back as a float)."""
     return dict(
         view=view,
         checkpoint=selection.checkpoint,
         source=SOURCES[selection.source],
-        window=selection.window,
-        layer=ALL_LAYERS_LINK if selection.replay_layer is None else selection.replay_layer,
+        window=whole(selection.window),
+        layer=ALL_LAYERS_LINK if selection.replay_layer is None else whole(selection.replay_layer),
         condition=selection.condition,
-        seed=selection.seed,
-        donor=selection.donor,
+        seed=whole(selection.seed),
+        donor=AUDIT_DONOR_LINK if selection.donor == AUDIT_DONOR else whole(selection.donor),
         heat_slot=heat_slot,
-        heat_layer=heat_layer,
+        heat_layer=whole(heat_layer),
         audit=audit,
     )

@@ -1,6 +1,6 @@
 """The live replay view's model: one checkpoint loaded once per process (``SharedModel``: model, tokenizer,
 eval windows, a lock around every forward, static profiles read from a matching audit or computed lazily from
-the calibration split), pasted text validated, and one query (window, layer, condition, seed, donor) answered
+the calibration split), and one query (an ``inputs.TextInput`` with layer, condition, seed, donor) answered
 with per-token NLL, ΔNLL and the original and intervened coefficients, using the core's interventions, the
 prefix cache (an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
 ``DashboardSession`` is one browser session's state: a bounded prefix store and a bounded result cache, freed
@@ -13,9 +13,8 @@ import functools
 import itertools
 import threading
 import time
-import unicodedata
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -39,9 +38,9 @@ from fca_workbench.data.windows import load_windows
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.results.conditions import CONDITIONS, LIVE_RUN, LOW, REFERENCE, condition_named
+from fca_workbench.viewmodel.inputs import TextInput, window_input
 from fca_workbench.viewmodel.results_folder import ResultsFolder, saved_profiles
 
-MAX_PASTE_CHARS = 4000  # pasted text longer than this is refused with a message
 DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
 
 
@@ -79,14 +78,19 @@ class SharedModel:
         self.profiles_refused: str | None = None  # why a matching audit's saved profiles were not used
         self.slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         self.lock = threading.Lock()
-        counts = {EVAL: eval_windows, CALIBRATION: calibration_windows}
-        splits = {split: functools.partial(self._split, split, count) for split, count in counts.items()}
+        self.calibration_windows = calibration_windows  # None: those of this checkpoint's audit, else all
+        self.stage: str | None = None  # what a long computation on the model is doing now (the status line's)
+        splits: dict[str, Callable[[], tuple[Path, torch.Tensor]]] = {
+            EVAL: functools.partial(self._split, EVAL, eval_windows),
+            CALIBRATION: lambda: self._split(CALIBRATION, self._calibration_count()),
+        }
         device = next(self.model.parameters()).device
         # the session keeps no cache on disk: profiles are estimated batch by batch under the lock, in batches the
         # session fits to the device
         self.session = ReplaySession(
             self.model, splits, cache_root=None, device=device, tokenizer=self.tokenizer, lock=self.lock
         )
+        self.session.on_profile_batch = self._estimating
         self.eval_windows = self.session.windows(EVAL)
         self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
         # a model without a controller shows every condition as the live run, with a note that says so
@@ -99,6 +103,19 @@ class SharedModel:
     def _split(self, split: str, count: int | None) -> tuple[Path, torch.Tensor]:
         path = split_path(split)
         return path, load_windows(path, self.tokenizer, self.window, count)
+
+    def _calibration_count(self) -> int | None:
+        """The calibration windows of the profiles: the server's ``--calibration-windows``, else those of this
+        checkpoint's newest audit in the results folder (whose saved profiles then serve), else all."""
+        if self.calibration_windows is None and self.results is not None and self.has_coefficients:
+            self.stage = "looking for this checkpoint's audits (hashing its weights)"
+            audits = self.results.audits_of(self)
+            if audits:
+                return audits[0].valid_audit["data"]["calibration"]["windows"]
+        return self.calibration_windows
+
+    def _estimating(self, done: int, total: int) -> None:
+        self.stage = f"computing static profiles: {done} of {total} calibration windows"
 
     @property
     def has_coefficients(self) -> bool:
@@ -117,22 +134,32 @@ class SharedModel:
         says which."""
         with self._profiles_lock:
             if self.profiles_source is None:
-                windows = self.session.windows(CALIBRATION)
-                if self.results is not None and self.has_coefficients:
-                    needed = {c for c in self.conditions if condition_named(c).static}
-                    saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
-                    if saved is not None:
-                        self.session.use_profiles(saved)
-                        self.profiles_source = said
-                        return saved
-                    self.profiles_refused = said
-                profiles = self.session.profiles
-                unmatched = f" ({self.profiles_refused or 'no audit in the results folder matches this checkpoint and calibration data'})"
-                self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
-                    unmatched if self.results is not None else ""
-                )
-                return profiles
+                try:
+                    return self._first_profiles()
+                finally:
+                    self.stage = None
             return self.session.profiles
+
+    def _first_profiles(self) -> dict[str, list[torch.Tensor]]:
+        """``profiles`` the first time, each stage said in ``stage``."""
+        windows = self.session.windows(CALIBRATION)
+        if self.results is not None and self.has_coefficients:
+            needed = {c for c in self.conditions if condition_named(c).static}
+            saved, said = saved_profiles(self.results, self, fingerprint_tensor(windows), needed)
+            if saved is not None:
+                self.session.use_profiles(saved)
+                self.profiles_source = said
+                return saved
+            self.profiles_refused = said
+        self._estimating(0, len(windows))
+        profiles = self.session.profiles  # estimated here (``session.on_profile_batch`` says how far)
+        unmatched = (
+            self.profiles_refused or "no audit in the results folder matches this checkpoint and calibration data"
+        )
+        self.profiles_source = f"computed here from {len(windows)} calibration windows" + (
+            f" ({unmatched})" if self.results is not None else ""
+        )
+        return profiles
 
     @property
     def fingerprint(self) -> str:
@@ -156,54 +183,6 @@ class SharedModel:
 def distinct_labels(per_layer: Iterable[list[str]]) -> list[str]:
     """Every layer's slot labels, each once, in the order the layers first name them (the heatmap's slot choices)."""
     return list(dict.fromkeys(label for labels in per_layer for label in labels))
-
-
-# ------------------------------------------------------------------------------------------------------
-# inputs
-
-
-@dataclass(frozen=True)
-class TextInput:
-    """The tokens one query runs on: an eval window (``window_index``) or pasted text (None)."""
-
-    ids: torch.Tensor  # [1, T]
-    window_index: int | None
-    note: str = ""
-
-    @property
-    def key(self) -> tuple[str, int | tuple[int, ...]]:
-        return ("window", self.window_index) if self.window_index is not None else ("text", tuple(self.ids[0].tolist()))
-
-
-def window_input(shared: SharedModel, index: object) -> TextInput:
-    count = len(shared.eval_windows)
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < count:
-        raise UserError(f"eval window {index!r} does not exist: choose 0..{count - 1}")
-    return TextInput(shared.eval_windows[int(index)].unsqueeze(0), int(index))
-
-
-def pasted_input(shared: SharedModel, text: object) -> TextInput:
-    """Validate pasted text: non-empty, at most ``MAX_PASTE_CHARS`` characters, text (no control characters
-    but newline and tab), at least 2 tokens; cut to the eval window length, with a note."""
-    if not isinstance(text, str):
-        raise UserError("pasted input is not text")
-    if not text.strip():
-        raise UserError("pasted text is empty")
-    if len(text) > MAX_PASTE_CHARS:
-        raise UserError(f"pasted text has {len(text):,} characters; the limit is {MAX_PASTE_CHARS:,}")
-    bad = [ch for ch in text if ch not in "\n\r\t" and unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn")]
-    if bad:
-        raise UserError(
-            f"pasted input is not plain text (it contains {len(bad)} control or invalid characters, e.g. U+{ord(bad[0]):04X})"
-        )
-    ids = shared.tokenizer(text)["input_ids"]
-    if len(ids) < 2:
-        raise UserError("pasted text is a single token; NLL needs at least 2")
-    note = ""
-    if len(ids) > shared.window:
-        note = f"pasted text has {len(ids)} tokens; only the first {shared.window} (one window) are scored"
-        ids = ids[: shared.window]
-    return TextInput(torch.tensor([ids], dtype=torch.long), None, note)
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -36,7 +36,10 @@ SOURCES = {"eval window": "window", "pasted text": "text"}
 ALL_LAYERS = -1  # the layer choice "every layer at once": shown as ALL_LAYERS_LABEL, in a link layer=ALL_LAYERS_LINK
 ALL_LAYERS_LABEL = "all layers"
 ALL_LAYERS_LINK = "all"
-AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement
+AUDIT_DONOR = -1  # cross_input's donor: the audit's seeded derangement; in a link donor=AUDIT_DONOR_LINK
+# a word, not -1: Panel re-reads the whole query at each change and turns "-1" into the float -1.0 (only digits
+# are read as an int), so a negative number in the URL would come back as "-1.0" after a reload
+AUDIT_DONOR_LINK = "audit"
 
 
 class ViewQuery(param.Parameterized):
@@ -78,6 +81,11 @@ def choose(requested: dict, key: str, allowed: Iterable, default: Any, why: str)
     return default, f"the link's {_shown(key, value)} {why}; showing {default!r} instead"
 
 
+def whole(value: object) -> object:
+    """``value`` as an ``int`` when it is a float without a fraction (``-1.0``), else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def choose_index(
     requested: dict, key: str, low: int, high: int, default: Any, shown: str | None = None
 ) -> tuple[Any, str | None]:
@@ -85,7 +93,7 @@ def choose_index(
     (called ``shown`` in the message, when its value alone would not say what it means)."""
     if key not in requested:
         return default, None
-    value = requested[key]
+    value = whole(requested[key])
     if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
         return value, None
     limits = f"{low}–{high}" if high != low else str(low)

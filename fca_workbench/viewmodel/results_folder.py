@@ -4,8 +4,9 @@
 ``audit-many``'s ``OUT/NAME``, ``fca reproduce``'s ``OUT/audits/NAME``); the browser picks an entry by its name
 (the folder relative to DIR), never by a path. Only regular files inside DIR are read: a link, or a file that
 resolves outside DIR, is refused with a message. An entry that cannot be shown for any reason (too large, truncated,
-nested too deeply, foreign, invalid) keeps its one-line message and the others still work; parsed files are
-kept in a cache bounded by bytes.
+nested too deeply, foreign, invalid, past the scan's time or byte bound) keeps its one-line message and the others
+still work. A scan holds only each audit's summary fields (``SUMMARY_FIELDS``: what the overview and the listing
+show), bounded per audit and in all; one audit is read whole when it is shown (``ResultsFolder.full``).
 
 Every table is one of ``tables.py``'s, so a download equals the table ``fca reproduce`` writes; the audit's
 static profiles serve the live view when their fingerprints match the checkpoint and calibration data.
@@ -13,13 +14,16 @@ static profiles serve the live view when their fingerprints match the checkpoint
 
 from __future__ import annotations
 
+import json
 import os
 import threading
-from collections import OrderedDict
-from collections.abc import Hashable
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import cachetools
 
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.notebooks import tables
@@ -32,7 +36,7 @@ from fca_workbench.results.schema import read_audit_json
 MAX_DEPTH = 4  # results/<run>/audits/<name>/audit.json is 3 deep; deeper folders are not searched
 PRUNED = {CACHE_DIR, TABLES_DIR, FIGURES_DIR, NOTEBOOKS_DIR, "__pycache__"}  # hold no audit.json, may hold many files
 AUDIT_MAX_BYTES = 16 << 20  # an audit.json larger than this is listed as a problem, never parsed
-PARSED_BYTES = 64 << 20  # the audit.json bytes whose parsed audits are kept per process, keyed by (path, mtime, size)
+PARSED_BYTES = 32 << 20  # the audit.json bytes whose whole parsed audits are kept per folder (those shown lately)
 
 
 class AuditedModel(Protocol):
@@ -89,48 +93,97 @@ def audit_tables(audit: dict) -> list:
     return [table for table in made if len(table)]
 
 
-class SizedCache:
-    """Values kept by key, least recently used first out, while their sizes add up to at most ``max_bytes`` (a
-    value larger than that is not kept); safe to share between threads."""
+SUMMARY_MAX_BYTES = 256 << 10  # one audit's summary fields (as JSON) larger than this: a problem, never held
+OVERVIEW_BYTES = 32 << 20  # the summaries one scan holds, all together; audits past it are listed as problems
+SCAN_SECONDS = 30.0  # a scan parses no new audit.json after this; the rest are listed, read by the next scan
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes, self.bytes = max_bytes, 0
-        self._values: OrderedDict = OrderedDict()
-        self._mutex = threading.Lock()
+# What a scan keeps of each audit: the fields the overview, the listing, the detail's header and the search for a
+# checkpoint's audits read (a tuple: those keys of a dict; a dict: its keys, each pruned again; EACH: every key of
+# a dict, pruned alike; None: the value as it is). Everything else (the per-layer sweep, any padding) is read
+# again, for one audit, when it is shown in detail or compared (``ResultsFolder.full``).
+EACH = "*"
+SUMMARY_FIELDS: dict = {
+    "schema": None,
+    "model": ("path", "arch", "params", "fingerprint", "hub"),
+    "data": {split: ("source", "windows", "window", "tokens", "fingerprint") for split in ("eval", "calibration")},
+    "conditions": {EACH: ("nll", "ci95", "delta", "delta_ci95")},
+    "retention": {EACH: ("value", "ci95")},
+    "variance": None,
+    "variation": ("within_std", "cv"),
+    "execution": None,
+    "settings": None,
+    "verdict": None,
+    "static_profiles": ("sha256",),
+}
 
-    def get(self, key: Hashable) -> Any:
-        """The value kept for ``key``, else None."""
-        with self._mutex:
-            if key not in self._values:
-                return None
-            self._values.move_to_end(key)
-            return self._values[key][0]
 
-    def put(self, key: Hashable, value: Any, size: int) -> None:
-        with self._mutex:
-            if key in self._values:
-                self.bytes -= self._values.pop(key)[1]
-            if size > self.max_bytes:
-                return
-            self._values[key] = (value, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                self.bytes -= self._values.popitem(last=False)[1][1]
+def summary_of(audit: dict) -> dict:
+    """The fields of a validated audit that a scan keeps (``SUMMARY_FIELDS``), in the audit's own shape, so the
+    overview's and the listing's functions read a summary as they read the audit."""
+    return _pruned(audit, SUMMARY_FIELDS)
+
+
+def _pruned(value: Any, fields: Any) -> Any:
+    if fields is None or not isinstance(value, dict):
+        return value
+    if isinstance(fields, tuple):
+        return {key: value[key] for key in fields if key in value}
+    if EACH in fields:
+        return {key: _pruned(item, fields[EACH]) for key, item in value.items()}
+    return {key: _pruned(value[key], sub) for key, sub in fields.items() if key in value}
+
+
+def byte_bounded_cache(max_bytes: int) -> cachetools.LRUCache:
+    """A least-recently-used cache of ``(value, size)`` pairs whose sizes add up to at most ``max_bytes``
+    (cachetools; callers hold a lock around it, and keep no pair larger than the whole cache)."""
+    return cachetools.LRUCache(maxsize=max_bytes, getsizeof=lambda kept: kept[1])
+
+
+def kept(cache: cachetools.LRUCache, lock: threading.Lock, key: Hashable) -> Any:
+    """The value ``cache`` holds for ``key`` (None: none), under ``lock``."""
+    with lock:
+        pair = cache.get(key)
+    return None if pair is None else pair[0]
+
+
+def keep(cache: cachetools.LRUCache, lock: threading.Lock, key: Hashable, value: Any, size: int) -> None:
+    """Keep ``value`` (of ``size`` bytes) unless it alone is larger than the cache."""
+    if size <= cache.maxsize:
+        with lock:
+            cache[key] = (value, size)
 
 
 class ResultsFolder:
-    """The audits under ``root``, rescanned on ``scan``; parsed files are kept while unchanged."""
+    """The audits under ``root``, rescanned on ``scan``. A scan holds each audit's summary fields only
+    (``summary_of``), at most ``overview_bytes`` of them in all, and parses no new file after ``scan_seconds``;
+    ``full`` reads one audit whole when it is shown. Summaries and whole audits are kept while unchanged."""
 
-    def __init__(self, root: str | Path, max_bytes: int = AUDIT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        max_bytes: int = AUDIT_MAX_BYTES,
+        overview_bytes: int = OVERVIEW_BYTES,
+        scan_seconds: float = SCAN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.root = Path(root).resolve()
-        self.max_bytes = max_bytes
-        self._parsed = SizedCache(PARSED_BYTES)
+        self.max_bytes, self.overview_bytes, self.scan_seconds, self.clock = (
+            max_bytes,
+            overview_bytes,
+            scan_seconds,
+            clock,
+        )
+        self._summaries = byte_bounded_cache(overview_bytes)  # (summary, problem) by (path, mtime, size)
+        self._parsed = byte_bounded_cache(PARSED_BYTES)  # whole audits shown lately, by the same key
+        self._cache_lock = threading.Lock()
         self._entries: dict[str, AuditEntry] = {}
         self._mutex = threading.Lock()
 
     def scan(self) -> list[AuditEntry]:
-        """Every ``audit.json`` under the folder (links not followed), sorted by name."""
+        """Every ``audit.json`` under the folder (links not followed), sorted by name: each with its summary, or
+        its problem (one that could not be read within this scan's bounds says which bound)."""
         found = []
+        deadline, held = self.clock() + self.scan_seconds, 0
         if self.root.is_dir():
             for folder, subfolders, files in os.walk(self.root, followlinks=False):
                 depth = len(Path(folder).relative_to(self.root).parts)
@@ -138,7 +191,9 @@ class ResultsFolder:
                     d for d in subfolders if d not in PRUNED and not d.startswith(".") and depth < MAX_DEPTH
                 )
                 if AUDIT_FILE in files:
-                    found.append(self._entry(Path(folder)))
+                    entry, size = self._entry(Path(folder), deadline, self.overview_bytes - held)
+                    held += size
+                    found.append(entry)
         with self._mutex:
             self._entries = {entry.name: entry for entry in found}
         return found
@@ -151,25 +206,69 @@ class ResultsFolder:
             raise UserError(f"no audit called {name!r} in the results folder")
         return entry
 
+    def full(self, entry: AuditEntry) -> dict:
+        """The whole validated audit of a listed entry, read again (kept while unchanged); a ``UserError`` when
+        it cannot be read or changed since the scan listed it."""
+        if entry.audit is None:
+            raise UserError(f"{entry.name}: {entry.problem}")
+        audit = kept(self._parsed, self._cache_lock, entry.version)
+        if audit is not None:
+            return audit
+        try:
+            path = self.inside(entry.folder / AUDIT_FILE)
+            stat = path.stat()
+        except (UserError, OSError) as exc:
+            raise UserError(f"{entry.name}/{AUDIT_FILE} cannot be read now: {first_line(exc)}") from None
+        if (str(path), stat.st_mtime_ns, stat.st_size) != entry.version:
+            raise UserError(f"{entry.name}/{AUDIT_FILE} changed since it was listed: look for new audits")
+        audit, problem = self._parse(path, entry.name, stat.st_size)
+        if audit is None:
+            raise UserError(problem)
+        keep(self._parsed, self._cache_lock, entry.version, audit, stat.st_size)
+        return audit
+
     def _name(self, folder: Path) -> str:
         return folder.relative_to(self.root).as_posix()
 
-    def _entry(self, folder: Path) -> AuditEntry:
-        """The entry of one folder's audit.json: its audit, or whatever went wrong as its one-line problem."""
+    def _entry(self, folder: Path, deadline: float, room: int) -> tuple[AuditEntry, int]:
+        """The entry of one folder's audit.json and the bytes of summary it holds: its summary, or whatever went
+        wrong (the scan's time or byte bound among it) as its one-line problem."""
         name = self._name(folder)
         key: tuple = ()
         try:
             path = self.inside(folder / AUDIT_FILE)
             stat = path.stat()
             key = (str(path), stat.st_mtime_ns, stat.st_size)
-            cached = self._parsed.get(key)
+            cached = kept(self._summaries, self._cache_lock, key)
             if cached is None:
-                cached = self._parse(path, name, stat.st_size)
-                self._parsed.put(key, cached, stat.st_size)
-            audit, problem = cached
+                if self.clock() > deadline:
+                    reason = (
+                        f"not read: this scan reached its {self.scan_seconds:g} s bound; 'Look for new audits' reads it"
+                    )
+                    return AuditEntry(name, folder, None, reason), 0
+                cached = self._summarised(path, name, stat.st_size)
+                keep(self._summaries, self._cache_lock, key, cached, cached[2])
+            summary, problem, size = cached
         except (UserError, OSError) as exc:
-            audit, problem, key = None, first_line(exc), ()
-        return AuditEntry(name, folder, audit, problem, key)
+            return AuditEntry(name, folder, None, first_line(exc)), 0
+        if summary is not None and size > room:
+            reason = f"not listed: the overview holds at most {self.overview_bytes >> 20} MiB of audit summaries"
+            return AuditEntry(name, folder, None, reason), 0
+        if summary is None:
+            return AuditEntry(name, folder, None, problem), 0
+        return AuditEntry(name, folder, summary, None, key), size
+
+    def _summarised(self, path: Path, name: str, size: int) -> tuple[dict | None, str | None, int]:
+        """(summary, None, its size as JSON), or (None, the problem, its length)."""
+        audit, problem = self._parse(path, name, size)
+        if audit is None:
+            return None, problem, len(problem or "")
+        summary = summary_of(audit)
+        held = len(json.dumps(summary))
+        if held > SUMMARY_MAX_BYTES:
+            problem = f"{name}/{AUDIT_FILE}: its summary fields take more than {SUMMARY_MAX_BYTES >> 10} KiB"
+            return None, problem, len(problem)
+        return summary, None, held
 
     def _parse(self, path: Path, name: str, size: int) -> tuple[dict | None, str | None]:
         """(audit, None), or (None, the problem) naming the entry, never the server's path."""
@@ -263,5 +362,11 @@ def saved_profiles(
 
 
 def per_layer_audit(results: ResultsFolder, shared: AuditedModel) -> AuditEntry | None:
-    """The newest audit of this checkpoint with a per-layer sweep, if any."""
-    return next((entry for entry in results.audits_of(shared) if entry.valid_audit.get("per_layer")), None)
+    """The newest audit of this checkpoint with a per-layer sweep, if any (each read whole: a scan keeps no sweep)."""
+    for entry in results.audits_of(shared):
+        try:
+            if results.full(entry).get("per_layer"):
+                return entry
+        except UserError:
+            continue
+    return None

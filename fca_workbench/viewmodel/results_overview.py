@@ -2,7 +2,7 @@
 audits grouped by architecture.
 
 Every number comes from ``results``: the table is ``overview.overview_table`` (what ``load_audits(...).overview``
-gives a notebook), the figures are ``audit_tables.retention_seed_table`` and ``assignment_seed_table`` (what
+gives a notebook), the figures are ``audit_tables.seed_summary`` of each profile's retention and ``assignment_seed_table`` (what
 ``fca audit-many`` and the notebooks' ``*_over_seeds`` tables give: mean ± sd where several seeds of one
 architecture are present). This module only orders, filters and names them; nothing here knows a widget.
 """
@@ -10,13 +10,15 @@ architecture are present). This module only orders, filters and names them; noth
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import first_line
 from fca_workbench.notebooks import tables
-from fca_workbench.results.audit_tables import assignment_seed_table, retention_seed_table
-from fca_workbench.results.conditions import INTERVENTIONS, RETENTION_PROFILES
+from fca_workbench.results.audit_tables import assignment_seed_table, by_arch, seed_summary, with_controller
+from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
 from fca_workbench.results.overview import OVERVIEW_COLUMNS, overview_row, overview_table
+from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.query import choose
 from fca_workbench.viewmodel.results_folder import AuditEntry
 
@@ -65,16 +67,27 @@ class Overview:
         return tables.readable(ordered)
 
     def csv(self, key: str, order: str) -> str:
-        """The sorted table's exact values (``tables.to_csv``), as the download gives them."""
-        return tables.to_csv(self.sorted(key, order))
+        """The sorted table's exact values, as the download gives them (``downloads.download_csv``)."""
+        return download_csv(self.sorted(key, order))
 
     def retention_bars(self) -> list[Bars]:
-        """Gap retention of each static profile, by architecture (``retention_seed_table``)."""
-        table = retention_seed_table(self.seed_audits)
-        return [
-            Bars(row["arch"], int(row["n"]), list(RETENTION_PROFILES), *_mean_sd(row, RETENTION_PROFILES))
-            for row in table.to_dict("records")
-        ]
+        """Gap retention of every static profile the audits of an architecture all have (``layer_mean_topk``
+        for routers too), by architecture: mean ± sd over seeds (``seed_summary``, as the paper's table)."""
+        bars = []
+        for arch, group in by_arch(with_controller(self.seed_audits)).items():
+            profiles = retention_profiles(set.intersection(*(set(audit["retention"]) for audit in group)))
+            summary = seed_summary(group, [f"retention.{p}.value" for p in profiles])
+            shown = [(p, s) for p in profiles if (s := summary[f"retention.{p}.value"]) is not None]
+            bars.append(
+                Bars(
+                    arch,
+                    len(group),
+                    [p for p, _ in shown],
+                    [float(s["mean"]) for _, s in shown],
+                    [float(s["sd"]) for _, s in shown],
+                )
+            )
+        return bars
 
     def delta_bars(self) -> list[Bars]:
         """ΔNLL of each intervention against ``correct``, by architecture (``assignment_seed_table``)."""
@@ -96,10 +109,6 @@ class Overview:
 
 def _sortable(column: pd.Series) -> pd.Series:
     return column.str.lower() if column.dtype == object or str(column.dtype) == "str" else column
-
-
-def _mean_sd(row: dict, keys: tuple[str, ...]) -> tuple[list[float], list[float]]:
-    return [float(row[f"{k}_mean"]) for k in keys], [float(row[f"{k}_sd"]) for k in keys]
 
 
 def one_per_model(audits: list[dict]) -> list[dict]:
@@ -147,7 +156,19 @@ def chosen_sort(requested: dict) -> tuple[tuple[str, str], list[str]]:
     return (key, order), [note for note in (key_note, order_note) if note]
 
 
-def notebook_snippet(root_name: str, names: list[str]) -> str:
-    """The Python that gives a notebook the same DataFrame (``audit``: each folder's name)."""
-    listed = "".join(f"    {repr(f'{root_name}/{name}')},\n" for name in names)
-    return f"from fca_workbench import load_audits\n\naudits = load_audits([\n{listed}])\naudits.overview\n"
+def snippet_folder(root: Path, start: Path) -> tuple[str, str]:
+    """(the results folder as the snippet spells it, what that path is relative to): relative to ``start`` (the
+    folder ``fca dashboard`` was started in) when the results folder lies inside it, else absolute."""
+    root, start = root.resolve(), start.resolve()
+    if root.is_relative_to(start):
+        return root.relative_to(start).as_posix(), f"paths relative to {start}, where the dashboard was started"
+    return root.as_posix(), "absolute paths on the dashboard's machine"
+
+
+def notebook_snippet(root: Path, names: list[str], start: Path | None = None) -> str:
+    """The Python that gives a notebook the same DataFrame (``audit``: each folder's name), its paths as
+    ``snippet_folder`` spells them (``start``: the server's working folder by default), with a comment saying
+    what they are relative to."""
+    folder, relative_to = snippet_folder(root, Path.cwd() if start is None else start)
+    listed = "".join(f"    {repr(str(PurePosixPath(folder, name)))},\n" for name in names)
+    return f"from fca_workbench import load_audits\n\n# {relative_to}\naudits = load_audits([\n{listed}])\naudits.overview\n"
