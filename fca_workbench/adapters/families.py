@@ -117,6 +117,12 @@ CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
 ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
 SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
 DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (Inkling2)
+# found by the probe (``fca_workbench.adapters.gate_probe``), named by where they sit
+HYPER_CONNECTION = "hyper_connection"  # a hyper-connection's input-dependent stream mixing weights
+RECEPTANCE_GATE = "receptance_gate"  # RWKV's receptance and its exp-weighted keys
+DYNAMIC_MASK = "dynamic_mask"  # an input-dependent mask added to attention scores (Doge)
+NORM_GATE = "norm_gate"  # a sigmoid gate on a norm's output (AXK2's gated norms)
+INPUT_GATE = "input_gate"  # any other sigmoid / softmax / exp of a projection scaling another branch
 
 # The families whose controllers the roles of ``fca_workbench.adapters.selective`` find, with the kinds they
 # find (beside any MoE router): the zoo test builds each one and checks it; a family of transformers' causal-LM mapping whose code holds

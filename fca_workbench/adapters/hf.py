@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from fca_workbench.adapters.families import family_of
+from fca_workbench.adapters.gate_probe import probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
@@ -42,9 +43,18 @@ UNBOUNDED_CONTEXT = 1 << 20  # the "context" of a recurrent model whose config n
 def find_controllers(
     model: nn.Module, controllers: str | None = None, only_controllers: str | None = None
 ) -> list[tuple[str, nn.Module, ControllerKind]]:
-    """``[(name, module, kind)]`` in module order: the modules the built-in kinds and roles claim (MoE
-    routers, ``fca_workbench.adapters.selective``) plus those ``controllers`` names; or, with
-    ``only_controllers``, those alone. A named module must sit inside a decoder layer."""
+    """``[(name, module, kind)]`` in module order (``discover_controllers`` without what it leaves out)."""
+    return discover_controllers(model, controllers, only_controllers)[0]
+
+
+def discover_controllers(
+    model: nn.Module, controllers: str | None = None, only_controllers: str | None = None
+) -> tuple[list[tuple[str, nn.Module, ControllerKind]], list[str]]:
+    """``([(name, module, kind)], left out)``: in module order, the modules the built-in kinds and roles
+    claim (MoE routers, ``fca_workbench.adapters.selective``) and the gates the probe finds
+    (``fca_workbench.adapters.gate_probe``), plus those ``controllers`` names; or, with ``only_controllers``,
+    those alone. A named module must sit inside a decoder layer. Left out: one line per input-dependent gate
+    found that is not replayed."""
     if controllers is not None and only_controllers is not None:
         raise UserError("give --controllers (added to the built-in kinds) or --only-controllers, not both")
     pattern = only_controllers if only_controllers is not None else controllers
@@ -65,8 +75,12 @@ def find_controllers(
                 f"{unclaimed[0]} ({type(model.get_submodule(unclaimed[0])).__name__}) looks like a router that no "
                 "controller kind handles; the adapter cannot audit this model (docs/guides/foreign-models.md)"
             )
+    probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=execution_device(model)).view(PROBE_SHAPE)
+    probed, left_out = probed_controllers(model, probe, [name for name, _, _ in found], only_controllers is None)
+    found += probed
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
-    return sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
+    ordered = sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
+    return ordered, left_out
 
 
 def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:
@@ -162,7 +176,7 @@ class TransformersControlled(LayerStepping, nn.Module):
             set_experts("eager")
         own_code = type(self.model).__module__.startswith("transformers.")
         self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
-        found = find_controllers(model, controllers, only_controllers)
+        found, self.left_out = discover_controllers(model, controllers, only_controllers)
         self.controller_names = [name for name, _, _ in found]
         self._blocks = decoder_layers(self.model)
         self.controller_layers = controller_layers(self.model, self._blocks, self.controller_names)
