@@ -30,6 +30,7 @@ from fca_workbench.adapters.families import (
     DYNAMIC_MASK,
     HYPER_CONNECTION,
     INPUT_GATE,
+    LSTM_GATE,
     NORM_GATE,
     RECEPTANCE_GATE,
 )
@@ -225,6 +226,8 @@ def gate_kind_name(model: nn.Module, gate: Gate) -> str:
         return DYNAMIC_MASK
     if "Hyper" in names or "Residual" in names or "hc" in gate.owner.rpartition(".")[2]:
         return HYPER_CONNECTION
+    if "LSTM" in names:
+        return LSTM_GATE
     if "Rwkv" in names or "receptance" in names:
         return RECEPTANCE_GATE
     if "Norm" in names:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fca_workbench.adapters.classification import FAMILIES
 from fca_workbench.adapters.families import family_of
 from fca_workbench.adapters.gate_probe import probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
@@ -78,9 +79,23 @@ def discover_controllers(
     probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=execution_device(model)).view(PROBE_SHAPE)
     probed, left_out = probed_controllers(model, probe, [name for name, _, _ in found], only_controllers is None)
     found += probed
+    if only_controllers is None:
+        check_classified_kinds(model, [kind.name for _, _, kind in found])
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
     ordered = sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
     return ordered, left_out
+
+
+def check_classified_kinds(model: nn.Module, kinds: list[str]) -> None:
+    """A family the classification gives gates or SSMs in which discovery finds none of them (a version of
+    transformers that changed its modules) is a one-line error, never an audit that says it has none."""
+    model_type = getattr(model.config, "model_type", "")
+    declared = [kind for kind in FAMILIES[model_type].kinds if not kind.startswith("router:")] if model_type in FAMILIES else []
+    if declared and not set(declared) & set(kinds):
+        raise UserError(
+            f"no {'/'.join(declared)} controller found in this {model_type} model (its modules are not the ones "
+            "the adapter knows); name its controllers with --only-controllers REGEX"
+        )
 
 
 def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:

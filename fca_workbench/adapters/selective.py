@@ -31,7 +31,6 @@ from fca_workbench.adapters.families import (
     DELTA_RULE_GATE,
     DYNAMIC_CONV,
     LSTM_GATE,
-    SELECTIVE_FAMILIES,
     SELECTIVE_GATE,
     SELECTIVE_SSM,
 )
@@ -380,18 +379,10 @@ ROLES: list[Role] = [
 
 def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:
     """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order. A gate held as a
-    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time. A
-    family of ``SELECTIVE_FAMILIES`` in which no role finds anything (a version of transformers that changed its
-    modules) is a one-line error, never an audit that says it has no controller."""
+    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time."""
     found = []
     for name, owner in model.named_modules():
         for role in ROLES:
             for attr, module, kind in role(owner):
                 found.append((f"{name}.{attr}" if name else attr, module, kind))
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if not found and model_type in SELECTIVE_FAMILIES:
-        raise UserError(
-            f"no {'/'.join(SELECTIVE_FAMILIES[model_type])} controller found in this {model_type} model (its modules are "
-            "not the ones the adapter knows); name its controllers with --only-controllers REGEX"
-        )
     return found
