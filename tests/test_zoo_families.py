@@ -12,7 +12,7 @@ import zoo
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.classification import FAMILIES, classification_note, family_table
+from fca_workbench.adapters.classification import FAMILIES, SLOW, classification_note, family_table
 
 MAPPING = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 BUILT = [t for t in MAPPING if t in FAMILIES and not FAMILIES[t].untested]
@@ -53,10 +53,12 @@ def test_discovery_finds_the_classified_kinds_and_replays_them_exactly(model_typ
 
 @pytest.mark.parametrize("model_type", UNBUILT)
 def test_a_family_the_zoo_cannot_build_tiny_says_why(model_type):
-    """The reason is checked, not trusted: building the family tiny fails (when it stops failing, the
-    family is to be built and its kinds asserted)."""
+    """The reason is checked, not trusted: building the family tiny and probing it fails (when it stops
+    failing, the family is to be built and its kinds asserted); one that takes minutes to build is skipped."""
+    if FAMILIES[model_type].untested.startswith(SLOW):
+        pytest.skip(FAMILIES[model_type].untested)
     with pytest.raises(Exception):  # noqa: B017  (whatever the family's own config or modelling code raises)
-        zoo.build_any(model_type)
+        TransformersControlled(zoo.build_any(model_type))
 
 
 def test_a_model_type_the_classification_does_not_know_gets_one_line():

@@ -1,26 +1,30 @@
-"""The zoo of selective SSMs and gated models: every family of ``fca_workbench.adapters.selective.SELECTIVE_FAMILIES``
-built tiny from its config class (seeded, the project tokenizer's vocab), saved with ``save_pretrained`` and
-audited by the ``fca audit`` CLI with no controller flags; plus the ``--controllers`` / ``--only-controllers``
-flags and their refusals.
+"""The zoo of selective SSMs and gated models: every family the classification gives an SSM or a gate and
+no experts (those are ``tests/test_zoo_moe.py``'s), built tiny (``tests/zoo.py``), saved with
+``save_pretrained`` and audited by the ``fca audit`` CLI with no controller flags; what a family leaves out
+in ``audit.json`` and the report; plus the ``--controllers`` / ``--only-controllers`` flags and their refusals.
 """
 
-import inspect
 import json
-import re
 
 import pytest
 import torch
 import transformers as T
 import zoo
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.families import SELECTIVE_FAMILIES
+from fca_workbench.adapters.classification import FAMILIES
 from fca_workbench.cli import main
 
 VOCAB = zoo.VOCAB
 build = zoo.build_gated
+GATED = sorted(
+    model_type
+    for model_type, entry in FAMILIES.items()
+    if not entry.untested
+    and model_type not in zoo.moe_model_types()
+    and any(not kind.startswith("router:") for kind in entry.kinds)
+)
 
 
 def cli_audit(folder, out, *flags: str) -> dict:
@@ -28,13 +32,14 @@ def cli_audit(folder, out, *flags: str) -> dict:
     return json.loads((out / "audit.json").read_text())
 
 
-@pytest.mark.parametrize("model_type", sorted(ZOO))
+@pytest.mark.parametrize("model_type", GATED)
 def test_every_family_audits_its_selective_controllers_with_no_flags(model_type, tmp_path, tokenizer):
-    folder = zoo.save(build(model_type), tmp_path / model_type, tokenizer)
+    folder = zoo.save(zoo.build_any(model_type), tmp_path / model_type, tokenizer)
     audit = cli_audit(folder, tmp_path / "audit")
     model = audit["model"]
     assert model["arch"] == model_type
-    assert set(model["controller_kinds"]) >= set(SELECTIVE_FAMILIES[model_type])
+    assert tuple(sorted(set(model["controller_kinds"]))) == FAMILIES[model_type].kinds
+    assert bool(model["left_out"]) == bool(FAMILIES[model_type].left_out)
     assert len(model["controller_kinds"]) == len(model["controllers"]) == len(model["slot_labels"])
     conditions = audit["conditions"]
     assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]  # bit-exact frozen replay
@@ -44,27 +49,18 @@ def test_every_family_audits_its_selective_controllers_with_no_flags(model_type,
     assert (per_token["cross_input"] - per_token["correct"]).abs().max() > 0  # reassignment moves the NLL
 
 
-MARKERS = re.compile(
-    r"A_log|dt_bias|selective_scan|gated_delta|Rglru|igate_preact|ShortConv\b|DynamicShortConv|GatedOutputProjection"
-    r"|AltUp|x_proj_weight"
-)
-
-
-def test_every_selective_family_of_the_causal_lm_mapping_is_in_the_registry():
-    """A family transformers adds later whose code holds an SSM's or a gated recurrence's parameters (A_log,
-    dt_bias, a gated delta rule, an RG-LRU, xLSTM gates, a gated short convolution, AltUp) and that the
-    registry does not know fails here, so coverage cannot shrink silently; and every registered family is
-    in the mapping, and those built here are the zoo."""
-    import transformers
-
-    found = set()
-    for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
-        source = inspect.getsource(inspect.getmodule(getattr(transformers, class_name)))
-        if MARKERS.search(source):
-            found.add(model_type)
-    assert sorted(found - set(SELECTIVE_FAMILIES)) == []
-    assert set(SELECTIVE_FAMILIES) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    assert set(ZOO) <= set(SELECTIVE_FAMILIES)
+def test_a_gate_the_adapter_cannot_replay_is_left_out_in_audit_json_and_the_report(tmp_path, tokenizer, capsys):
+    """Dory runs each layer twice per forward: its attention output gates are found, not replayable
+    (a controller runs once), and said so, never an audit that looks like a model without dynamics."""
+    folder = zoo.save(zoo.build_any("dory"), tmp_path / "dory", tokenizer)
+    capsys.readouterr()
+    audit = cli_audit(folder, tmp_path / "audit")
+    report = capsys.readouterr().out
+    left_out = audit["model"]["left_out"]
+    assert audit["model"]["controllers"] == []
+    assert [line.split(" ")[0] for line in left_out] == [f"model.layers.{i}.self_attn.gate_proj" for i in range(2)]
+    assert all("runs 2 times per forward" in line for line in left_out)
+    assert "Left out (2, input-dependent but not replayed" in report and "- model.layers.1.self_attn.gate_proj" in report
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,14 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
     "dots3_note_text": {"num_key_value_heads": 4},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 0},
     "zaya": {"num_experts_per_tok": 1},
+    # a full-attention layer beside the linear one, as the released models have (its output gate)
+    "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
+    "qwen4_exp_text": {
+        "layer_types": ["linear_attention", "full_attention"],
+        **dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=2),
+    },
+    **{t: {"rotary_dim": 8} for t in ("codegen", "gptj")},  # within a 16-wide head
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
 }
 
 
@@ -148,7 +156,8 @@ def tiny_config(model_type: str):
     config_class = CONFIG_MAPPING[model_type]
     towers = getattr(config_class, "sub_configs", None) or {}
     if "text_config" in towers:  # a multimodal MoE: its text model's tiny config, small towers
-        text = tiny_config(towers["text_config"].model_type).to_dict()
+        text_type = towers["text_config"].model_type
+        text = (gated_config(text_type) if text_type in GATED else tiny_config(text_type)).to_dict()
         small = {
             key: {name: value for name, value in SMALL_TOWER.items() if name in signature(tower)}
             for key, tower in towers.items()
@@ -339,9 +348,13 @@ GATED = {  # model_type: (config class, its fields beyond COMMON): the gated and
 def build_gated(model_type: str, seed: int = 0) -> torch.nn.Module:
     """A seeded tiny model whose weights are all random (a zero-initialised gate, like xLSTM's, would
     make every token's gate equal, and no reassignment could move anything)."""
-    config_class, fields = GATED[model_type]
     torch.manual_seed(seed)
-    return randomized(T.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **fields})).eval())
+    return randomized(T.AutoModelForCausalLM.from_config(gated_config(model_type)).eval())
+
+
+def gated_config(model_type: str):
+    config_class, fields = GATED[model_type]
+    return config_class(**{**COMMON, **fields})
 
 
 def randomized(model: torch.nn.Module) -> torch.nn.Module:
@@ -370,10 +383,13 @@ def build_any(model_type: str, seed: int = 0) -> torch.nn.Module:
     if model_type in moe_model_types():
         return build(model_type, seed)
     config_class = CONFIG_MAPPING[model_type]
-    names = signature(config_class)
-    fields = {name: value for name, value in {**SIZES, **DECODER_SIZES}.items() if name in names}
+    if "text_config" in (getattr(config_class, "sub_configs", None) or {}):  # a multimodal wrapper
+        config = tiny_config(model_type)
+    else:
+        names = signature(config_class)
+        fields = {name: value for name, value in {**SIZES, **DECODER_SIZES}.items() if name in names}
+        config = config_class(**{**fields, **OVERRIDES.get(model_type, {})})
     torch.manual_seed(seed)
-    config = config_class(**{**fields, **OVERRIDES.get(model_type, {})})
     return randomized(T.AutoModelForCausalLM.from_config(config).eval())
 
 

@@ -181,7 +181,9 @@ def probe_gates(model: nn.Module, input_ids: torch.Tensor, claimed: list[str]) -
     already; their outputs, and what follows from them by fixed parameters, are not gates again)."""
     owners = {id(p): (name.rpartition(".")[0], name.rpartition(".")[2]) for name, p in model.named_parameters()}
     probe = _Probe(owners, set(claimed))
-    embeddings = model.get_input_embeddings()
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    if not isinstance(embeddings, nn.Module):  # where the hidden state starts is unknown: nothing to follow
+        return []
     handles = [embeddings.register_forward_hook(lambda module, args, output: probe.mark(output, None))]
     claimed_modules = {model.get_submodule(name): name for name in claimed if _has(model, name)}
     for module, name in claimed_modules.items():
