@@ -104,6 +104,17 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
     },
     **{t: {"rotary_dim": 8} for t in ("codegen", "gptj")},  # within a 16-wide head
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "gemma3": {  # its vision tower is any config: a one-layer SigLIP
+        "vision_config": dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
+    },
 }
 
 
@@ -163,7 +174,7 @@ def tiny_config(model_type: str):
             for key, tower in towers.items()
             if key != "text_config"
         }
-        return config_class(text_config=text, **small)
+        return config_class(text_config=text, **{**small, **OVERRIDES.get(model_type, {})})
     names = signature(config_class)
     fields = {name: value for name, value in SIZES.items() if name in names}
     if "mlp_layer_types" in names:  # every layer sparse
@@ -368,10 +379,28 @@ def randomized(model: torch.nn.Module) -> torch.nn.Module:
 
 # the decoders of encoder-decoder and older families name their sizes otherwise
 DECODER_SIZES = dict(
-    d_model=64, decoder_layers=2, encoder_layers=2, decoder_attention_heads=4, encoder_attention_heads=4,
-    decoder_ffn_dim=64, encoder_ffn_dim=64, n_embd=64, n_layer=2, n_head=4, n_layers=2, n_heads=4, dim=64,
-    hidden_dim=64, ffn_dim=64, n_inner=64, num_decoder_layers=2, d_ff=64, d_kv=16, embed_dim=64,
+    d_model=64,
+    decoder_layers=2,
+    encoder_layers=2,
+    decoder_attention_heads=4,
+    encoder_attention_heads=4,
+    decoder_ffn_dim=64,
+    encoder_ffn_dim=64,
+    n_embd=64,
+    n_layer=2,
+    n_head=4,
+    n_layers=2,
+    n_heads=4,
+    dim=64,
+    hidden_dim=64,
+    ffn_dim=64,
+    n_inner=64,
+    num_decoder_layers=2,
+    d_ff=64,
+    d_kv=16,
+    embed_dim=64,
     word_embed_proj_dim=64,
+    emb_dim=64,
 )
 
 
@@ -388,9 +417,18 @@ def build_any(model_type: str, seed: int = 0) -> torch.nn.Module:
     else:
         names = signature(config_class)
         fields = {name: value for name, value in {**SIZES, **DECODER_SIZES}.items() if name in names}
-        config = config_class(**{**fields, **OVERRIDES.get(model_type, {})})
+        config = config_class(**{**fields, **small_towers(config_class), **OVERRIDES.get(model_type, {})})
     torch.manual_seed(seed)
     return randomized(T.AutoModelForCausalLM.from_config(config).eval())
+
+
+def small_towers(config_class) -> dict:
+    """The vision / audio towers of a multimodal model without a text config: one small layer each."""
+    towers = getattr(config_class, "sub_configs", None) or {}
+    return {
+        key: {name: value for name, value in SMALL_TOWER.items() if name in signature(tower)}
+        for key, tower in towers.items()
+    }
 
 
 def save(model: torch.nn.Module, folder: Path, tokenizer) -> Path:
