@@ -68,6 +68,19 @@ def test_a_model_type_the_classification_does_not_know_gets_one_line():
     assert classification_note("llama", [], []) is None
 
 
+def test_a_model_of_a_family_nobody_classified_is_audited_with_one_line_saying_so(capsys):
+    """The family is audited with what discovery finds (AFMoE's router and attention gates, under a name
+    the classification does not know), and one stderr line says so."""
+    model = zoo.build_any("afmoe")
+    model.config.model_type = "afmoe_next"
+    capsys.readouterr()
+    controlled = TransformersControlled(model)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fca: note: model_type 'afmoe_next' is not in")
+    assert "discovery found: attention_output_gate, router:top_k" in err
+    assert "model.layers.0.self_attn.gate_proj" in controlled.controller_names
+
+
 def test_the_family_table_in_the_docs_is_the_classifications():
     text = (zoo.ROOT / "docs" / "guides" / "families.md").read_text(encoding="utf-8")
     committed = re.search(r"<!-- classification -->\n(.*?)<!-- /classification -->", text, re.S)

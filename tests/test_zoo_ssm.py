@@ -60,7 +60,9 @@ def test_a_gate_the_adapter_cannot_replay_is_left_out_in_audit_json_and_the_repo
     assert audit["model"]["controllers"] == []
     assert [line.split(" ")[0] for line in left_out] == [f"model.layers.{i}.self_attn.gate_proj" for i in range(2)]
     assert all("runs 2 times per forward" in line for line in left_out)
-    assert "Left out (2, input-dependent but not replayed" in report and "- model.layers.1.self_attn.gate_proj" in report
+    assert (
+        "Left out (2, input-dependent but not replayed" in report and "- model.layers.1.self_attn.gate_proj" in report
+    )
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from fca_workbench.adapters.families import (
     SELECTIVE_GATE,
     SELECTIVE_SSM,
 )
+from fca_workbench.foundation.errors import UserError
 
 SHARED_EXPERT_GATE = "shared_expert_gate"  # ``fca_workbench.adapters.kinds.SHARED_EXPERT_GATE``'s name
 
@@ -273,6 +274,21 @@ FAMILIES: dict[str, Classified] = dict([
     moe("zaya"),
 ])
 # fmt: on
+
+
+def check_classified_kinds(model_type: str, kinds: list[str]) -> None:
+    """A family classified with gates or SSMs in which discovery finds none of them (a version of
+    transformers that changed its modules) is a one-line error, never an audit that says it has none."""
+    declared = (
+        [kind for kind in FAMILIES[model_type].kinds if not kind.startswith("router:")]
+        if model_type in FAMILIES
+        else []
+    )
+    if declared and not set(declared) & set(kinds):
+        raise UserError(
+            f"no {'/'.join(declared)} controller found in this {model_type} model (its modules are not the ones "
+            "the adapter knows); name its controllers with --only-controllers REGEX"
+        )
 
 
 def classification_note(model_type: str, kinds: list[str], left_out: list[str]) -> str | None:

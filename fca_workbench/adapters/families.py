@@ -124,6 +124,7 @@ DYNAMIC_MASK = "dynamic_mask"  # an input-dependent mask added to attention scor
 NORM_GATE = "norm_gate"  # a sigmoid gate on a norm's output (AXK2's gated norms)
 INPUT_GATE = "input_gate"  # any other sigmoid / softmax / exp of a projection scaling another branch
 
+
 def family_of(config: Any) -> Family:
     """The declared family of a model with this config, else ``DEFAULT``."""
     return MOE_FAMILIES.get(getattr(config, "model_type", ""), DEFAULT)

@@ -14,13 +14,14 @@ import itertools
 import re
 import re._constants as re_constants  # type: ignore[import-not-found]  # a pattern's parsed form (safe_pattern)
 import re._parser as re_parser  # type: ignore[import-not-found]
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from fca_workbench.adapters.classification import FAMILIES
+from fca_workbench.adapters.classification import check_classified_kinds, classification_note
 from fca_workbench.adapters.families import family_of
 from fca_workbench.adapters.gate_probe import probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
@@ -41,9 +42,7 @@ _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSE
 UNBOUNDED_CONTEXT = 1 << 20  # the "context" of a recurrent model whose config names none: any window it is given
 
 
-def find_controllers(
-    model: nn.Module, controllers: str | None = None, only_controllers: str | None = None
-) -> list[tuple[str, nn.Module, ControllerKind]]:
+def find_controllers(model: nn.Module, controllers: str | None = None, only_controllers: str | None = None) -> Any:
     """``[(name, module, kind)]`` in module order (``discover_controllers`` without what it leaves out)."""
     return discover_controllers(model, controllers, only_controllers)[0]
 
@@ -80,22 +79,10 @@ def discover_controllers(
     probed, left_out = probed_controllers(model, probe, [name for name, _, _ in found], only_controllers is None)
     found += probed
     if only_controllers is None:
-        check_classified_kinds(model, [kind.name for _, _, kind in found])
+        check_classified_kinds(getattr(model.config, "model_type", ""), [kind.name for _, _, kind in found])
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
     ordered = sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
     return ordered, left_out
-
-
-def check_classified_kinds(model: nn.Module, kinds: list[str]) -> None:
-    """A family the classification gives gates or SSMs in which discovery finds none of them (a version of
-    transformers that changed its modules) is a one-line error, never an audit that says it has none."""
-    model_type = getattr(model.config, "model_type", "")
-    declared = [kind for kind in FAMILIES[model_type].kinds if not kind.startswith("router:")] if model_type in FAMILIES else []
-    if declared and not set(declared) & set(kinds):
-        raise UserError(
-            f"no {'/'.join(declared)} controller found in this {model_type} model (its modules are not the ones "
-            "the adapter knows); name its controllers with --only-controllers REGEX"
-        )
 
 
 def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:
@@ -192,6 +179,9 @@ class TransformersControlled(LayerStepping, nn.Module):
         own_code = type(self.model).__module__.startswith("transformers.")
         self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
         found, self.left_out = discover_controllers(model, controllers, only_controllers)
+        note = classification_note(self.arch, [kind.name for _, _, kind in found], self.left_out)
+        if note is not None:  # the audit goes on: what discovery found is all it has
+            print(f"fca: note: {note}", file=sys.stderr)
         self.controller_names = [name for name, _, _ in found]
         self._blocks = decoder_layers(self.model)
         self.controller_layers = controller_layers(self.model, self._blocks, self.controller_names)
