@@ -18,6 +18,7 @@ fused projection no role knows, a parameter product no role wraps, a gate outsid
 """
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -130,7 +131,7 @@ class _Probe(TorchFunctionMode):
             self.mark(tensor, result)
         return output
 
-    def follow(self, func, args, tags: list[Tag], untagged: int) -> Tag | None:
+    def follow(self, func: Callable, args: tuple, tags: list[Tag], untagged: int) -> Tag | None:
         """The tag of ``func``'s output from its inputs' (None: plain hidden state)."""
         if func is F.linear:
             weight = args[1] if len(args) > 1 else None
@@ -155,7 +156,7 @@ class _Probe(TorchFunctionMode):
             return Tag(tag.owner, tag.weight, True, tag.activated, tag.claimed)
         return tag if len({(t.owner, t.weight) for t in tags}) == 1 else None
 
-    def combine(self, func, tags: list[Tag], untagged: int) -> Tag | None:
+    def combine(self, func: Callable, tags: list[Tag], untagged: int) -> Tag | None:
         """A product or sum of tagged values with others: an activated tag meeting another branch is a
         gate; a plain projection scaled elementwise stays itself; anything else is content."""
         others = untagged + len({(t.owner, t.weight) for t in tags}) - 1
