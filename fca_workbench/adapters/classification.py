@@ -4,12 +4,11 @@ the reason it has none, and what it leaves out (``left_out``).
 
 ``tests/test_zoo_families.py`` enumerates the live mapping at collection time: a family transformers adds
 fails until it is classified here, and every family the zoo can build tiny is built and its discovered kinds
-asserted equal to these. ``python -m fca_workbench.adapters.classification --table`` prints the docs'
+asserted equal to these. ``python -m fca_workbench.adapters.family_table`` prints the docs'
 table (docs/guides/families.md; a test keeps the two equal). At run time a ``model_type`` absent here gets
 one line saying so and what discovery found (``classification_note``); the audit continues.
 """
 
-import argparse
 from dataclasses import dataclass, replace
 
 from fca_workbench.adapters.families import (
@@ -45,9 +44,17 @@ class Classified:
 
 DENSE = Classified(
     static="attention and MLPs only: no module emits coefficients for another computation (a gated MLP's "
-    "act(gate_proj(x)) * up_proj(x) is the layer's own nonlinearity)"
+    "`act(gate_proj(x)) * up_proj(x)` is the layer's own nonlinearity)"
 )
 LOOPED = "attention output gates in layers that run several times per forward (a controller runs once)"
+IN_LOOPS = Classified(
+    static="no controller it can replay: its gates sit in layers that run several times per forward", left_out=LOOPED
+)
+TWO_STREAMS = Classified(
+    static="no controller it can replay: its relative-position logits, a projection of the hidden state, run "
+    "once per stream (main and predict) in each layer",
+    left_out="the relative-position projections, which run twice per forward",
+)
 KEY_AS_CONTENT = "the time-mixing key, exp-weighted in the WKV recurrence and also its content"
 LSH = "attention and feed-forward only; LSH attention's buckets are its own sparsity, like a top-k of scores"
 LANGUAGE = "attention and MLPs only; its language adapter is chosen by a language id, not by the hidden state"
@@ -114,7 +121,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("deepseek_v4", HYPER_CONNECTION),
     ("diffllama", DENSE),
     moe("doge", DYNAMIC_MASK),
-    ("dory", Classified(static=DENSE.static, left_out=LOOPED)),
+    ("dory", IN_LOOPS),
     moe("dots1"),
     moe("dots3_note", ATTENTION_OUTPUT_GATE, untested=WRAPPER + "dots3_note_text; its vision tower's per-layer settings name layers a tiny tower lacks"),
     moe("dots3_note_text", ATTENTION_OUTPUT_GATE),
@@ -166,7 +173,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("granitemoehybrid", SELECTIVE_SSM),
     moe("granitemoeshared"),
     ("helium", DENSE),
-    ("hrm_text", Classified(static=DENSE.static, left_out=LOOPED)),
+    ("hrm_text", IN_LOOPS),
     ("hunyuan_v1_dense", DENSE),
     moe("hunyuan_v1_moe"),
     moe("hy_v3"),
@@ -231,7 +238,7 @@ FAMILIES: dict[str, Classified] = dict([
     ("phi4_multimodal", DENSE),
     moe("phimoe"),
     ("plbart", DENSE),
-    ("prophetnet", Classified(static=DENSE.static, left_out=LOOPED)),
+    ("prophetnet", TWO_STREAMS),
     ("qwen2", DENSE),
     moe("qwen2_moe", SHARED_EXPERT_GATE),
     ("qwen3", DENSE),
@@ -313,14 +320,3 @@ def family_table() -> str:
         notes.append(f"not built tiny: {entry.untested}" if entry.untested else "")
         rows.append(f"| `{model_type}` | {kinds} | {'; '.join(note for note in notes if note)} |")
     return "\n".join(rows) + "\n"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--table", action="store_true", help="print the docs' family table (Markdown)")
-    if parser.parse_args(argv).table:
-        print(family_table(), end="")
-
-
-if __name__ == "__main__":
-    main()
