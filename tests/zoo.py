@@ -104,6 +104,9 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
     },
     **{t: {"rotary_dim": 8} for t in ("codegen", "gptj")},  # within a 16-wide head
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # a full ("hybrid") layer beside the sliding one, as every sixth layer of the released models: its
+    # key / value projections' dynamic convolutions
+    **{t: {"layer_types": ["hybrid_sliding", "hybrid"]} for t in ("inkling2_text", "inkling2_loop_text")},
     "gemma3": {  # its vision tower is any config: a one-layer SigLIP
         "vision_config": dict(
             model_type="siglip_vision_model",

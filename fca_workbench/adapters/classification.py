@@ -16,6 +16,7 @@ from fca_workbench.adapters.families import (
     ATTENTION_OUTPUT_GATE,
     CONV_GATE,
     DELTA_RULE_GATE,
+    DYNAMIC_CONV,
     DYNAMIC_MASK,
     HYPER_CONNECTION,
     LSTM_GATE,
@@ -59,6 +60,10 @@ KEY_AS_CONTENT = "the time-mixing key, exp-weighted in the WKV recurrence and al
 LSH = "attention and feed-forward only; LSH attention's buckets are its own sparsity, like a top-k of scores"
 LANGUAGE = "attention and MLPs only; its language adapter is chosen by a language id, not by the hidden state"
 WRAPPER = "audited as "
+DEPTH_ATTENTION = (
+    "its block attention residuals: learned queries attending over earlier layers' outputs (cross-layer mixing "
+    "weights computed inside the attention kernel)"
+)
 SLOW = "its default byte-hash embeddings take over a minute to build"
 ANY_TEXT = "a multimodal wrapper around any text model (its text config is AutoConfig): audited as that family"
 AUDIO = "a text-to-audio decoder whose config needs its text and audio encoders'"
@@ -179,8 +184,8 @@ FAMILIES: dict[str, Classified] = dict([
     moe("hy_v3"),
     moe("hy_v4", ATTENTION_OUTPUT_GATE, HYPER_CONNECTION),
     ("hyperclovax", DENSE),
-    moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE),
-    moe("inkling2_text", ATTENTION_OUTPUT_GATE),
+    moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE, DYNAMIC_CONV, left_out=DEPTH_ATTENTION),
+    moe("inkling2_text", ATTENTION_OUTPUT_GATE, DYNAMIC_CONV, left_out=DEPTH_ATTENTION),
     moe("inkling_text"),
     ("internlm3", DENSE),
     ("iquestcoder", DENSE),

@@ -48,6 +48,7 @@ COMBINES |= {torch.where, torch.Tensor.masked_fill, torch.addcmul, torch.Tensor.
 COMBINES |= {torch.Tensor.mul_, torch.Tensor.add_, torch.baddbmm}
 ATTENTION_KERNELS = {F.scaled_dot_product_attention}  # a mask given to one of these shifts the scores
 CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
+WEIGHT_VIEWS = {torch.Tensor.view, torch.Tensor.expand, torch.Tensor.reshape, torch.Tensor.unsqueeze}
 SLICES = {torch.split, torch.Tensor.split, torch.chunk, torch.Tensor.chunk, torch.Tensor.__getitem__}
 SLICES |= {torch.unbind, torch.Tensor.unbind, torch.narrow, torch.Tensor.narrow, torch.Tensor.split_with_sizes}
 
@@ -63,6 +64,7 @@ class Tag:
     sliced: bool = False
     activated: bool = False
     claimed: bool = False
+    query: bool = False  # a learned query's scores against hidden states (no F.linear: not replayable here)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Gate:
     how: str  # "scales" (a product) or "masks" (a sum with scores: a dynamic mask)
     only_gates: bool = True  # every use of the output is a gate's (no content column): replayable whole
     calls: int = 1  # how often the projection runs per forward (a looped layer's: more than once)
+    learned_query: bool = False  # a parameter attending over hidden states inside an attention kernel
 
 
 @dataclass
@@ -104,6 +107,7 @@ class _Probe(TorchFunctionMode):
         self.tags: dict[int, tuple[weakref.ref, Tag | None]] = {}  # id → (the tensor, its tag; None: hidden)
         self.findings = Findings()
         self.keep: list[torch.Tensor] = []  # the casts of weights, alive while their ids name them
+        self.views: dict[int, tuple[str, str]] = {}  # id(a view of a weight) → its owner
 
     def mark(self, tensor: torch.Tensor, tag: Tag | None) -> None:
         self.tags[id(tensor)] = (weakref.ref(tensor), tag)
@@ -121,6 +125,13 @@ class _Probe(TorchFunctionMode):
         if func in CASTS and args and id(args[0]) in self.owners and isinstance(output, torch.Tensor):
             self.owners[id(output)] = self.owners[id(args[0])]  # w.float(): the same weight
             self.keep.append(output)
+        weight = (self.owners.get(id(args[0])) or self.views.get(id(args[0]))) if args else None
+        if func in WEIGHT_VIEWS and weight is not None and isinstance(output, torch.Tensor):
+            self.views[id(output)] = weight  # a view of a weight: not F.linear's operand
+            self.keep.append(output)
+        if func in ATTENTION_KERNELS and len(args) > 1 and id(args[0]) in self.views and self.lookup(args[1])[0]:
+            owner = self.views[id(args[0])]  # a learned query attending over hidden states (mixing weights)
+            self.findings.gates[owner] = Gate(*owner, sliced=False, how="mixes", learned_query=True)
         inputs = [self.lookup(t) for t in _tensors(args) + _tensors(kwargs)]
         if not any(hidden for hidden, _ in inputs):
             return output
@@ -142,10 +153,13 @@ class _Probe(TorchFunctionMode):
             fixed = bool(tags) and all(tag.claimed for tag in tags) and not untagged
             return Tag(*owner, claimed=fixed or owner[0] in self.claimed)
         if not tags:
+            if func in MATRIX_PRODUCTS and untagged and any(id(a) in self.views for a in args[:2]):
+                owner = next(self.views[id(a)] for a in args[:2] if id(a) in self.views)
+                return Tag(*owner, query=True)  # a learned query scoring hidden states (attention over layers)
             return None
         tag = tags[0]
         if func in GATE_ACTIVATIONS:
-            return Tag(tag.owner, tag.weight, tag.sliced, True, tag.claimed) if len(tags) == 1 else None
+            return Tag(tag.owner, tag.weight, tag.sliced, True, tag.claimed, tag.query) if len(tags) == 1 else None
         if func in CONTENT_NONLINEARITIES:
             if not tag.claimed:
                 self.findings.content.add((tag.owner, tag.weight))
@@ -168,7 +182,8 @@ class _Probe(TorchFunctionMode):
                 key = (tag.owner, tag.weight)
                 seen = self.findings.gates.get(key)
                 sliced = tag.sliced or bool(seen and seen.sliced)
-                self.findings.gates[key] = Gate(tag.owner, tag.weight, sliced, "masks" if masks else "scales")
+                how = "masks" if masks else "scales"
+                self.findings.gates[key] = Gate(tag.owner, tag.weight, sliced, how, learned_query=tag.query)
         if others == 0 and func not in MATRIX_PRODUCTS and func not in ATTENTION_KERNELS:
             return tags[0]
         if untagged and len(tags) == 1 and func in COMBINES and not tags[0].activated:
@@ -255,6 +270,10 @@ def probed_controllers(
         described = f"{gate.owner} ({type(owner).__name__}): a {kind}"
         if not add:
             left_out.append(f"{described} not among --only-controllers; it runs live")
+        elif gate.learned_query:
+            left_out.append(
+                f"{described}: a learned query attending over hidden states, its weights computed inside the attention kernel; it runs live"
+            )
         elif gate.calls > 1:
             left_out.append(f"{described} that runs {gate.calls} times per forward (a looped layer); it runs live")
         elif isinstance(owner, nn.Linear) and gate.only_gates:
