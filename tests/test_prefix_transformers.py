@@ -9,7 +9,8 @@ import pytest
 import torch
 import transformers as T
 import zoo
-from test_zoo_ssm import COMMON, ZOO
+from zoo import COMMON
+from zoo import GATED as ZOO
 
 from fca_workbench.adapters import COEFFICIENT, SteppingModel, TransformersControlled
 from fca_workbench.adapters.controlled import load_controlled

@@ -83,8 +83,8 @@ def test_every_moe_family_of_the_mapping_is_in_the_registry():
 
 
 def test_the_family_table_in_the_docs_is_the_registrys():
-    from fca_workbench.adapters.families import family_table
+    from fca_workbench.adapters.families import moe_table
 
     text = (zoo.ROOT / "docs" / "guides" / "foreign-models.md").read_text(encoding="utf-8")
     committed = re.search(r"<!-- families -->\n(.*?)<!-- /families -->", text, re.S)
-    assert committed is not None and committed.group(1) == family_table()
+    assert committed is not None and committed.group(1) == moe_table()

@@ -1,193 +1,30 @@
-"""The zoo of selective SSMs and gated models: every family of ``fca_workbench.adapters.selective.SELECTIVE_FAMILIES``
-built tiny from its config class (seeded, the project tokenizer's vocab), saved with ``save_pretrained`` and
-audited by the ``fca audit`` CLI with no controller flags; plus the ``--controllers`` / ``--only-controllers``
-flags and their refusals.
+"""The zoo of selective SSMs and gated models: every family the classification gives an SSM or a gate and
+no experts (those are ``tests/test_zoo_moe.py``'s), built tiny (``tests/zoo.py``), saved with
+``save_pretrained`` and audited by the ``fca audit`` CLI with no controller flags; what a family leaves out
+in ``audit.json`` and the report; plus the ``--controllers`` / ``--only-controllers`` flags and their refusals.
 """
 
-import inspect
 import json
-import re
 
 import pytest
 import torch
 import transformers as T
 import zoo
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.families import SELECTIVE_FAMILIES
+from fca_workbench.adapters.classification import FAMILIES
 from fca_workbench.cli import main
 
-VOCAB = 4096  # the shipped tokenizer's
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-ATTENTION = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-LINEAR_ATTENTION = dict(
-    linear_num_value_heads=4,
-    linear_num_key_heads=2,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    layer_types=["linear_attention", "full_attention"],
+VOCAB = zoo.VOCAB
+build = zoo.build_gated
+GATED = sorted(
+    model_type
+    for model_type, entry in FAMILIES.items()
+    if not entry.untested
+    and model_type not in zoo.moe_model_types()
+    and any(not kind.startswith("router:") for kind in entry.kinds)
 )
-MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, moe_intermediate_size=32)
-MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16)
-ZOO = {  # model_type: (config class, its fields beyond COMMON)
-    "mamba": (T.MambaConfig, dict(state_size=8, expand=2, time_step_rank=8)),
-    "falcon_mamba": (T.FalconMambaConfig, dict(state_size=8, expand=2, time_step_rank=8)),
-    "mamba2": (T.Mamba2Config, dict(state_size=8, expand=2, num_heads=8, head_dim=16, n_groups=1, chunk_size=16)),
-    "bamba": (T.BambaConfig, dict(**ATTENTION, **MAMBA2, intermediate_size=64, attn_layer_indices=[1])),
-    "falcon_h1": (T.FalconH1Config, dict(**ATTENTION, **MAMBA2, intermediate_size=64, head_dim=16, mamba_d_ssm=128)),
-    "zamba": (
-        T.ZambaConfig,
-        dict(
-            **ATTENTION,
-            intermediate_size=64,
-            mamba_d_state=8,
-            n_mamba_heads=2,
-            num_hidden_layers=3,
-            layers_block_type=["mamba", "hybrid", "hybrid"],
-        ),
-    ),
-    "zamba2": (
-        T.Zamba2Config,
-        dict(
-            **ATTENTION,
-            mamba_d_state=8,
-            mamba_headdim=16,
-            n_mamba_heads=8,
-            mamba_ngroups=1,
-            chunk_size=16,
-            layers_block_type=["mamba", "hybrid"],
-            hybrid_layer_ids=[1],
-            num_mem_blocks=1,
-        ),
-    ),
-    "nemotron_h": (
-        T.NemotronHConfig,
-        dict(
-            **ATTENTION,
-            intermediate_size=64,
-            head_dim=16,
-            mamba_num_heads=8,
-            mamba_head_dim=16,
-            ssm_state_size=8,
-            n_groups=1,
-            chunk_size=16,
-            layers_block_type=["mamba", "attention"],
-        ),
-    ),
-    "granitemoehybrid": (
-        T.GraniteMoeHybridConfig,
-        dict(
-            **ATTENTION,
-            **MAMBA2,
-            intermediate_size=32,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            layer_types=["mamba", "attention"],
-        ),
-    ),
-    "jamba": (
-        T.JambaConfig,
-        dict(
-            **ATTENTION,
-            intermediate_size=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            attn_layer_period=2,
-            attn_layer_offset=1,
-            expert_layer_period=1,
-            expert_layer_offset=0,
-            mamba_d_state=8,
-            mamba_dt_rank=8,
-        ),
-    ),
-    "qwen3_next": (
-        T.Qwen3NextConfig,
-        dict(
-            **ATTENTION,
-            **LINEAR_ATTENTION,
-            intermediate_size=64,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            num_experts=4,
-            num_experts_per_tok=2,
-            head_dim=16,
-        ),
-    ),
-    "qwen3_5_text": (T.Qwen3_5TextConfig, dict(**ATTENTION, **LINEAR_ATTENTION, intermediate_size=64, head_dim=16)),
-    "olmo_hybrid": (T.OlmoHybridConfig, dict(**ATTENTION, **LINEAR_ATTENTION, intermediate_size=64)),
-    "kimi_linear": (
-        T.KimiLinearConfig,
-        dict(
-            **ATTENTION,
-            **MLA,
-            intermediate_size=64,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            linear_head_dim=16,
-            linear_num_heads=4,
-            layer_types=["linear_attention", "full_attention"],
-        ),
-    ),
-    "bailing_hybrid": (
-        T.BailingHybridConfig,
-        dict(
-            **ATTENTION,
-            **MLA,
-            intermediate_size=64,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            n_group=1,
-            topk_group=1,
-            first_k_dense_replace=1,
-            head_dim=16,
-            linear_head_dim=16,
-            linear_num_heads=4,
-            layer_group_size=2,
-            num_mtp_layers=0,
-        ),
-    ),
-    "xlstm": (T.xLSTMConfig, dict(embedding_dim=64, num_heads=4, num_blocks=2, qk_dim_factor=0.5, chunk_size=16)),
-    "lfm2": (T.Lfm2Config, dict(**ATTENTION, intermediate_size=64, layer_types=["conv", "full_attention"])),
-    "recurrent_gemma": (
-        T.RecurrentGemmaConfig,
-        dict(
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            intermediate_size=64,
-            lru_width=64,
-            block_types=["recurrent", "attention"],
-        ),
-    ),
-    "gemma3n_text": (
-        T.Gemma3nTextConfig,
-        dict(
-            **ATTENTION,
-            intermediate_size=64,
-            head_dim=16,
-            altup_num_inputs=2,
-            laurel_rank=8,
-            hidden_size_per_layer_input=8,
-            num_kv_shared_layers=0,
-            layer_types=["sliding_attention", "full_attention"],
-            activation_sparsity_pattern=[0.0, 0.0],
-        ),
-    ),
-}
-
-
-def build(model_type: str, seed: int = 0) -> torch.nn.Module:
-    """A seeded tiny model whose weights are all random (a zero-initialised gate, like xLSTM's, would
-    make every token's gate equal, and no reassignment could move anything)."""
-    config_class, fields = ZOO[model_type]
-    torch.manual_seed(seed)
-    model = T.AutoModelForCausalLM.from_config(config_class(**{**COMMON, **fields})).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2 and param.std() == 0:
-                param.normal_(0.0, 0.2)
-    return model
 
 
 def cli_audit(folder, out, *flags: str) -> dict:
@@ -195,13 +32,14 @@ def cli_audit(folder, out, *flags: str) -> dict:
     return json.loads((out / "audit.json").read_text())
 
 
-@pytest.mark.parametrize("model_type", sorted(ZOO))
+@pytest.mark.parametrize("model_type", GATED)
 def test_every_family_audits_its_selective_controllers_with_no_flags(model_type, tmp_path, tokenizer):
-    folder = zoo.save(build(model_type), tmp_path / model_type, tokenizer)
+    folder = zoo.save(zoo.build_any(model_type), tmp_path / model_type, tokenizer)
     audit = cli_audit(folder, tmp_path / "audit")
     model = audit["model"]
-    assert model["arch"] == model_type
-    assert set(model["controller_kinds"]) >= set(SELECTIVE_FAMILIES[model_type])
+    assert model["arch"] in (model_type, f"{model_type}_text")  # a wrapper is saved as its text model
+    assert tuple(sorted(set(model["controller_kinds"]))) == FAMILIES[model_type].kinds
+    assert bool(model["left_out"]) == bool(FAMILIES[model_type].left_out)
     assert len(model["controller_kinds"]) == len(model["controllers"]) == len(model["slot_labels"])
     conditions = audit["conditions"]
     assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]  # bit-exact frozen replay
@@ -211,27 +49,20 @@ def test_every_family_audits_its_selective_controllers_with_no_flags(model_type,
     assert (per_token["cross_input"] - per_token["correct"]).abs().max() > 0  # reassignment moves the NLL
 
 
-MARKERS = re.compile(
-    r"A_log|dt_bias|selective_scan|gated_delta|Rglru|igate_preact|ShortConv\b|DynamicShortConv|GatedOutputProjection"
-    r"|AltUp|x_proj_weight"
-)
-
-
-def test_every_selective_family_of_the_causal_lm_mapping_is_in_the_registry():
-    """A family transformers adds later whose code holds an SSM's or a gated recurrence's parameters (A_log,
-    dt_bias, a gated delta rule, an RG-LRU, xLSTM gates, a gated short convolution, AltUp) and that the
-    registry does not know fails here, so coverage cannot shrink silently; and every registered family is
-    in the mapping, and those built here are the zoo."""
-    import transformers
-
-    found = set()
-    for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
-        source = inspect.getsource(inspect.getmodule(getattr(transformers, class_name)))
-        if MARKERS.search(source):
-            found.add(model_type)
-    assert sorted(found - set(SELECTIVE_FAMILIES)) == []
-    assert set(SELECTIVE_FAMILIES) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    assert set(ZOO) <= set(SELECTIVE_FAMILIES)
+def test_a_gate_the_adapter_cannot_replay_is_left_out_in_audit_json_and_the_report(tmp_path, tokenizer, capsys):
+    """Dory runs each layer twice per forward: its attention output gates are found, not replayable
+    (a controller runs once), and said so, never an audit that looks like a model without dynamics."""
+    folder = zoo.save(zoo.build_any("dory"), tmp_path / "dory", tokenizer)
+    capsys.readouterr()
+    audit = cli_audit(folder, tmp_path / "audit")
+    report = capsys.readouterr().out
+    left_out = audit["model"]["left_out"]
+    assert audit["model"]["controllers"] == []
+    assert [line.split(" ")[0] for line in left_out] == [f"model.layers.{i}.self_attn.gate_proj" for i in range(2)]
+    assert all("runs 2 times per forward" in line for line in left_out)
+    assert (
+        "Left out (2, input-dependent but not replayed" in report and "- model.layers.1.self_attn.gate_proj" in report
+    )
 
 
 @pytest.fixture(scope="module")
@@ -331,9 +162,9 @@ def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_
     from fca_workbench.foundation.errors import UserError
 
     config = T.DeepseekV32Config(
-        **COMMON,
-        **ATTENTION | {"num_key_value_heads": 4},
-        **MLA | {"q_lora_rank": 32},
+        **zoo.COMMON,
+        **zoo.ATTENTION | {"num_key_value_heads": 4},
+        **zoo.MLA | {"q_lora_rank": 32},
         intermediate_size=64,
         n_routed_experts=4,
         num_experts_per_tok=2,
@@ -352,13 +183,13 @@ def test_a_controller_whose_width_follows_the_sequence_length_is_refused_in_one_
 
 
 def test_a_registered_family_whose_modules_the_roles_do_not_know_is_a_one_line_error(monkeypatch):
-    """A later transformers that renames Mamba2's mixer attributes must not give an audit with no controller."""
+    """A later transformers whose Mamba2 mixer the roles no longer know must not give an audit with no
+    controller (the probe sees its gates, which no role splits, and the classification says it has some)."""
+    from fca_workbench.adapters import selective
     from fca_workbench.foundation.errors import UserError
 
+    monkeypatch.setattr(selective, "ROLES", [role for role in selective.ROLES if role is not selective.mamba2_role])
     model = build("mamba2")
-    for layer in model.backbone.layers:
-        layer.mixer.in_proj_renamed = layer.mixer.in_proj
-        del layer.mixer.in_proj
     with pytest.raises(UserError, match="no selective_ssm controller found in this mamba2 model"):
         TransformersControlled(model)
 

@@ -5,6 +5,7 @@ their config classes (no network): 2 layers, width 64, 4 experts, top-2, the shi
 family needs besides (its own field names, or shapes its modelling code insists on).
 """
 
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -95,9 +96,32 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
     "dots3_note_text": {"num_key_value_heads": 4},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 0},
     "zaya": {"num_experts_per_tok": 1},
+    # a full-attention layer beside the linear one, as the released models have (its output gate)
+    "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
+    "qwen4_exp_text": {
+        "layer_types": ["linear_attention", "full_attention"],
+        **dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=2),
+    },
+    **{t: {"rotary_dim": 8} for t in ("codegen", "gptj")},  # within a 16-wide head
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # a full ("hybrid") layer beside the sliding one, as every sixth layer of the released models: its
+    # key / value projections' dynamic convolutions
+    **{t: {"layer_types": ["hybrid_sliding", "hybrid"]} for t in ("inkling2_text", "inkling2_loop_text")},
+    "gemma3": {  # its vision tower is any config: a one-layer SigLIP
+        "vision_config": dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
+    },
 }
 
 
+@functools.cache
 def moe_model_types() -> list[str]:
     """The model types of the causal-LM mapping that hold experts: a config (or sub-config) field counting
     experts, or a modelling module that defines an experts class or assigns ``self.experts``."""
@@ -146,13 +170,14 @@ def tiny_config(model_type: str):
     config_class = CONFIG_MAPPING[model_type]
     towers = getattr(config_class, "sub_configs", None) or {}
     if "text_config" in towers:  # a multimodal MoE: its text model's tiny config, small towers
-        text = tiny_config(towers["text_config"].model_type).to_dict()
+        text_type = towers["text_config"].model_type
+        text = (gated_config(text_type) if text_type in GATED else tiny_config(text_type)).to_dict()
         small = {
             key: {name: value for name, value in SMALL_TOWER.items() if name in signature(tower)}
             for key, tower in towers.items()
             if key != "text_config"
         }
-        return config_class(text_config=text, **small)
+        return config_class(text_config=text, **{**small, **OVERRIDES.get(model_type, {})})
     names = signature(config_class)
     fields = {name: value for name, value in SIZES.items() if name in names}
     if "mlp_layer_types" in names:  # every layer sparse
@@ -175,6 +200,238 @@ def build(model_type: str, seed: int = 0, router_scale: float = 20.0) -> torch.n
                         parameter.normal_(0.0, 0.02)
                     parameter.mul_(router_scale)
     return model
+
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+ATTENTION = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+LINEAR_ATTENTION = dict(
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    layer_types=["linear_attention", "full_attention"],
+)
+MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, moe_intermediate_size=32)
+MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=16)
+GATED = {  # model_type: (config class, its fields beyond COMMON): the gated and SSM families' own shapes
+    "mamba": (T.MambaConfig, dict(state_size=8, expand=2, time_step_rank=8)),
+    "falcon_mamba": (T.FalconMambaConfig, dict(state_size=8, expand=2, time_step_rank=8)),
+    "mamba2": (T.Mamba2Config, dict(state_size=8, expand=2, num_heads=8, head_dim=16, n_groups=1, chunk_size=16)),
+    "bamba": (T.BambaConfig, dict(**ATTENTION, **MAMBA2, intermediate_size=64, attn_layer_indices=[1])),
+    "falcon_h1": (T.FalconH1Config, dict(**ATTENTION, **MAMBA2, intermediate_size=64, head_dim=16, mamba_d_ssm=128)),
+    "zamba": (
+        T.ZambaConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=64,
+            mamba_d_state=8,
+            n_mamba_heads=2,
+            num_hidden_layers=3,
+            layers_block_type=["mamba", "hybrid", "hybrid"],
+        ),
+    ),
+    "zamba2": (
+        T.Zamba2Config,
+        dict(
+            **ATTENTION,
+            mamba_d_state=8,
+            mamba_headdim=16,
+            n_mamba_heads=8,
+            mamba_ngroups=1,
+            chunk_size=16,
+            layers_block_type=["mamba", "hybrid"],
+            hybrid_layer_ids=[1],
+            num_mem_blocks=1,
+        ),
+    ),
+    "nemotron_h": (
+        T.NemotronHConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=64,
+            head_dim=16,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=1,
+            chunk_size=16,
+            layers_block_type=["mamba", "attention"],
+        ),
+    ),
+    "granitemoehybrid": (
+        T.GraniteMoeHybridConfig,
+        dict(
+            **ATTENTION,
+            **MAMBA2,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["mamba", "attention"],
+        ),
+    ),
+    "jamba": (
+        T.JambaConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=1,
+            expert_layer_offset=0,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+        ),
+    ),
+    "qwen3_next": (
+        T.Qwen3NextConfig,
+        dict(
+            **ATTENTION,
+            **LINEAR_ATTENTION,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            head_dim=16,
+        ),
+    ),
+    "qwen3_5_text": (T.Qwen3_5TextConfig, dict(**ATTENTION, **LINEAR_ATTENTION, intermediate_size=64, head_dim=16)),
+    "olmo_hybrid": (T.OlmoHybridConfig, dict(**ATTENTION, **LINEAR_ATTENTION, intermediate_size=64)),
+    "kimi_linear": (
+        T.KimiLinearConfig,
+        dict(
+            **ATTENTION,
+            **MLA,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            linear_head_dim=16,
+            linear_num_heads=4,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
+    "bailing_hybrid": (
+        T.BailingHybridConfig,
+        dict(
+            **ATTENTION,
+            **MLA,
+            intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            head_dim=16,
+            linear_head_dim=16,
+            linear_num_heads=4,
+            layer_group_size=2,
+            num_mtp_layers=0,
+        ),
+    ),
+    "xlstm": (T.xLSTMConfig, dict(embedding_dim=64, num_heads=4, num_blocks=2, qk_dim_factor=0.5, chunk_size=16)),
+    "lfm2": (T.Lfm2Config, dict(**ATTENTION, intermediate_size=64, layer_types=["conv", "full_attention"])),
+    "recurrent_gemma": (
+        T.RecurrentGemmaConfig,
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            intermediate_size=64,
+            lru_width=64,
+            block_types=["recurrent", "attention"],
+        ),
+    ),
+    "gemma3n_text": (
+        T.Gemma3nTextConfig,
+        dict(
+            **ATTENTION,
+            intermediate_size=64,
+            head_dim=16,
+            altup_num_inputs=2,
+            laurel_rank=8,
+            hidden_size_per_layer_input=8,
+            num_kv_shared_layers=0,
+            layer_types=["sliding_attention", "full_attention"],
+            activation_sparsity_pattern=[0.0, 0.0],
+        ),
+    ),
+}
+
+
+def build_gated(model_type: str, seed: int = 0) -> torch.nn.Module:
+    """A seeded tiny model whose weights are all random (a zero-initialised gate, like xLSTM's, would
+    make every token's gate equal, and no reassignment could move anything)."""
+    torch.manual_seed(seed)
+    return randomized(T.AutoModelForCausalLM.from_config(gated_config(model_type)).eval())
+
+
+def gated_config(model_type: str):
+    config_class, fields = GATED[model_type]
+    return config_class(**{**COMMON, **fields})
+
+
+def randomized(model: torch.nn.Module) -> torch.nn.Module:
+    """Every zero-initialised matrix made random (its gate would be constant otherwise)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2 and param.std() == 0:
+                param.normal_(0.0, 0.2)
+    return model
+
+
+# the decoders of encoder-decoder and older families name their sizes otherwise
+DECODER_SIZES = dict(
+    d_model=64,
+    decoder_layers=2,
+    encoder_layers=2,
+    decoder_attention_heads=4,
+    encoder_attention_heads=4,
+    decoder_ffn_dim=64,
+    encoder_ffn_dim=64,
+    n_embd=64,
+    n_layer=2,
+    n_head=4,
+    n_layers=2,
+    n_heads=4,
+    dim=64,
+    hidden_dim=64,
+    ffn_dim=64,
+    n_inner=64,
+    num_decoder_layers=2,
+    d_ff=64,
+    d_kv=16,
+    embed_dim=64,
+    word_embed_proj_dim=64,
+    emb_dim=64,
+)
+
+
+def build_any(model_type: str, seed: int = 0) -> torch.nn.Module:
+    """A seeded tiny model of any family of the causal-LM mapping: the gated families from their own shapes
+    (``GATED``), mixture-of-experts families as ``build``, any other from ``SIZES`` and ``DECODER_SIZES``."""
+    if model_type in GATED:
+        return build_gated(model_type, seed)
+    if model_type in moe_model_types():
+        return build(model_type, seed)
+    config_class = CONFIG_MAPPING[model_type]
+    if "text_config" in (getattr(config_class, "sub_configs", None) or {}):  # a multimodal wrapper
+        config = tiny_config(model_type)
+    else:
+        names = signature(config_class)
+        fields = {name: value for name, value in {**SIZES, **DECODER_SIZES}.items() if name in names}
+        config = config_class(**{**fields, **small_towers(config_class), **OVERRIDES.get(model_type, {})})
+    torch.manual_seed(seed)
+    return randomized(T.AutoModelForCausalLM.from_config(config).eval())
+
+
+def small_towers(config_class) -> dict:
+    """The vision / audio towers of a multimodal model without a text config: one small layer each."""
+    towers = getattr(config_class, "sub_configs", None) or {}
+    return {
+        key: {name: value for name, value in SMALL_TOWER.items() if name in signature(tower)}
+        for key, tower in towers.items()
+    }
 
 
 def save(model: torch.nn.Module, folder: Path, tokenizer) -> Path:

@@ -5,8 +5,8 @@ the routing step of a router that returns only logits, its zero-computation expe
 layers are counted. It lists every MoE ``model_type`` of transformers' causal-LM mapping
 (``tests/test_zoo_moe.py`` fails when transformers adds one it does not list); a family absent from it gets
 ``DEFAULT``: a ``gate`` or ``router`` child of a block that holds experts, returning ``(router_logits,
-top_k_weights, top_k_index)``. ``SELECTIVE_FAMILIES``: the selective SSM and gate kinds each family has
-(``fca_workbench.adapters.selective`` finds them by role; ``tests/test_zoo_ssm.py`` checks each).
+top_k_weights, top_k_index)``. Which controller kinds each family has, routers, SSMs and gates alike, is
+``fca_workbench.adapters.classification``.
 """
 
 from dataclasses import dataclass
@@ -117,42 +117,12 @@ CONV_GATE = "conv_gate"  # LFM2's short-convolution input and output gates B, C
 ALTUP_ROUTER = "altup_router"  # Gemma3n's AltUp prediction / correction coefficients
 SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
 DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (Inkling2)
-
-# The families whose controllers the roles of ``fca_workbench.adapters.selective`` find, with the kinds they
-# find (beside any MoE router): the zoo test builds each one and checks it; a family of transformers' causal-LM mapping whose code holds
-# a selective SSM or gate and is missing here fails the coverage test.
-SELECTIVE_FAMILIES: dict[str, tuple[str, ...]] = {
-    "mamba": (SELECTIVE_SSM,),
-    "falcon_mamba": (SELECTIVE_SSM,),
-    "mamba2": (SELECTIVE_SSM,),
-    "bamba": (SELECTIVE_SSM,),
-    "falcon_h1": (SELECTIVE_SSM,),
-    "zamba": (SELECTIVE_SSM,),
-    "zamba2": (SELECTIVE_SSM,),
-    "nemotron_h": (SELECTIVE_SSM,),
-    "granitemoehybrid": (SELECTIVE_SSM,),
-    "jamba": (SELECTIVE_SSM,),
-    "qwen3_next": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5_moe": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "qwen3_5_moe_text": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "olmo_hybrid": (DELTA_RULE_GATE,),
-    "kimi_linear": (DELTA_RULE_GATE,),
-    "bailing_hybrid": (DELTA_RULE_GATE, ATTENTION_OUTPUT_GATE),
-    "lara_mini": (DELTA_RULE_GATE,),
-    "qwen4_exp": (DELTA_RULE_GATE,),
-    "qwen4_exp_text": (DELTA_RULE_GATE,),
-    "inkling2_text": (ATTENTION_OUTPUT_GATE,),
-    "inkling2_loop_text": (ATTENTION_OUTPUT_GATE,),
-    "xlstm": (LSTM_GATE,),
-    "lfm2": (CONV_GATE,),
-    "lfm2_moe": (CONV_GATE,),
-    "lfm3": (CONV_GATE, ATTENTION_OUTPUT_GATE),
-    "recurrent_gemma": (SELECTIVE_GATE,),
-    "gemma3n": (ALTUP_ROUTER,),
-    "gemma3n_text": (ALTUP_ROUTER,),
-}
+# found by the probe (``fca_workbench.adapters.gate_probe``), named by where they sit
+HYPER_CONNECTION = "hyper_connection"  # a hyper-connection's input-dependent stream mixing weights
+RECEPTANCE_GATE = "receptance_gate"  # RWKV's receptance and its exp-weighted keys
+DYNAMIC_MASK = "dynamic_mask"  # an input-dependent mask added to attention scores (Doge)
+NORM_GATE = "norm_gate"  # a sigmoid gate on a norm's output (AXK2's gated norms)
+INPUT_GATE = "input_gate"  # any other sigmoid / softmax / exp of a projection scaling another branch
 
 
 def family_of(config: Any) -> Family:
@@ -178,28 +148,21 @@ OUTPUT_SHAPES = {  # Family.output → what the router returns (the docs' table)
 }
 
 
-def family_table() -> str:
-    """The Markdown table of every declared family, ``MOE_FAMILIES`` (MoE routers) and ``SELECTIVE_FAMILIES``
-    (selective SSMs and gates) together (docs/guides/foreign-models.md holds it between ``<!-- families -->``
-    markers; a test checks that the committed table is this one)."""
-    rows = [
-        "| model_type | MoE routers (child of the MoE block) | router output | selective SSM and gate kinds | notes |",
-        "|---|---|---|---|---|",
-    ]
-    for model_type in sorted(set(MOE_FAMILIES) | set(SELECTIVE_FAMILIES)):
-        family, notes = MOE_FAMILIES.get(model_type), []
-        routers = output = ""
-        if family is not None:
-            if family.step:
-                notes.append(f"routing step `{family.step}` replaced with the router")
-            if family.zero_experts:
-                notes.append(f"zero-computation experts: `{family.zero_experts}`")
-            if family.layers:
-                notes.append(f"decoder layers counted by `{family.layers}`")
-            if family.fixed_k:
-                notes.append("static profiles replayed as their top-k")
-            routers = ", ".join(f"`{name}`" for name in family.router_names)
-            output = f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
-        selective = ", ".join(f"`{kind}`" for kind in SELECTIVE_FAMILIES.get(model_type, ()))
-        rows.append(f"| `{model_type}` | {routers} | {output} | {selective} | {'; '.join(notes)} |")
+def moe_table() -> str:
+    """The Markdown table of every MoE family's routers, ``MOE_FAMILIES`` (docs/guides/foreign-models.md
+    holds it between ``<!-- families -->`` markers; a test checks that the committed table is this one)."""
+    rows = ["| model_type | MoE routers (child of the MoE block) | router output | notes |", "|---|---|---|---|"]
+    for model_type, family in sorted(MOE_FAMILIES.items()):
+        notes = []
+        if family.step:
+            notes.append(f"routing step `{family.step}` replaced with the router")
+        if family.zero_experts:
+            notes.append(f"zero-computation experts: `{family.zero_experts}`")
+        if family.layers:
+            notes.append(f"decoder layers counted by `{family.layers}`")
+        if family.fixed_k:
+            notes.append("static profiles replayed as their top-k")
+        routers = ", ".join(f"`{name}`" for name in family.router_names)
+        output = f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
+        rows.append(f"| `{model_type}` | {routers} | {output} | {'; '.join(notes)} |")
     return "\n".join(rows) + "\n"

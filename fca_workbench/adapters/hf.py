@@ -14,13 +14,16 @@ import itertools
 import re
 import re._constants as re_constants  # type: ignore[import-not-found]  # a pattern's parsed form (safe_pattern)
 import re._parser as re_parser  # type: ignore[import-not-found]
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from fca_workbench.adapters.classification import check_classified_kinds, classification_note
 from fca_workbench.adapters.families import family_of
+from fca_workbench.adapters.gate_probe import probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
@@ -39,12 +42,19 @@ _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSE
 UNBOUNDED_CONTEXT = 1 << 20  # the "context" of a recurrent model whose config names none: any window it is given
 
 
-def find_controllers(
+def find_controllers(model: nn.Module, controllers: str | None = None, only_controllers: str | None = None) -> Any:
+    """``[(name, module, kind)]`` in module order (``discover_controllers`` without what it leaves out)."""
+    return discover_controllers(model, controllers, only_controllers)[0]
+
+
+def discover_controllers(
     model: nn.Module, controllers: str | None = None, only_controllers: str | None = None
-) -> list[tuple[str, nn.Module, ControllerKind]]:
-    """``[(name, module, kind)]`` in module order: the modules the built-in kinds and roles claim (MoE
-    routers, ``fca_workbench.adapters.selective``) plus those ``controllers`` names; or, with
-    ``only_controllers``, those alone. A named module must sit inside a decoder layer."""
+) -> tuple[list[tuple[str, nn.Module, ControllerKind]], list[str]]:
+    """``([(name, module, kind)], left out)``: in module order, the modules the built-in kinds and roles
+    claim (MoE routers, ``fca_workbench.adapters.selective``) and the gates the probe finds
+    (``fca_workbench.adapters.gate_probe``), plus those ``controllers`` names; or, with ``only_controllers``,
+    those alone. A named module must sit inside a decoder layer. Left out: one line per input-dependent gate
+    found that is not replayed."""
     if controllers is not None and only_controllers is not None:
         raise UserError("give --controllers (added to the built-in kinds) or --only-controllers, not both")
     pattern = only_controllers if only_controllers is not None else controllers
@@ -65,8 +75,14 @@ def find_controllers(
                 f"{unclaimed[0]} ({type(model.get_submodule(unclaimed[0])).__name__}) looks like a router that no "
                 "controller kind handles; the adapter cannot audit this model (docs/guides/foreign-models.md)"
             )
+    probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=execution_device(model)).view(PROBE_SHAPE)
+    probed, left_out = probed_controllers(model, probe, [name for name, _, _ in found], only_controllers is None)
+    found += probed
+    if only_controllers is None:
+        check_classified_kinds(getattr(model.config, "model_type", ""), [kind.name for _, _, kind in found])
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
-    return sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
+    ordered = sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
+    return ordered, left_out
 
 
 def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:
@@ -162,7 +178,10 @@ class TransformersControlled(LayerStepping, nn.Module):
             set_experts("eager")
         own_code = type(self.model).__module__.startswith("transformers.")
         self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
-        found = find_controllers(model, controllers, only_controllers)
+        found, self.left_out = discover_controllers(model, controllers, only_controllers)
+        note = classification_note(self.arch, [kind.name for _, _, kind in found], self.left_out)
+        if note is not None:  # the audit goes on: what discovery found is all it has
+            print(f"fca: note: {note}", file=sys.stderr)
         self.controller_names = [name for name, _, _ in found]
         self._blocks = decoder_layers(self.model)
         self.controller_layers = controller_layers(self.model, self._blocks, self.controller_names)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fca_workbench.adapters.families import (
@@ -30,7 +31,6 @@ from fca_workbench.adapters.families import (
     DELTA_RULE_GATE,
     DYNAMIC_CONV,
     LSTM_GATE,
-    SELECTIVE_FAMILIES,
     SELECTIVE_GATE,
     SELECTIVE_SSM,
 )
@@ -182,6 +182,20 @@ def attention_gate_role(owner: nn.Module) -> Found:
     return [("q_proj", q_proj, projection_kind(ATTENTION_OUTPUT_GATE, q_proj.out_features, spans))]
 
 
+def fused_query_gate_role(owner: nn.Module) -> Found:
+    """Attention whose query projection makes each head's query and output gate side by side (AXK2's
+    ``q_gate_proj``: per head ``qk_head_dim`` query columns, then ``v_head_dim`` gate columns)."""
+    q_gate, sizes = _linear(owner, "q_gate_proj"), _sizes(owner, "qk_head_dim", "v_head_dim")
+    if q_gate is None or sizes is None:
+        return []
+    query, gate = sizes
+    heads, remainder = divmod(q_gate.out_features, query + gate)
+    if remainder:
+        return []
+    spans = tuple((f"head {h} gate", h * (query + gate) + query, (h + 1) * (query + gate)) for h in range(heads))
+    return [("q_gate_proj", q_gate, projection_kind(ATTENTION_OUTPUT_GATE, q_gate.out_features, spans))]
+
+
 def gated_output_role(owner: nn.Module) -> Found:
     """Inkling2's attention output projection, which gates the attention output by a sigmoid of
     ``gate_proj`` of the layer input."""
@@ -248,15 +262,22 @@ class GateWeight:
     instead: ``torch.baddbmm(bias, x, weight)`` (``__torch_function__``; the gate adds the owner's bias
     itself) or ``weight[:, None] @ x``."""
 
-    def __init__(self, gate: ParameterGate, indexed: bool = False):
+    def __init__(self, gate: ParameterGate, indexed: bool = False, as_float: bool = False):
         self.gate = gate
         self.indexed = indexed
+        self.as_float = as_float
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if func is torch.baddbmm and len(args) == 3 and isinstance(args[2], GateWeight) and not kwargs:
             return args[2].gate(args[1])
+        if func is F.linear and len(args) == 2 and isinstance(args[1], GateWeight) and not kwargs:
+            return args[1].gate(args[0])  # float_linear: the weight as float32, as the owner casts it
         raise UserError(f"a gate weight the adapter replaced is used by {func.__name__}, which it does not know")
+
+    def float(self) -> "GateWeight":
+        """``F.linear(x, self.weight.float())`` (a hyper-connection's mixing matrix) gets the gate."""
+        return GateWeight(self.gate, self.indexed, as_float=True)
 
     def __getitem__(self, key):
         if key != (slice(None), None) or self.indexed:
@@ -289,6 +310,12 @@ def _parameter(owner: nn.Module, name: str) -> torch.Tensor:
 def _rglru_gate(gate: str, owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """RG-LRU's ``torch.baddbmm(self.{gate}_bias[:, None, :], x, self.{gate}_weight)``."""
     return torch.baddbmm(_parameter(owner, f"{gate}_bias")[:, None, :], x, _parameter(owner, f"{gate}_weight"))
+
+
+def float_linear(attr: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """``F.linear(x, self.{attr}.float())``: a mixing matrix a module multiplies itself (DeepSeek-V4's and
+    HY-V4's hyper-connections)."""
+    return lambda owner, x: F.linear(x, _parameter(owner, attr).float())
 
 
 def _zamba_x_proj(owner: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -340,6 +367,7 @@ ROLES: list[Role] = [
     zamba_role,
     delta_rule_role,
     attention_gate_role,
+    fused_query_gate_role,
     gated_output_role,
     dynamic_conv_role,
     lstm_gate_role,
@@ -351,18 +379,10 @@ ROLES: list[Role] = [
 
 def selective_controllers(model: nn.Module) -> list[tuple[str, nn.Module, ControllerKind]]:
     """``[(name, module, kind)]`` of every role's controllers in ``model``, in module order. A gate held as a
-    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time. A
-    family of ``SELECTIVE_FAMILIES`` in which no role finds anything (a version of transformers that changed its
-    modules) is a one-line error, never an audit that says it has no controller."""
+    parameter (RG-LRU, Zamba) gets a ``ParameterGate`` module, installed on its owner the first time."""
     found = []
     for name, owner in model.named_modules():
         for role in ROLES:
             for attr, module, kind in role(owner):
                 found.append((f"{name}.{attr}" if name else attr, module, kind))
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if not found and model_type in SELECTIVE_FAMILIES:
-        raise UserError(
-            f"no {'/'.join(SELECTIVE_FAMILIES[model_type])} controller found in this {model_type} model (its modules are "
-            "not the ones the adapter knows); name its controllers with --only-controllers REGEX"
-        )
     return found

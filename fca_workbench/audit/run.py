@@ -167,10 +167,11 @@ def execution_figures(
 
 
 def controller_kinds(model: ControlledModel) -> dict:
-    """``{"controller_kinds": [...]}``: a foreign model's controller kind per controller (what the report's
-    words about static profiles go by); {} for a workbench family, whose controllers its ``arch`` names."""
+    """``{"controller_kinds": [...], "left_out": [...]}``: a foreign model's controller kind per controller
+    (what the report's words about static profiles go by) and the input-dependent computation it found and
+    does not replay, one line each; {} for a workbench family, whose controllers its ``arch`` names."""
     if isinstance(model, TransformersControlled):
-        return {"controller_kinds": [kind.name for kind in model.kinds]}
+        return {"controller_kinds": [kind.name for kind in model.kinds], "left_out": list(model.left_out)}
     return {}
 
 

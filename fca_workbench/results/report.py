@@ -53,6 +53,7 @@ def format_report(audit: dict, width: int = 38) -> str:
         )
     lines += per_layer_table(audit.get("per_layer"))
     lines += static_profile_notes(model.get("controller_kinds", []), width * 3)
+    lines += left_out_notes(model.get("left_out", []), width * 3)
     columns = [
         ("1. Coefficient variation", variation_figures(audit), audit["verdict"]["coefficient_variation"]),
         ("2. Assignment dependence", assignment_figures(audit), audit["verdict"]["assignment_dependence"]),
@@ -65,6 +66,23 @@ def format_report(audit: dict, width: int = 38) -> str:
     for row in itertools.zip_longest(*blocks, fillvalue=""):
         lines.append("  ".join(cell.ljust(width) for cell in row).rstrip())
     return "\n".join(lines)
+
+
+def left_out_notes(left_out: list[str], width: int) -> list[str]:
+    """What the audit saw depend on the input and did not replay: every condition leaves it live."""
+    if not left_out:
+        return []
+    lines = [
+        "",
+        *textwrap.wrap(
+            f"Left out ({len(left_out)}, input-dependent but not replayed; live in every condition):", width
+        ),
+    ]
+    return lines + [
+        wrapped
+        for entry in left_out
+        for wrapped in textwrap.wrap(entry, width, initial_indent="- ", subsequent_indent="  ")
+    ]
 
 
 def static_profile_notes(kinds: list[str], width: int) -> list[str]:

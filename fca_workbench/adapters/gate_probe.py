@@ -1,0 +1,286 @@
+"""Gates found by what they do: one probe forward that follows every projection's output through the
+model and sees where, after a sigmoid, a softmax or an exp, it scales, masks or mixes another branch of the
+hidden state. A gate is such a projection; class and attribute names only label what is found.
+
+The probe tags the output of every ``F.linear`` (an ``nn.Linear``, or a parameter a module multiplies
+itself, like a hyper-connection's mixing matrix) with the module that owns the weight, and carries the tag
+through shape and elementwise operations. A tagged value that meets another hidden-state tensor in a matrix
+product before any gate activation is a bilinear form (attention scores), not a gate: the tag is dropped.
+A content nonlinearity (SiLU, GELU, ReLU, tanh) drops it too: ``act(gate_proj(x)) * up_proj(x)`` inside a
+gated MLP is the layer's nonlinearity, not coefficients emitted for another computation, so dense
+Llama-style models have no gate. Values computed from an already-claimed controller's output (Mamba's
+Δ = softplus(dt_proj(·)) of ``x_proj``'s output) are frozen with it and never reported.
+
+What the probe finds falls in two groups: a whole projection output that only gates (every column, no
+slice on the way) is replayed by ``whole_kind`` at the projection, exactly; anything else (a slice of a
+fused projection no role knows, a parameter product no role wraps, a gate outside the decoder layers) is
+*left out* and said so in the report and ``audit.json``.
+"""
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from fca_workbench.adapters.families import (
+    ATTENTION_OUTPUT_GATE,
+    DYNAMIC_MASK,
+    HYPER_CONNECTION,
+    INPUT_GATE,
+    LSTM_GATE,
+    NORM_GATE,
+    RECEPTANCE_GATE,
+)
+from fca_workbench.adapters.selective import Found, float_linear, parameter_gate, whole_kind
+
+GATE_ACTIVATIONS = {torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid, torch.exp, torch.Tensor.exp, torch.softmax}
+GATE_ACTIVATIONS |= {torch.Tensor.softmax, F.softmax, torch.special.expit}
+CONTENT_NONLINEARITIES = {F.silu, F.gelu, F.relu, torch.tanh, torch.Tensor.tanh, F.tanh, F.mish, torch.relu}
+CONTENT_NONLINEARITIES |= {torch.Tensor.relu}  # a softplus carries the tag: exp(A·softplus(·)) is a gate
+MATRIX_PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.bmm, torch.einsum, torch.Tensor.__matmul__, F.linear}
+COMBINES = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.add, torch.Tensor.add}
+COMBINES |= {torch.Tensor.__add__, torch.Tensor.__radd__, torch.sub, torch.Tensor.__sub__, torch.Tensor.__truediv__}
+COMBINES |= {torch.where, torch.Tensor.masked_fill, torch.addcmul, torch.Tensor.__iadd__, torch.Tensor.__imul__}
+COMBINES |= {torch.Tensor.mul_, torch.Tensor.add_, torch.baddbmm}
+ATTENTION_KERNELS = {F.scaled_dot_product_attention}  # a mask given to one of these shifts the scores
+CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
+WEIGHT_VIEWS = {torch.Tensor.view, torch.Tensor.expand, torch.Tensor.reshape, torch.Tensor.unsqueeze}
+SLICES = {torch.split, torch.Tensor.split, torch.chunk, torch.Tensor.chunk, torch.Tensor.__getitem__}
+SLICES |= {torch.unbind, torch.Tensor.unbind, torch.narrow, torch.Tensor.narrow, torch.Tensor.split_with_sizes}
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A value derived from the output of ``owner`` (a module path; ``weight``: the parameter's name), with
+    ``sliced`` when only some of its columns got here, ``activated`` after a gate activation, ``claimed``
+    when the owner is a controller already found (or the value follows from one by fixed parameters)."""
+
+    owner: str
+    weight: str
+    sliced: bool = False
+    activated: bool = False
+    claimed: bool = False
+    query: bool = False  # a learned query's scores against hidden states (no F.linear: not replayable here)
+
+
+@dataclass
+class Gate:
+    """A gate the probe saw: ``owner``'s output (``weight`` names its parameter) ``how`` another branch."""
+
+    owner: str
+    weight: str
+    sliced: bool
+    how: str  # "scales" (a product) or "masks" (a sum with scores: a dynamic mask)
+    only_gates: bool = True  # every use of the output is a gate's (no content column): replayable whole
+    calls: int = 1  # how often the projection runs per forward (a looped layer's: more than once)
+    learned_query: bool = False  # a parameter attending over hidden states inside an attention kernel
+
+
+@dataclass
+class Findings:
+    gates: dict[tuple[str, str], Gate] = field(default_factory=dict)
+    content: set[tuple[str, str]] = field(default_factory=set)  # outputs also used as content
+    calls: dict[tuple[str, str], int] = field(default_factory=dict)  # projections per forward
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []
+
+
+class _Probe(TorchFunctionMode):
+    """Carries tags and a *hidden* mark (derived from the token embeddings) through one forward."""
+
+    def __init__(self, owners: dict[int, tuple[str, str]], claimed: set[str]):
+        super().__init__()
+        self.owners = owners  # id(parameter) → (module path, parameter name)
+        self.claimed = claimed
+        self.tags: dict[int, tuple[weakref.ref, Tag | None]] = {}  # id → (the tensor, its tag; None: hidden)
+        self.findings = Findings()
+        self.keep: list[torch.Tensor] = []  # the casts of weights, alive while their ids name them
+        self.views: dict[int, tuple[str, str]] = {}  # id(a view of a weight) → its owner
+
+    def mark(self, tensor: torch.Tensor, tag: Tag | None) -> None:
+        self.tags[id(tensor)] = (weakref.ref(tensor), tag)
+
+    def lookup(self, tensor: torch.Tensor) -> tuple[bool, Tag | None]:
+        """``(hidden, tag)``: whether the tensor derives from the hidden state, and its tag."""
+        entry = self.tags.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return False, None
+        return True, entry[1]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        output = func(*args, **kwargs)
+        if func in CASTS and args and id(args[0]) in self.owners and isinstance(output, torch.Tensor):
+            self.owners[id(output)] = self.owners[id(args[0])]  # w.float(): the same weight
+            self.keep.append(output)
+        weight = (self.owners.get(id(args[0])) or self.views.get(id(args[0]))) if args else None
+        if func in WEIGHT_VIEWS and weight is not None and isinstance(output, torch.Tensor):
+            self.views[id(output)] = weight  # a view of a weight: not F.linear's operand
+            self.keep.append(output)
+        if func in ATTENTION_KERNELS and len(args) > 1 and id(args[0]) in self.views and self.lookup(args[1])[0]:
+            owner = self.views[id(args[0])]  # a learned query attending over hidden states (mixing weights)
+            self.findings.gates[owner] = Gate(*owner, sliced=False, how="mixes", learned_query=True)
+        inputs = [self.lookup(t) for t in _tensors(args) + _tensors(kwargs)]
+        if not any(hidden for hidden, _ in inputs):
+            return output
+        tags = [tag for _, tag in inputs if tag is not None]
+        untagged = sum(1 for hidden, tag in inputs if hidden and tag is None)
+        result = self.follow(func, args, tags, untagged)
+        for tensor in _tensors(output):
+            self.mark(tensor, result)
+        return output
+
+    def follow(self, func: Callable, args: tuple, tags: list[Tag], untagged: int) -> Tag | None:
+        """The tag of ``func``'s output from its inputs' (None: plain hidden state)."""
+        if func is F.linear:
+            weight = args[1] if len(args) > 1 else None
+            owner = self.owners.get(id(weight)) if isinstance(weight, torch.Tensor) else None
+            if owner is None:
+                return None
+            self.findings.calls[owner] = self.findings.calls.get(owner, 0) + 1
+            fixed = bool(tags) and all(tag.claimed for tag in tags) and not untagged
+            return Tag(*owner, claimed=fixed or owner[0] in self.claimed)
+        if not tags:
+            if func in MATRIX_PRODUCTS and untagged and any(id(a) in self.views for a in args[:2]):
+                owner = next(self.views[id(a)] for a in args[:2] if id(a) in self.views)
+                return Tag(*owner, query=True)  # a learned query scoring hidden states (attention over layers)
+            return None
+        tag = tags[0]
+        if func in GATE_ACTIVATIONS:
+            return Tag(tag.owner, tag.weight, tag.sliced, True, tag.claimed, tag.query) if len(tags) == 1 else None
+        if func in CONTENT_NONLINEARITIES:
+            if not tag.claimed:
+                self.findings.content.add((tag.owner, tag.weight))
+            return tag if tag.claimed else None
+        if func in MATRIX_PRODUCTS or func in COMBINES or func in ATTENTION_KERNELS:
+            return self.combine(func, tags, untagged)
+        if func in SLICES:
+            return Tag(tag.owner, tag.weight, True, tag.activated, tag.claimed)
+        return tag if len({(t.owner, t.weight) for t in tags}) == 1 else None
+
+    def combine(self, func: Callable, tags: list[Tag], untagged: int) -> Tag | None:
+        """A product or sum of tagged values with others: an activated tag meeting another branch is a
+        gate; a plain projection scaled elementwise stays itself; anything else is content."""
+        others = untagged + len({(t.owner, t.weight) for t in tags}) - 1
+        if all(tag.claimed for tag in tags):
+            return tags[0] if not untagged else None
+        for tag in tags:
+            if tag.activated and not tag.claimed and others:
+                masks = func in ATTENTION_KERNELS or func in {torch.add, torch.Tensor.add, torch.Tensor.__add__}
+                key = (tag.owner, tag.weight)
+                seen = self.findings.gates.get(key)
+                sliced = tag.sliced or bool(seen and seen.sliced)
+                how = "masks" if masks else "scales"
+                self.findings.gates[key] = Gate(tag.owner, tag.weight, sliced, how, learned_query=tag.query)
+        if others == 0 and func not in MATRIX_PRODUCTS and func not in ATTENTION_KERNELS:
+            return tags[0]
+        if untagged and len(tags) == 1 and func in COMBINES and not tags[0].activated:
+            return tags[0]  # a projection scaled by a norm of its input (a hyper-connection's mixes)
+        self.findings.content.update((t.owner, t.weight) for t in tags if not t.activated and not t.claimed)
+        return None
+
+
+def probe_gates(model: nn.Module, input_ids: torch.Tensor, claimed: list[str]) -> list[Gate]:
+    """The gates one forward of ``model`` on ``input_ids`` shows (``claimed``: the controllers found
+    already; their outputs, and what follows from them by fixed parameters, are not gates again)."""
+    owners = {id(p): (name.rpartition(".")[0], name.rpartition(".")[2]) for name, p in model.named_parameters()}
+    probe = _Probe(owners, set(claimed))
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    if not isinstance(embeddings, nn.Module):  # where the hidden state starts is unknown: nothing to follow
+        return []
+    handles = [embeddings.register_forward_hook(lambda module, args, output: probe.mark(output, None))]
+    claimed_modules = {model.get_submodule(name): name for name in claimed if _has(model, name)}
+    for module, name in claimed_modules.items():
+
+        def hook(module, args, output, name=name):
+            for tensor in _tensors(output):
+                probe.mark(tensor, Tag(name, "", claimed=True))
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad(), probe:
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    inside = tuple(name + "." for name in claimed)
+    gates = [
+        gate
+        for gate in probe.findings.gates.values()
+        if gate.owner not in claimed_modules.values() and not gate.owner.startswith(inside)
+    ]
+    for gate in gates:
+        gate.only_gates = (gate.owner, gate.weight) not in probe.findings.content
+        gate.calls = probe.findings.calls.get((gate.owner, gate.weight), 1)
+    return gates
+
+
+def _has(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def gate_kind_name(model: nn.Module, gate: Gate) -> str:
+    """The kind a probed gate is reported as: where it sits (its owner's class names it, as a hint only)."""
+    path = gate.owner.split(".")
+    ancestors = [type(model.get_submodule(".".join(path[:i]))).__name__ for i in range(len(path) - 2, len(path) + 1)]
+    names = f"{' '.join(ancestors)} {path[-1]}"  # the owner's, its parent's and grandparent's classes
+    if gate.how == "masks":
+        return DYNAMIC_MASK
+    if "Hyper" in names or "Residual" in names or "hc" in gate.owner.rpartition(".")[2]:
+        return HYPER_CONNECTION
+    if "LSTM" in names:
+        return LSTM_GATE
+    if "Rwkv" in names or "receptance" in names:
+        return RECEPTANCE_GATE
+    if "Norm" in names:
+        return NORM_GATE
+    if "Attention" in names:
+        return ATTENTION_OUTPUT_GATE
+    return INPUT_GATE
+
+
+def probed_controllers(
+    model: nn.Module, input_ids: torch.Tensor, claimed: list[str], add: bool = True
+) -> tuple[Found, list[str]]:
+    """``(controllers, left out)``: the probe's gates no kind or role claimed, each replayed where it can be
+    exactly (a whole ``nn.Linear`` output that only gates: ``whole_kind``; a parameter the owner multiplies by
+    ``F.linear(x, w.float())``: a ``ParameterGate``), else one line saying what is left out and why. With
+    ``add`` false (``--only-controllers``) every gate found is left out."""
+    found: Found = []
+    left_out = []
+    for gate in probe_gates(model, input_ids, claimed):
+        owner = model.get_submodule(gate.owner)
+        kind = gate_kind_name(model, gate)
+        described = f"{gate.owner} ({type(owner).__name__}): a {kind}"
+        if not add:
+            left_out.append(f"{described} not among --only-controllers; it runs live")
+        elif gate.learned_query:
+            left_out.append(
+                f"{described}: a learned query attending over hidden states, its weights computed inside the attention kernel; it runs live"
+            )
+        elif gate.calls > 1:
+            left_out.append(f"{described} that runs {gate.calls} times per forward (a looped layer); it runs live")
+        elif isinstance(owner, nn.Linear) and gate.only_gates:
+            found.append((gate.owner, owner, whole_kind(kind)))
+        elif not isinstance(owner, nn.Linear) and gate.weight in owner._parameters:
+            module = parameter_gate(owner, gate.weight, float_linear(gate.weight))
+            found.append((f"{gate.owner}.{gate.weight}", module, whole_kind(kind)))
+        else:
+            left_out.append(f"{described} whose output is also used as content; it runs live")
+    return found, left_out
