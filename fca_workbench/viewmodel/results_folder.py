@@ -14,7 +14,6 @@ static profiles serve the live view when their fingerprints match the checkpoint
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any, Protocol
 import cachetools
 
 from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import canonical_json
 from fca_workbench.notebooks import tables
 from fca_workbench.results.binding import binding
 from fca_workbench.results.conditions import retention_profiles
@@ -264,7 +264,7 @@ class ResultsFolder:
         if audit is None:
             return None, problem, len(problem or "")
         summary = summary_of(audit)
-        held = len(json.dumps(summary))
+        held = len(canonical_json(summary))
         if held > SUMMARY_MAX_BYTES:
             problem = f"{name}/{AUDIT_FILE}: its summary fields take more than {SUMMARY_MAX_BYTES >> 10} KiB"
             return None, problem, len(problem)
