@@ -46,6 +46,7 @@ from fca_workbench.models.limits import (
     check_sizes,
     parameters_on_meta,
 )
+from fca_workbench.training.routing import prepare_routers, router_z_loss
 from fca_workbench.training.train_card import model_card_markdown
 from fca_workbench.training.train_settings import TrainSettings
 from fca_workbench.training.train_state import (
@@ -122,7 +123,9 @@ def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> 
     """The untrained model ``settings`` describe, seeded, sized to ``tokenizer`` and checked to fit in memory."""
     if settings.hf_config is not None:
         torch.manual_seed(settings.seed)
-        return build_hf_model(settings.hf_config, tokenizer, settings.window)
+        model = build_hf_model(settings.hf_config, tokenizer, settings.window)
+        prepare_routers(model, settings)
+        return model
     vocab_size = len(tokenizer)
     if settings.arch not in FAMILIES:
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
@@ -205,13 +208,20 @@ def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> to
     return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
 
 
-def training_loss(model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss."""
+def training_loss(
+    model: torch.nn.Module, batch: torch.Tensor, z_loss_weight: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss,
+    plus ``z_loss_weight`` times the router z-loss (``routing.router_z_loss``) when it is not 0."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", None)
-    out = model(batch, **({"output_router_logits": True} if aux_coef is not None else {}))
+    routed = aux_coef is not None or z_loss_weight != 0
+    out = model(batch, **({"output_router_logits": True} if routed else {}))
     nll = next_token_nll(out.logits, batch).mean()
     aux = getattr(out, "aux_loss", None)
-    return nll, nll if aux is None else nll + aux_coef * aux
+    loss = nll if aux is None else nll + aux_coef * aux
+    if z_loss_weight != 0:
+        loss = loss + z_loss_weight * router_z_loss(out.router_logits)
+    return nll, loss
 
 
 def autocast(device: str) -> contextlib.AbstractContextManager:
@@ -268,7 +278,7 @@ def train_steps(
             batch = sample_batch(stream, step, settings).to(settings.device)
             torch.manual_seed(step_seed(settings, step))  # dropout or router jitter, if a config has them
             with autocast(settings.device):
-                nll, loss = training_loss(model, batch)
+                nll, loss = training_loss(model, batch, settings.router_z_loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
