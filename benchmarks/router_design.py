@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoModelForCausalLM
 
@@ -119,7 +120,9 @@ class Run:
         return work / "configs" / f"{self.variant}.json"
 
     def config(self) -> dict:
-        config = {**read_json(self.base), **dict(VARIANTS[self.variant].fields)}
+        base = read_json(self.base)
+        assert isinstance(base, dict)  # read_json's default expect
+        config: dict[str, Any] = {**base, **dict(VARIANTS[self.variant].fields)}
         if config["model_type"] == GRANITE_AS_MIXTRAL["model_type"]:  # Mixtral's attention scale, 1/sqrt(head_dim)
             config["attention_multiplier"] = (config["hidden_size"] // config["num_attention_heads"]) ** -0.5
         return config
@@ -237,9 +240,10 @@ def study(runs: list[Run], work: Path, out: Path) -> list[str]:
     """Every run not done yet, in order; returns the names of those fca refused."""
     failed = []
     for run in runs:
-        if status(run, work, out) == "done":
+        state = status(run, work, out)  # type: ignore[arg-type]  # any run of this shape
+        if state == "done":
             continue
-        print(f"== {run.name}: {status(run, work, out)}", flush=True)
+        print(f"== {run.name}: {state}", flush=True)
         if not run_one(run, work, out):
             failed.append(run.name)
     return failed

@@ -21,7 +21,15 @@ from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.training import train as train_module
-from fca_workbench.training.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
+from fca_workbench.training.train import (
+    TrainSettings,
+    build_hf_model,
+    build_model,
+    finish,
+    read_hf_config,
+    train,
+    training_loss,
+)
 
 
 @pytest.fixture(scope="module")
@@ -264,3 +272,101 @@ def test_a_shipped_model_card_states_the_eval_nll_of_todays_windows(folder):
         nll = torch.cat([next_token_nll(model(batch).logits, batch) for batch in windows.split(16)]).mean().item()
     assert abs(card["eval_nll"] - nll) <= 6e-5, (card["eval_nll"], nll)
     assert f"spread evenly over the eval split) | {card['eval_nll']} |" in (folder / "README.md").read_text()
+
+
+def tiny_moe(tmp_path, **settings):
+    """A tiny Mixtral built as ``fca train --hf-config`` builds it, with the router-design ``settings``."""
+    fields = read_hf_config(write_config(tmp_path, model_type="mixtral", **TINY_HF_CONFIGS["mixtral"]))
+    return build_model(TrainSettings(hf_config=fields, window=32, **settings), load_tokenizer())
+
+
+def router_inputs(model, batch):
+    """Each router's input and weight, recorded by forward hooks (which see the input the router computes with)."""
+    seen = []
+    routers = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    hooks = [r.register_forward_hook(lambda m, args, out: seen.append((args[0], m.weight))) for r in routers]
+    model(batch)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(routers) == TINY_HF_CONFIGS["mixtral"]["num_hidden_layers"]
+    return seen
+
+
+def test_the_router_z_loss_adds_exactly_its_weight_times_the_mean_squared_logsumexp(tmp_path):
+    model = tiny_moe(tmp_path, router_z_loss=0.5)
+    batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for router in [m for name, m in model.named_modules() if name.endswith("mlp.gate")]:
+            router.weight.mul_(30)  # logits far from 0, so the term is not negligible
+        nll, plain = training_loss(model, batch)
+        nll_z, with_z = training_loss(model, batch, z_loss_weight=0.5)
+        squares = [
+            torch.log(torch.exp(h.double() @ w.double().T).sum(-1)).pow(2) for h, w in router_inputs(model, batch)
+        ]
+    expected = torch.cat(squares).mean().item()
+    assert expected > 1.0
+    assert torch.equal(nll, nll_z)
+    assert (with_z - plain).item() == pytest.approx(0.5 * expected, rel=1e-6)
+
+
+def test_a_detached_router_input_sends_no_gradient_into_the_hidden_state_and_the_router_still_trains(tmp_path):
+    from fca_workbench.training.routing import router_z_loss
+
+    batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(4))
+    gradients = {}
+    for router_input in ("normed", "detached"):
+        model = tiny_moe(tmp_path, router_input=router_input)
+        embeds = model.get_input_embeddings()(batch).detach().requires_grad_()
+        out = model(inputs_embeds=embeds, output_router_logits=True)
+        router_z_loss(out.router_logits).backward()  # a loss of the router logits alone
+        routers = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+        into_hidden = None if embeds.grad is None else embeds.grad.abs().sum().item()
+        gradients[router_input] = (into_hidden, [r.weight.grad.abs().sum().item() for r in routers])
+    assert gradients["normed"][0] > 0 and gradients["detached"][0] is None  # no path through the hidden state
+    assert all(g > 0 for g in gradients["detached"][1])  # the routers' own weights still get their gradient
+    # the last router's own gradient is the same either way; an earlier one's differs by what the later routers'
+    # loss sends back through the hidden state (the path detaching cuts)
+    assert gradients["normed"][1][-1] == pytest.approx(gradients["detached"][1][-1], rel=1e-6)
+    assert gradients["normed"][1][0] != gradients["detached"][1][0]
+
+
+def test_a_detached_router_trains_and_saves_a_plain_transformers_model(small_text, tmp_path):
+    settings = hf_settings(tmp_path, "mixtral", small_text, steps=3, save_every=10, router_input="detached")
+    model = build_model(settings, load_tokenizer())
+    start = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")}
+    card = train(settings, tmp_path / "run")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    assert not loaded.model.layers[0].mlp.gate._forward_pre_hooks  # nothing of the detaching is saved
+    trained = dict(loaded.named_parameters())
+    assert all(not torch.equal(trained[n], w) for n, w in start.items())  # every router moved
+    assert card["settings"]["router_input"] == "detached" and card["settings"]["router_z_loss"] == 0.0
+    readme = (tmp_path / "run" / "README.md").read_text()
+    assert "--router-input detached --out DIR" in readme and "detached from the gradient" in readme
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--arch", "dense", "--router-z-loss", "1e-3"], "--router-z-loss shape the routers of a --hf-config MoE"),
+        (["--arch", "featuregate", "--router-input", "detached"], "--router-input shape the routers"),
+        (["--hf-config", "LLAMA", "--router-input", "detached"], "this llama model has none"),
+        (["--hf-config", "LLAMA", "--router-z-loss", "1e-3"], "this llama model has none"),
+        (["--hf-config", "MIXTRAL", "--router-z-loss", "-1"], "--router-z-loss"),
+    ],
+)
+def test_a_router_flag_on_a_model_without_routers_is_one_line(flags, fragment, small_text, tmp_path, capsys):
+    llama = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32)
+    paths = {
+        "LLAMA": write_config(tmp_path, model_type="llama", max_position_embeddings=64, **llama),
+        "MIXTRAL": (tmp_path / "m.json"),
+    }
+    paths["MIXTRAL"].write_text(json.dumps({"model_type": "mixtral", **TINY_HF_CONFIGS["mixtral"]}))
+    flags = [str(paths.get(f, f)) for f in flags]
+    args = ["train", *flags, "--train", small_text, "--window", "32", "--steps", "2", "--out", str(tmp_path / "o")]
+    try:
+        status = main(args)
+    except SystemExit as exit_info:  # argparse's refusal of a flag's value
+        status = exit_info.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and fragment in lines[0], lines
+    assert not (tmp_path / "o").exists()

@@ -8,6 +8,7 @@ is the plain transformers model: nothing of either is in its weights or its conf
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from transformers import PreTrainedModel
 
 from fca_workbench.adapters.routers import find_routers
 from fca_workbench.foundation.errors import UserError
@@ -21,7 +22,7 @@ def router_z_loss(router_logits: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1).square().mean()
 
 
-def check_routers(model: nn.Module, flags: str) -> list[str]:
+def check_routers(model: PreTrainedModel, flags: str) -> list[str]:
     """The module paths of the model's top-k routers; a one-line refusal of ``flags`` when it has none."""
     routers = list(find_routers(model))
     if not routers:
@@ -29,7 +30,7 @@ def check_routers(model: nn.Module, flags: str) -> list[str]:
     return routers
 
 
-def prepare_routers(model: nn.Module, settings: TrainSettings) -> None:
+def prepare_routers(model: PreTrainedModel, settings: TrainSettings) -> None:
     """Check that a model the router-design flags ask for has routers, and detach their input if asked."""
     asked = [flag for flag, given in settings.router_flags().items() if given]
     if asked:
@@ -38,7 +39,7 @@ def prepare_routers(model: nn.Module, settings: TrainSettings) -> None:
         detach_router_inputs(model)
 
 
-def detach_router_inputs(model: nn.Module) -> list[RemovableHandle]:
+def detach_router_inputs(model: PreTrainedModel) -> list[RemovableHandle]:
     """Every router of ``model`` reads its input without the gradient: the loss trains the router's weights
     through the routing weights, but never moves the hidden state to suit the router."""
     return [
