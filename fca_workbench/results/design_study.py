@@ -34,7 +34,7 @@ DEFAULT_VARIANT = "default"
 OTHER_AXIS = "other"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per study: hashed by identity (summary_schema caches per kind)
 class StudyKind:
     """What differs between the design studies: their shipped folder, their axes and the figures they tabulate.
 
@@ -282,7 +282,7 @@ def read_design_study(folder: str | Path | None = None, kind: StudyKind = CONTRO
     if not runs:
         why = f"; {len(skipped)} skipped, the first {skipped[0]}" if skipped else ""
         raise UserError(
-            f"no run of the {kind.title.lower()} study in {folder} (each is a folder <variant>-s<seed> holding "
+            f"no run of the {kind.name.replace('_', '-')} study in {folder} (each is a folder <variant>-s<seed> holding "
             f"{STUDY_SUMMARY_FILE} and {TRAIN_CARD_FILE}){why}"
         )
     return DesignStudy(folder, runs, skipped, kind)
