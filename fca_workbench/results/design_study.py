@@ -112,6 +112,7 @@ ROUTER_STUDY = StudyKind(
         **COMMON_FIGURES,
         "retention_layer_mean_topk": f"retention.{LAYER_MEAN_TOPK}.value",
         "export_eval_nll": "export_eval_nll",
+        "export_cost": "derived.export_cost",
         "expert_entropy": "derived.expert_entropy",
     },
     cis={**COMMON_CIS, "retention_layer_mean_topk": f"retention.{LAYER_MEAN_TOPK}.ci95"},
@@ -119,6 +120,7 @@ ROUTER_STUDY = StudyKind(
         *COMMON_COLUMNS[:2],
         Column("retention_layer_mean_topk", "retention layer_mean_topk", "pct"),
         Column("export_eval_nll", "export eval NLL", "float"),
+        Column("export_cost", "export − model NLL", "delta"),
         Column("expert_entropy", "expert-use entropy", "pct"),
         *COMMON_COLUMNS[2:],
     ],
@@ -243,8 +245,13 @@ def expert_entropy(execution: dict) -> float | None:
 
 
 def derived_figures(summary: dict) -> dict:
-    """The figures a study computes from a run's summary rather than reads (``derived.*`` in a ``StudyKind``)."""
-    return {"expert_entropy": expert_entropy(summary.get("execution") or {})}
+    """The figures a study computes from a run's summary rather than reads (``derived.*`` in a ``StudyKind``):
+    the expert-use entropy, and the static export's cost, its eval NLL minus the model's (same eval windows)."""
+    export = summary.get("export_eval_nll")
+    return {
+        "expert_entropy": expert_entropy(summary.get("execution") or {}),
+        "export_cost": None if export is None else round(export - summary["eval_nll"], 4),
+    }
 
 
 def read_run(folder: Path, run: str, kind: StudyKind = CONTROLLER_STUDY) -> dict:
