@@ -88,7 +88,9 @@ def test_the_plan_puts_seed_0_of_every_variant_first_and_every_variant_is_a_conf
             {"attention_multiplier"} if config["model_type"] == "granitemoeshared" else set()
         )
         assert run.audit_args(Path("/w"))[-3:] == ["--per-layer", "--out", f"/w/{run.name}-audit"]
-    assert runner.Run("shared-on", 0).config()["attention_multiplier"] == 1 / math.sqrt(96 / 4)
+    assert runner.Run("shared-on", 0).config()["attention_multiplier"] == pytest.approx(
+        1 / math.sqrt(96 / 4), rel=1e-15
+    )
 
 
 def test_granitemoeshared_without_its_shared_expert_computes_what_mixtral_computes(runner, tmp_path):
