@@ -302,7 +302,7 @@ def test_train_refuses_an_aliased_size_of_an_hf_config_before_building(tmp_path,
 
 def test_train_refuses_mpt_layers_before_building(monkeypatch):
     from fca_workbench.data.tokenizer import load_tokenizer
-    from fca_workbench.training.train import build_hf_model
+    from fca_workbench.training.hf_config import build_hf_model
 
     tried = never_built(monkeypatch)
     with pytest.raises(UserError, match="n_layers=1000000 is out of range"):

@@ -173,11 +173,15 @@ def test_the_tables_equal_an_independent_read_of_the_files(tiny_study):
         assert row["retention_layer_mean_topk"] == audit["retention"]["layer_mean_topk"]["value"]
     assert table.loc[("shared-on", 0), "axis"] == "shared expert"
     assert table.loc[("input-detached", 0), ["axis", "setting"]].tolist() == ["router input", "detached"]
-    over = design_seed_table(study.runs, ROUTER_STUDY).set_index("variant")
-    assert over.loc["default", "n"] == 2 and over.loc["shared-on", "n"] == 1
+    over = {r["variant"]: r for r in design_seed_table(study.runs, ROUTER_STUDY).to_dict("records")}
+    assert over["default"]["n"] == 2 and over["shared-on"]["n"] == 1
     default = [json.loads((out / f"default-s{s}" / "audit_summary.json").read_text())["eval_nll"] for s in (0, 1)]
-    assert over.loc["default", "eval_nll"]["mean"] == pytest.approx(statistics.fmean(default))
-    assert over.loc["default", "eval_nll"]["sd"] == pytest.approx(statistics.stdev(default))
+    assert over["default"]["eval_nll_mean"] == pytest.approx(statistics.fmean(default), rel=1e-12)
+    assert over["default"]["eval_nll_sd"] == pytest.approx(statistics.stdev(default), rel=1e-9)
+    entropies = [
+        independent_entropy(json.loads((work / f"default-s{s}-audit" / "audit.json").read_text())) for s in (0, 1)
+    ]
+    assert over["default"]["expert_entropy_mean"] == pytest.approx(statistics.fmean(entropies), rel=1e-9)
 
 
 def test_a_summary_without_the_export_is_left_out_in_one_line(tiny_study, tmp_path):
