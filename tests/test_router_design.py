@@ -222,3 +222,17 @@ def test_notebook_10_reads_the_study_and_its_tables_equal_the_files(tiny_study, 
     assert {f"router_design_{n}" for n in names} <= figures
     executed = (plan.out / "notebooks" / "10_router_design.ipynb").read_text()
     assert "`default` 2 (0, 1)" in executed and "(n=2)" in executed and "(n=1)" in executed
+
+
+def test_the_committed_summaries_are_read_and_the_docs_quote_their_table(runner):
+    """data/router_design/findings.md is what ``--table`` prints from the committed summaries (regenerate it
+    when a run is added), docs/router-design.md includes it, and each committed export's eval NLL is its audit's
+    layer_mean_topk NLL on the same windows."""
+    study = ROOT / "data" / "router_design"
+    found = read_design_study(study, ROUTER_STUDY)
+    assert found.skipped == [] and found.runs
+    for run in found.runs:
+        assert run["data"]["eval"]["fingerprint"] == run["card"]["eval_fingerprint"]
+        assert run["export_eval_nll"] == pytest.approx(run["conditions"]["layer_mean_topk"]["nll"], abs=1e-4)
+    assert (study / "findings.md").read_text() == runner.findings_table(study) + "\n"
+    assert '--8<-- "data/router_design/findings.md"' in (ROOT / "docs" / "router-design.md").read_text()
