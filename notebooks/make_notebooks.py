@@ -520,33 +520,8 @@ if steps is None:
     steps = sorted({s for r in runs_ for s in r["audit"].step if s % 200 == 100} | last)""",
 )
 
-DESIGN = notebook(
-    "09_controller_design",
-    "Controller design: what makes a FeatureGate static?",
-    "Reads the controller-design study (`data/controller_design/<variant>-s<seed>/`: each run's "
-    "`audit_summary.json` and `model_card.json`, written by `benchmarks/controller_design.py`; nothing is "
-    "trained or audited here). Each variant changes one design choice of the default FeatureGate (gate range, "
-    "gate input, gate groups, the controllers' weight decay or learning rate, width × depth) or several "
-    "(`combo`). Per design axis: gap retention of `layer_mean`, R² of layer, cross-input ΔNLL and eval NLL of "
-    "each variant, the default as the dashed reference line (its error band shaded). Error bars: the audit's "
-    "95% CI for a variant with one seed, ± the sd over seeds for one with several (each seed a grey dot); "
-    "every x label says how many seeds its point has. A run folder that is unfinished or unreadable is named "
-    "and left out.",
-    [
-        (
-            "code",
-            """\
-seeds = tables.design_seed_table(study_.runs)
-display(Markdown("Seeds per variant: " + ", ".join(
-    f"`{r.variant}` {r.n} ({r.seeds})" for r in seeds.itertuples())))
-run.write_table(seeds)""",
-        ),
-        ("code", "run.write_table(tables.design_runs_table(study_.runs))"),
-        ("md", "## Each figure against each design axis"),
-        (
-            "code",
-            """\
-points = tables.design_points(study_.runs)
+# the design studies' figure against each axis (09, 10): the default as the dashed reference, its band shaded
+BY_AXIS = """\
 axes = [a for a in dict.fromkeys(points.axis) if a != "default"]
 COLS = 4
 
@@ -581,6 +556,38 @@ def by_axis(figure, title, percent=False):
     return fig
 
 
+"""
+
+DESIGN = notebook(
+    "09_controller_design",
+    "Controller design: what makes a FeatureGate static?",
+    "Reads the controller-design study (`data/controller_design/<variant>-s<seed>/`: each run's "
+    "`audit_summary.json` and `model_card.json`, written by `benchmarks/controller_design.py`; nothing is "
+    "trained or audited here). Each variant changes one design choice of the default FeatureGate (gate range, "
+    "gate input, gate groups, the controllers' weight decay or learning rate, width × depth) or several "
+    "(`combo`). Per design axis: gap retention of `layer_mean`, R² of layer, cross-input ΔNLL and eval NLL of "
+    "each variant, the default as the dashed reference line (its error band shaded). Error bars: the audit's "
+    "95% CI for a variant with one seed, ± the sd over seeds for one with several (each seed a grey dot); "
+    "every x label says how many seeds its point has. A run folder that is unfinished or unreadable is named "
+    "and left out.",
+    [
+        (
+            "code",
+            """\
+seeds = tables.design_seed_table(study_.runs)
+display(Markdown("Seeds per variant: " + ", ".join(
+    f"`{r.variant}` {r.n} ({r.seeds})" for r in seeds.itertuples())))
+run.write_table(seeds)""",
+        ),
+        ("code", "run.write_table(tables.design_runs_table(study_.runs))"),
+        ("md", "## Each figure against each design axis"),
+        (
+            "code",
+            """\
+points = tables.design_points(study_.runs)
+"""
+            + BY_AXIS
+            + """\
 for figure, title, name, percent in [
     ("retention_layer_mean", "Gap retention of layer_mean", "controller_design_retention", True),
     ("r2_layer", "R² of layer", "controller_design_r2_layer", True),
@@ -606,6 +613,71 @@ from fca_workbench.notebooks.reproduce import NotebookRun
 
 run = NotebookRun(out=out)
 study_ = tables.read_design_study(study)
+display(Markdown(f"{len(study_.runs)} runs in `{study_.folder}`"))
+for line in study_.skipped:
+    print("left out:", line)""",
+)
+
+ROUTER_DESIGN = notebook(
+    "10_router_design",
+    "Router design: which mixture-of-experts routers are static?",
+    "Reads the router-design study (`data/router_design/<variant>-s<seed>/`: each run's `audit_summary.json` "
+    "and `model_card.json`, written by `benchmarks/router_design.py`; nothing is trained or audited here). Each "
+    "variant changes one design choice of the shipped MoE (a tiny Mixtral: 8 experts, top-2, load-balancing "
+    "weight 0.01): experts, top-k, load-balancing weight, router z-loss, the router's input, a shared expert "
+    "(GraniteMoeShared, beside its own control without one), width × depth. Each run is audited on 64 windows; "
+    "its static top-k export (`fca export --profile layer_mean_topk`: each layer's k static experts, the router "
+    "gone) is scored on the model card's 64 eval windows. Per design axis: gap retention of `layer_mean_topk`, "
+    "cross-input ΔNLL, eval NLL, the export's eval NLL and its cost over the model, and expert-use entropy (1: "
+    "every expert used equally), the default as the dashed reference line. Error bars: the audit's 95% CI for "
+    "a variant with one seed (none for the NLLs and the entropy), ± the sd over seeds for one with several; "
+    "every x label says how many seeds its point has. An unfinished or unreadable run folder is named and left "
+    "out.",
+    [
+        (
+            "code",
+            """\
+seeds = tables.design_seed_table(study_.runs, study_.kind)
+display(Markdown("Seeds per variant: " + ", ".join(
+    f"`{r.variant}` {r.n} ({r.seeds})" for r in seeds.itertuples())))
+run.write_table(seeds)""",
+        ),
+        ("code", "run.write_table(tables.design_runs_table(study_.runs, study_.kind))"),
+        ("md", "## Each figure against each design axis"),
+        (
+            "code",
+            """\
+points = tables.design_points(study_.runs, study_.kind)
+"""
+            + BY_AXIS
+            + """\
+for figure, title, name, percent in [
+    ("retention_layer_mean_topk", "Gap retention of layer_mean_topk", "router_design_retention_topk", True),
+    ("delta_cross_input", "ΔNLL cross_input (nats)", "router_design_cross_input", False),
+    ("eval_nll", "Eval NLL (nats, model card)", "router_design_eval_nll", False),
+    ("export_eval_nll", "Eval NLL of the static top-k export (nats)", "router_design_export_nll", False),
+    ("export_cost", "Export − model eval NLL (nats)", "router_design_export_cost", False),
+    ("expert_entropy", "Expert-use entropy (share of log experts)", "router_design_expert_entropy", True),
+]:
+    fig = by_axis(figure, title, percent)
+    run.write_figure(fig, name)
+    tables.show(fig)""",
+        ),
+    ],
+    parameters="""\
+# Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
+study = None  # the study folder (benchmarks/router_design.py --out); None: the shipped data/router_design
+out = None    # tables/ and figures/ are written here; None: results/notebooks""",
+    setup="""\
+import plotly.graph_objects as go
+from IPython.display import Markdown, display
+from plotly.subplots import make_subplots
+
+from fca_workbench.notebooks import tables
+from fca_workbench.notebooks.reproduce import NotebookRun
+
+run = NotebookRun(out=out)
+study_ = tables.read_design_study(study, tables.ROUTER_STUDY)
 display(Markdown(f"{len(study_.runs)} runs in `{study_.folder}`"))
 for line in study_.skipped:
     print("left out:", line)""",
@@ -686,6 +758,7 @@ NOTEBOOKS = {
     "07_training_dynamics": DYNAMICS,
     "08_downstream": DOWNSTREAM,
     "09_controller_design": DESIGN,
+    "10_router_design": ROUTER_DESIGN,
     "explore": EXPLORE,
 }
 

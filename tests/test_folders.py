@@ -6,7 +6,6 @@ import io
 import json
 import shutil
 import tarfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,23 +265,48 @@ def test_a_sub_configs_sizes_are_checked(tiny_mixtral, tmp_path):
         load_controlled(folder)
 
 
-def test_train_refuses_an_aliased_size_of_an_hf_config_before_building(tmp_path):
+def never_built(monkeypatch) -> list:
+    """Make building any transformers model (on the meta device too) a recorded failure; the list of the
+    configs someone tried to build."""
+    tried: list = []
+
+    def build(config, *args, **kwargs):
+        tried.append(config)
+        raise AssertionError(f"built a {type(config).__name__} model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", build)
+    return tried
+
+
+def test_train_refuses_an_aliased_size_of_an_hf_config_before_building(tmp_path, monkeypatch, capsys):
+    from fca_workbench.cli import main
+
     (tmp_path / "gpt2.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 10**6}))
-    started = time.perf_counter()
-    result = fca(
-        "train", "--hf-config", tmp_path / "gpt2.json", "--train", tmp_path / "missing.txt", "--out", tmp_path / "run"
-    )
-    assert_one_line_error(result, "fca train's --hf-config: n_layer=1000000 is out of range")
-    assert time.perf_counter() - started < 60  # the import of torch and transformers; the check itself is instant
+    tried = never_built(monkeypatch)
+    args = [
+        "train",
+        "--hf-config",
+        tmp_path / "gpt2.json",
+        "--train",
+        tmp_path / "missing.txt",
+        "--out",
+        tmp_path / "run",
+    ]
+    assert main([str(a) for a in args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "fca train's --hf-config: n_layer=1000000 is out of range" in lines[0], lines
+    assert tried == []  # refused before any model was built, not even on the meta device
     assert not (tmp_path / "run").exists()
 
 
-def test_train_refuses_mpt_layers_before_building(nothing_built):
+def test_train_refuses_mpt_layers_before_building(monkeypatch):
     from fca_workbench.data.tokenizer import load_tokenizer
-    from fca_workbench.training.train import build_hf_model
+    from fca_workbench.training.hf_config import build_hf_model
 
+    tried = never_built(monkeypatch)
     with pytest.raises(UserError, match="n_layers=1000000 is out of range"):
         build_hf_model({"model_type": "mpt", "n_layers": 10**6}, load_tokenizer(), 64)
+    assert tried == []
 
 
 def test_per_layer_sizes_are_checked_element_wise():

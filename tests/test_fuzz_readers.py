@@ -34,7 +34,8 @@ from fca_workbench.notebooks.reproduce import load_config
 from fca_workbench.results.frames import load_audit
 from fca_workbench.results.outputs import refuse_foreign
 from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
-from fca_workbench.training.train import build_hf_model, make_optimizer, read_hf_config
+from fca_workbench.training.hf_config import build_hf_model, read_hf_config
+from fca_workbench.training.train import make_optimizer
 from fca_workbench.training.train_settings import TrainSettings
 from fca_workbench.training.train_state import read_log, read_state, restore, save_state
 from fca_workbench.viewmodel.pool import Registry

@@ -79,6 +79,7 @@ def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
         "07_training_dynamics",
         "08_downstream",
         "09_controller_design",
+        "10_router_design",
     )
     for stem in reproduce.AUDIT_NOTEBOOKS:
         declared = reproduce.notebook_parameters(reproduce.NOTEBOOK_DIR / f"{stem}.ipynb")

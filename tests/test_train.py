@@ -21,7 +21,8 @@ from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.models import next_token_nll
 from fca_workbench.training import train as train_module
-from fca_workbench.training.train import TrainSettings, build_hf_model, finish, read_hf_config, train, training_loss
+from fca_workbench.training.hf_config import build_hf_model, read_hf_config
+from fca_workbench.training.train import TrainSettings, build_model, finish, train, training_loss
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,7 @@ def test_interrupted_run_resumes_from_its_step_to_identical_weights(kind, small_
     assert all(torch.equal(whole[k], split[k]) for k in whole)
 
 
+TINY_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32)
 TINY_HF_CONFIGS = {
     "mixtral": dict(
         hidden_size=32,
@@ -177,6 +179,13 @@ def test_hf_training_loss_is_the_nll_plus_the_weighted_router_loss_as_transforme
         ('{"model_type": "mixtral", "vocab_size": 100}', "smaller than the tokenizer's 4096"),
         ('{"model_type": "mixtral", "max_position_embeddings": 16}', "shorter than the window 32"),
         ('{"model_type": "t5"}', "has no causal language model"),
+        ('{"model_type": "mixtral", "attn_implementation": "flash_attention_2"}', "cannot build it: FlashAttention2"),
+        ('{"model_type": "mixtral", "attn_implementation": "os.system"}', "not an attention implementation"),
+        ('{"model_type": "mixtral", "hidden_act": "os.system"}', "'os.system' is not an activation of transformers"),
+        ('{"model_type": "gpt2", "activation_function": ["gelu"]}', "is not an activation of transformers"),
+        ('{"model_type": "mixtral", "dtype": "float16"}', "dtype 'float16': fca train trains float32 or bfloat16"),
+        ('{"model_type": "mixtral", "torch_dtype": "float64"}', "fca train trains float32 or bfloat16"),
+        (json.dumps({"model_type": "bert", **TINY_BERT}), "bert model built from this config is not causal"),
     ],
 )
 def test_bad_hf_config_is_one_line_error(content, fragment, small_text, tmp_path, capsys):
@@ -264,3 +273,166 @@ def test_a_shipped_model_card_states_the_eval_nll_of_todays_windows(folder):
         nll = torch.cat([next_token_nll(model(batch).logits, batch) for batch in windows.split(16)]).mean().item()
     assert abs(card["eval_nll"] - nll) <= 6e-5, (card["eval_nll"], nll)
     assert f"spread evenly over the eval split) | {card['eval_nll']} |" in (folder / "README.md").read_text()
+
+
+def tiny_moe(tmp_path, **settings):
+    """A tiny Mixtral built as ``fca train --hf-config`` builds it, with the router-design ``settings``."""
+    fields = read_hf_config(write_config(tmp_path, model_type="mixtral", **TINY_HF_CONFIGS["mixtral"]))
+    return build_model(TrainSettings(hf_config=fields, window=32, **settings), load_tokenizer())
+
+
+def router_inputs(model, batch):
+    """Each router's input and weight, recorded by forward hooks (which see the input the router computes with)."""
+    seen = []
+    routers = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    hooks = [r.register_forward_hook(lambda m, args, out: seen.append((args[0], m.weight))) for r in routers]
+    model(batch)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(routers) == TINY_HF_CONFIGS["mixtral"]["num_hidden_layers"]
+    return seen
+
+
+def test_the_router_z_loss_adds_exactly_its_weight_times_the_mean_squared_logsumexp(tmp_path):
+    model = tiny_moe(tmp_path, router_z_loss=0.5)
+    batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for router in [m for name, m in model.named_modules() if name.endswith("mlp.gate")]:
+            router.weight.mul_(30)  # logits far from 0, so the term is not negligible
+        nll, plain = training_loss(model, batch)
+        nll_z, with_z = training_loss(model, batch, z_loss_weight=0.5)
+        squares = [
+            torch.log(torch.exp(h.double() @ w.double().T).sum(-1)).pow(2) for h, w in router_inputs(model, batch)
+        ]
+    expected = torch.cat(squares).mean().item()
+    assert expected > 1.0
+    assert torch.equal(nll, nll_z)
+    assert (with_z - plain).item() == pytest.approx(0.5 * expected, rel=1e-6)
+
+
+def test_a_detached_router_input_sends_no_gradient_into_the_hidden_state_and_the_router_still_trains(tmp_path):
+    from fca_workbench.training.routing import router_z_loss
+
+    batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(4))
+    gradients = {}
+    for router_input in ("normed", "detached"):
+        model = tiny_moe(tmp_path, router_input=router_input)
+        embeds = model.get_input_embeddings()(batch).detach().requires_grad_()
+        out = model(inputs_embeds=embeds, output_router_logits=True)
+        router_z_loss(out.router_logits).backward()  # a loss of the router logits alone
+        routers = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+        into_hidden = None if embeds.grad is None else embeds.grad.abs().sum().item()
+        gradients[router_input] = (into_hidden, [r.weight.grad.abs().sum().item() for r in routers])
+    assert gradients["normed"][0] > 0 and gradients["detached"][0] is None  # no path through the hidden state
+    assert all(g > 0 for g in gradients["detached"][1])  # the routers' own weights still get their gradient
+    # the last router's own gradient is the same either way; an earlier one's differs by what the later routers'
+    # loss sends back through the hidden state (the path detaching cuts)
+    assert gradients["normed"][1][-1] == pytest.approx(gradients["detached"][1][-1], rel=1e-6)
+    assert gradients["normed"][1][0] != gradients["detached"][1][0]
+
+
+def test_a_detached_router_trains_and_saves_a_plain_transformers_model(small_text, tmp_path):
+    settings = hf_settings(tmp_path, "mixtral", small_text, steps=3, save_every=10, router_input="detached")
+    model = build_model(settings, load_tokenizer())
+    start = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")}
+    card = train(settings, tmp_path / "run")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    assert not loaded.model.layers[0].mlp.gate._forward_pre_hooks  # nothing of the detaching is saved
+    trained = dict(loaded.named_parameters())
+    assert all(not torch.equal(trained[n], w) for n, w in start.items())  # every router moved
+    assert card["settings"]["router_input"] == "detached" and card["settings"]["router_z_loss"] == 0.0
+    readme = (tmp_path / "run" / "README.md").read_text()
+    assert "--router-input detached --out DIR" in readme and "detached from the gradient" in readme
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--arch", "dense", "--router-z-loss", "1e-3"], "--router-z-loss shape the routers of a --hf-config MoE"),
+        (["--arch", "featuregate", "--router-input", "detached"], "--router-input shape the routers"),
+        (["--hf-config", "LLAMA", "--router-input", "detached"], "this llama model has none"),
+        (["--hf-config", "LLAMA", "--router-z-loss", "1e-3"], "this llama model has none"),
+        (["--hf-config", "MIXTRAL", "--router-z-loss", "-1"], "--router-z-loss"),
+    ],
+)
+def test_a_router_flag_on_a_model_without_routers_is_one_line(flags, fragment, small_text, tmp_path, capsys):
+    llama = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32)
+    paths = {
+        "LLAMA": write_config(tmp_path, model_type="llama", max_position_embeddings=64, **llama),
+        "MIXTRAL": (tmp_path / "m.json"),
+    }
+    paths["MIXTRAL"].write_text(json.dumps({"model_type": "mixtral", **TINY_HF_CONFIGS["mixtral"]}))
+    flags = [str(paths.get(f, f)) for f in flags]
+    args = ["train", *flags, "--train", small_text, "--window", "32", "--steps", "2", "--out", str(tmp_path / "o")]
+    try:
+        status = main(args)
+    except SystemExit as exit_info:  # argparse's refusal of a flag's value
+        status = exit_info.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and fragment in lines[0], lines
+    assert not (tmp_path / "o").exists()
+
+
+def test_only_a_causal_model_is_trained_whatever_the_mapping_says(tmp_path):
+    """``bert`` is in transformers' causal-LM mapping (BertLMHeadModel); only as a decoder does it see no later
+    token, and only then is it trained."""
+    tokenizer = load_tokenizer()
+    with pytest.raises(
+        train_module.UserError, match=r"not causal: changing token 15 moves .* \(set is_decoder: true\)"
+    ):
+        build_hf_model({"model_type": "bert", **TINY_BERT}, tokenizer, window=32)
+    decoder = build_hf_model({"model_type": "bert", "is_decoder": True, **TINY_BERT}, tokenizer, window=32)
+    assert decoder.training  # the probe leaves the model in the mode it was built in
+    decoder.eval()  # no dropout
+    probe = torch.randint(0, 4096, (1, 8), generator=torch.Generator().manual_seed(5))
+    changed = probe.clone()
+    changed[0, -1] += 1
+    with torch.no_grad():
+        assert torch.equal(decoder(probe).logits[0, :-1], decoder(changed).logits[0, :-1])
+
+
+def nan_embeddings(monkeypatch):
+    """Build every model with NaN input embeddings: its very first loss is NaN."""
+    build = train_module.build_model
+
+    def build_poisoned(settings, tokenizer):
+        model = build(settings, tokenizer)
+        with torch.no_grad():
+            model.get_input_embeddings().weight.fill_(float("nan"))
+        return model
+
+    monkeypatch.setattr(train_module, "build_model", build_poisoned)
+
+
+def test_a_run_that_diverges_at_its_first_step_stops_in_one_line_and_writes_nothing(small_text, tmp_path, capsys):
+    with pytest.MonkeyPatch.context() as patch:
+        nan_embeddings(patch)
+        args = ["train", "--arch", "dense", "--layers", "1", "--width", "32", "--window", "32", "--batch-size", "2"]
+        status = main([*args, "--steps", "3", "--train", small_text, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("fca")]  # not tqdm's bar
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "step 1: the training loss is nan; stopped before the update (no checkpoint was saved" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resumed_run_that_diverges_keeps_its_last_good_checkpoint(small_text, tmp_path, monkeypatch):
+    settings = tiny_settings("dense", small_text, layers=1, steps=8, save_every=4, batch_size=2)
+    assert train(settings, tmp_path / "run", stop_after=4) is None
+    saved = {name: (tmp_path / "run" / name).read_bytes() for name in ("trainer_state.pt", "train_log.csv")}
+    loss_of = train_module.training_loss
+    steps = []
+
+    def diverging_at_step_6(model, batch, z_loss_weight=0.0):
+        steps.append(len(steps) + 5)
+        nll, loss = loss_of(model, batch, z_loss_weight)
+        return nll, loss * float("inf") if steps[-1] == 6 else loss
+
+    monkeypatch.setattr(train_module, "training_loss", diverging_at_step_6)
+    with pytest.raises(train_module.UserError, match=r"step 6: the training loss is inf; .* keeps its last checkpoint"):
+        train(settings, tmp_path / "run")
+    assert steps == [5, 6]
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in saved} == saved  # the step-4 state, untouched
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 4
+    monkeypatch.undo()
+    assert train(settings, tmp_path / "run") is not None  # and it resumes from there

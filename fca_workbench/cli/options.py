@@ -7,6 +7,7 @@ from typing import NoReturn
 
 from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import PROFILE_CONDITIONS
+from fca_workbench.training.train_settings import NORMED, ROUTER_INPUTS
 
 
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +112,7 @@ def add_train_options(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--controller-lr-mult", type=flags.positive_float, default=1.0, help="controller lr = lr × this (default 1)"
     )
+    add_router_options(train)
     train.add_argument("--window", type=flags.window_size, default=256)
     train.add_argument("--steps", type=flags.positive_int, default=300)
     train.add_argument("--batch-size", type=flags.positive_int, default=16)
@@ -133,6 +135,23 @@ def add_train_options(train: argparse.ArgumentParser) -> None:
         default=16,
         metavar="M",
         help="evenly spread eval and calibration windows per mini-audit (default 16)",
+    )
+
+
+def add_router_options(train: argparse.ArgumentParser) -> None:
+    """The router-design flags of a ``--hf-config`` mixture of experts (``fca_workbench.training.routing``)."""
+    train.add_argument(
+        "--router-z-loss",
+        type=flags.non_negative_float,
+        default=None,
+        metavar="WEIGHT",
+        help="add WEIGHT x the router z-loss, mean logsumexp(router logits)^2 (default 0)",
+    )
+    train.add_argument(
+        "--router-input",
+        choices=ROUTER_INPUTS,
+        default=None,
+        help=f"what the router reads: the normed hidden state ({NORMED}, default) or it without its gradient",
     )
 
 

@@ -5,7 +5,8 @@ import argparse
 from fca_workbench.adapters.placement import check_device
 from fca_workbench.cli.flag_settings import train_settings
 from fca_workbench.cli.quiet import quiet_transformers
-from fca_workbench.training.train import TrainSettings, read_hf_config, train
+from fca_workbench.training.hf_config import read_hf_config
+from fca_workbench.training.train import TrainSettings, train
 
 
 def cmd_train(args: argparse.Namespace, settings: TrainSettings | None = None) -> None:

@@ -27,6 +27,7 @@ from fca_workbench.foundation.errors import UserError
 
 # model_type → the config field counting its routed experts (/work/shared/moe-routing.md: softmax → top-k)
 FOLDABLE = {
+    "granitemoeshared": "num_local_experts",  # top-k of the logits, then their softmax; its shared MLP has no gate
     "mixtral": "num_local_experts",
     "olmoe": "num_experts",
     "qwen2_moe": "num_experts",

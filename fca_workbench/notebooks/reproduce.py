@@ -45,7 +45,7 @@ from fca_workbench.notebooks.notebook_run import (
     shipped_checkpoints,
 )
 from fca_workbench.results import layout
-from fca_workbench.results.design_study import read_design_study
+from fca_workbench.results.design_study import CONTROLLER_STUDY, ROUTER_STUDY, read_design_study
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
 
 NOTEBOOK_DIR = shipped("notebooks")
@@ -58,13 +58,13 @@ AUDIT_NOTEBOOKS = (
     "05_muddpythia",
     PER_LAYER_NOTEBOOK,
 )
-# 07 reads the shipped training-dynamics logs (data/training_dynamics), 09 the controller-design study's summaries
-# (data/controller_design); they audit nothing. 08 runs fca eval beside the audits (the eval extra: left out of
+# 07 reads the shipped training-dynamics logs (data/training_dynamics), 09 and 10 the design studies' summaries
+# (data/controller_design, data/router_design); they audit nothing. 08 runs fca eval beside the audits (the eval extra: left out of
 # the default run without lm-eval)
 DOWNSTREAM_NOTEBOOK = "08_downstream"
-STUDY_NOTEBOOK = "09_controller_design"
-STUDY_PARAMETER = "study"  # its study folder, checked before any notebook starts
-PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK, STUDY_NOTEBOOK)
+STUDY_NOTEBOOKS = {"09_controller_design": CONTROLLER_STUDY, "10_router_design": ROUTER_STUDY}
+STUDY_PARAMETER = "study"  # a study notebook's folder, checked before any notebook starts
+PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK, *STUDY_NOTEBOOKS)
 EXPLORE_NOTEBOOK = "explore"
 DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
@@ -135,6 +135,18 @@ def default_out() -> Path:
     return out
 
 
+def study_started(stem: str) -> bool:
+    """Whether a notebook runs by default: any but a study notebook whose shipped study holds no finished run yet
+    (a study is trained over several sessions; named in ``notebooks``, such a notebook is refused in one line)."""
+    if stem not in STUDY_NOTEBOOKS:
+        return True
+    try:
+        read_design_study(None, STUDY_NOTEBOOKS[stem])
+    except UserError:
+        return False
+    return True
+
+
 def plan(
     config: dict | None = None,
     out: str | Path | None = None,
@@ -151,7 +163,8 @@ def plan(
             "pip install 'fca-workbench[notebooks]' (in a checkout: scripts/setup.sh)"
         )
     has_lm_eval = importlib.util.find_spec("lm_eval") is not None
-    names = config.get("notebooks", [n for n in PAPER_NOTEBOOKS if has_lm_eval or n != DOWNSTREAM_NOTEBOOK])
+    default = [n for n in PAPER_NOTEBOOKS if (has_lm_eval or n != DOWNSTREAM_NOTEBOOK) and study_started(n)]
+    names = config.get("notebooks", default)
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
     if not has_lm_eval and DOWNSTREAM_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
@@ -227,7 +240,7 @@ def plan(
             if params.get(key):
                 params[key] = str(Path(params[key]).resolve())
         if STUDY_PARAMETER in declared[stem]:
-            read_design_study(params.get(STUDY_PARAMETER))  # a missing or empty study folder: one line, now
+            read_design_study(params.get(STUDY_PARAMETER), STUDY_NOTEBOOKS[stem])  # missing or empty: one line, now
         if "checkpoints" in declared[stem]:
             checkpoints = params.get("checkpoints") or shipped_checkpoints()
             if isinstance(checkpoints, str):

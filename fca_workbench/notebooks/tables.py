@@ -44,6 +44,7 @@ from fca_workbench.results.audit_tables import (
 )
 from fca_workbench.results.conditions import LAYER_POSITION_MEAN
 from fca_workbench.results.design_study import (
+    ROUTER_STUDY,
     design_points,
     design_runs_table,
     design_seed_table,
@@ -102,6 +103,7 @@ __all__ = [
     "positive_control_table",
     "profiles_from_tensors",
     "read_design_study",
+    "ROUTER_STUDY",
     "readable",
     "retention_seed_table",
     "retention_table",

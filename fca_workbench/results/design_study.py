@@ -1,7 +1,10 @@
-"""The controller-design study (issue 27) as DataFrames: one row per trained run, and mean ± sd over its seeds.
+"""The design studies as DataFrames: one row per trained run, and mean ± sd over its seeds. Two studies share this
+reading, told apart by a ``StudyKind``: the controller-design study (issue 27, FeatureGate, the default) and the
+router-design study (issue 38, mixtures of experts).
 
-A study folder (``benchmarks/controller_design.py --out``; shipped: ``data/controller_design``) holds one folder
-per run, ``<variant>-s<seed>/``, with the run's audit summary and model card. A run folder missing either, or
+A study folder (``benchmarks/controller_design.py --out`` or ``benchmarks/router_design.py --out``; shipped:
+``data/controller_design``, ``data/router_design``) holds one folder per run, ``<variant>-s<seed>/``, with the
+run's audit summary and model card. A run folder missing either, or
 holding one that is not what the study writes, is left out with one line saying why, so a study still being
 trained gives its table. Every number is read from those files; the mean ± sd over seeds is ``seeds.summarise``'s.
 """
@@ -9,6 +12,7 @@ trained gives its table. Every number is read from those files; the mean ± sd o
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +22,7 @@ from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import inside_folder, read_json, schema_problem
 from fca_workbench.foundation.resources import shipped
 from fca_workbench.results.audit_tables import seed_summary
-from fca_workbench.results.conditions import LAYER_MEAN, REASSIGNMENTS, REFERENCE
+from fca_workbench.results.conditions import LAYER_MEAN, LAYER_MEAN_TOPK, REASSIGNMENTS, REFERENCE
 from fca_workbench.results.layout import STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
 from fca_workbench.results.tabular import Column, make_table
@@ -26,23 +30,32 @@ from fca_workbench.results.tabular import Column, make_table
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
 
-STUDY_DIR = shipped("data") / "controller_design"  # the shipped study, in a checkout or a wheel
 DEFAULT_VARIANT = "default"
-# a variant's name is ``<axis prefix>-<setting>`` (``groups-96``); ``combo`` changes several axes at once. Each
-# axis: its label, and the training setting (in the model card) that holds the variant's value on it
-AXES = {
-    "range": ("gate range", "gate_range"),
-    "input": ("gate input", "gate_input"),
-    "groups": ("gate groups", "gate_groups"),
-    "cwd": ("controller weight decay", "controller_weight_decay"),
-    "clr": ("controller lr multiplier", "controller_lr_mult"),
-    "wide": ("width × depth", None),
-    "combo": ("combo", None),
-}
 OTHER_AXIS = "other"
 
-# column -> where the figure is in a run's summary, and its 95% CI where the audit gives one
-FIGURES = {
+
+@dataclass(frozen=True, eq=False)  # one object per study: hashed by identity (summary_schema caches per kind)
+class StudyKind:
+    """What differs between the design studies: their shipped folder, their axes and the figures they tabulate.
+
+    A variant's name is ``<axis prefix>-<setting>`` (``groups-96``); ``axes``: each prefix's label and the training
+    setting (in the model card, a dotted path below ``settings``) that holds the variant's value on it (None: the
+    name's). ``figures``: column -> where the figure is in a run's summary (``derived.*``: computed from it by
+    ``derived_figures``), ``cis``: the audit's 95% CI of a figure where it gives one. ``retentions``: the retention
+    profiles the figures read, required of a summary."""
+
+    name: str
+    title: str
+    folder: Path
+    axes: dict[str, tuple[str, str | None]]
+    figures: dict[str, str]
+    cis: dict[str, str]
+    columns: list[Column]
+    retentions: tuple[str, ...]
+    required: tuple[str, ...] = ()  # more top-level summary fields the figures read
+
+
+COMMON_FIGURES = {
     "eval_nll": "eval_nll",
     "retention_layer_mean": "retention.layer_mean.value",
     "r2_layer": "variance.r2_layer",
@@ -50,12 +63,12 @@ FIGURES = {
     "delta_cross_input": "conditions.cross_input.delta",
     "delta_token_shuffle": "conditions.token_shuffle.delta",
 }
-CIS = {
+COMMON_CIS = {
     "retention_layer_mean": "retention.layer_mean.ci95",
     "delta_cross_input": "conditions.cross_input.delta_ci95",
     "delta_token_shuffle": "conditions.token_shuffle.delta_ci95",
 }
-FIGURE_COLUMNS = [
+COMMON_COLUMNS = [
     Column("eval_nll", "eval NLL", "float"),
     Column("retention_layer_mean", "retention layer_mean", "pct"),
     Column("r2_layer", "R² layer", "pct"),
@@ -64,39 +77,100 @@ FIGURE_COLUMNS = [
     Column("delta_token_shuffle", "ΔNLL token_shuffle", "delta"),
 ]
 
+CONTROLLER_STUDY = StudyKind(
+    name="controller_design",
+    title="Controller design",
+    folder=shipped("data") / "controller_design",  # the shipped study, in a checkout or a wheel
+    axes={
+        "range": ("gate range", "gate_range"),
+        "input": ("gate input", "gate_input"),
+        "groups": ("gate groups", "gate_groups"),
+        "cwd": ("controller weight decay", "controller_weight_decay"),
+        "clr": ("controller lr multiplier", "controller_lr_mult"),
+        "wide": ("width × depth", None),
+        "combo": ("combo", None),
+    },
+    figures=COMMON_FIGURES,
+    cis=COMMON_CIS,
+    columns=COMMON_COLUMNS,
+    retentions=(LAYER_MEAN,),
+)
+ROUTER_STUDY = StudyKind(
+    name="router_design",
+    title="Router design",
+    folder=shipped("data") / "router_design",
+    axes={
+        "experts": ("experts", "hf_config.num_local_experts"),
+        "topk": ("top-k", "hf_config.num_experts_per_tok"),
+        "lb": ("load-balancing weight", "hf_config.router_aux_loss_coef"),
+        "zloss": ("router z-loss", "router_z_loss"),
+        "input": ("router input", "router_input"),
+        "shared": ("shared expert", None),
+        "wide": ("width × depth", None),
+    },
+    figures={
+        **COMMON_FIGURES,
+        "retention_layer_mean_topk": f"retention.{LAYER_MEAN_TOPK}.value",
+        "export_eval_nll": "export_eval_nll",
+        "export_cost": "derived.export_cost",
+        "expert_entropy": "derived.expert_entropy",
+    },
+    cis={**COMMON_CIS, "retention_layer_mean_topk": f"retention.{LAYER_MEAN_TOPK}.ci95"},
+    columns=[
+        *COMMON_COLUMNS[:2],
+        Column("retention_layer_mean_topk", "retention layer_mean_topk", "pct"),
+        Column("export_eval_nll", "export eval NLL", "float"),
+        Column("export_cost", "export − model NLL", "delta"),
+        Column("expert_entropy", "expert-use entropy", "pct"),
+        *COMMON_COLUMNS[2:],
+    ],
+    retentions=(LAYER_MEAN, LAYER_MEAN_TOPK),
+    required=("export_eval_nll", "execution"),
+)
+STUDY_DIR = CONTROLLER_STUDY.folder
+
 
 @dataclass(frozen=True)
 class DesignStudy:
-    """The readable runs of a study folder (each its summary, with its model card under ``card``) and one line
-    for every run folder left out."""
+    """The readable runs of a study folder (each its summary, with its model card under ``card`` and the figures
+    computed from it under ``derived``) and one line for every run folder left out."""
 
     folder: Path
     runs: list[dict]
     skipped: list[str] = field(default_factory=list)
+    kind: StudyKind = CONTROLLER_STUDY
 
 
-def design_axis(variant: str, settings: dict | None = None) -> tuple[str, str]:
+def design_axis(variant: str, settings: dict | None = None, kind: StudyKind = CONTROLLER_STUDY) -> tuple[str, str]:
     """(axis, setting) of a variant: ``groups-96`` is ("gate groups", "96"), ``default`` ("default", "default");
     the setting is the card's training setting where it has one (``range-1tanh`` trains ``1+tanh``), else the
     name's. A name the study does not know is on the axis ``other``."""
     if variant == DEFAULT_VARIANT:
         return DEFAULT_VARIANT, DEFAULT_VARIANT
     prefix, _, suffix = variant.partition("-")
-    if prefix not in AXES:
+    if prefix not in kind.axes:
         return OTHER_AXIS, variant
-    axis, key = AXES[prefix]
-    value = (settings or {}).get(key) if key else None
+    axis, key = kind.axes[prefix]
+    value = _setting(settings or {}, key) if key else None
     return axis, str(value) if value is not None else suffix or variant
 
 
-def _axis(run: dict) -> tuple[str, str]:
-    return design_axis(run["variant"], run["card"].get("settings"))
+def _setting(settings: dict, path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(settings, dict):
+            return None
+        settings = settings.get(key)  # type: ignore[assignment]
+    return settings
 
 
-def _order(variant: str) -> tuple[int, str]:
+def _axis(run: dict, kind: StudyKind) -> tuple[str, str]:
+    return design_axis(run["variant"], run["card"].get("settings"), kind)
+
+
+def _order(variant: str, kind: StudyKind) -> tuple[int, str]:
     """The default first, then the axes in the study's order, each axis's settings by name."""
-    axes = [DEFAULT_VARIANT, *(label for label, _ in AXES.values()), OTHER_AXIS]
-    return axes.index(design_axis(variant)[0]), variant
+    axes = [DEFAULT_VARIANT, *(label for label, _ in kind.axes.values()), OTHER_AXIS]
+    return axes.index(design_axis(variant, kind=kind)[0]), variant
 
 
 # a profile's retention and its CI are null when the gap they divide by is not there to divide
@@ -107,28 +181,31 @@ RETENTION_PROPERTIES = {
 
 
 @functools.cache
-def summary_schema() -> dict:
+def summary_schema(kind: StudyKind = CONTROLLER_STUDY) -> dict:
     """What the tables read of an ``audit_summary.json``: its sections are those of ``audit.schema.json``, with
-    the conditions and the retention profile the tables show required."""
+    the conditions and the retention profiles the tables show required."""
     audit = audit_json_schema()
 
     def requiring(section: str, names: list[str]) -> dict:
         return {**audit["properties"][section], "type": "object", "required": names}
 
+    retention = {**audit["$defs"]["retention"], "properties": RETENTION_PROPERTIES}
     return {
         "$defs": audit["$defs"],
         "type": "object",
-        "required": ["variant", "seed", "eval_nll", "conditions", "retention", "variance"],
+        "required": ["variant", "seed", "eval_nll", "conditions", "retention", "variance", *kind.required],
         "properties": {
             "variant": {"type": "string", "minLength": 1},
             "seed": {"type": "integer", "minimum": 0},
             "eval_nll": {"$ref": "#/$defs/number"},
+            "export_eval_nll": {"$ref": "#/$defs/number"},
             "conditions": requiring("conditions", [REFERENCE, *REASSIGNMENTS]),
             "retention": {
-                **requiring("retention", [LAYER_MEAN]),
-                "properties": {LAYER_MEAN: {**audit["$defs"]["retention"], "properties": RETENTION_PROPERTIES}},
+                **requiring("retention", list(kind.retentions)),
+                "properties": {name: retention for name in kind.retentions},
             },
             "variance": {**audit["properties"]["variance"], "type": "object"},
+            "execution": {**audit["properties"]["execution"], "type": "object"},
         },
     }
 
@@ -152,11 +229,36 @@ def _read_checked(folder: Path, run: str, name: str, schema: dict) -> dict:
     return value
 
 
-def read_run(folder: Path, run: str) -> dict:
+def expert_entropy(execution: dict) -> float | None:
+    """Expert-use entropy: per MoE layer, the entropy of the share of routed tokens each expert got (the audit's
+    ``execution.experts.load``) over log(experts), so 1 is uniform use and 0 one expert for every token; the mean
+    over layers. None for a model without experts."""
+    loads = (execution.get("experts") or {}).get("load") or []
+    per_layer = []
+    for load in loads:
+        total = sum(load)
+        if len(load) < 2 or total <= 0:
+            continue
+        shares = [x / total for x in load if x > 0]
+        per_layer.append(-sum(p * math.log(p) for p in shares) / math.log(len(load)))
+    return sum(per_layer) / len(per_layer) if per_layer else None
+
+
+def derived_figures(summary: dict) -> dict:
+    """The figures a study computes from a run's summary rather than reads (``derived.*`` in a ``StudyKind``):
+    the expert-use entropy, and the static export's cost, its eval NLL minus the model's (same eval windows)."""
+    export = summary.get("export_eval_nll")
+    return {
+        "expert_entropy": expert_entropy(summary.get("execution") or {}),
+        "export_cost": None if export is None else round(export - summary["eval_nll"], 4),
+    }
+
+
+def read_run(folder: Path, run: str, kind: StudyKind = CONTROLLER_STUDY) -> dict:
     """One run's summary with its card under ``card``; a one-line ``UserError`` when either is missing or broken,
     or the folder's name is not the run its summary names (a copied folder would count a seed twice), or the two
     disagree on the eval NLL."""
-    summary = _read_checked(folder, run, STUDY_SUMMARY_FILE, summary_schema())
+    summary = _read_checked(folder, run, STUDY_SUMMARY_FILE, summary_schema(kind))
     card = _read_checked(folder, run, TRAIN_CARD_FILE, CARD_SCHEMA)
     named = f"{summary['variant']}-s{summary['seed']}"
     if named != run:
@@ -165,14 +267,13 @@ def read_run(folder: Path, run: str) -> dict:
         raise UserError(
             f"its {STUDY_SUMMARY_FILE} has eval_nll {summary['eval_nll']}, its {TRAIN_CARD_FILE} {card['eval_nll']}"
         )
-    return {**summary, "card": card}
+    return {**summary, "card": card, "derived": derived_figures(summary)}
 
 
-def read_design_study(folder: str | Path | None = None) -> DesignStudy:
-    """Every run folder of a study (default: the shipped ``data/controller_design``), in name order; a folder
-    that cannot be read is skipped with one line. A missing folder, or one without a readable run, is a one-line
-    ``UserError``."""
-    folder = Path(folder) if folder else STUDY_DIR
+def read_design_study(folder: str | Path | None = None, kind: StudyKind = CONTROLLER_STUDY) -> DesignStudy:
+    """Every run folder of a study (default: the kind's shipped folder), in name order; a folder that cannot be
+    read is skipped with one line. A missing folder, or one without a readable run, is a one-line ``UserError``."""
+    folder = Path(folder) if folder else kind.folder
     if not folder.is_dir():
         raise UserError(f"study folder not found: {folder}")
     try:
@@ -182,31 +283,31 @@ def read_design_study(folder: str | Path | None = None) -> DesignStudy:
     runs, skipped = [], []
     for run in names:
         try:
-            runs.append(read_run(folder, run))
+            runs.append(read_run(folder, run, kind))
         except UserError as exc:
             skipped.append(f"{run}: {exc}")
     if not runs:
         why = f"; {len(skipped)} skipped, the first {skipped[0]}" if skipped else ""
         raise UserError(
-            f"no run of the controller-design study in {folder} (each is a folder <variant>-s<seed> holding "
+            f"no run of the {kind.name.replace('_', '-')} study in {folder} (each is a folder <variant>-s<seed> holding "
             f"{STUDY_SUMMARY_FILE} and {TRAIN_CARD_FILE}){why}"
         )
-    return DesignStudy(folder, runs, skipped)
+    return DesignStudy(folder, runs, skipped, kind)
 
 
 def _figure(run: dict, path: str) -> Any:
     return functools.reduce(lambda tree, key: tree[key], path.split("."), run)
 
 
-def by_variant(runs: list[dict]) -> dict[str, list[dict]]:
+def by_variant(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> dict[str, list[dict]]:
     """The runs of each variant, seeds in order; variants in the study's order (the default first)."""
     groups: dict[str, list[dict]] = {}
-    for run in sorted(runs, key=lambda r: (_order(r["variant"]), r["seed"])):
+    for run in sorted(runs, key=lambda r: (_order(r["variant"], kind), r["seed"])):
         groups.setdefault(run["variant"], []).append(run)
     return groups
 
 
-def design_runs_table(runs: list[dict]) -> pd.DataFrame:
+def design_runs_table(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.DataFrame:
     """One row per run: its variant, design axis, seed and figures, with the audit's 95% CIs (eval NLL: the
     model card's, over its eval windows)."""
     columns = [
@@ -216,32 +317,32 @@ def design_runs_table(runs: list[dict]) -> pd.DataFrame:
         Column("seed", "seed", "int"),
         Column("params", "params", "int"),
     ]
-    for column in FIGURE_COLUMNS:
+    for column in kind.columns:
         columns.append(column)
-        if column.key in CIS:
+        if column.key in kind.cis:
             columns.append(Column(f"{column.key}_ci95", f"{column.header} 95% CI", column.kind, "ci"))
     rows = [
         {
             "variant": run["variant"],
-            **dict(zip(("axis", "setting"), _axis(run))),
+            **dict(zip(("axis", "setting"), _axis(run, kind))),
             "seed": run["seed"],
             "params": run["card"]["params"],
-            **{key: _figure(run, path) for key, path in FIGURES.items()},
-            **{f"{key}_ci95": _figure(run, path) for key, path in CIS.items()},
+            **{key: _figure(run, path) for key, path in kind.figures.items()},
+            **{f"{key}_ci95": _figure(run, path) for key, path in kind.cis.items()},
         }
-        for group in by_variant(runs).values()
+        for group in by_variant(runs, kind).values()
         for run in group
     ]
     return make_table(
-        "controller_design_runs",
-        "Controller design: each run's figures (audit of the whole eval split, 95% bootstrap CIs; eval NLL from "
+        f"{kind.name}_runs",
+        f"{kind.title}: each run's figures (audit of the whole eval split, 95% bootstrap CIs; eval NLL from "
         "the model card)",
         columns,
         rows,
     )
 
 
-def design_seed_table(runs: list[dict]) -> pd.DataFrame:
+def design_seed_table(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.DataFrame:
     """One row per variant: how many seeds (and which), and every figure as mean ± sd over them."""
     columns = [
         Column("variant", "variant", "text"),
@@ -249,12 +350,12 @@ def design_seed_table(runs: list[dict]) -> pd.DataFrame:
         Column("setting", "setting", "text"),
         Column("n", "seeds", "int"),
         Column("seeds", "seed numbers", "text"),
-        *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in FIGURE_COLUMNS],
+        *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in kind.columns],
     ]
     rows = []
-    for variant, group in by_variant(runs).items():
-        summary = seed_summary(group, FIGURES.values())
-        axis, setting = _axis(group[0])
+    for variant, group in by_variant(runs, kind).items():
+        summary = seed_summary(group, kind.figures.values())
+        axis, setting = _axis(group[0], kind)
         rows.append(
             {
                 "variant": variant,
@@ -262,25 +363,25 @@ def design_seed_table(runs: list[dict]) -> pd.DataFrame:
                 "setting": setting,
                 "n": len(group),
                 "seeds": ", ".join(str(r["seed"]) for r in group),
-                **{key: summary[path] for key, path in FIGURES.items()},
+                **{key: summary[path] for key, path in kind.figures.items()},
             }
         )
     return make_table(
-        "controller_design_over_seeds", "Controller design: each variant's figures, mean ± sd over seeds", columns, rows
+        f"{kind.name}_over_seeds", f"{kind.title}: each variant's figures, mean ± sd over seeds", columns, rows
     )
 
 
-def design_points(runs: list[dict]) -> pd.DataFrame:
+def design_points(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.DataFrame:
     """What the notebook plots, one row per variant and figure: the value (one seed's, or the mean), its error
     bar (one seed: the audit's 95% CI, where it has one; several: ± the sd over seeds), the per-seed values,
     and an x label that says how many seeds the point has."""
     import pandas as pd
 
     rows = []
-    for variant, group in by_variant(runs).items():
-        summary = seed_summary(group, FIGURES.values())
-        axis, setting = _axis(group[0])
-        for key, path in FIGURES.items():
+    for variant, group in by_variant(runs, kind).items():
+        summary = seed_summary(group, kind.figures.values())
+        axis, setting = _axis(group[0], kind)
+        for key, path in kind.figures.items():
             figure = summary[path]
             if figure is None:  # a figure some seed lacks (a null retention): no point
                 continue
@@ -288,7 +389,7 @@ def design_points(runs: list[dict]) -> pd.DataFrame:
             low, high = figure["mean"] - figure["sd"], figure["mean"] + figure["sd"]
             error = f"± sd over {n} seeds"
             if n == 1:
-                ci = _figure(group[0], CIS[key]) if key in CIS else None
+                ci = _figure(group[0], kind.cis[key]) if key in kind.cis else None
                 low, high = ci if ci and None not in ci else (figure["mean"], figure["mean"])
                 error = "95% CI" if ci else "one seed, no CI"
             rows.append(

@@ -38,10 +38,12 @@ def per_layer_tree(rows: list[dict]) -> dict:
 
 
 def summarise(audits: list[dict]) -> dict[str, dict]:
-    """mean, sd (sample, n-1) and the per-seed values of every figure all audits share (and the card's
-    ``eval_nll`` of the controller-design study's summaries, which read like audits)."""
+    """mean, sd (sample, n-1) and the per-seed values of every figure all audits share (and, of the design
+    studies' summaries, which read like audits, the card's ``eval_nll``, the router study's ``export_eval_nll``
+    and the figures ``design_study`` derives from a summary)."""
+    keys = ("conditions", "retention", "variance", "variation", "execution", "eval_nll", "export_eval_nll", "derived")
     figures = [
-        {k: a[k] for k in ("conditions", "retention", "variance", "variation", "execution", "eval_nll") if a.get(k)}
+        {k: a[k] for k in keys if a.get(k)}
         | ({"per_layer": per_layer_tree(a["per_layer"])} if a.get("per_layer") else {})
         for a in audits
     ]

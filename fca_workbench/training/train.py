@@ -4,48 +4,44 @@ The run folder's state, log and resuming are ``train_state``'s; the batch of ste
 seeded with (seed, s), so a resumed run sees the same data as an uninterrupted one.
 
 Besides the workbench's own families (``arch``), any built-in ``transformers`` causal-LM config can be
-trained (``hf_config``: the fields of a config JSON file with its ``model_type``); it is built with
-``AutoConfig.for_model`` and ``AutoModelForCausalLM.from_config``, so no code from anywhere but the
-installed ``transformers`` ever runs. Its objective is the same next-token NLL plus, for mixture-of-experts
+trained (``hf_config``: the fields of a config JSON file with its ``model_type``; which ones, and how they are
+built: ``hf_config``). Its objective is the same next-token NLL plus, for mixture-of-experts
 configs (those with ``router_aux_loss_coef``), that coefficient times transformers' router load-balancing
 loss, which ``transformers`` adds only when ``output_router_logits`` is set; here it is always added while
 training (set the coefficient to 0 to train without it) and the saved config keeps the file's setting.
+
+A step whose loss or gradient is not finite stops the run in one line before the update: the run folder keeps
+its last checkpoint, and a folder this invocation created with nothing saved in it is removed.
 """
 
 import contextlib
 import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub.errors import StrictDataclassError
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fca_workbench.audit.cache_lock import folder_lock, lock_path
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import TOKENIZER_DIR, load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents, token_stream, window_sampling
 from fca_workbench.foundation.checkpoint import CARD_FILE, TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
-from fca_workbench.foundation.errors import UserError, first_line, one_line
-from fca_workbench.foundation.files import read_json, write_json
+from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import write_json
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.foundation.progress import progress
 from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
-    HF_SIZE_LIMITS,
-    check_fields,
-    check_memory,
     check_sizes,
-    parameters_on_meta,
 )
+from fca_workbench.training.hf_config import build_hf_model, check_training_memory
+from fca_workbench.training.routing import prepare_routers, router_z_loss
 from fca_workbench.training.train_card import model_card_markdown
 from fca_workbench.training.train_settings import TrainSettings
 from fca_workbench.training.train_state import (
@@ -58,71 +54,16 @@ from fca_workbench.training.train_state import (
 )
 from fca_workbench.training.training_audit import TrainingAudit, postfix
 
-TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
 STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the run folder, then moved up
-
-
-def read_hf_config(path: str | Path) -> dict:
-    """The fields of a transformers config JSON file; one that names remote code is refused."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"no config file {path}")
-    fields = read_json(path, expect=None)
-    if not isinstance(fields, dict) or not isinstance(fields.get("model_type"), str):
-        raise UserError(f'{path} is not a transformers config: it needs a JSON object with a "model_type"')
-    if "auto_map" in fields:
-        raise UserError(f"{path} names remote code (auto_map); only transformers' built-in model types can be trained")
-    if fields["model_type"] not in CONFIG_MAPPING:
-        raise UserError(f"{path}: unknown model_type '{fields['model_type']}' in this transformers")
-    if fields["model_type"] not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise UserError(f"{path}: model_type '{fields['model_type']}' has no causal language model in transformers")
-    return fields
-
-
-def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int) -> PreTrainedModel:
-    """A transformers causal LM from config fields (see read_hf_config), sized to the shipped tokenizer.
-
-    Vocabulary size and special-token ids default to the tokenizer's; its pad id is None, so no real
-    token's embedding row is frozen as padding (some families default ``pad_token_id`` to 1).
-    """
-    defaults = {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    model_type = fields["model_type"]
-    given = {k: v for k, v in fields.items() if k != "model_type"}
-    check_fields(given, CONFIG_MAPPING[model_type], "fca train's --hf-config", HF_SIZE_LIMITS, none_allowed=True)
-    try:
-        config = AutoConfig.for_model(model_type, **{**defaults, **given})
-    except (StrictDataclassError, ValueError, TypeError) as exc:
-        raise UserError(f"invalid {model_type} config: {one_line(exc)}") from None
-    check_sizes(config, "fca train's --hf-config", HF_SIZE_LIMITS, none_allowed=True)
-    if config.vocab_size < len(tokenizer):
-        raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
-    if getattr(config, "max_position_embeddings", window) < window:
-        raise UserError(f"max_position_embeddings {config.max_position_embeddings} is shorter than the window {window}")
-    check_training_memory(lambda: AutoModelForCausalLM.from_config(config))
-    return AutoModelForCausalLM.from_config(config)
-
-
-def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
-    """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
-    runs on the meta device, which only counts the parameters."""
-    check_memory(
-        parameters_on_meta(build),
-        TRAINING_BYTES_PER_PARAMETER,
-        "fca train's model config",
-        "for fp32 weights, gradients and AdamW",
-    )
 
 
 def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The untrained model ``settings`` describe, seeded, sized to ``tokenizer`` and checked to fit in memory."""
     if settings.hf_config is not None:
         torch.manual_seed(settings.seed)
-        return build_hf_model(settings.hf_config, tokenizer, settings.window)
+        model = build_hf_model(settings.hf_config, tokenizer, settings.window)
+        prepare_routers(model, settings)
+        return model
     vocab_size = len(tokenizer)
     if settings.arch not in FAMILIES:
         raise UserError(f"unknown arch '{settings.arch}'; choose from {sorted(FAMILIES)}")
@@ -205,13 +146,20 @@ def sample_batch(stream: torch.Tensor, step: int, settings: TrainSettings) -> to
     return torch.stack([stream[s : s + settings.window] for s in starts.tolist()])
 
 
-def training_loss(model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss."""
+def training_loss(
+    model: torch.nn.Module, batch: torch.Tensor, z_loss_weight: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next-token NLL, the loss to minimise): the NLL plus a MoE config's weighted router load-balancing loss,
+    plus ``z_loss_weight`` times the router z-loss (``routing.router_z_loss``) when it is not 0."""
     aux_coef = getattr(model.config, "router_aux_loss_coef", None)
-    out = model(batch, **({"output_router_logits": True} if aux_coef is not None else {}))
+    routed = aux_coef is not None or z_loss_weight != 0
+    out = model(batch, **({"output_router_logits": True} if routed else {}))
     nll = next_token_nll(out.logits, batch).mean()
     aux = getattr(out, "aux_loss", None)
-    return nll, nll if aux is None else nll + aux_coef * aux
+    loss = nll if aux is None else nll + aux_coef * aux
+    if z_loss_weight != 0:
+        loss = loss + z_loss_weight * router_z_loss(out.router_logits)
+    return nll, loss
 
 
 def autocast(device: str) -> contextlib.AbstractContextManager:
@@ -236,12 +184,30 @@ def train(settings: TrainSettings, out: str | Path, stop_after: int | None = Non
     optimizer, scheduler = make_optimizer(model, settings)
     step = restore(state, model, optimizer, scheduler)
     audit = TrainingAudit.for_run(settings, model, tokenizer, out, step)
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out, "run folder", holder="fca train", hint="let it finish (rerun then to resume)"):
-        card = train_steps(settings, out, model, tokenizer, stream, optimizer, scheduler, step, audit, stop_after)
-        if card is not None:  # a finished checkpoint holds its own files only; no run waits on this lock
-            lock_path(out).unlink(missing_ok=True)
-        return card
+    try:
+        with folder_lock(out, "run folder", holder="fca train", hint="let it finish (rerun then to resume)"):
+            card = train_steps(settings, out, model, tokenizer, stream, optimizer, scheduler, step, audit, stop_after)
+    except Diverged:
+        if fresh and not (out / TRAIN_STATE_FILE).exists():
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    if card is not None:  # a finished checkpoint holds its own files only; no run waits on this lock
+        lock_path(out).unlink(missing_ok=True)
+    return card
+
+
+class Diverged(UserError):
+    """A step's loss or gradient norm is not finite: the run stops before that step's update."""
+
+
+def check_finite(value: torch.Tensor, what: str, step: int, out: Path) -> None:
+    if not torch.isfinite(value).all():
+        kept = f"{out} keeps its last checkpoint" if (out / TRAIN_STATE_FILE).exists() else "no checkpoint was saved"
+        raise Diverged(
+            f"step {step + 1}: the {what} is {value.item()}; stopped before the update ({kept}; a lower --lr may train)"
+        )
 
 
 def train_steps(
@@ -268,10 +234,11 @@ def train_steps(
             batch = sample_batch(stream, step, settings).to(settings.device)
             torch.manual_seed(step_seed(settings, step))  # dropout or router jitter, if a config has them
             with autocast(settings.device):
-                nll, loss = training_loss(model, batch)
+                nll, loss = training_loss(model, batch, settings.router_z_loss)
+            check_finite(loss.detach(), "training loss", step, out)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            check_finite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0), "gradient norm", step, out)
             optimizer.step()
             scheduler.step()
             step += 1

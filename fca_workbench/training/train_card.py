@@ -3,6 +3,7 @@ command, the controller-design flags included) and what it reached."""
 
 from fca_workbench.data.corpus import CORPUS_DIR
 from fca_workbench.foundation.files import dumps_json
+from fca_workbench.training.train_settings import DETACHED, NORMED
 
 
 def model_card_markdown(card: dict) -> str:
@@ -34,13 +35,17 @@ def model_card_markdown(card: dict) -> str:
         std_text = "n/a (no controller)" if std is None else std
         config_lines = []
     else:
-        command = f"fca train --hf-config CONFIG.json {common}{audit_flags} --out DIR"
+        command = f"fca train --hf-config CONFIG.json {common}{router_flags(s)}{audit_flags} --out DIR"
         std_text = "not computed (transformers model)"
         config_json = dumps_json(s["hf_config"]).decode().rstrip()
         config_lines = ["", "where `CONFIG.json` holds", "", "```json", config_json, "```"]
         aux = card.get("router_aux_loss_coef")
         if aux is not None:
             objective = f"Trained on next-token NLL + {aux} × the router load-balancing loss"
+            if s.get("router_z_loss"):
+                objective += f" + {s['router_z_loss']} × the router z-loss"
+            if s.get("router_input") == DETACHED:
+                objective += ", the routers reading the normed hidden state detached from the gradient"
             config_lines += ["", f"{objective}; the logged loss is the NLL."]
     return "\n".join(
         [
@@ -73,6 +78,14 @@ GATE_INPUT_TEXT = {
     "raw": "h, the raw residual stream",
     "detached": "rmsnorm(h) detached: no gradient reaches the hidden state through the controller",
 }
+
+
+def router_flags(s: dict) -> str:
+    """The router-design flags a ``--hf-config`` run was given (older cards lack them)."""
+    given = {"router_z_loss": s.get("router_z_loss") or None, "router_input": s.get("router_input")}
+    if given["router_input"] == NORMED:
+        given["router_input"] = None
+    return "".join(f" --{k.replace('_', '-')} {v}" for k, v in given.items() if v is not None)
 
 
 def controller_flags(s: dict) -> str:

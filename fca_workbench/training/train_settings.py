@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from fca_workbench.foundation.errors import UserError
 
+NORMED, DETACHED = "normed", "detached"
+ROUTER_INPUTS = (NORMED, DETACHED)  # a router reads the family's own normed hidden state, or it without its gradient
+
 
 @dataclass
 class TrainSettings:
@@ -31,6 +34,8 @@ class TrainSettings:
     weight_decay: float = 0.1
     controller_weight_decay: float | None = None  # the controllers' weights (None: weight_decay)
     controller_lr_mult: float = 1.0  # the controllers' learning rate is lr times this
+    router_z_loss: float = 0.0  # a transformers MoE's weight on the router z-loss (training/routing.py)
+    router_input: str = NORMED  # a transformers MoE's router input (ROUTER_INPUTS)
     save_every: int = 100
     eval_windows: int = 64
     device: str = "cpu"
@@ -48,10 +53,21 @@ class TrainSettings:
             raise UserError(f"{flags} shape FeatureGate controllers; {self.name} has none")
         if not (math.isfinite(self.controller_lr_mult) and self.controller_lr_mult > 0):
             raise UserError(f"--controller-lr-mult must be a positive number, got {self.controller_lr_mult}")
+        if not (math.isfinite(self.router_z_loss) and self.router_z_loss >= 0):
+            raise UserError(f"--router-z-loss must be 0 or more, got {self.router_z_loss}")
+        if self.router_input not in ROUTER_INPUTS:
+            raise UserError(f"--router-input must be one of {', '.join(ROUTER_INPUTS)}, got {self.router_input!r}")
+        routing = [flag for flag, given in self.router_flags().items() if given]
+        if routing and self.arch is not None:
+            raise UserError(f"{', '.join(routing)} shape the routers of a --hf-config MoE; {self.name} has none")
         if self.controller_weight_decay is not None and not (
             math.isfinite(self.controller_weight_decay) and self.controller_weight_decay >= 0
         ):
             raise UserError(f"--controller-weight-decay must be 0 or more, got {self.controller_weight_decay}")
+
+    def router_flags(self) -> dict[str, bool]:
+        """Each router-design flag and whether it asks for something other than the model's own routing."""
+        return {"--router-z-loss": self.router_z_loss != 0, "--router-input": self.router_input != NORMED}
 
     @property
     def name(self) -> str:

@@ -1,0 +1,238 @@
+"""The router-design study (issue 38): its plan and variants, the runner on a tiny plan (train, audit, export,
+summarise, resume), its tables against an independent read of the files, and notebook 10.
+
+The tiny plan trains 2 steps of a 2-layer Mixtral (and of its GraniteMoeShared twin) on a slice of the
+calibration split; everything else is the study's own code path.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from fca_workbench.cli import build_parser
+from fca_workbench.data.corpus import split_path
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.windows import read_documents
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.notebooks import reproduce
+from fca_workbench.results.design_study import ROUTER_STUDY, design_runs_table, design_seed_table, read_design_study
+from fca_workbench.training.hf_config import build_hf_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(
+    model_type="mixtral",
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=32,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=64,
+    router_aux_loss_coef=0.01,
+)
+VARIANTS = ("default", "input-detached", "shared-on")
+
+
+def load_runner():
+    spec = importlib.util.spec_from_file_location("router_design", ROOT / "benchmarks" / "router_design.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return load_runner()
+
+
+@pytest.fixture(scope="module")
+def tiny_study(runner, tmp_path_factory):
+    """Seed 0 of three variants and seed 1 of the default, 2 steps each, audited and exported on 64 windows."""
+    folder = tmp_path_factory.mktemp("router_study")
+    text, base = folder / "small.txt", folder / "tiny.json"
+    text.write_text(read_documents(split_path("calibration"))[0][:40_000], encoding="utf-8")
+    base.write_text(json.dumps(TINY))
+    train = ("--window", "32", "--batch-size", "4", "--train", str(text))
+    audit = ("--max-windows", "64", "--window", "32", "--latency-repeats", "1", "--resamples", "50")
+    runs = [
+        *runner.plan(seeds=(0,), variants=VARIANTS, steps=2, train_extra=train, audit_extra=audit, base=base),
+        *runner.plan(seeds=(1,), variants=("default",), steps=2, train_extra=train, audit_extra=audit, base=base),
+    ]
+    work, out = folder / "work", folder / "out"
+    assert runner.study(runs, work, out) == []
+    return runs, work, out
+
+
+def test_the_plan_puts_seed_0_of_every_variant_first_and_every_variant_is_a_config_or_a_flag(runner):
+    runs = runner.plan()
+    assert len(runs) == 3 * len(runner.VARIANTS) >= 30
+    assert [r.seed for r in runs] == sorted(r.seed for r in runs)
+    assert [r.variant for r in runs[: len(runner.VARIANTS)]] == list(runner.VARIANTS)
+    base = json.loads(runner.BASE_CONFIG.read_text())
+    parser = build_parser()
+    for run in runs[: len(runner.VARIANTS)]:
+        args = parser.parse_args(run.train_args(Path("/w")))
+        assert (args.steps, args.seed, args.hf_config) == (300, 0, f"/w/configs/{run.variant}.json")
+        config = run.config()
+        changed = {k for k in config if config[k] != base.get(k)}
+        assert changed == {k for k, _ in runner.VARIANTS[run.variant].fields} | (
+            {"attention_multiplier"} if config["model_type"] == "granitemoeshared" else set()
+        )
+        assert run.audit_args(Path("/w"))[-3:] == ["--per-layer", "--out", f"/w/{run.name}-audit"]
+    assert runner.Run("shared-on", 0).config()["attention_multiplier"] == pytest.approx(
+        1 / math.sqrt(96 / 4), rel=1e-15
+    )
+
+
+def test_granitemoeshared_without_its_shared_expert_computes_what_mixtral_computes(runner, tmp_path):
+    """The shared-expert axis changes one thing: with the runner's settings and no shared MLP, GraniteMoeShared
+    holding a Mixtral's weights gives that Mixtral's logits."""
+    (tmp_path / "base.json").write_text(json.dumps(TINY))
+    configs = {v: runner.Run(v, 0, base=tmp_path / "base.json").config() for v in ("default", "shared-off")}
+    tokenizer = load_tokenizer()
+    mixtral = build_hf_model(configs["default"], tokenizer, 32).eval()
+    granite = build_hf_model(configs["shared-off"], tokenizer, 32).eval()
+    renamed = {
+        k.replace(".mlp.gate.", ".block_sparse_moe.router.").replace(".mlp.experts.", ".block_sparse_moe.experts."): v
+        for k, v in mixtral.state_dict().items()
+    }
+    granite.load_state_dict(renamed, strict=True)
+    batch = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(granite(batch).logits, mixtral(batch).logits, rtol=1e-5, atol=1e-5)
+    shared = build_hf_model(runner.Run("shared-on", 0, base=tmp_path / "base.json").config(), tokenizer, 32)
+    assert shared.model.layers[0].shared_mlp is not None
+    assert not [n for n, _ in shared.model.layers[0].named_modules() if "gate" in n.split(".")[-1] and "shared" in n]
+
+
+def test_the_study_trains_audits_exports_summarises_and_resumes(runner, tiny_study, monkeypatch):
+    runs, work, out = tiny_study
+    for run in runs:
+        assert sorted(p.name for p in (out / run.name).iterdir()) == [
+            "audit_summary.json",
+            "model_card.json",
+            "train_log.csv",
+        ]
+        summary = json.loads((out / run.name / "audit_summary.json").read_text())
+        card = json.loads((out / run.name / "model_card.json").read_text())
+        audit = json.loads((work / f"{run.name}-audit" / "audit.json").read_text())
+        assert summary["retention"] == audit["retention"] and summary["per_layer"] == audit["per_layer"]
+        assert {r["condition"] for r in audit["per_layer"]} >= {"layer_mean_topk", "cross_input"}
+        assert card["settings"]["hf_config"] == run.config()
+        # the export is scored on the model card's eval windows, which are the audit's: its NLL is the audit's
+        # layer_mean_topk NLL, the static top-k profile folded into the weights
+        assert summary["data"]["eval"]["fingerprint"] == card["eval_fingerprint"]
+        assert summary["export_eval_nll"] == pytest.approx(audit["conditions"]["layer_mean_topk"]["nll"], abs=1e-4)
+        assert summary["commands"]["export"] == (
+            f"fca export WORK/{run.name} --profile layer_mean_topk --audit WORK/{run.name}-audit "
+            f"--out WORK/{run.name}-export"
+        )
+        assert AutoModelForCausalLM.from_pretrained(work / f"{run.name}-export").config.num_experts_per_tok == 2
+    assert json.loads((out / "input-detached-s0" / "model_card.json").read_text())["settings"]["router_input"] == (
+        "detached"
+    )
+    assert "4 of 4 runs done" in runner.listing(runs, work, out)
+
+    (out / "shared-on-s0" / "audit_summary.json").unlink()  # audited and exported: summarised without fca
+    monkeypatch.setattr(runner, "fca", lambda argv: pytest.fail(f"reran fca {argv}"))
+    assert runner.status(runs[2], work, out) == "audited"
+    assert runner.study(runs, work, out) == []
+    summary = json.loads((out / "shared-on-s0" / "audit_summary.json").read_text())
+    assert summary["audit_seconds"] is None and summary["export_seconds"] is None
+
+
+def independent_entropy(audit: dict) -> float:
+    """Mean over layers of the normalised entropy of each expert's share of the routed tokens, by pandas."""
+    loads = pd.DataFrame(audit["execution"]["experts"]["load"])
+    shares = loads.div(loads.sum(axis=1), axis=0)
+    terms = shares.where(shares > 0, 1.0)  # 0 · log 0 = 0
+    return float((-(shares * terms.map(math.log)).sum(axis=1) / math.log(loads.shape[1])).mean())
+
+
+def test_the_tables_equal_an_independent_read_of_the_files(tiny_study):
+    runs, work, out = tiny_study
+    study = read_design_study(out, ROUTER_STUDY)
+    assert study.skipped == [] and study.kind is ROUTER_STUDY
+    table = design_runs_table(study.runs, ROUTER_STUDY).set_index(["variant", "seed"])
+    for run in runs:
+        summary = json.loads((out / run.name / "audit_summary.json").read_text())
+        audit = json.loads((work / f"{run.name}-audit" / "audit.json").read_text())
+        row = table.loc[(run.variant, run.seed)]
+        assert row["expert_entropy"] == pytest.approx(independent_entropy(audit), rel=1e-9)
+        assert 0 < row["expert_entropy"] <= 1
+        assert row["export_cost"] == pytest.approx(summary["export_eval_nll"] - summary["eval_nll"], abs=1e-9)
+        assert row["retention_layer_mean_topk"] == audit["retention"]["layer_mean_topk"]["value"]
+    assert table.loc[("shared-on", 0), "axis"] == "shared expert"
+    assert table.loc[("input-detached", 0), ["axis", "setting"]].tolist() == ["router input", "detached"]
+    over = {r["variant"]: r for r in design_seed_table(study.runs, ROUTER_STUDY).to_dict("records")}
+    assert over["default"]["n"] == 2 and over["shared-on"]["n"] == 1
+    default = [json.loads((out / f"default-s{s}" / "audit_summary.json").read_text())["eval_nll"] for s in (0, 1)]
+    assert over["default"]["eval_nll_mean"] == pytest.approx(statistics.fmean(default), rel=1e-12)
+    assert over["default"]["eval_nll_sd"] == pytest.approx(statistics.stdev(default), rel=1e-9)
+    entropies = [
+        independent_entropy(json.loads((work / f"default-s{s}-audit" / "audit.json").read_text())) for s in (0, 1)
+    ]
+    assert over["default"]["expert_entropy_mean"] == pytest.approx(statistics.fmean(entropies), rel=1e-9)
+
+
+def test_a_summary_without_the_export_is_left_out_in_one_line(tiny_study, tmp_path):
+    runs, work, out = tiny_study
+    folder = tmp_path / "study" / "default-s0"
+    folder.mkdir(parents=True)
+    summary = json.loads((out / "default-s0" / "audit_summary.json").read_text())
+    del summary["export_eval_nll"]
+    (folder / "audit_summary.json").write_text(json.dumps(summary))
+    (folder / "model_card.json").write_text((out / "default-s0" / "model_card.json").read_text())
+    with pytest.raises(UserError, match="no run of the router-design study .*'export_eval_nll' is a required"):
+        read_design_study(tmp_path / "study", ROUTER_STUDY)
+
+
+def test_reproduce_runs_notebook_10_by_default_only_once_its_study_has_a_run(tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setitem(reproduce.STUDY_NOTEBOOKS, "10_router_design", dataclasses.replace(ROUTER_STUDY, folder=empty))
+    assert not reproduce.study_started("10_router_design") and reproduce.study_started("09_controller_design")
+    monkeypatch.setitem(reproduce.STUDY_NOTEBOOKS, "10_router_design", ROUTER_STUDY)
+    assert "10_router_design" in reproduce.PAPER_NOTEBOOKS
+
+
+@pytest.mark.timeout(600)  # one notebook through papermill: a hung kernel fails here
+def test_notebook_10_reads_the_study_and_its_tables_equal_the_files(tiny_study, tmp_path):
+    runs, work, out = tiny_study
+    plan = reproduce.plan({"notebooks": ["10_router_design"], "parameters": {"study": str(out)}}, tmp_path / "out")
+    [result] = reproduce.execute(plan, progress=False)
+    assert result.ok, result.error
+    frame = pd.read_csv(plan.out / "tables" / "router_design_runs.csv")
+    assert sorted(f"{v}-s{s}" for v, s in zip(frame.variant, frame.seed)) == sorted(r.name for r in runs)
+    for row in frame.to_dict("records"):
+        summary = json.loads((out / f"{row['variant']}-s{row['seed']}" / "audit_summary.json").read_text())
+        assert row["export_eval_nll"] == summary["export_eval_nll"]
+        assert row["delta_cross_input"] == summary["conditions"]["cross_input"]["delta"]
+    figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
+    names = ("retention_topk", "cross_input", "eval_nll", "export_nll", "export_cost", "expert_entropy")
+    assert {f"router_design_{n}" for n in names} <= figures
+    executed = (plan.out / "notebooks" / "10_router_design.ipynb").read_text()
+    assert "`default` 2 (0, 1)" in executed and "(n=2)" in executed and "(n=1)" in executed
+
+
+def test_the_committed_summaries_are_read_and_the_docs_quote_their_table(runner):
+    """data/router_design/findings.md is what ``--table`` prints from the committed summaries (regenerate it
+    when a run is added), docs/router-design.md includes it, and each committed export's eval NLL is its audit's
+    layer_mean_topk NLL on the same windows."""
+    study = ROOT / "data" / "router_design"
+    found = read_design_study(study, ROUTER_STUDY)
+    assert found.skipped == [] and found.runs
+    for run in found.runs:
+        assert run["data"]["eval"]["fingerprint"] == run["card"]["eval_fingerprint"]
+        assert run["export_eval_nll"] == pytest.approx(run["conditions"]["layer_mean_topk"]["nll"], abs=1e-4)
+    assert (study / "findings.md").read_text() == runner.findings_table(study) + "\n"
+    assert '--8<-- "data/router_design/findings.md"' in (ROOT / "docs" / "router-design.md").read_text()
