@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import fca
+from test_hub import COMMIT, cache_snapshot, offline_cache  # noqa: F401 (offline_cache: a fixture used here)
 
 from fca_workbench.cli import main
 from fca_workbench.data.corpus import split_path
@@ -17,6 +18,7 @@ from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items,
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.downstream.gaps import gap, retention
+from fca_workbench.downstream.table import downstream_table
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.notebooks import reproduce
@@ -182,6 +184,17 @@ def test_fca_eval_end_to_end(which, tiny_checkpoints, tiny_mixtral, tmp_path):
     assert downstream["model"]["arch"] == ("featuregate" if which == "native" else "mixtral")
 
 
+def test_fca_eval_of_a_hub_name_records_its_id_and_commit(offline_cache, tiny_checkpoints, tmp_path, monkeypatch):  # noqa: F811  (the fixture imported above)
+    snapshot = cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    monkeypatch.chdir(tmp_path)  # where no folder lab/fg is: the name is the hub's
+    argv = ["eval", "lab/fg@main", "--tasks", "fca_next_line", "--limit", "2", "--max-windows", "2", "--out", "out"]
+    assert main(argv) == 0
+    downstream = json.loads((tmp_path / "out" / DOWNSTREAM_FILE).read_text())
+    assert downstream["model"]["hub"] == {"id": "lab/fg", "revision": "main", "commit": COMMIT}
+    assert downstream["model"]["path"] == str(snapshot)
+    assert set(downstream_table([downstream])["model"]) == {"lab--fg@main"}
+
+
 def run_error(argv, capsys) -> str:
     """``fca ARGV`` in this process: exit 2 and the one line it printed."""
     assert main(argv) == 2
@@ -227,7 +240,6 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
     from lm_eval.tasks import TaskManager
 
     from fca_workbench.adapters.controlled import load_controlled
-    from fca_workbench.downstream.evaluation import local_task_config, local_tasks
     from fca_workbench.downstream.frozen import ConditionLogits
     from fca_workbench.downstream.lm import WorkbenchLM
 
@@ -240,8 +252,8 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
         results = lm_eval.simple_evaluate(
             model=lm,
             model_args=args,
-            tasks=[local_task_config(local_tasks()["fca_next_line"])],
-            task_manager=TaskManager(include_defaults=False),
+            tasks=["fca_next_line"],
+            task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False),
             limit=8,
             log_samples=True,
         )
