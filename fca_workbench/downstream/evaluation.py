@@ -21,6 +21,7 @@ import torch
 from lm_eval.tasks import TaskManager
 
 from fca_workbench.audit.cache_lock import folder_lock
+from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.run import AUDIT_COMMAND, check_audit_out
 from fca_workbench.audit.session import ReplaySession
@@ -62,10 +63,16 @@ def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str]]:
     return manager, names
 
 
-def run_eval(settings: EvalSettings, out: str | Path) -> dict:
+def run_eval(settings: EvalSettings, out: str | Path, ranks: Ranks = SINGLE) -> dict | None:
     """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
     or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
-    ``correct``-to-``global_mean`` gap."""
+    ``correct``-to-``global_mean`` gap; returns it.
+
+    ``ranks`` (``distributed.process_group``, under torchrun): lm-eval shares each task's documents among the
+    ranks (``WorkbenchLM``'s rank and world size, as under accelerate) and gathers them on rank 0, which writes
+    the file and returns it (the other ranks return None). Every rank estimates the static profiles from the
+    whole calibration set itself (the same windows and model on every rank, checked), so each answers its
+    documents with the profiles one process would use."""
     out = check_audit_out(out)
     refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
     manager, tasks = resolve_tasks(settings.tasks)
@@ -76,27 +83,41 @@ def run_eval(settings: EvalSettings, out: str | Path) -> dict:
         session = ReplaySession.open(audit, out, checkpoint=checkpoint, read_now=(CALIBRATION,))
         check_folder_binding(out, session.fingerprint)  # another model's audit folder: refused before any work
         conditions = eval_conditions(settings.conditions, session)
-        with folder_lock(out, "output folder"):
-            mark_output(out, AUDIT_COMMAND)
-            downstream = evaluate_conditions(session, checkpoint, conditions, loaded, settings)
+        ranks.agree(
+            lambda: {"model": session.fingerprint, "calibration": session.data_summary(CALIBRATION)["fingerprint"]}
+        )
+        with folder_lock(out, "output folder", ranks=ranks):
+            if ranks.lead:
+                mark_output(out, AUDIT_COMMAND)
+            downstream = evaluate_conditions(session, checkpoint, conditions, loaded, settings, ranks)
+            if downstream is None:
+                return None
             check_downstream(downstream, out / DOWNSTREAM_FILE)
             write_json(out / DOWNSTREAM_FILE, downstream)
     return downstream
 
 
 def evaluate_conditions(
-    session: ReplaySession, checkpoint: Checkpoint, conditions: list[str], loaded: dict, settings: EvalSettings
-) -> dict:
-    """``downstream.json``: every loaded task under every condition, through lm-eval's evaluator; its model
-    recorded as ``audit.json`` records it (``Checkpoint.record``: with the hub id and commit of a hub name)."""
+    session: ReplaySession,
+    checkpoint: Checkpoint,
+    conditions: list[str],
+    loaded: dict,
+    settings: EvalSettings,
+    ranks: Ranks = SINGLE,
+) -> dict | None:
+    """``downstream.json``: every loaded task under every condition, through lm-eval's evaluator (on rank 0; None
+    on the others); its model recorded as ``audit.json`` records it (``Checkpoint.record``: with the hub id and
+    commit of a hub name)."""
     model, calib_windows = session.model, session.windows(CALIBRATION)
     if session.has_controller:
         session.profiles  # noqa: B018 (the calibration capture, before the first task)
-    lm = WorkbenchLM(model, session.tokenizer, calib_windows.shape[1], session.batch_size)
+    lm = WorkbenchLM(model, session.tokenizer, calib_windows.shape[1], session.batch_size, ranks)
     by_condition = {}
     for condition in conditions:
         lm.use(ConditionLogits(session, condition))
         by_condition[condition] = evaluate(lm, loaded, settings)
+    if not ranks.lead:
+        return None
     return {
         "schema": DOWNSTREAM_SCHEMA,
         "model": {
@@ -147,6 +168,8 @@ def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     results = lm_eval.evaluator.evaluate(
         lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True
     )
+    if results is None:  # a rank other than 0: its documents went to rank 0
+        return {}
     samples, logged = results.get("n-samples", {}), results.get("samples") or {}
     return {
         task: {
