@@ -380,3 +380,21 @@ def test_rank_shares_are_contiguous_cover_every_shard_once_and_differ_by_at_most
     shares = [Ranks(rank, world_size).share(shards) for rank in range(world_size)]
     assert [s for share in shares for s in share] == list(range(shards))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1 and min(map(len, shares)) >= 1
+
+
+def test_fca_eval_under_torchrun_gives_one_processs_figures(tmp_path):
+    """``fca eval`` on two gloo ranks: lm-eval shares the documents between them and rank 0 gathers them, so
+    ``downstream.json`` holds one process's figures, every document's value and the paired gap alike."""
+    pytest.importorskip("lm_eval")
+    written = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"ranks{ranks}"
+        args = ["eval", CHECKPOINTS / "featuregate-s0", "--tasks", "fca_next_line", "--limit", 9, "--out", out]
+        result = fca([*args, "--calib", TEXT["calibration"], "--window", 64, "--max-windows", 2], ranks)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.count("wrote ") == 1  # rank 0 alone reports
+        written[ranks] = json.loads((out / "downstream.json").read_text())
+    one, two = written[1]["tasks"]["fca_next_line"], written[2]["tasks"]["fca_next_line"]
+    assert one["samples"] == two["samples"] == 9
+    assert_same_figures({"task": one}, {"task": two}, keys=("task",))
+    assert written[1]["calibration"] == written[2]["calibration"]

@@ -10,13 +10,27 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import fca
+from test_hub import COMMIT, cache_snapshot, offline_cache  # noqa: F401 (offline_cache: a fixture used here)
 
 from fca_workbench.cli import main
 from fca_workbench.data.corpus import split_path
-from fca_workbench.data.tasks import NEXT_LINE_FILE, TASKS_DIR, next_line_items, next_line_jsonl
+from fca_workbench.data.tasks import (
+    CHOICES,
+    NEXT_LINE,
+    NEXT_LINE_FILE,
+    NEXT_WORD,
+    PLAY_CHOICE_FILE,
+    PLAY_CHOICE_TASK,
+    TASKS_DIR,
+    WORD_LENGTH_SLACK,
+    next_line_items,
+    play_choice_items,
+    task_jsonl,
+)
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.downstream.gaps import gap, retention
+from fca_workbench.downstream.table import downstream_table
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.notebooks import reproduce
@@ -33,7 +47,7 @@ LIMIT, WINDOW, CALIBRATION_WINDOWS = 12, 128, 4
 
 
 def test_the_shipped_task_rebuilds_byte_for_byte():
-    assert next_line_jsonl() == (TASKS_DIR / NEXT_LINE_FILE).read_bytes()
+    assert task_jsonl() == (TASKS_DIR / NEXT_LINE_FILE).read_bytes()
     items = next_line_items(read_documents(split_path("eval")))
     assert len(items) == 200 and {item["play"] for item in items} == {0, 1, 2, 3}
     for item in items:
@@ -41,6 +55,41 @@ def test_the_shipped_task_rebuilds_byte_for_byte():
         assert len(set(item["choices"])) == 4 and item["context"].endswith("\n")
         assert all(sorted(c.split(" ")) == sorted(true.split(" ")) for c in item["choices"])  # the same words
         assert true in read_documents(split_path("eval"))[item["play"]]
+
+
+def test_the_larger_task_rebuilds_byte_for_byte_with_two_kinds_of_item():
+    """``fca_play_choice``: 1,600 items from the eval split, half next-line, half next-word; each next-word item's
+    true word is the one that follows its context in the play, the others plain words of about its length."""
+    assert task_jsonl(PLAY_CHOICE_TASK) == (TASKS_DIR / PLAY_CHOICE_FILE).read_bytes()
+    plays = read_documents(split_path("eval"))
+    items = play_choice_items(plays)
+    assert len(items) == 1600 and {(item["kind"], item["play"]) for item in items} == {
+        (kind, play) for kind in (NEXT_LINE, NEXT_WORD) for play in range(4)
+    }
+    assert items != play_choice_items(plays, seed=1)  # the seed decides the draw
+    for item in items:
+        assert len(set(item["choices"])) == CHOICES and 0 <= item["label"] < CHOICES
+        true = item["choices"][item["label"]]
+        if item["kind"] == NEXT_WORD:
+            lines = [line.strip() for line in plays[item["play"]].splitlines() if line.strip()]
+            said = "\n".join(lines) + "\n"
+            assert (item["context"] + true + " ") in said or (item["context"] + true + "\n") in said
+            words = [choice[1:] for choice in item["choices"]]
+            assert all(c.startswith(" ") and w.isalpha() and w.islower() for c, w in zip(item["choices"], words))
+            assert all(abs(len(w) - len(true[1:])) <= WORD_LENGTH_SLACK for w in words)
+        else:
+            assert sorted(true.split(" ")) == sorted(item["choices"][item["label"] - 1].split(" "))
+
+
+def test_lm_eval_loads_every_shipped_task_from_its_own_folder(tmp_path, monkeypatch):
+    """lm-eval's task manager, the shipped folder included, reads each task's documents from beside its YAML
+    whatever the working directory (``data/tasks/local_files.py``)."""
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.chdir(tmp_path)
+    loaded = TaskManager(include_path=str(TASKS_DIR), include_defaults=False).load(["fca_next_line", PLAY_CHOICE_TASK])
+    sizes = {name: len(list(task.test_docs())) for name, task in loaded["tasks"].items()}
+    assert sizes == {"fca_next_line": 200, PLAY_CHOICE_TASK: 1600}
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +231,17 @@ def test_fca_eval_end_to_end(which, tiny_checkpoints, tiny_mixtral, tmp_path):
     assert downstream["model"]["arch"] == ("featuregate" if which == "native" else "mixtral")
 
 
+def test_fca_eval_of_a_hub_name_records_its_id_and_commit(offline_cache, tiny_checkpoints, tmp_path, monkeypatch):  # noqa: F811  (the fixture imported above)
+    snapshot = cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    monkeypatch.chdir(tmp_path)  # where no folder lab/fg is: the name is the hub's
+    argv = ["eval", "lab/fg@main", "--tasks", "fca_next_line", "--limit", "2", "--max-windows", "2", "--out", "out"]
+    assert main(argv) == 0
+    downstream = json.loads((tmp_path / "out" / DOWNSTREAM_FILE).read_text())
+    assert downstream["model"]["hub"] == {"id": "lab/fg", "revision": "main", "commit": COMMIT}
+    assert downstream["model"]["path"] == str(snapshot)
+    assert set(downstream_table([downstream])["model"]) == {"lab--fg@main"}
+
+
 def run_error(argv, capsys) -> str:
     """``fca ARGV`` in this process: exit 2 and the one line it printed."""
     assert main(argv) == 2
@@ -227,7 +287,6 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
     from lm_eval.tasks import TaskManager
 
     from fca_workbench.adapters.controlled import load_controlled
-    from fca_workbench.downstream.evaluation import local_task_config, local_tasks
     from fca_workbench.downstream.frozen import ConditionLogits
     from fca_workbench.downstream.lm import WorkbenchLM
 
@@ -240,8 +299,8 @@ def test_correct_scores_what_lm_evals_own_hf_model_scores(tiny_mixtral):
         results = lm_eval.simple_evaluate(
             model=lm,
             model_args=args,
-            tasks=[local_task_config(local_tasks()["fca_next_line"])],
-            task_manager=TaskManager(include_defaults=False),
+            tasks=["fca_next_line"],
+            task_manager=TaskManager(include_path=str(TASKS_DIR), include_defaults=False),
             limit=8,
             log_samples=True,
         )

@@ -6,6 +6,7 @@ the audit computed by frozen replay of the original model, an independent comput
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,14 @@ import pytest
 import torch
 import zoo
 from conftest import assert_one_line_error, fca, tiny_model
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
+from test_hub import COMMIT, cache_snapshot, offline_cache  # noqa: F401 (offline_cache: a fixture used here)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
+from fca_workbench.audit import session as session_module
+from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows, read_documents
@@ -256,3 +261,71 @@ def test_a_shared_expert_gate_is_folded_into_its_shared_expert():
     with torch.no_grad():
         values = [{COEFFICIENT: c.expand(2, 16, *c.shape)} for c in static]
         assert torch.allclose(folded(ids).logits, controlled.replay_run(ids, values), atol=1e-5, rtol=0)
+
+
+@pytest.fixture
+def captures(monkeypatch) -> list[str]:
+    """The splits whose windows the export's session reads, and ``capture`` for each capture it starts."""
+    seen: list[str] = []
+    read, captured = session_module.audit_windows, session_module.capture
+
+    def reading(settings, split, *args, **kwargs):
+        seen.append(split)
+        return read(settings, split, *args, **kwargs)
+
+    def capturing(*args, **kwargs):
+        seen.append("capture")
+        return captured(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "audit_windows", reading)
+    monkeypatch.setattr(session_module, "capture", capturing)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "name, profile, words",
+    [
+        ("dense", "layer_mean", "no controller"),
+        ("featuregate", "layer_mean_topk", "only for models whose controllers are top-k routers"),
+        ("ssm-s0", "layer_mean", "mamba2 model"),
+    ],
+)
+def test_a_refused_export_reads_no_calibration_window_and_captures_nothing(
+    name, profile, words, captures, tiny_checkpoints, tmp_path
+):
+    folder = tiny_checkpoints.get(name) or checkpoints_dir() / name
+    with pytest.raises(UserError, match=words):
+        export_static(folder, profile, tmp_path / "out")
+    assert "capture" not in captures and not (tmp_path / "out").exists()
+    if name != "featuregate":  # refused by its family, before any text is read
+        assert CALIBRATION not in captures
+
+
+def test_the_model_card_is_a_hub_card_with_paths_from_its_folder(captures, tiny_checkpoints, texts, tmp_path):
+    source = tiny_checkpoints["featuregate"]
+    out = export_static(source, "layer_mean", tmp_path / "exports" / "fg", calib=texts["calibration"], max_windows=1)
+    assert captures.count("capture") == 1  # the export that is not refused captures its calibration windows
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "transformers" and card.data.base_model is None  # a folder: no hub id
+    assert {"fca-static-export", "layer_mean", "featuregate"} <= set(card.data.tags)
+    facts = json.loads((out / "export_card.json").read_text())
+    assert (out / facts["source"]["path"]).resolve() == source.resolve() and facts["source"]["hub"] is None
+    assert (out / facts["calibration"]["source"]).resolve() == texts["calibration"].resolve()
+    for text in ((out / "README.md").read_text(), (out / "export_card.json").read_text()):
+        assert str(tmp_path) not in text and str(source.parent) not in text and str(Path.cwd()) not in text
+    assert facts["command"] == (
+        f"fca export {os.path.relpath(source, out.parent)} --profile layer_mean "
+        f"--calib {os.path.relpath(texts['calibration'], out.parent)} --max-windows 1 --out fg"
+    )
+
+
+def test_an_export_of_a_hub_name_records_its_id_and_commit(offline_cache, tiny_checkpoints, tmp_path, monkeypatch):  # noqa: F811  (the fixture imported above)
+    cache_snapshot(offline_cache, "lab/fg", tiny_checkpoints["featuregate"])
+    monkeypatch.chdir(tmp_path)  # where no folder lab/fg is: the name is the hub's
+    out = export_static("lab/fg", "global_mean", tmp_path / "out", max_windows=1)
+    facts = json.loads((out / "export_card.json").read_text())
+    assert facts["source"]["hub"] == {"id": "lab/fg", "revision": None, "commit": COMMIT}
+    assert (out / facts["source"]["path"]).resolve() == (offline_cache / "models--lab--fg" / "snapshots" / COMMIT)
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == "lab/fg" and COMMIT in card.text
+    assert facts["command"].startswith("fca export lab/fg --profile global_mean")

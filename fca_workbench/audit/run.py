@@ -95,8 +95,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
-                "path": str(checkpoint.folder.resolve()),
-                "hub": checkpoint.provenance(),
+                **checkpoint.record(),
                 "arch": model.arch,
                 "params": sum(p.numel() for p in model.parameters()),
                 "fingerprint": eval_cache.manifest["model_fingerprint"],

@@ -61,7 +61,7 @@ COMMANDS = {
     "dashboard": Command("fca_workbench.cli.dashboard_command", "cmd_dashboard", dashboard_serving),
     "reproduce": Command("fca_workbench.cli.reproduce_command", "cmd_reproduce"),
 }
-DISTRIBUTED_COMMANDS = ("audit", "audit-many")  # the commands that run under torchrun
+DISTRIBUTED_COMMANDS = ("audit", "audit-many", "eval")  # the commands that run under torchrun
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,7 +140,7 @@ def run_command(args: argparse.Namespace) -> int | None:
     """Check the flags and build the settings, then import the command's module and run it."""
     if under_torchrun() and args.command not in DISTRIBUTED_COMMANDS:
         raise UserError(
-            f"fca {args.command} runs in one process; under torchrun only {' and '.join(DISTRIBUTED_COMMANDS)} do"
+            f"fca {args.command} runs in one process; under torchrun only {', '.join(DISTRIBUTED_COMMANDS)} do"
         )
     command = COMMANDS[command_name(args)]
     settings = command.settings(args) if command.settings else None

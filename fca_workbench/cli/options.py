@@ -249,7 +249,7 @@ def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.Argument
     parser.add_argument(
         "--tasks",
         required=True,
-        help="comma-separated lm-eval tasks: the shipped fca_next_line (offline), or any task lm-eval has",
+        help="comma-separated lm-eval tasks: the shipped fca_next_line and fca_play_choice (offline), or any task lm-eval has",
     )
     parser.add_argument(
         "--conditions",

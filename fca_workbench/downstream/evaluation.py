@@ -18,10 +18,10 @@ import lm_eval
 import lm_eval.evaluator
 import numpy
 import torch
-import yaml
 from lm_eval.tasks import TaskManager
 
 from fca_workbench.audit.cache_lock import folder_lock
+from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.run import AUDIT_COMMAND, check_audit_out
 from fca_workbench.audit.session import ReplaySession
@@ -30,8 +30,9 @@ from fca_workbench.downstream.eval_settings import EvalSettings
 from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
 from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
 from fca_workbench.downstream.lm import WorkbenchLM
+from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.foundation.files import inside_folder, reading, write_json
+from fca_workbench.foundation.files import reading, write_json
 from fca_workbench.results.binding import check_folder_binding
 from fca_workbench.results.conditions import LOW, REFERENCE
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
@@ -46,68 +47,81 @@ def local_tasks() -> dict[str, Path]:
     return {path.stem: path for path in sorted(TASKS_DIR.glob("*.yaml"))}
 
 
-def local_task_config(path: Path) -> dict:
-    """A shipped task's lm-eval config, its ``data_files`` resolved inside ``data/tasks/`` (lm-eval would read
-    them from the current folder)."""
-    config = yaml.safe_load(path.read_text())
-    files = config["dataset_kwargs"]["data_files"]
-    config["dataset_kwargs"]["data_files"] = {
-        split: str(inside_folder(path.parent, name, path.name)) for split, name in files.items()
-    }
-    return config
-
-
-def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str | dict]]:
-    """lm-eval's task manager and what to hand it for each name: a shipped task's config, or the name of an
-    installed task or group (lm-eval's whole index is read only when some task is not a shipped one); an
-    unknown name is one line, before any model is loaded."""
+def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str]]:
+    """lm-eval's task manager, the shipped tasks' folder included (as ``lm_eval --include_path`` includes it:
+    their YAML reads their data from beside it), and the names to load (lm-eval's whole index is read only
+    when some task is not a shipped one); an unknown name is one line, before any model is loaded."""
     shipped = local_tasks()
     others = [name for name in names if name not in shipped]
-    manager = TaskManager(include_defaults=bool(others))
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=bool(others))
     unknown = [name for name in others if name not in manager.all_tasks]
     if unknown:
         raise UserError(
             f"--tasks: unknown task {', '.join(map(repr, unknown))}; shipped: {', '.join(shipped)}, "
             "or any task lm-eval lists (lm-eval ls tasks)"
         )
-    return manager, [local_task_config(shipped[name]) if name in shipped else name for name in names]
+    return manager, names
 
 
-def run_eval(settings: EvalSettings, out: str | Path) -> dict:
+def run_eval(settings: EvalSettings, out: str | Path, ranks: Ranks = SINGLE) -> dict | None:
     """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
     or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
-    ``correct``-to-``global_mean`` gap."""
+    ``correct``-to-``global_mean`` gap; returns it.
+
+    ``ranks`` (``distributed.process_group``, under torchrun): lm-eval shares each task's documents among the
+    ranks (``WorkbenchLM``'s rank and world size, as under accelerate) and gathers them on rank 0, which writes
+    the file and returns it (the other ranks return None). Every rank estimates the static profiles from the
+    whole calibration set itself (the same windows and model on every rank, checked), so each answers its
+    documents with the profiles one process would use."""
     out = check_audit_out(out)
     refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
     manager, tasks = resolve_tasks(settings.tasks)
     loaded = load_tasks(manager, tasks, settings.audit.seed)  # a task whose data is not on disk: one line, first
+    checkpoint = resolve_checkpoint(settings.audit.checkpoint, settings.audit.trust_remote_code)
     with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
-        session = ReplaySession.open(replace(settings.audit, cache=cache), out, read_now=(CALIBRATION,))
+        audit = replace(settings.audit, cache=cache)
+        session = ReplaySession.open(audit, out, checkpoint=checkpoint, read_now=(CALIBRATION,))
         check_folder_binding(out, session.fingerprint)  # another model's audit folder: refused before any work
         conditions = eval_conditions(settings.conditions, session)
-        with folder_lock(out, "output folder"):
-            mark_output(out, AUDIT_COMMAND)
-            downstream = evaluate_conditions(session, conditions, loaded, settings)
+        ranks.agree(
+            lambda: {"model": session.fingerprint, "calibration": session.data_summary(CALIBRATION)["fingerprint"]}
+        )
+        with folder_lock(out, "output folder", ranks=ranks):
+            if ranks.lead:
+                mark_output(out, AUDIT_COMMAND)
+            downstream = evaluate_conditions(session, checkpoint, conditions, loaded, settings, ranks)
+            if downstream is None:
+                return None
             check_downstream(downstream, out / DOWNSTREAM_FILE)
             write_json(out / DOWNSTREAM_FILE, downstream)
     return downstream
 
 
-def evaluate_conditions(session: ReplaySession, conditions: list[str], loaded: dict, settings: EvalSettings) -> dict:
-    """``downstream.json``: every loaded task under every condition, through lm-eval's evaluator."""
+def evaluate_conditions(
+    session: ReplaySession,
+    checkpoint: Checkpoint,
+    conditions: list[str],
+    loaded: dict,
+    settings: EvalSettings,
+    ranks: Ranks = SINGLE,
+) -> dict | None:
+    """``downstream.json``: every loaded task under every condition, through lm-eval's evaluator (on rank 0; None
+    on the others); its model recorded as ``audit.json`` records it (``Checkpoint.record``: with the hub id and
+    commit of a hub name)."""
     model, calib_windows = session.model, session.windows(CALIBRATION)
     if session.has_controller:
         session.profiles  # noqa: B018 (the calibration capture, before the first task)
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its warnings about a model passed in, every call
-    lm = WorkbenchLM(model, session.tokenizer, calib_windows.shape[1], session.batch_size)
+    lm = WorkbenchLM(model, session.tokenizer, calib_windows.shape[1], session.batch_size, ranks)
     by_condition = {}
     for condition in conditions:
         lm.use(ConditionLogits(session, condition))
         by_condition[condition] = evaluate(lm, loaded, settings)
+    if not ranks.lead:
+        return None
     return {
         "schema": DOWNSTREAM_SCHEMA,
         "model": {
-            "path": str(Path(settings.audit.checkpoint).resolve()),
+            **checkpoint.record(),
             "arch": model.arch,
             "fingerprint": session.fingerprint,
         },
@@ -127,9 +141,11 @@ def evaluate_conditions(session: ReplaySession, conditions: list[str], loaded: d
     }
 
 
-def load_tasks(manager: TaskManager, tasks: list[str | dict], seed: int) -> dict:
+def load_tasks(manager: TaskManager, tasks: list[str], seed: int) -> dict:
     """lm-eval's tasks, loaded once for every condition, set up as ``simple_evaluate`` sets them up: zero-shot
-    unless the task says otherwise, its few-shot sampler seeded."""
+    unless the task says otherwise, its few-shot sampler seeded (lm-eval's warnings, e.g. that a custom
+    dataset takes ``--metadata``, kept off the user's screen)."""
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     with reading(
         "lm-eval cannot load the tasks",
         "a task's data must be in the Hugging Face cache: fca eval runs offline unless HF_DATASETS_OFFLINE=0",
@@ -152,6 +168,8 @@ def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     results = lm_eval.evaluator.evaluate(
         lm=lm, task_dict=loaded, limit=settings.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True
     )
+    if results is None:  # a rank other than 0: its documents went to rank 0
+        return {}
     samples, logged = results.get("n-samples", {}), results.get("samples") or {}
     return {
         task: {
@@ -225,9 +243,9 @@ def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
 
 def format_downstream(downstream: dict) -> str:
     """The printed table: per task and metric, each condition's value ± stderr and its retention."""
-    lines = [
-        f"{downstream['model']['path']} ({downstream['model']['arch']}), lm-eval {downstream['settings']['lm_eval']}"
-    ]
+    model, hub = downstream["model"], downstream["model"].get("hub")
+    source = f"{hub['id']} at commit {hub['commit']}" if hub else model["path"]
+    lines = [f"{source} ({model['arch']}), lm-eval {downstream['settings']['lm_eval']}"]
     for task, entry in downstream["tasks"].items():
         lines.append(f"\n{task} ({entry['samples']} documents)")
         for condition, metrics in entry["conditions"].items():

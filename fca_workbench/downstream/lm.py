@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
+from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.downstream.frozen import ConditionLogits
 from fca_workbench.foundation.errors import UserError
 
@@ -21,14 +22,32 @@ class WorkbenchLM(HFLM):
     (no key-value cache: the frozen model reruns the whole text)."""
 
     def __init__(
-        self, model: ControlledModel, tokenizer: PreTrainedTokenizerBase, window: int, batch_size: int
+        self,
+        model: ControlledModel,
+        tokenizer: PreTrainedTokenizerBase,
+        window: int,
+        batch_size: int,
+        ranks: Ranks = SINGLE,
     ) -> None:
         module = model.model if isinstance(model, TransformersControlled) else model
         super().__init__(
             pretrained=module, backend="causal", tokenizer=tokenizer, max_length=window, batch_size=batch_size
         )
-        self.controlled = model
+        self.controlled, self.ranks = model, ranks
+        self._rank, self._world_size = ranks.rank, ranks.world_size  # lm-eval shares the documents by these
         self.logits: ConditionLogits | None = None
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` joined along dim 0 (a number as one row), as accelerate's ``gather``."""
+        if self.world_size == 1:
+            return tensor
+        row = tensor.reshape(1) if tensor.dim() == 0 else tensor
+        parts = [torch.empty_like(row) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, row)
+        return torch.cat(parts)
+
+    def barrier(self) -> None:
+        self.ranks.barrier()
 
     def use(self, logits: ConditionLogits) -> None:
         """Answer every request from now on under ``logits``' condition."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench.downstream.gaps import GAP_Z, resolved
+from fca_workbench.foundation.checkpoint import recorded_name
 from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # imported when a table is built
@@ -29,7 +29,7 @@ DOWNSTREAM_TABLE = [
 def downstream_table(downstreams: list[dict]) -> pd.DataFrame:
     """One row per model, task, condition and metric of ``fca eval`` results (``downstream.json`` dicts)."""
     rows = [
-        {"model": Path(d["model"]["path"]).name, "task": task, "condition": condition, "metric": metric, **figure}
+        {"model": recorded_name(d["model"]), "task": task, "condition": condition, "metric": metric, **figure}
         for d in downstreams
         for task, entry in d["tasks"].items()
         for condition, metrics in entry["conditions"].items()
@@ -60,7 +60,7 @@ def gap_table(downstreams: list[dict]) -> pd.DataFrame:
     whether it is one (``downstream.json`` files written before ``gaps`` existed give no rows)."""
     rows = [
         {
-            "model": Path(d["model"]["path"]).name,
+            "model": recorded_name(d["model"]),
             "task": task,
             "metric": metric,
             "gap": g["value"],

@@ -13,14 +13,14 @@ from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.export.card import CARD_JSON, export_card_markdown
+from fca_workbench.export.card import CARD_JSON, export_model_card
 from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2, muddpythia_static
 from fca_workbench.export.request import check_request
 from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile, static_coefficients
-from fca_workbench.foundation.checkpoint import CARD_FILE
+from fca_workbench.foundation.checkpoint import CARD_FILE, hub_name, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.foundation.files import atomic_folder, write_atomic, write_json
+from fca_workbench.foundation.files import atomic_folder, relative_path, write_atomic, write_json
 from fca_workbench.models.featuregate import FeatureGateForCausalLM
 from fca_workbench.models.muddpythia import MUDDPythiaForCausalLM
 from fca_workbench.results.frames import read_audit_json
@@ -51,24 +51,24 @@ def export_static(
         seed=seed,
         dtype=dtype,
     )
+    resolved = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
     with tempfile.TemporaryDirectory(prefix="fca-export-calibration-") as cache:
-        session = ReplaySession.open(replace(settings, cache=cache), read_now=() if audited else (CALIBRATION,))
+        session = ReplaySession.open(replace(settings, cache=cache), checkpoint=resolved, read_now=())
         model, tokenizer = session.model, session.tokenizer
-        if not model.controllers:
-            raise UserError(f"{checkpoint} has no controller: there is nothing to fold")
-        check_exportable(model)
-        session.check_condition(profile, "--profile")
+        check_exportable(model, checkpoint)  # before any window is read
+        session.windows(CALIBRATION)  # a bad calibration file refused here, before any capture
+        session.check_condition(profile, "--profile")  # a live run of one calibration window's first tokens
         source = audit_profile(session, profile, *audited) if audited else calibration_profile(session, profile)
         fingerprint = session.fingerprint
     coefficients = static_coefficients(source, list(model.coefficient_slot_shapes))
     exported = folded(model, coefficients)
     line = command(checkpoint, profile, out, audit, calib, max_windows)
-    card = export_card(model, exported, source, checkpoint, seed, line, fingerprint)
+    card = export_card(model, exported, source, resolved.record(relative_to=out), out, seed, line, fingerprint)
     with atomic_folder(out) as folder:
         exported.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         write_json(folder / CARD_JSON, card)
-        write_atomic(folder / CARD_FILE, export_card_markdown(card).encode())
+        write_atomic(folder / CARD_FILE, str(export_model_card(card)).encode())
     return out
 
 
@@ -80,8 +80,10 @@ def check_out(out: str | Path) -> Path:
     return out
 
 
-def check_exportable(model: ControlledModel) -> None:
-    """Refuse a model whose controllers no folding here knows, in one line."""
+def check_exportable(model: ControlledModel, checkpoint: str | Path) -> None:
+    """Refuse, in one line, a model without a controller, and one whose controllers no folding here knows."""
+    if not model.controllers:
+        raise UserError(f"{checkpoint} has no controller: there is nothing to fold")
     if isinstance(model, TransformersControlled):
         check_foldable(model)
     elif not isinstance(model, (FeatureGateForCausalLM, MUDDPythiaForCausalLM)):
@@ -98,32 +100,46 @@ def folded(model: ControlledModel, coefficients: list) -> PreTrainedModel:
 
 
 def command(checkpoint: str | Path, profile: str, out: Path, audit: Any, calib: Any, max_windows: int | None) -> str:
-    """The ``fca export`` command line that writes this export again."""
+    """The ``fca export`` command line that writes this export again, run from the folder that holds ``out``
+    (its paths relative to that folder, a hub name as given)."""
+    here = out.resolve().parent
+
+    def shown(path: str | Path) -> str:
+        return str(path) if hub_name(path) else relative_path(path, here)
+
     given = {"--audit": audit, "--calib": calib, "--max-windows": max_windows}
-    options = "".join(f" {flag} {value}" for flag, value in given.items() if value is not None)
-    return f"fca export {checkpoint} --profile {profile}{options} --out {out}"
+    options = "".join(
+        f" {flag} {value if flag == '--max-windows' else relative_path(value, here)}"
+        for flag, value in given.items()
+        if value is not None
+    )
+    return f"fca export {shown(checkpoint)} --profile {profile}{options} --out {out.name}"
 
 
 def export_card(
     model: ControlledModel,
     exported: Any,
     source: ProfileSource,
-    checkpoint: str | Path,
+    record: dict,
+    out: Path,
     seed: int,
     line: str,
     fingerprint: str,
 ) -> dict:
-    """The model card's facts: source checkpoint, profile, calibration data, the audit's figures for it."""
+    """The model card's facts: the source checkpoint (``Checkpoint.record`` from ``out``), profile, calibration
+    data and the audit's figures for it, every path relative to ``out``."""
+    calibration = {**source.calibration, "source": relative_path(source.calibration["source"], out)}
+    audit = source.audit and {**source.audit, "folder": relative_path(source.audit["folder"], out)}
     card = {
         "source": {
-            "path": str(Path(checkpoint).resolve()),
+            **record,
             "arch": model.arch,
             "fingerprint": fingerprint,
             "params": sum(p.numel() for p in model.parameters()),
         },
         "profile": source.name,
-        "calibration": source.calibration,
-        "audit": source.audit,
+        "calibration": calibration,
+        "audit": audit,
         "model_type": exported.config.model_type,
         "params": sum(p.numel() for p in exported.parameters()),
         "seed": seed,

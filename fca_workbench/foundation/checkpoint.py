@@ -32,7 +32,14 @@ from huggingface_hub.file_download import REGEX_COMMIT_HASH, repo_folder_name
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from fca_workbench.foundation.errors import UserError, first_line
-from fca_workbench.foundation.files import check_links_inside, inside_folder, read_json, read_text, schema_problem
+from fca_workbench.foundation.files import (
+    check_links_inside,
+    inside_folder,
+    read_json,
+    read_text,
+    relative_path,
+    schema_problem,
+)
 
 CONFIG_FILE = "config.json"  # what makes a folder a checkpoint folder
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -89,6 +96,13 @@ class Checkpoint:
         if self.hub_id is None:
             return None
         return {"id": self.hub_id, "revision": self.revision, "commit": self.commit}
+
+    def record(self, relative_to: Path | None = None) -> dict:
+        """Where an artifact's model came from, as ``audit.json``, ``downstream.json`` and an export's card all
+        record it: the folder loaded (``relative_to`` a folder, for a card that travels with its folder) and
+        ``provenance``, the hub id and commit where it came from the hub."""
+        path = str(self.folder.resolve()) if relative_to is None else relative_path(self.folder, relative_to)
+        return {"path": path, "hub": self.provenance()}
 
 
 def hub_name(name: str | Path) -> tuple[str, str | None] | None:

@@ -222,6 +222,12 @@ def library_reason(exc: BaseException) -> str:
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
 
 
+def relative_path(path: str | Path, folder: str | Path) -> str:
+    """``path`` as seen from ``folder`` (both resolved): what a file that travels with ``folder`` records, not
+    the writing machine's absolute paths."""
+    return os.path.relpath(Path(path).resolve(), Path(folder).resolve())
+
+
 def inside_folder(folder: Path, name: str, named_by: str) -> Path:
     """``folder / name``, refused unless it really lies inside ``folder`` once ``..``, absolute paths and
     symlinks are resolved: a loader reads nothing from elsewhere, so a checkpoint's fingerprint and an

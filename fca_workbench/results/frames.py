@@ -66,7 +66,10 @@ DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_wor
         "model": {
             "type": "object",
             "required": ["path", "arch", "fingerprint"],
-            "properties": {"fingerprint": FINGERPRINT},
+            "properties": {
+                "fingerprint": FINGERPRINT,
+                "hub": {"type": ["object", "null"], "required": ["id", "revision", "commit"]},  # Checkpoint.record
+            },
         },
         "calibration": {"type": "object", "properties": {"fingerprint": FINGERPRINT}},
         "settings": {"type": "object", "required": ["tasks", "conditions", "limit", "seed", "dtype", "lm_eval"]},
