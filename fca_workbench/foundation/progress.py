@@ -2,7 +2,7 @@
 
 A log that is not a terminal (a batch job, CI, a pipe) cannot take tqdm's carriage returns and the cursor
 moves of nested bars; there each bar writes whole lines instead, at most one per ``LOG_INTERVAL`` seconds
-besides its first and last.
+besides its last, and none before its first step (a refusal at the start stays the run's one line).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class PlainLines(std.tqdm):
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if msg == "":  # tqdm clears a finished bar this way; a log keeps its lines
+            return False
+        if msg is None and self.n == self.initial:  # nothing done yet: a "0/N" line says nothing
             return False
         self.fp.write(f"{self.__str__() if msg is None else msg}\n")
         self.fp.flush()
