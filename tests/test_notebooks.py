@@ -35,6 +35,7 @@ TABLES = {
     "07_training_dynamics": ["training_dynamics"],
     "08_downstream": ["downstream", "downstream_gaps"],
     "09_controller_design": ["controller_design_runs", "controller_design_over_seeds"],
+    "10_router_design": ["router_design_runs", "router_design_over_seeds"],
     "explore": ["explore_window"],
 }
 

@@ -116,7 +116,8 @@ def test_wheel_and_sdist_hold_the_listed_files_and_no_stray_or_linked_one(dist):
     with zipfile.ZipFile(dist.wheel) as wheel:
         names = set(wheel.namelist())
         assert not any(SECRET in wheel.read(n) for n in names)
-    data = {n for n in names if not n.endswith(".py") and ".dist-info/" not in n}
+    shipped_data = in_wheel("data/")
+    data = {n for n in names if (n.startswith(shipped_data) or not n.endswith(".py")) and ".dist-info/" not in n}
     assert data == {in_wheel(n) for n in listed}, sorted(data ^ {in_wheel(n) for n in listed})
     with tarfile.open(dist.sdist) as sdist:
         members = {m.name.split("/", 1)[1]: m for m in sdist.getmembers() if "/" in m.name}
