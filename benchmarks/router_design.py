@@ -1,7 +1,7 @@
 """The router-design study (issue 38): which mixture-of-experts router designs make routing static?
 
     OMP_NUM_THREADS=1 python benchmarks/router_design.py [--work /tmp/router_design]
-        [--out data/router_design] [--list | --table]
+        [--out data/router_design] [--shard K/N] [--list | --table]
 
 Every variant is ``fca train --hf-config WORK/configs/<variant>.json --seed S --steps 300`` plus its flags: the
 shipped MoE's config (``data/configs/moe-mixtral-tiny.json``, the recipe of ``data/checkpoints/moe-s0``) with
@@ -262,12 +262,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "router_design", help="the summaries")
     parser.add_argument("--list", action="store_true", help="print the plan and what is done, then stop")
     parser.add_argument("--table", action="store_true", help="print the committed summaries as Markdown, then stop")
+    parser.add_argument(
+        "--shard",
+        type=shard,
+        default=(0, 1),
+        metavar="K/N",
+        help="run only every N-th run of the plan from the K-th (0-based), so N processes can share --work",
+    )
     return parser.parse_args(argv)
+
+
+def shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return int(index), int(count)
 
 
 if __name__ == "__main__":
     args = parse_args()
-    runs = plan()
+    index, count = args.shard
+    runs = plan()[index::count]
     if args.table:
         print(findings_table(args.out))
     elif args.list:
