@@ -40,6 +40,7 @@ from fca_workbench.viewmodel.downstream import downstream_tables
 from fca_workbench.viewmodel.results_folder import ResultsFolder
 
 pytest.importorskip("lm_eval")
+datasets = pytest.importorskip("datasets")  # lm-eval's
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = "data/checkpoints/featuregate-s0"
@@ -265,7 +266,9 @@ def test_bad_input_is_one_line(tiny_checkpoints, tmp_path, capsys, monkeypatch):
                       "--max-windows", "2"], capsys)  # fmt: skip
     assert "only for models whose controllers are top-k routers" in line
     dense = str(tiny_checkpoints["dense"])
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "fresh-datasets-cache")  # tasks built anew
     assert "only --conditions correct" in run_error(["eval", dense, "--tasks", "fca_next_line", "--out", out], capsys)
+    assert (tmp_path / "fresh-datasets-cache").is_dir()  # the task's split was generated, its bar kept quiet
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if lm-eval were not installed
     assert "pip install 'fca-workbench[eval]'" in run_error(["eval", native, "--tasks", "fca_next_line"], capsys)
 

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import datasets
 import lm_eval
 import lm_eval.evaluator
 import numpy
@@ -144,8 +145,11 @@ def evaluate_conditions(
 def load_tasks(manager: TaskManager, tasks: list[str], seed: int) -> dict:
     """lm-eval's tasks, loaded once for every condition, set up as ``simple_evaluate`` sets them up: zero-shot
     unless the task says otherwise, its few-shot sampler seeded (lm-eval's warnings, e.g. that a custom
-    dataset takes ``--metadata``, kept off the user's screen)."""
+    dataset takes ``--metadata``, and datasets' "Generating split" bar on a fresh cache, kept off the user's
+    screen: a refusal after the tasks load stays one line)."""
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
     with reading(
         "lm-eval cannot load the tasks",
         "a task's data must be in the Hugging Face cache: fca eval runs offline unless HF_DATASETS_OFFLINE=0",
