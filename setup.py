@@ -1,4 +1,5 @@
-"""Build hook: the package's data files are exactly the ones named in ``package_data.txt``.
+"""Build hooks: the package's data files are exactly the ones named in ``package_data.txt``, and the sdist holds
+only committed files.
 
 A glob in ``[tool.setuptools.package-data]`` ships whatever a checkout holds (an untracked credentials file, a
 scratch run with its optimizer state, a link to a file outside the tree); an explicit list ships only what was
@@ -8,10 +9,12 @@ committed. Every listed path must be a plain file reached through no symbolic li
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path, PurePosixPath
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 from setuptools.errors import SetupError
 
 DATA_LIST = "package_data.txt"
@@ -52,5 +55,26 @@ class ListedDataBuildPy(build_py):
         return owned
 
 
+def committed_files(root: Path) -> set[str] | None:
+    """``git ls-files`` of ``root``; None where it is no git checkout (an sdist being built into a wheel)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {name for name in listed.stdout.decode().split("\0") if name}
+
+
+class CommittedSdist(sdist):
+    """An sdist whose every file, in a git checkout, is a committed one (or setuptools' own egg-info): the folders
+    MANIFEST.in grafts whole (tests, benchmarks, scripts, docs) would otherwise take an untracked token or
+    scratch file lying among them."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        committed = committed_files(Path.cwd())
+        if committed is not None:
+            files = [name for name in files if Path(name).as_posix() in committed or ".egg-info" in name]
+        super().make_release_tree(base_dir, files)
+
+
 if __name__ == "__main__":
-    setup(cmdclass={"build_py": ListedDataBuildPy})
+    setup(cmdclass={"build_py": ListedDataBuildPy, "sdist": CommittedSdist})

@@ -51,6 +51,10 @@ STRAYS = {
     "data/checkpoints/scratch-s9/trainer_state.pt": b"optimizer state",
     "data/corpus/scratch.jsonl.gz": b"not the corpus",
     "notebooks/scratch.ipynb": b"{}",
+    "tests/hf_token.txt": b"hf_secret",
+    "benchmarks/results/scratch.json": b"{}",
+    "docs/drafts/notes.md": b"unpublished",
+    "scripts/local.env": b"HF_TOKEN=hf_secret",
 }
 # links to a file and to a folder outside the tree, named as the globs once shipped them
 LINKS = {"data/checkpoints/featuregate-s0/outside.json": "secret.json", "data/checkpoints/linked-s0": "run"}
@@ -83,6 +87,8 @@ def dist(tmp_path_factory):
     for name in tracked_files():
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, checkout / name, follow_symlinks=False)
+    subprocess.run(["git", "init", "-q"], cwd=checkout, check=True, timeout=60)
+    subprocess.run(["git", "add", "-A"], cwd=checkout, check=True, timeout=600)  # the committed files, as a checkout
     for name, payload in STRAYS.items():
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         (checkout / name).write_bytes(payload)
