@@ -12,9 +12,10 @@ Llama-style models have no gate. Values computed from an already-claimed control
 Δ = softplus(dt_proj(·)) of ``x_proj``'s output) are frozen with it and never reported.
 
 What the probe finds falls in two groups: a whole projection output that only gates (every column, no
-slice on the way) is replayed by ``whole_kind`` at the projection, exactly; anything else (a slice of a
-fused projection no role knows, a parameter product no role wraps, a gate outside the decoder layers) is
-*left out* and said so in the report and ``audit.json``.
+slice on the way) is replayed by ``whole_kind`` at the projection, exactly (in a looped layer, once per
+call: ``fca_workbench.adapters.hf.per_call``); anything else (a slice of a fused projection no role knows,
+a parameter product no role wraps, a gate outside the decoder layers, a projection whose output on some
+call is not one row per token) is *left out* and said so in the report and ``audit.json``.
 """
 
 import weakref

@@ -202,13 +202,15 @@ class TransformersControlled(LayerStepping, nn.Module):
         modules = list({id(module): module for _, module, _ in found}.values())
         with torch.no_grad():
             order = call_order([*self._blocks, *modules], lambda: self(probe))
-        self.stepping_depth = once_through(order, len(self._blocks))
+        self.stepping_depth = once_through([i for i in order if i < len(self._blocks)], len(self._blocks))
         found = per_call(found, {id(m): order.count(len(self._blocks) + i) for i, m in enumerate(modules)})
         self.controller_names = [name for name, _, _ in found]
         self.controller_layers = controller_layers(self.model, self._blocks, self.controller_names)
         self._controllers = [module for _, module, _ in found]
         # per controller, the controllers of its module in call order (one, but for a module in a looped layer)
-        self._calls = [[j for j, other in enumerate(self._controllers) if other is module] for module in self._controllers]
+        self._calls = [
+            [j for j, other in enumerate(self._controllers) if other is module] for module in self._controllers
+        ]
         self.kinds = [kind for _, _, kind in found]
         self._steps = [self._step_owner(name, kind) for name, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
@@ -346,7 +348,7 @@ class TransformersControlled(LayerStepping, nn.Module):
 
         def record(first):
             def hook(module, args, kwargs, output):
-                index = self._this_call(first, calls, "per forward, as counted when the model was loaded")
+                index = self._this_call(first, calls, "per forward, more than when the model was loaded")
                 if self._steps[index] is None:
                     keep(index, output)
                 else:
@@ -391,7 +393,7 @@ class TransformersControlled(LayerStepping, nn.Module):
 
         def controller(first):
             def forward(*args, **kwargs):
-                index = self._this_call(first, calls, "in a replay, as at capture")
+                index = self._this_call(first, calls, "in a replay, more than at capture")
                 output = outputs[index](*args, **kwargs)
                 if self._steps[index] is None:
                     return output
