@@ -29,7 +29,7 @@ from fca_workbench.adapters.gate_probe import probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
-from fca_workbench.adapters.selective import ColumnKind, selective_controllers
+from fca_workbench.adapters.selective import ColumnKind, Found, selective_controllers
 from fca_workbench.adapters.stepping import LayerStepping, call_order, controller_layers, once_through, separate_head
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window, execution_device
@@ -43,7 +43,6 @@ MAX_UNBOUNDED = 3  # unbounded repeats a --controllers pattern may hold
 _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
 UNBOUNDED_CONTEXT = 1 << 20  # the "context" of a recurrent model whose config names none: any window it is given
 CALL = "@call"  # a looped controller's K-th call in a forward is the controller ``NAME@callK``
-Found = list[tuple[str, nn.Module, ControllerKind]]
 
 
 def find_controllers(model: nn.Module, controllers: str | None = None, only_controllers: str | None = None) -> Any:
