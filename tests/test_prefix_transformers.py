@@ -178,3 +178,29 @@ def test_the_lm_head_runs_apart_only_where_the_logits_are_its_output():
         full = cohere.replay_run(window, values)
     assert torch.equal(prefix.logits(values, 1), full)
     assert torch.equal(prefix.replay_nll(values, 1), next_token_nll(full, window))
+
+
+@pytest.mark.parametrize("model_type, once", [("dory", 1), ("hrm_text", 0)])
+def test_a_looped_model_steps_from_the_layers_before_its_loop(model_type, once, tmp_path):
+    """Dory's input layer runs once before its looped layer; HRM's first layer runs again in every cycle. The
+    states kept are those before the layers that run once, a replay at any call of a looped gate resumes from
+    the last of them, and it equals the full frozen forward, as the sweep's rows equal the full forwards'."""
+    model = TransformersControlled(zoo.build_any(model_type))
+    window = random_windows(2, 16, seed=6)
+    with torch.no_grad():
+        _, own = model.capture_run(window)
+    prefix = PrefixCache(model, window, coefficients=own)
+    assert model.stepping_depth == once and len(prefix.states) == once + 1
+    assert [model.resume_layer(i) for i in range(len(own))] == [min(layer, once) for layer in model.controller_layers]
+    for layer in range(prefix.num_layers):
+        values = restrict_to_layer(shifted(own), own, layer)
+        with torch.no_grad():
+            full = next_token_nll(model.replay_run(window, values), window)
+        got = prefix.replay_nll(values, layer)
+        assert torch.equal(got, full) and not torch.equal(got, prefix.nll), model.controller_names[layer]
+    windows = random_windows(4, 16, seed=7)
+    cache = capture(model, windows, tmp_path / "eval", batch_size=2)
+    prefix_nll, prefix_correct = prefix_window_nll(model, windows, cache, ["cross_input"], None, 0, "cpu")
+    full_nll, full_correct = full_forward_window_nll(model, windows, cache, ["cross_input"], None, 0, "cpu")
+    assert torch.allclose(prefix_correct, full_correct, rtol=0, atol=1e-7)
+    assert all(torch.allclose(prefix_nll[key], full_nll[key], rtol=0, atol=1e-6) for key in full_nll)

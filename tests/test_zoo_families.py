@@ -13,6 +13,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
 from fca_workbench.adapters.classification import FAMILIES, SLOW, classification_note, family_table
+from fca_workbench.foundation.errors import UserError
 
 MAPPING = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 BUILT = [t for t in MAPPING if t in FAMILIES and not FAMILIES[t].untested]
@@ -49,6 +50,47 @@ def test_discovery_finds_the_classified_kinds_and_replays_them_exactly(model_typ
         shuffled = controlled.replay_run(ids, [{COEFFICIENT: v[COEFFICIENT].flip(1)} for v in values])
     assert torch.equal(replayed, live)
     assert not torch.equal(shuffled, live)  # the coefficients vary over tokens and the model uses them
+
+
+@pytest.mark.parametrize("model_type", ["dory", "hrm_text"])
+def test_a_gate_in_a_looped_layer_is_a_controller_per_call_each_replayed_with_its_own_values(model_type, ids):
+    """HRM's stacks run in cycles and Dory's recurrent layer in a loop: each call of an attention output gate
+    is a controller of its own, ``NAME@callK`` in call order, whose value is what that call's projection gave
+    (read here by a plain hook); replay feeds each call its own values, so swapping two calls' changes the
+    logits and the captured ones reproduce them exactly."""
+    model = zoo.build_any(model_type)
+    gates = {name: module for name, module in model.named_modules() if name.endswith("self_attn.gate_proj")}
+    seen: dict[str, list[torch.Tensor]] = {name: [] for name in gates}
+    handles = [m.register_forward_hook(lambda m, a, out, n=n: seen[n].append(out)) for n, m in gates.items()]
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    for handle in handles:
+        handle.remove()
+    controlled = TransformersControlled(model)
+    expected = [f"{n}@call{k}" if len(seen[n]) > 1 else n for n in gates for k in range(len(seen[n]))]
+    assert controlled.controller_names == expected and max(len(calls) for calls in seen.values()) > 1
+    assert {kind.name for kind in controlled.kinds} == {"attention_output_gate"} and not controlled.left_out
+    with torch.no_grad():
+        live, values = controlled.capture_run(ids)
+        first = expected.index(next(name for name in expected if name.endswith("@call0")))  # a looped gate's
+        swapped = list(values)
+        swapped[first], swapped[first + 1] = values[first + 1], values[first]
+        replayed, moved = controlled.replay_run(ids, values), controlled.replay_run(ids, swapped)
+    outputs = [output for name in gates for output in seen[name]]
+    assert all(torch.equal(v[COEFFICIENT], out) for v, out in zip(values, outputs, strict=True))
+    assert torch.equal(replayed, live) and not torch.equal(moved, live)
+
+
+def test_a_looped_controller_called_more_often_in_a_replay_than_at_capture_is_refused_in_one_line(ids):
+    controlled = TransformersControlled(zoo.build_any("hrm_text"))
+    with torch.no_grad():
+        _, values = controlled.capture_run(ids)
+        controlled.model.config.H_cycles += 1  # every stack runs once more per forward
+        with pytest.raises(UserError) as refused:
+            controlled.replay_run(ids, values)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("controller model.L_module.layers.0.self_attn.gate_proj ")
+    assert "runs more than 6 times in a replay, more than at capture" in message
 
 
 @pytest.mark.parametrize("model_type", UNBUILT)

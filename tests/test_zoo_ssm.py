@@ -50,19 +50,44 @@ def test_every_family_audits_its_selective_controllers_with_no_flags(model_type,
 
 
 def test_a_gate_the_adapter_cannot_replay_is_left_out_in_audit_json_and_the_report(tmp_path, tokenizer, capsys):
-    """Dory runs each layer twice per forward: its attention output gates are found, not replayable
-    (a controller runs once), and said so, never an audit that looks like a model without dynamics."""
-    folder = zoo.save(zoo.build_any("dory"), tmp_path / "dory", tokenizer)
+    """ProphetNet's relative-position projections run on its predict stream's ngram × T states, not one row
+    per token: found, not replayable, and said so, never an audit that looks like a model without dynamics."""
+    folder = zoo.save(zoo.build_any("prophetnet"), tmp_path / "prophetnet", tokenizer)
     capsys.readouterr()
     audit = cli_audit(folder, tmp_path / "audit")
     report = capsys.readouterr().out
     left_out = audit["model"]["left_out"]
     assert audit["model"]["controllers"] == []
-    assert [line.split(" ")[0] for line in left_out] == [f"model.layers.{i}.self_attn.gate_proj" for i in range(2)]
-    assert all("runs 2 times per forward" in line for line in left_out)
-    assert (
-        "Left out (2, input-dependent but not replayed" in report and "- model.layers.1.self_attn.gate_proj" in report
-    )
+    layers = [f"prophetnet.decoder.layers.{i}.self_attn.relative_pos_embeddings" for i in range(2)]
+    assert [line.split(" ")[0] for line in left_out] == layers
+    assert all("not one row per token" in line for line in left_out)
+    assert "Left out (2, input-dependent but not replayed" in report and f"- {layers[1]}" in report
+
+
+def test_a_looped_model_audits_every_call_of_its_gates_as_a_controller(tmp_path, tokenizer):
+    """``fca audit FOLDER`` on a saved tiny HRM: its two stacks of two layers run in cycles (the low stack
+    H_cycles × L_cycles times, the high one H_cycles times), and every call of an attention output gate is a
+    controller, ``NAME@callK``, swept at its own index; ``correct`` reproduces the unperturbed run exactly."""
+    model = zoo.build_any("hrm_text")
+    config = model.config
+    folder = zoo.save(model, tmp_path / "hrm", tokenizer)
+    audit = cli_audit(folder, tmp_path / "audit", "--per-layer")
+    calls = {"L": config.H_cycles * config.L_cycles, "H": config.H_cycles}
+    expected = [
+        f"model.{stack}_module.layers.{layer}.self_attn.gate_proj@call{call}"
+        for stack in ("L", "H")
+        for layer in range(config.num_layers_per_stack)
+        for call in range(calls[stack])
+    ]
+    assert audit["model"]["controllers"] == expected and audit["model"]["left_out"] == []
+    assert audit["model"]["controller_kinds"] == ["attention_output_gate"] * len(expected)
+    conditions = audit["conditions"]
+    assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]
+    assert all(conditions[name]["nll"] != conditions["correct"]["nll"] for name in ("cross_input", "layer_mean"))
+    assert len(audit["variation"]["within_std_per_layer"]) == len(expected)  # statistics per call
+    assert {row["layer"] for row in audit["per_layer"]} == set(range(len(expected)))
+    cross_input = [row["delta"] for row in audit["per_layer"] if row["condition"] == "cross_input"]
+    assert len(cross_input) == len(expected) and all(delta != 0 for delta in cross_input)  # each call moves it
 
 
 @pytest.fixture(scope="module")

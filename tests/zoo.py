@@ -90,6 +90,8 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
     },
     "deepseek_v4": {"mlp_layer_types": ["hash_moe", "moe"]},  # a hash-routed layer (token id → experts), a learned one
     "doge": {"is_moe": True, "num_experts": 16, "num_experts_per_tok": TOP_K},  # product keys: a square E
+    # an input layer that runs once, one recurrent layer looped twice, an output layer: Dory's layout, tiny
+    "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1, "n_recurrent_loops": 2},
     "flint": {"mlp_only_layers": []},
     "longcat_flash": {"zero_expert_num": 2},
     "gemma4_text": {"enable_moe_block": True, "top_k_experts": TOP_K, "moe_intermediate_size": 32},

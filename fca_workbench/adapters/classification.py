@@ -47,14 +47,10 @@ DENSE = Classified(
     static="attention and MLPs only: no module emits coefficients for another computation (a gated MLP's "
     "`act(gate_proj(x)) * up_proj(x)` is the layer's own nonlinearity)"
 )
-LOOPED = "attention output gates in layers that run several times per forward (a controller runs once)"
-IN_LOOPS = Classified(
-    static="no controller it can replay: its gates sit in layers that run several times per forward", left_out=LOOPED
-)
 TWO_STREAMS = Classified(
     static="no controller it can replay: its relative-position logits, a projection of the hidden state, run "
-    "once per stream (main and predict) in each layer",
-    left_out="the relative-position projections, which run twice per forward",
+    "once per stream (main and predict) in each layer, the predict stream's on ngram × T states",
+    left_out="the relative-position projections, whose predict-stream output is not one row per token",
 )
 KEY_AS_CONTENT = "the time-mixing key, exp-weighted in the WKV recurrence and also its content"
 LSH = "attention and feed-forward only; LSH attention's buckets are its own sparsity, like a top-k of scores"
@@ -126,7 +122,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("deepseek_v4", HYPER_CONNECTION),
     ("diffllama", DENSE),
     moe("doge", DYNAMIC_MASK),
-    ("dory", IN_LOOPS),
+    ("dory", gated(ATTENTION_OUTPUT_GATE)),  # in looped layers: one controller per call
     moe("dots1"),
     moe("dots3_note", ATTENTION_OUTPUT_GATE, untested=WRAPPER + "dots3_note_text; its vision tower's per-layer settings name layers a tiny tower lacks"),
     moe("dots3_note_text", ATTENTION_OUTPUT_GATE),
@@ -178,7 +174,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("granitemoehybrid", SELECTIVE_SSM),
     moe("granitemoeshared"),
     ("helium", DENSE),
-    ("hrm_text", IN_LOOPS),
+    ("hrm_text", gated(ATTENTION_OUTPUT_GATE)),  # in looped layers: one controller per call
     ("hunyuan_v1_dense", DENSE),
     moe("hunyuan_v1_moe"),
     moe("hy_v3"),

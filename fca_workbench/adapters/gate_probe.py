@@ -12,9 +12,10 @@ Llama-style models have no gate. Values computed from an already-claimed control
 Δ = softplus(dt_proj(·)) of ``x_proj``'s output) are frozen with it and never reported.
 
 What the probe finds falls in two groups: a whole projection output that only gates (every column, no
-slice on the way) is replayed by ``whole_kind`` at the projection, exactly; anything else (a slice of a
-fused projection no role knows, a parameter product no role wraps, a gate outside the decoder layers) is
-*left out* and said so in the report and ``audit.json``.
+slice on the way) is replayed by ``whole_kind`` at the projection, exactly (in a looped layer, once per
+call: ``fca_workbench.adapters.hf.per_call``); anything else (a slice of a fused projection no role knows,
+a parameter product no role wraps, a gate outside the decoder layers, a projection whose output on some
+call is not one row per token) is *left out* and said so in the report and ``audit.json``.
 """
 
 import weakref
@@ -76,7 +77,7 @@ class Gate:
     sliced: bool
     how: str  # "scales" (a product) or "masks" (a sum with scores: a dynamic mask)
     only_gates: bool = True  # every use of the output is a gate's (no content column): replayable whole
-    calls: int = 1  # how often the projection runs per forward (a looped layer's: more than once)
+    per_token: bool = True  # every call's output has one row per token ([B, T, ...] or [B·T, ...])
     learned_query: bool = False  # a parameter attending over hidden states inside an attention kernel
 
 
@@ -84,7 +85,7 @@ class Gate:
 class Findings:
     gates: dict[tuple[str, str], Gate] = field(default_factory=dict)
     content: set[tuple[str, str]] = field(default_factory=set)  # outputs also used as content
-    calls: dict[tuple[str, str], int] = field(default_factory=dict)  # projections per forward
+    leads: dict[tuple[str, str], set[tuple[int, ...]]] = field(default_factory=dict)  # projections' output shapes
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -138,6 +139,8 @@ class _Probe(TorchFunctionMode):
         tags = [tag for _, tag in inputs if tag is not None]
         untagged = sum(1 for hidden, tag in inputs if hidden and tag is None)
         result = self.follow(func, args, tags, untagged)
+        if func is F.linear and result is not None and isinstance(output, torch.Tensor):
+            self.findings.leads.setdefault((result.owner, result.weight), set()).add(tuple(output.shape[:-1]))
         for tensor in _tensors(output):
             self.mark(tensor, result)
         return output
@@ -149,7 +152,6 @@ class _Probe(TorchFunctionMode):
             owner = self.owners.get(id(weight)) if isinstance(weight, torch.Tensor) else None
             if owner is None:
                 return None
-            self.findings.calls[owner] = self.findings.calls.get(owner, 0) + 1
             fixed = bool(tags) and all(tag.claimed for tag in tags) and not untagged
             return Tag(*owner, claimed=fixed or owner[0] in self.claimed)
         if not tags:
@@ -223,7 +225,8 @@ def probe_gates(model: nn.Module, input_ids: torch.Tensor, claimed: list[str]) -
     ]
     for gate in gates:
         gate.only_gates = (gate.owner, gate.weight) not in probe.findings.content
-        gate.calls = probe.findings.calls.get((gate.owner, gate.weight), 1)
+        tokens = {tuple(input_ids.shape), (input_ids.numel(),)}
+        gate.per_token = probe.findings.leads.get((gate.owner, gate.weight), set()) <= tokens
     return gates
 
 
@@ -274,8 +277,8 @@ def probed_controllers(
             left_out.append(
                 f"{described}: a learned query attending over hidden states, its weights computed inside the attention kernel; it runs live"
             )
-        elif gate.calls > 1:
-            left_out.append(f"{described} that runs {gate.calls} times per forward (a looped layer); it runs live")
+        elif not gate.per_token:
+            left_out.append(f"{described} whose output on some call is not one row per token; it runs live")
         elif isinstance(owner, nn.Linear) and gate.only_gates:
             found.append((gate.owner, owner, whole_kind(kind)))
         elif not isinstance(owner, nn.Linear) and gate.weight in owner._parameters:

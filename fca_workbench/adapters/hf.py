@@ -6,7 +6,9 @@ Controllers are found by the kinds of ``fca_workbench.adapters.kinds``, MoE rout
 Capture records each controller's whole output with a forward hook; replay replaces each controller's
 ``forward`` on the instance (``frozen``), so it returns the given values without running (a ``ColumnKind``'s
 projection runs and its control columns are overwritten; a logits-only router's routing step is recorded and
-replaced with it). Every controller must run exactly once per forward (checked).
+replaced with it). A module that runs several times per forward (a gate in a looped layer: HRM's cycles,
+Dory's recurrent loop) is one controller per call, ``NAME@callK`` for its K-th call (``per_call``), each
+fed its own values on replay; a module that runs more times than counted is refused in one line.
 """
 
 import contextlib
@@ -27,8 +29,8 @@ from fca_workbench.adapters.gate_probe import probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
 from fca_workbench.adapters.routers import find_routers, split_routing_step, unclaimed_routers
-from fca_workbench.adapters.selective import ColumnKind, selective_controllers
-from fca_workbench.adapters.stepping import LayerStepping, controller_layers, separate_head
+from fca_workbench.adapters.selective import ColumnKind, Found, selective_controllers
+from fca_workbench.adapters.stepping import LayerStepping, call_order, controller_layers, once_through, separate_head
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.models.common import PositiveControl, check_window, execution_device
 
@@ -40,6 +42,7 @@ MAX_PATH = 256  # module paths longer than this are never matched by --controlle
 MAX_UNBOUNDED = 3  # unbounded repeats a --controllers pattern may hold
 _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
 UNBOUNDED_CONTEXT = 1 << 20  # the "context" of a recurrent model whose config names none: any window it is given
+CALL = "@call"  # a looped controller's K-th call in a forward is the controller ``NAME@callK``
 
 
 def find_controllers(model: nn.Module, controllers: str | None = None, only_controllers: str | None = None) -> Any:
@@ -83,6 +86,17 @@ def discover_controllers(
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner
     ordered = sorted(found, key=lambda entry: order.get(entry[0], order.get(entry[0].rpartition(".")[0], -1) + 0.5))
     return ordered, left_out
+
+
+def per_call(found: Found, calls: dict[int, int]) -> Found:
+    """``found`` with each module that ``calls`` (by ``id``) counts running several times per forward made one
+    controller per call, ``NAME@call0``, ``NAME@call1``, ... in call order, where the module's entry was: each
+    call's coefficients are cached, profiled and swept as a controller of their own."""
+    return [
+        (f"{name}{CALL}{call}" if calls[id(module)] > 1 else name, module, kind)
+        for name, module, kind in found
+        for call in range(max(1, calls[id(module)]))
+    ]
 
 
 def find_named(model: nn.Module, pattern: str, flag: str) -> list[tuple[str, nn.Module, ControllerKind]]:
@@ -182,10 +196,20 @@ class TransformersControlled(LayerStepping, nn.Module):
         note = classification_note(self.arch, [kind.name for _, _, kind in found], self.left_out)
         if note is not None:  # the audit goes on: what discovery found is all it has
             print(f"fca: note: {note}", file=sys.stderr)
-        self.controller_names = [name for name, _, _ in found]
         self._blocks = decoder_layers(self.model)
+        probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=self._device).view(PROBE_SHAPE)
+        modules = list({id(module): module for _, module, _ in found}.values())
+        with torch.no_grad():
+            order = call_order([*self._blocks, *modules], lambda: self(probe))
+        self.stepping_depth = once_through([i for i in order if i < len(self._blocks)], len(self._blocks))
+        found = per_call(found, {id(m): order.count(len(self._blocks) + i) for i, m in enumerate(modules)})
+        self.controller_names = [name for name, _, _ in found]
         self.controller_layers = controller_layers(self.model, self._blocks, self.controller_names)
         self._controllers = [module for _, module, _ in found]
+        # per controller, the controllers of its module in call order (one, but for a module in a looped layer)
+        self._calls = [
+            [j for j, other in enumerate(self._controllers) if other is module] for module in self._controllers
+        ]
         self.kinds = [kind for _, _, kind in found]
         self._steps = [self._step_owner(name, kind) for name, _, kind in found]
         self.coefficient_slot_shapes: list[tuple[int, ...]] = []
@@ -194,7 +218,6 @@ class TransformersControlled(LayerStepping, nn.Module):
         self._flat: list[list[bool] | None] = [None] * len(found)
         if found:
             self.coefficient_slot_shapes = self._probe_slot_shapes()
-        probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=self._device).view(PROBE_SHAPE)
         self.separate_lm_head = separate_head(self, probe)  # [the LM head] where the logits are its output alone
 
     def _probe_slot_shapes(self) -> list[tuple[int, ...]]:
@@ -276,20 +299,31 @@ class TransformersControlled(LayerStepping, nn.Module):
     def check_inputs(self, input_ids: torch.Tensor, coefficients: list[torch.Tensor] | None = None) -> None:
         check_window(input_ids, self.context_length, self.coefficient_slot_shapes, coefficients)
 
-    def _once(self, index: int, calls: list[int]) -> None:
-        calls[index] += 1
-        if calls[index] > 1:
+    @property
+    def _first_calls(self) -> list[int]:
+        """Each controller module's first controller (its only one, but for a module in a looped layer)."""
+        return [index for index, group in enumerate(self._calls) if group[0] == index]
+
+    def _this_call(self, first: int, calls: dict[int, int], run: str) -> int:
+        """The controller this call of controller ``first``'s module is: the module's next one, counted in
+        ``calls`` (per module, this forward); a call beyond them is a one-line error."""
+        group = self._calls[first]
+        calls[first] = calls.get(first, 0) + 1
+        if calls[first] > len(group):
+            times = "once" if len(group) == 1 else f"{len(group)} times"
             raise UserError(
-                f"controller {self.controller_names[index]} runs more than once per forward; the adapter cannot replay it"
+                f"controller {self.controller_names[first].partition(CALL)[0]} runs more than {times} {run}; "
+                "the adapter cannot replay it"
             )
+        return group[calls[first] - 1]
 
     def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[Values]]:
         """Logits and each controller's whole output (with its routing step's, where it has one),
-        batch-first, recorded by forward hooks."""
+        batch-first, recorded by forward hooks (one per module: its calls are its controllers in turn)."""
         batch, length = input_ids.shape
         values: list[Any] = [None] * len(self._controllers)
-        calls = [0] * len(self._controllers)
-        pending: list[Any] = [None] * len(self._controllers)  # a router's output waiting for its routing step
+        calls: dict[int, int] = {}
+        pending: dict[int, tuple[int, Any]] = {}  # per module, its call's router output waiting for the routing step
 
         def keep(index, output):
             read = itertools.count()  # the position of each tensor the kind reads
@@ -311,31 +345,32 @@ class TransformersControlled(LayerStepping, nn.Module):
             except UserError as exc:
                 raise UserError(f"controller {self.controller_names[index]} {exc}") from None
 
-        def record(index):
+        def record(first):
             def hook(module, args, kwargs, output):
-                self._once(index, calls)
+                index = self._this_call(first, calls, "per forward, more than when the model was loaded")
                 if self._steps[index] is None:
                     keep(index, output)
                 else:
-                    pending[index] = output
+                    pending[first] = (index, output)
 
             return hook
 
-        def step(index, original):
+        def step(first, original):
             def routing_step(*args, **kwargs):
                 output = original(*args, **kwargs)
-                keep(index, (pending[index], output))
+                index, routed = pending.pop(first)
+                keep(index, (routed, output))
                 return output
 
             return routing_step
 
         with contextlib.ExitStack() as stack:
-            for index, module in enumerate(self._controllers):
-                stack.callback(module.register_forward_hook(record(index), with_kwargs=True).remove)
-                routing_step = self._steps[index]
+            for first in self._first_calls:
+                stack.callback(self._controllers[first].register_forward_hook(record(first), with_kwargs=True).remove)
+                routing_step = self._steps[first]
                 if routing_step is not None:
                     owner, attribute = routing_step
-                    stack.enter_context(_replaced(owner, attribute, step(index, getattr(owner, attribute))))
+                    stack.enter_context(_replaced(owner, attribute, step(first, getattr(owner, attribute))))
             logits = self(input_ids).logits
         missing = [self.controller_names[i] for i, v in enumerate(values) if v is None]
         if missing:
@@ -350,35 +385,39 @@ class TransformersControlled(LayerStepping, nn.Module):
     @contextlib.contextmanager
     def frozen_controllers(self, outputs: dict[int, Callable[..., Any]]) -> Iterator[None]:
         """Controller ``i`` (and its routing step) returns what ``outputs[i](*its arguments)`` gives, never
-        running."""
+        running; ``outputs`` holds every controller of a module (each call of a looped one) or none."""
         replacements: dict[nn.Module, Callable[..., Any]] = {}
-        routed: dict[int, Any] = {}
+        routed: dict[int, Any] = {}  # per module, its call's routing
+        calls: dict[int, int] = {}
 
-        def controller(index):
+        def controller(first):
             def forward(*args, **kwargs):
+                index = self._this_call(first, calls, "in a replay, more than at capture")
                 output = outputs[index](*args, **kwargs)
                 if self._steps[index] is None:
                     return output
-                routed[index] = output[1]
+                routed[first] = output[1]
                 return output[0]
 
             return forward
 
-        def step(index):
-            return lambda *args, **kwargs: routed.pop(index)
+        def step(first):
+            return lambda *args, **kwargs: routed.pop(first)
 
         with contextlib.ExitStack() as stack:
-            for index in outputs:
-                replacements[self._controllers[index]] = controller(index)
-                routing_step = self._steps[index]
+            for first in self._first_calls:
+                if first not in outputs:
+                    continue
+                replacements[self._controllers[first]] = controller(first)
+                routing_step = self._steps[first]
                 if routing_step is not None:
-                    stack.enter_context(_replaced(*routing_step, step(index)))
+                    stack.enter_context(_replaced(*routing_step, step(first)))
             stack.enter_context(frozen(replacements))
             yield
 
     def replay_run(self, input_ids: torch.Tensor, values: list[Values]) -> torch.Tensor:
-        """Logits with every controller replaced by its values (``frozen``): no controller executes."""
-        calls = [0] * len(self._controllers)
+        """Logits with every controller replaced by its values (``frozen``): no controller executes; each
+        call of a looped one returns its own call's values."""
         lead = [self._lead(i, *input_ids.shape) for i in range(len(self._controllers))]
         live = [module.forward for module in self._controllers]  # a ColumnKind's projection runs live
 
@@ -386,7 +425,6 @@ class TransformersControlled(LayerStepping, nn.Module):
             kind = self.kinds[index]
 
             def replay(*args, **kwargs):
-                self._once(index, calls)
                 if isinstance(kind, ColumnKind):
                     return kind.to_output(values[index], lead[index], live[index](*args, **kwargs))
                 return kind.to_output(values[index], lead[index])

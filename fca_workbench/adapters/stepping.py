@@ -12,10 +12,15 @@ Where the logits are exactly the LM head's output on the last hidden state (chec
 hidden state and ``head`` is the LM head, so the per-layer sweep runs head and NLL a chunk of rows at a time
 (``models.head_nll``) as for the native families; elsewhere (a final soft-cap or scaling of the logits) the
 head stays inside the forward: ``run_blocks`` returns the logits and ``head`` is the identity.
+
+A looped model runs some decoder layers several times per forward (HRM's cycles, Dory's recurrent loop): the
+state before a layer is kept only while every layer before it has run once and never runs again
+(``once_through``, the model's ``stepping_depth``); a replay from a later layer starts from the last such
+state.
 """
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -30,6 +35,7 @@ class WholeForward(Protocol):
 
     controller_layers: list[int]
     separate_lm_head: list[nn.Module]  # [the LM head] where the logits are its output alone, else []
+    stepping_depth: int  # the layers whose input states can be kept (``once_through``)
 
     def __call__(self, input_ids: torch.Tensor) -> Any: ...
 
@@ -49,6 +55,27 @@ def controller_layers(model: nn.Module, layers: list[nn.Module], controller_name
     if len(prefixes) != len(layers):
         return [0] * len(controller_names)
     return [next((i for i, p in enumerate(prefixes) if name.startswith(p)), 0) for name in controller_names]
+
+
+def call_order(modules: list[nn.Module], run: Callable[[], Any]) -> list[int]:
+    """The index in ``modules`` of each call of one of them while ``run()`` runs, in call order."""
+    order: list[int] = []
+    with contextlib.ExitStack() as stack:
+        for index, module in enumerate(modules):
+            hook = module.register_forward_pre_hook(lambda module, args, index=index: order.append(index))
+            stack.callback(hook.remove)
+        run()
+    return order
+
+
+def once_through(order: list[int], layers: int) -> int:
+    """How many decoder layers, from the first, each run once, in order, before any other layer and never
+    again, given the layers' ``order`` of calls in one forward: all of them in a plain stack, fewer where a
+    layer runs again later (a looped model's), whose input states stepping cannot keep."""
+    depth = 0
+    while depth < layers and order[depth : depth + 1] == [depth] and depth not in order[depth + 1 :]:
+        depth += 1
+    return depth
 
 
 def separate_head(model: WholeForward, probe: torch.Tensor) -> list[nn.Module]:
@@ -111,8 +138,9 @@ class LayerStepping:
     """``embed`` / ``run_blocks`` / ``head`` / ``resume_layer`` for a ``WholeForward`` model."""
 
     def resume_layer(self: WholeForward, layer: int) -> int:
-        """The decoder layer controller ``layer`` sits in: the layers before it see none of its values."""
-        return self.controller_layers[layer]
+        """The decoder layer controller ``layer`` sits in (the layers before it see none of its values), or
+        the last one whose input state is kept (``stepping_depth``), where that is before it."""
+        return min(self.controller_layers[layer], self.stepping_depth)
 
     def embed(self, input_ids: torch.Tensor) -> list[torch.Tensor]:
         """The state before layer 0: the window alone."""
@@ -136,11 +164,15 @@ class LayerStepping:
         ``coefficients``: per controller, a coefficient or its whole values (a router's output); None (from
         layer 0 only) runs the controllers live and returns the values they gave. ``values``: those of the
         controllers from layer ``start`` on. ``states`` (``keep_states``): the states before layers
-        ``start .. L``, each decoder layer having run exactly once, in order (else a ValueError)."""
+        ``start .. stepping_depth`` (every layer, L, in a plain stack), each of those layers having run
+        exactly once, in order (else a ValueError)."""
         layers = self.blocks
         input_ids, before = state[0], list(state[1:])
-        if not 0 <= start <= len(layers) or len(before) != start:
-            raise ValueError(f"the state before layer {start} holds {start} layer outputs, got {len(before)}")
+        if not 0 <= start <= self.stepping_depth or len(before) != start:
+            raise ValueError(
+                f"the state before layer {start} holds {start} layer outputs, got {len(before)}; states are kept "
+                f"before layers 0 .. {self.stepping_depth}"
+            )
         if coefficients is None and start:
             raise ValueError("a run from a later layer replays given values; only a run from layer 0 can be live")
         recorded: list[tuple[int, Any]] = []
@@ -161,7 +193,8 @@ class LayerStepping:
         output = last[0] if self.separate_lm_head else logits
         if not keep_states:
             return output, used, None
-        if [index for index, _ in recorded] != list(range(len(layers) - start)):
+        kept = self.stepping_depth - start
+        if once_through([index for index, _ in recorded], len(layers) - start) < kept:
             raise ValueError("the decoder layers did not each run once, in order; the model cannot step by layer")
-        outputs = before + [output for _, output in recorded]
-        return output, used, [[input_ids, *outputs[:j]] for j in range(start, len(layers) + 1)]
+        outputs = before + [output for _, output in recorded[:kept]]
+        return output, used, [[input_ids, *outputs[:j]] for j in range(start, self.stepping_depth + 1)]
