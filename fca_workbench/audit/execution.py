@@ -101,7 +101,7 @@ def count_execution(model: ControlledModel, windows: torch.Tensor, batch_size: i
             present_rows += batch.numel() * len(branches)
 
     result: dict[str, float] = {
-        # a looped model (HRM, Dory) runs a block several times per forward: every call it made counts
+        # a looped model runs a block several times per forward: every call it made counts
         "blocks_total": max(len(blocks) * forwards, counts["blocks"]),
         "blocks_executed": counts["blocks"],
         "controller_calls": counts["controllers"],
