@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from fca_workbench.adapters import placement
 from fca_workbench.audit import capture as capture_module
+from fca_workbench.audit import fingerprint_memo
 from fca_workbench.audit import session as session_module
 from fca_workbench.audit.fingerprint_memo import (
     MEMO_FORMAT,
@@ -40,6 +41,12 @@ def serial_fingerprint(model) -> str:
         digest.update(name.encode())
         digest.update(own.hexdigest().encode())
     return digest.hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def tiny_weights_remembered(monkeypatch):
+    """The tiny checkpoints' weights are remembered as real ones are (below the threshold they are hashed)."""
+    monkeypatch.setattr(fingerprint_memo, "MEMO_MIN_BYTES", 0)
 
 
 @pytest.fixture
@@ -229,8 +236,14 @@ def test_a_model_in_memory_is_always_hashed(tiny_checkpoints, tmp_path, counted)
     assert len(counted) == 2 and not (tmp_path / FINGERPRINT_MEMO).exists()
 
 
-def test_a_folder_without_safetensors_weights_is_not_remembered(folder):
+def test_a_folder_without_safetensors_weights_or_with_small_ones_is_not_remembered(folder, monkeypatch):
     loading = {key: None for key in LOADING_SETTINGS}
+    weights = (folder / WEIGHTS).stat().st_size
+    monkeypatch.setattr(fingerprint_memo, "MEMO_MIN_BYTES", weights + 1)
+    assert checkpoint_identity(folder, loading) is None and remembered_fingerprint(folder, None, lambda: "d" * 64)
+    assert not (folder / FINGERPRINT_MEMO).exists()
+    monkeypatch.setattr(fingerprint_memo, "MEMO_MIN_BYTES", weights)
+    assert checkpoint_identity(folder, loading) is not None
     (folder / "pytorch_model.bin").write_bytes(b"")
     assert checkpoint_identity(folder, loading) is None
     empty = folder.parent / "no weights"

@@ -40,6 +40,7 @@ MEMO_FORMAT = "fca-fingerprint-memo/1"
 MEMO_MAX_BYTES = 1 << 20  # a few kB an entry
 MEMO_ENTRIES = 32  # checkpoints remembered per cache root, the least recently hashed dropped first
 MEMO_LOCK_WAIT = 10.0  # seconds; past it the fingerprint is not remembered this time
+MEMO_MIN_BYTES = 64 << 20  # of weights: below it hashing them takes no longer than reading the memo
 DIGEST = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 MEMO_SCHEMA = {
     "type": "object",
@@ -77,12 +78,14 @@ def file_identity(path: Path) -> dict:
 
 def checkpoint_identity(folder: Path, loading: dict) -> dict | None:
     """The file identity of the checkpoint in ``folder`` as loaded with ``loading`` (dtype, controllers); None
-    for a folder the memo does not cover (no safetensors files, or pickled weights beside them) or whose
-    weights cannot be read (the load says why)."""
+    for a folder the memo does not cover (no safetensors files, pickled weights beside them, or weights too
+    small to be worth it) or whose weights cannot be read (the load says why)."""
     weights = sorted(folder.glob("*.safetensors"))
     if not weights or any(folder.glob("*.bin")):
         return None
     try:
+        if sum(path.stat().st_size for path in weights) < MEMO_MIN_BYTES:
+            return None
         files = [file_identity(path) for path in weights]
         digests = {
             path.name: file_sha256(path)
@@ -111,9 +114,11 @@ def read_memo(path: Path) -> dict[str, dict]:
     return {key: entry for key, entry in entries.items() if key == identity_key(entry["identity"])}
 
 
-def remembered_fingerprint(root: Path, identity: dict, compute: Callable[[], str], write: bool = True) -> str:
+def remembered_fingerprint(root: Path, identity: dict | None, compute: Callable[[], str], write: bool = True) -> str:
     """The fingerprint the memo in ``root`` holds for ``identity``, else ``compute()``'s, remembered there
-    (``write``: under torchrun only rank 0 writes)."""
+    (``write``: under torchrun only rank 0 writes); ``compute()``'s alone for a checkpoint not covered."""
+    if identity is None:
+        return compute()
     path, key = root / FINGERPRINT_MEMO, identity_key(identity)
     found = read_memo(path).get(key)
     if found is not None:
