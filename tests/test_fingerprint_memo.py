@@ -50,20 +50,6 @@ def tiny_weights_remembered(monkeypatch):
 
 
 @pytest.fixture
-def counted(monkeypatch):
-    """Every hash of a model's weights the session asks for, by model class."""
-    calls = []
-    real = capture_module.model_fingerprint
-
-    def spy(model):
-        calls.append(type(model).__name__)
-        return real(model)
-
-    monkeypatch.setattr(session_module, "model_fingerprint", spy)
-    return calls
-
-
-@pytest.fixture
 def folder(tiny_checkpoints, tmp_path) -> Path:
     """A copy of a tiny FeatureGate checkpoint, free to change."""
     return Path(shutil.copytree(tiny_checkpoints["featuregate"], tmp_path / "checkpoint"))
@@ -92,14 +78,16 @@ def test_the_weights_are_hashed_in_threads_to_the_one_thread_digest(tiny_checkpo
     assert pools == [4]
 
 
-def test_a_second_session_of_the_same_checkpoint_hashes_nothing(folder, tmp_path, counted):
+def test_a_second_session_of_the_same_checkpoint_hashes_nothing(folder, tmp_path, fingerprint_calls):
     first = opened(folder, tmp_path / "cache")
-    assert counted == ["FeatureGateForCausalLM"] and first == serial_fingerprint(load_model(folder))
+    assert fingerprint_calls == ["FeatureGateForCausalLM"] and first == serial_fingerprint(load_model(folder))
     memo = json.loads((tmp_path / "cache" / FINGERPRINT_MEMO).read_text())
     assert memo["format"] == MEMO_FORMAT and [e["fingerprint"] for e in memo["checkpoints"].values()] == [first]
     assert opened(folder, tmp_path / "cache") == first
-    assert len(counted) == 1  # remembered
-    assert opened(folder, tmp_path / "other cache") == first and len(counted) == 2  # another cache root: its own
+    assert len(fingerprint_calls) == 1  # remembered
+    assert (
+        opened(folder, tmp_path / "other cache") == first and len(fingerprint_calls) == 2
+    )  # another cache root: its own
 
 
 def rewrite_in_place(folder: Path) -> None:
@@ -165,23 +153,25 @@ def test_the_path_config_and_loading_are_part_of_the_identity(folder, tmp_path):
 
 
 @pytest.mark.parametrize("change", [touched, copied_over, resaved, config_reformatted, rewrite_in_place])
-def test_any_change_to_the_checkpoint_hashes_again(folder, tmp_path, counted, change):
+def test_any_change_to_the_checkpoint_hashes_again(folder, tmp_path, fingerprint_calls, change):
     first = opened(folder, tmp_path / "cache")
     change(folder)
     again = opened(folder, tmp_path / "cache")
-    assert len(counted) == 2 and again == serial_fingerprint(load_model(folder))
+    assert len(fingerprint_calls) == 2 and again == serial_fingerprint(load_model(folder))
     assert first == again  # the same weights and config fields: the same fingerprint, found by hashing
-    assert opened(folder, tmp_path / "cache") == again and len(counted) == 2  # and remembered under the new identity
+    assert (
+        opened(folder, tmp_path / "cache") == again and len(fingerprint_calls) == 2
+    )  # and remembered under the new identity
 
 
-def test_a_checkpoint_in_another_folder_or_dtype_hashes_again(folder, tmp_path, counted):
+def test_a_checkpoint_in_another_folder_or_dtype_hashes_again(folder, tmp_path, fingerprint_calls):
     opened(folder, tmp_path / "cache")
     moved = Path(shutil.copytree(folder, tmp_path / "moved", copy_function=shutil.copy2))
     opened(moved, tmp_path / "cache")
     bf16 = ReplaySession.open(
         AuditSettings(str(folder), dtype="bfloat16", cache=str(tmp_path / "cache")), read_now=()
     ).fingerprint
-    assert len(counted) == 3 and bf16 != opened(folder, tmp_path / "cache") and len(counted) == 3
+    assert len(fingerprint_calls) == 3 and bf16 != opened(folder, tmp_path / "cache") and len(fingerprint_calls) == 3
 
 
 def tampered_memos(path: Path) -> dict:
@@ -202,7 +192,7 @@ def tampered_memos(path: Path) -> dict:
     }
 
 
-def test_a_tampered_memo_is_ignored_and_rewritten(folder, tmp_path, counted):
+def test_a_tampered_memo_is_ignored_and_rewritten(folder, tmp_path, fingerprint_calls):
     truth = opened(folder, tmp_path / "cache")
     path = tmp_path / "cache" / FINGERPRINT_MEMO
     for what, text in tampered_memos(path).items():
@@ -210,7 +200,7 @@ def test_a_tampered_memo_is_ignored_and_rewritten(folder, tmp_path, counted):
         assert opened(folder, tmp_path / "cache") == truth, what
         memo = read_memo(path)
         assert [e["fingerprint"] for e in memo.values()] == [truth], what
-    assert len(counted) == 1 + len(tampered_memos(path))
+    assert len(fingerprint_calls) == 1 + len(tampered_memos(path))
 
 
 def test_a_memo_claiming_another_fingerprint_under_a_forged_key_is_not_this_checkpoints(folder, tmp_path):
@@ -228,12 +218,12 @@ def test_a_memo_claiming_another_fingerprint_under_a_forged_key_is_not_this_chec
     assert remembered_fingerprint(tmp_path, identity, lambda: "b" * 64) == "b" * 64
 
 
-def test_a_model_in_memory_is_always_hashed(tiny_checkpoints, tmp_path, counted):
+def test_a_model_in_memory_is_always_hashed(tiny_checkpoints, tmp_path, fingerprint_calls):
     """A model handed to a session (Python, a training run, the dashboard) is hashed every time, nothing kept."""
     model = load_model(tiny_checkpoints["featuregate"])
     for _ in range(2):
         assert ReplaySession(model, {}, cache_root=tmp_path).fingerprint == serial_fingerprint(model)
-    assert len(counted) == 2 and not (tmp_path / FINGERPRINT_MEMO).exists()
+    assert len(fingerprint_calls) == 2 and not (tmp_path / FINGERPRINT_MEMO).exists()
 
 
 def test_a_folder_without_safetensors_weights_or_with_small_ones_is_not_remembered(folder, monkeypatch):
@@ -252,7 +242,7 @@ def test_a_folder_without_safetensors_weights_or_with_small_ones_is_not_remember
     assert checkpoint_identity(empty, loading) is None
 
 
-def test_a_checkpoint_changed_while_it_loads_is_not_remembered(folder, tmp_path, counted, monkeypatch):
+def test_a_checkpoint_changed_while_it_loads_is_not_remembered(folder, tmp_path, fingerprint_calls, monkeypatch):
     real = session_module.load_audit_model
 
     def changing(*args, **kwargs):
@@ -263,7 +253,7 @@ def test_a_checkpoint_changed_while_it_loads_is_not_remembered(folder, tmp_path,
     monkeypatch.setattr(session_module, "load_audit_model", changing)
     session = ReplaySession.open(settings(folder, tmp_path / "cache"), read_now=())
     assert not (tmp_path / "cache" / FINGERPRINT_MEMO).exists()
-    assert session.fingerprint == serial_fingerprint(load_model(folder)) and len(counted) == 1
+    assert session.fingerprint == serial_fingerprint(load_model(folder)) and len(fingerprint_calls) == 1
 
 
 def test_a_memo_that_cannot_be_written_leaves_the_fingerprint_as_hashed(folder, tmp_path):
