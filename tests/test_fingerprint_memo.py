@@ -21,8 +21,11 @@ from fca_workbench.audit.fingerprint_memo import (
     read_memo,
     remembered_fingerprint,
 )
+from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import LOADING_SETTINGS, ReplaySession
 from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.export.card import CARD_JSON
+from fca_workbench.export.static import export_static
 from fca_workbench.models import load_model
 from fca_workbench.results.layout import FINGERPRINT_MEMO
 
@@ -264,3 +267,16 @@ def test_a_memo_that_cannot_be_written_leaves_the_fingerprint_as_hashed(folder, 
     blocked.write_text("")
     assert remembered_fingerprint(blocked, identity, lambda: "c" * 64) == "c" * 64
     assert blocked.read_text() == ""
+
+
+def test_an_export_from_an_audit_takes_the_fingerprint_the_audit_remembered(folder, tmp_path, fingerprint_calls):
+    """``fca export --audit`` (like ``fca eval`` in an audit's folder) reads the memo of the audit's cache root,
+    although its own captures go to a temporary folder: the weights are hashed once for both."""
+    audit = run_audit(
+        AuditSettings(str(folder), window=32, max_windows=4, batch_size=2, resamples=20, latency_repeats=1),
+        tmp_path / "audit",
+    )
+    out = export_static(folder, "layer_mean", tmp_path / "export", audit=tmp_path / "audit")
+    card = json.loads((out / CARD_JSON).read_text())
+    assert card["source"]["fingerprint"] == audit["model"]["fingerprint"] == serial_fingerprint(load_model(folder))
+    assert fingerprint_calls == ["FeatureGateForCausalLM"]
