@@ -7,11 +7,15 @@
 
 The shapes (``SHAPES``): MUDDPythia-1.4B (the native model at the official size, built as
 ``benchmarks/gpu_check.py`` builds it) and 2-layer slices of Mixtral-8x7B, OLMoE-1B-7B and Mamba-2.8B
-(transformers configs at the real widths, ``num_hidden_layers=2``), each wrapped as ``fca audit`` wraps it.
-Each round times, in turn on the same windows: forward + NLL, the on-disk capture (``audit.capture.capture``,
-into a fresh folder), the ``correct`` replay of that cache (``audit.replay.replay_nll``) and, for the MoE slices,
-forward + NLL under the experts implementation transformers would use (the audit sets ``eager``,
-``adapters/hf.py``). One warm-up round, then the median over ``--repeats`` rounds of each round's ratios.
+(transformers configs at the real widths, ``num_hidden_layers=2``), each wrapped as ``fca audit`` wraps it,
+at 2,048 tokens (``--window``: fewer). Each round times, in turn on the same windows: forward + NLL as a user
+runs the model (its default kernels: for the MoE slices the experts implementation transformers uses by default,
+``grouped_mm`` where it is), the denominator of every ratio; the on-disk capture (``audit.capture.capture``, into
+a fresh folder, the fingerprint known as the memo gives it to every audit of a checkpoint after its first,
+``audit.fingerprint_memo``); the ``correct`` replay of that cache (``audit.replay.replay_nll``) and, for the MoE
+slices, forward + NLL under the eager experts the audit sets (``adapters/hf.py``). The model fingerprint (every
+weight hashed, in threads) is timed once apart: what a checkpoint's first audit adds to its capture. One warm-up
+round, then the median over ``--repeats`` rounds of each round's ratios.
 Also: cache bytes per token against the bytes of the coefficients themselves (fp32) and against every tensor
 the cache stores; peak RSS against weights + one batch (the audit's own estimate, ``audit.budget.window_bytes``);
 and, for the MoE slices, whether the default experts implementation gives bit-identical NLL to eager on the
@@ -42,6 +46,7 @@ from gpu_check import TINY_OVERRIDES, build_model
 from results_file import RESULTS
 
 from fca_workbench.adapters.hf import TransformersControlled
+from fca_workbench.adapters.placement import HASH_THREADS
 from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.budget import window_bytes
 from fca_workbench.audit.capture import capture, model_fingerprint
@@ -80,7 +85,7 @@ SHAPES = {
             num_key_value_heads=2,
             vocab_size=512,
         ),
-        256,
+        2048,
         32,
         ("bfloat16",),  # fp32: 12.3 GB of weights, over this machine's share of memory
     ),
@@ -97,7 +102,7 @@ SHAPES = {
             num_experts_per_tok=4,
             vocab_size=512,
         ),
-        256,
+        2048,
         32,
         ("float32", "bfloat16"),
     ),
@@ -105,7 +110,7 @@ SHAPES = {
         "MambaConfig",
         dict(hidden_size=2560, num_hidden_layers=2, vocab_size=50280),
         dict(hidden_size=64, num_hidden_layers=2, vocab_size=512, state_size=8),
-        256,
+        2048,
         32,
         ("float32", "bfloat16"),
     ),
@@ -205,40 +210,43 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         peaks.setdefault(name, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return time.perf_counter() - start, result
 
-    def forward_nll():
+    def eager_forward_nll():
         return next_token_nll(logits_of(model, batch), batch)
 
-    def default_forward_nll():
+    def forward_nll():
+        """As a user runs the model: its default experts implementation, where it has experts."""
+        if default_experts is None:
+            return eager_forward_nll()
         assert hf is not None  # a model with experts: a transformers one, under the adapter
         hf.set_experts_implementation(default_experts)
         try:
-            return forward_nll()
+            return eager_forward_nll()
         finally:
             hf.set_experts_implementation("eager")
 
+    fingerprint_s, fingerprint = timed(lambda: model_fingerprint(model), "fingerprint")
     seconds: dict[str, list[float]] = {"forward_nll": [], "capture": [], "replay_correct": []}
     if default_experts is not None:
-        seconds["forward_nll_default_experts"] = []
+        seconds["forward_nll_eager_experts"] = []
     cache, rss_after = None, {}
     try:
         for round_ in range(1 + args.repeats):
             times = {"forward_nll": timed(forward_nll, "forward_nll")[0]}
             folder = tmp / f"cache_{round_}"  # a fresh capture each round, never a reuse
             times["capture"], cache = timed(
-                lambda f=folder: capture(model, windows, f, args.windows, device), "capture"
+                lambda f=folder: capture(model, windows, f, args.windows, device, fingerprint=fingerprint), "capture"
             )
             times["replay_correct"], correct = timed(
                 lambda c=cache: replay_nll(model, windows, c, "correct", device=device), "replay_correct"
             )
             if default_experts is not None:
-                times["forward_nll_default_experts"] = timed(default_forward_nll, "forward_nll_default_experts")[0]
+                times["forward_nll_eager_experts"] = timed(eager_forward_nll, "forward_nll_eager_experts")[0]
             print(f"{shape} {dtype_name} round {round_}: " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()))
             if round_ == 0:  # the warm-up: where the peak RSS is reached
                 rss_after = {"build": rss_built, **peaks}
             else:
                 for name, value in times.items():
                     seconds[name].append(value)
-        fingerprint_s = timed(lambda: model_fingerprint(model))[0]
         assert cache is not None  # captured in every round, the warm-up included
         unperturbed = cache.nll(torch.arange(len(windows)))
         sizes = stored_bytes(cache.folder)
@@ -254,6 +262,9 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
 
     ratios = {
         "capture_over_forward_nll": ratio("capture"),
+        "first_capture_over_forward_nll": statistics.median(
+            (t + fingerprint_s) / f for t, f in zip(seconds["capture"], seconds["forward_nll"])
+        ),
         "replay_over_forward_nll": ratio("replay_correct"),
         "cache_over_coefficients": sizes["files"] / coefficient_bytes,
         "cache_over_stored_tensors": sizes["files"] / sizes["tensors"],
@@ -262,7 +273,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
     if device.type == "cuda":
         ratios["peak_gpu_over_weights_batch"] = torch.cuda.max_memory_allocated(device) / (weights + one_batch)
     if default_experts is not None:
-        ratios["eager_over_default_experts"] = 1 / ratio("forward_nll_default_experts")
+        ratios["eager_over_default_experts"] = ratio("forward_nll_eager_experts")
     return {
         "shape": shape,
         "dtype": dtype_name,
@@ -291,6 +302,8 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         "ratios": ratios,
         "static_exactness": exactness,
         "load": os.getloadavg()[0],
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "hash_threads": HASH_THREADS,
     }
 
 
@@ -315,9 +328,11 @@ def static_exactness(model, hf, windows, cache, default_experts: str, device: to
 
 
 def merge(out: Path, entry: dict) -> dict:
-    """The results file with ``entry`` put in (or replaced) under its shape, dtype and device."""
+    """The results file with ``entry`` put in (or replaced) under its shape, dtype and device; runs of the
+    script before its denominators were the default kernels' (no ``measured_at``) are dropped, not mixed in."""
     path = out / f"{NAME}.json"
     results = cast(dict, read_json(path)) if path.is_file() else {"runs": {}}
+    results["runs"] = {key: run for key, run in results["runs"].items() if "measured_at" in run}
     results["runs"][f"{entry['shape']}/{entry['dtype']}/{entry['device']}"] = entry
     results["runs"] = dict(sorted(results["runs"].items()))
     return results
@@ -328,35 +343,36 @@ def markdown(results: dict) -> str:
         "# Real shapes: the audit's overheads at real widths (random seeded weights)",
         "",
         "`benchmarks/bench_real_shapes.py`: each shape in a process of its own, one batch, 1 warm-up + "
-        "median of the timed rounds, every ratio taken within one round. forward + NLL is the denominator of "
-        "capture and replay; cache: bytes on disk per token / the fp32 coefficients' bytes per token "
-        "(and / every tensor the cache stores: router logits, top-k weights and indices, NLL); peak RSS / "
-        "(weights + one batch, the audit's estimate). Goals: capture <= 1.05, replay <= 1.02, cache <= 1.01. "
-        "Capture less fingerprint: (median capture - the model fingerprint, timed once apart) / median forward + NLL; "
-        "the fingerprint hashes every weight once per capture, whatever the number of windows. Cache fixed bytes: "
-        "the manifest and the shards' headers, the same for any number of tokens per shard.",
+        "median of the timed rounds, every ratio taken within one round. The denominator of capture and replay is "
+        "forward + NLL under the model's default kernels (the MoE slices' default experts implementation); "
+        "capture: with the model fingerprint known, as the memo in the cache root gives it to every audit of a "
+        "checkpoint after its first; first capture: plus the fingerprint (every weight hashed, in threads; timed "
+        "once apart); eager / default experts: forward + NLL under the eager experts the audit sets over the "
+        "default's; cache: bytes on disk per token / the fp32 coefficients' bytes per token (and / every tensor "
+        "the cache stores: router logits, top-k weights and indices, NLL); peak RSS / (weights + one batch, the "
+        "audit's estimate). Goals: capture <= 1.05, replay <= 1.02, cache <= 1.01. Cache fixed bytes: the manifest "
+        "and the shards' headers, the same for any number of tokens per shard.",
         "",
-        "| shape | dtype | device | batch | threads | load | forward+NLL s | capture | capture less fingerprint | "
+        "| shape | dtype | device | batch | threads | load | measured | forward+NLL s | capture | first capture | "
         "replay | eager / default experts | cache / coefficients | cache / stored tensors | "
-        "cache fixed bytes | peak RSS / (weights + batch) | fingerprint s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "cache fixed bytes | peak RSS / (weights + batch) | fingerprint s (threads) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["runs"].values():
         q = r["ratios"]
         eager = q.get("eager_over_default_experts")
         default = "/".join(sorted(set(r["default_experts_implementation"].values()))) if eager is not None else ""
         experts = f"{eager:.3f} ({default})" if eager is not None else "n/a"
-        median = r["median_s"]
         tokens = r["batch"][0] * r["batch"][1]
         fixed = (r["cache_bytes_per_token"] - r["stored_tensor_bytes_per_token"]) * tokens  # manifest and headers
-        less = (median["capture"] - r["fingerprint_s"]) / median["forward_nll"]  # the hash of every weight, timed apart
         lines.append(
             f"| {r['shape']}{' (tiny)' if r['tiny'] else ''} | {r['dtype']} | {r['device']} | "
-            f"{r['batch'][0]} x {r['batch'][1]} | {r['threads']} | {r['load']:.1f} | "
-            f"{r['median_s']['forward_nll']:.2f} | {mark(q, 'capture_over_forward_nll')} | {less:.4f} | "
+            f"{r['batch'][0]} x {r['batch'][1]} | {r['threads']} | {r['load']:.1f} | {r.get('measured_at', '')} | "
+            f"{r['median_s']['forward_nll']:.2f} | {mark(q, 'capture_over_forward_nll')} | "
+            f"{q['first_capture_over_forward_nll']:.4f} | "
             f"{mark(q, 'replay_over_forward_nll')} | {experts} | {mark(q, 'cache_over_coefficients')} | "
             f"{q['cache_over_stored_tensors']:.4f} | {fixed:.0f} | {q['peak_rss_over_weights_batch']:.2f} | "
-            f"{r['fingerprint_s']:.2f} |"
+            f"{r['fingerprint_s']:.2f} ({r.get('hash_threads', 1)}) |"
         )
     exact = [(r, c, e) for r in results["runs"].values() for c, e in (r["static_exactness"] or {}).items()]
     if exact:

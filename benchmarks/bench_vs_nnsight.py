@@ -10,7 +10,8 @@ same evenly sampled eval and calibration windows (FeatureGate: its controllers a
 output is the whole coefficient, so nnsight can capture and replace them):
 
 - **full audit** (capture eval and calibration, static profiles, frozen replay of every condition): the
-  workbench's ``capture`` / ``static_profiles`` / ``replay_nll`` against nnsight (``.output.save()`` on every
+  workbench's ``capture`` / ``static_profiles`` / ``replay_nll``, the model fingerprint taken once from the memo
+  in the cache root (``audit.fingerprint_memo``: hashed in the first round, remembered after) against nnsight (``.output.save()`` on every
   controller to capture, ``.skip(value)`` on every controller to replay), goal <= 1.0;
 - **per-layer sweep** (every condition at each layer alone): ``sweep.per_layer_sweep`` (prefix reuse) against
   the L x K full frozen forwards (the workbench's fallback) and against nnsight doing the same L x K forwards
@@ -34,7 +35,8 @@ from bench_sweep import sweep_limit
 from results_file import write_results
 from timing import best_of_each
 
-from fca_workbench.audit.capture import capture
+from fca_workbench.audit.capture import capture, model_fingerprint
+from fca_workbench.audit.fingerprint_memo import checkpoint_identity, remembered_fingerprint
 from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
@@ -45,6 +47,8 @@ from fca_workbench.audit.interventions import (
 )
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.session import LOADING_SETTINGS
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
@@ -59,9 +63,14 @@ SWEPT = [c for c in FROZEN if c != "correct"]
 # ---- the workbench -------------------------------------------------------------------------------------
 
 
-def workbench_audit(model, windows, calib, batch_size, folder: Path):
-    eval_cache = capture(model, windows, folder / "eval", batch_size=batch_size)
-    profiles = static_profiles(capture(model, calib, folder / "calib", batch_size=batch_size).batches())
+def workbench_audit(model, windows, calib, batch_size, folder: Path, fingerprint):
+    """As an audit of the checkpoint runs it: the model fingerprint taken once (``fingerprint()``: from the
+    memo in the cache root after the checkpoint's first audit), then both captures, profiles and replays."""
+    known = fingerprint()
+    eval_cache = capture(model, windows, folder / "eval", batch_size=batch_size, fingerprint=known)
+    profiles = static_profiles(
+        capture(model, calib, folder / "calib", batch_size=batch_size, fingerprint=known).batches()
+    )
     nll = {c: replay_nll(model, windows, eval_cache, c, profiles, seed=0).double().mean().item() for c in FROZEN}
     return eval_cache, profiles, nll
 
@@ -195,6 +204,10 @@ def main() -> None:
     windows = load_windows(split_path("eval"), tokenizer, 256, args.windows)
     calib = load_windows(split_path("calibration"), tokenizer, 256, args.windows)
     traced = NNsight(model)
+    identity = checkpoint_identity(
+        Path(args.checkpoint), {k: getattr(AuditSettings(args.checkpoint), k) for k in LOADING_SETTINGS}
+    )
+    # None: weights too small to be worth remembering (``fingerprint_memo.MEMO_MIN_BYTES``), hashed as a session hashes them
     layers, conditions = len(model.controllers), len(SWEPT)
     forward_and_nll(model, windows[: args.batch_size], args.batch_size)  # warm-up, both sides
     nnsight_capture(traced, model, windows[: args.batch_size], args.batch_size)
@@ -222,7 +235,14 @@ def main() -> None:
         audits, audited = best_of_each(
             args.repeats,
             {
-                "workbench": lambda: workbench_audit(model, windows, calib, args.batch_size, tmp / f"a{next(runs)}"),
+                "workbench": lambda: workbench_audit(
+                    model,
+                    windows,
+                    calib,
+                    args.batch_size,
+                    tmp / f"a{next(runs)}",
+                    lambda: remembered_fingerprint(tmp, identity, lambda: model_fingerprint(model)),
+                ),
                 "nnsight": lambda: nnsight_audit(traced, model, windows, calib, args.batch_size),
             },
         )

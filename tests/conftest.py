@@ -173,6 +173,25 @@ def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
 
 
 @pytest.fixture
+def fingerprint_calls(monkeypatch):
+    """Every hash of a model's weights the session or a capture takes (``capture.model_fingerprint``), by the
+    model's class name."""
+    import fca_workbench.audit.capture as capture_module
+    import fca_workbench.audit.session as session_module
+
+    calls = []
+    real = capture_module.model_fingerprint
+
+    def counted(model):
+        calls.append(type(model).__name__)
+        return real(model)
+
+    monkeypatch.setattr(session_module, "model_fingerprint", counted)
+    monkeypatch.setattr(capture_module, "model_fingerprint", counted)
+    return calls
+
+
+@pytest.fixture
 def nothing_built(monkeypatch):
     """Fails the test if a layer with weights (a Linear or an Embedding: every model has one) is constructed: a
     refusal "before building" is checked on that state, not by how long it took (a time bound fails under load)."""

@@ -10,7 +10,6 @@ from conftest import tiny_model
 from safetensors.torch import load_file
 
 import fca_workbench.audit.capture as capture_module
-import fca_workbench.audit.session as session_module
 from fca_workbench.audit.assignment import ConditionCoefficients
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions, static_profiles
@@ -202,21 +201,12 @@ def test_interrupted_capture_resumes_to_the_same_audit(tiny_checkpoints, audits,
     assert figures(resumed) == figures(audits["featuregate"][0])
 
 
-def test_an_audit_hashes_the_weights_once_for_both_captures(tiny_checkpoints, tmp_path, monkeypatch):
+def test_an_audit_hashes_the_weights_once_for_both_captures(tiny_checkpoints, tmp_path, fingerprint_calls):
     """The model fingerprint hashes every weight (seconds at real sizes): one audit takes it once, and both
     caches' manifests hold that one value, the model's true fingerprint."""
-    calls = []
-    real = capture_module.model_fingerprint
-
-    def counted(model):
-        calls.append(type(model).__name__)
-        return real(model)
-
-    monkeypatch.setattr(session_module, "model_fingerprint", counted)
-    monkeypatch.setattr(capture_module, "model_fingerprint", counted)
     audit = run_audit(settings(tiny_checkpoints["featuregate"]), tmp_path / "out")
-    assert len(calls) == 1
+    assert len(fingerprint_calls) == 1
     manifests = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").rglob("manifest.json"))]
     assert len(manifests) == 2  # eval and calibration
-    truth = real(load_model(tiny_checkpoints["featuregate"]))
+    truth = capture_module.model_fingerprint(load_model(tiny_checkpoints["featuregate"]))  # counted, after the count
     assert {m["model_fingerprint"] for m in manifests} == {truth} and audit["model"]["fingerprint"] == truth

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RATIOS = {
     "capture_over_forward_nll",
+    "first_capture_over_forward_nll",
     "replay_over_forward_nll",
     "cache_over_coefficients",
     "cache_over_stored_tensors",

@@ -4,11 +4,13 @@ safely, and where a placed module computes (its weights may sit on ``meta``, str
 """
 
 import argparse
+import os
 import re
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -209,14 +211,26 @@ def value_devices(model: Any, device: torch.device | str) -> torch.device | list
     return [execution_device(controller, main) for controller in model.controllers]
 
 
-def tensor_fingerprints(model: nn.Module, fingerprint: Any) -> dict[str, str]:
-    """``fingerprint(tensor)`` of every state-dict entry of ``model`` by name, offloaded weights streamed in
-    one module at a time (accelerate's ``align_module_device``), so a placed model fingerprints as the same
-    model held in memory, never held whole."""
+HASH_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def each_fingerprint(fingerprint: Callable[[torch.Tensor], str], tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """``fingerprint`` of each tensor by name, in threads (hashlib and torch's copies release the GIL for
+    large buffers, so the weights of a model are hashed on every core)."""
+    if len(tensors) < 2 or HASH_THREADS < 2:
+        return {name: fingerprint(tensor) for name, tensor in tensors.items()}
+    with ThreadPoolExecutor(max_workers=min(HASH_THREADS, len(tensors))) as pool:
+        return dict(zip(tensors, pool.map(fingerprint, tensors.values())))
+
+
+def tensor_fingerprints(model: nn.Module, fingerprint: Callable[[torch.Tensor], str]) -> dict[str, str]:
+    """``fingerprint(tensor)`` of every state-dict entry of ``model`` by name (``each_fingerprint``), offloaded
+    weights streamed in one module at a time (accelerate's ``align_module_device``), so a placed model
+    fingerprints as the same model held in memory, never held whole."""
     from accelerate.utils import align_module_device
 
     if not is_placed(model):
-        return {name: fingerprint(tensor) for name, tensor in model.state_dict().items()}
+        return each_fingerprint(fingerprint, model.state_dict())
     names = set(model.state_dict(keep_vars=True))
     found: dict[str, str] = {}
     for prefix, part in model.named_modules(remove_duplicate=False):
@@ -226,8 +240,7 @@ def tensor_fingerprints(model: nn.Module, fingerprint: Any) -> dict[str, str]:
             continue
         with align_module_device(part):  # onloaded to its execution device while read, offloaded again
             tensors = {**part._parameters, **part._buffers}  # as state_dict reads them (not a wrapper's attribute)
-            for name in own:
-                found[f"{prefix}.{name}".lstrip(".")] = fingerprint(tensors[name])
+            found |= each_fingerprint(fingerprint, {f"{prefix}.{name}".lstrip("."): tensors[name] for name in own})
     return found
 
 

@@ -37,6 +37,7 @@ from fca_workbench.audit.assignment import (
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint
 from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.fingerprint_memo import loaded_identity, remembered_fingerprint
 from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.inputs import CALIBRATION, EVAL, audit_windows, data_summary, load_audit_model
 from fca_workbench.audit.interventions import derangement, routing_top_k
@@ -53,6 +54,7 @@ Split = tuple[Path | None, torch.Tensor]  # a split's text file (None: windows h
 DERANGEMENTS_KEPT = 64  # the cross_input derangements of the most recently used seeds (the dashboard's seed box)
 VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window")
 VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
+LOADING_SETTINGS = ("dtype", "controllers", "only_controllers", "trust_remote_code")  # what the weights loaded hang on
 
 
 class ReplaySession:
@@ -83,6 +85,7 @@ class ReplaySession:
         self.model, self._tokenizer, self.checkpoint, self.settings = model, tokenizer, checkpoint, settings
         self.cache_root, self.seed, self.device, self.ranks = cache_root, seed, device, ranks
         self.lock = lock or threading.Lock()
+        self._known_fingerprint: str | None = None  # ``open``'s, for a model loaded straight from its folder
         self._splits = splits
         self._read: dict[str, Split] = {}
         self._given_batch_size = batch_size
@@ -102,16 +105,25 @@ class ReplaySession:
         ranks: Ranks = SINGLE,
         checkpoint: Checkpoint | None = None,
         read_now: Sequence[str] = (EVAL, CALIBRATION),
+        memo_root: Path | None = None,
     ) -> ReplaySession:
         """The session of ``settings``: the checkpoint resolved once, the model loaded and placed with its
         tokenizer, the splits of ``read_now`` read at once (so a bad text file is refused before any work), the
-        others when first needed; caches under ``settings.cache``, else ``<out>/cache``."""
+        others when first needed; caches under ``settings.cache``, else ``<out>/cache``. Then the model's
+        fingerprint, from the memo in ``memo_root`` (default: the cache root) when it knows this checkpoint's
+        content (``fingerprint_memo.py``), else hashed and remembered there, while the model is still as loaded;
+        a folder the memo does not cover, or no cache root, leaves it to be hashed when first asked."""
         checkpoint = checkpoint or resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
-        model, tokenizer = load_audit_model(settings, out, ranks, checkpoint)
+        (model, tokenizer), identity = loaded_identity(
+            checkpoint.folder,
+            {key: getattr(settings, key) for key in LOADING_SETTINGS},
+            lambda: load_audit_model(settings, out, ranks, checkpoint),
+        )
         splits = {
             split: functools.partial(audit_windows, settings, split, model, tokenizer) for split in (EVAL, CALIBRATION)
         }
         root = cache_root(settings.cache, out) if settings.cache or out else None
+        memo_root = memo_root or root
         session = cls(
             model,
             splits,
@@ -126,6 +138,10 @@ class ReplaySession:
         )
         for split in read_now:
             session.windows(split)
+        if memo_root is not None and identity is not None:
+            session._known_fingerprint = remembered_fingerprint(
+                memo_root, identity, lambda: model_fingerprint(model), ranks.lead
+            )
         return session
 
     # -- inputs -----------------------------------------------------------------------------------------
@@ -176,7 +192,10 @@ class ReplaySession:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """``capture.model_fingerprint``, hashed once for every capture and binding of the session."""
+        """``capture.model_fingerprint``, hashed once for every capture and binding of the session (or taken
+        when ``open`` loaded it)."""
+        if self._known_fingerprint is not None:
+            return self._known_fingerprint
         with self.lock:
             return model_fingerprint(self.model)
 

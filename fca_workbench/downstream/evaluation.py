@@ -37,7 +37,7 @@ from fca_workbench.foundation.files import reading, write_json
 from fca_workbench.results.binding import check_folder_binding
 from fca_workbench.results.conditions import LOW, REFERENCE
 from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
-from fca_workbench.results.layout import DOWNSTREAM_FILE
+from fca_workbench.results.layout import DOWNSTREAM_FILE, cache_root
 from fca_workbench.results.outputs import mark_output, refuse_foreign
 
 BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
@@ -81,7 +81,9 @@ def run_eval(settings: EvalSettings, out: str | Path, ranks: Ranks = SINGLE) -> 
     checkpoint = resolve_checkpoint(settings.audit.checkpoint, settings.audit.trust_remote_code)
     with tempfile.TemporaryDirectory(prefix="fca-eval-") as cache:
         audit = replace(settings.audit, cache=cache)
-        session = ReplaySession.open(audit, out, checkpoint=checkpoint, read_now=(CALIBRATION,))
+        session = ReplaySession.open(  # the fingerprint remembered beside the audit's own caches
+            audit, out, checkpoint=checkpoint, read_now=(CALIBRATION,), memo_root=cache_root(settings.audit.cache, out)
+        )
         check_folder_binding(out, session.fingerprint)  # another model's audit folder: refused before any work
         conditions = eval_conditions(settings.conditions, session)
         ranks.agree(

@@ -24,6 +24,7 @@ from fca_workbench.foundation.files import atomic_folder, relative_path, write_a
 from fca_workbench.models.featuregate import FeatureGateForCausalLM
 from fca_workbench.models.muddpythia import MUDDPythiaForCausalLM
 from fca_workbench.results.frames import read_audit_json
+from fca_workbench.results.layout import audit_cache_root
 
 
 def export_static(
@@ -53,7 +54,8 @@ def export_static(
     )
     resolved = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)
     with tempfile.TemporaryDirectory(prefix="fca-export-calibration-") as cache:
-        session = ReplaySession.open(replace(settings, cache=cache), checkpoint=resolved, read_now=())
+        memo = audit_cache_root(*audited) if audited else None  # the fingerprint remembered beside the audit's caches
+        session = ReplaySession.open(replace(settings, cache=cache), checkpoint=resolved, read_now=(), memo_root=memo)
         model, tokenizer = session.model, session.tokenizer
         check_exportable(model, checkpoint)  # before any window is read
         session.windows(CALIBRATION)  # a bad calibration file refused here, before any capture

@@ -6,7 +6,8 @@ unless ``--cache`` points elsewhere, the coefficient caches under ``cache/<split
 its marker and ``audit_many.json`` beside its audit folders. A results folder of ``fca reproduce`` carries the marker file,
 its config and index, the audits under ``audits/`` (each with its ``provenance.json``), and the notebooks'
 ``notebooks/``, ``tables/`` and ``figures/``. The coefficient cache's own files (manifest, shards) are
-``audit.capture``'s; its lock, like an output folder's, is ``LOCK_FILE``.
+``audit.capture``'s; its lock, like an output folder's, is ``LOCK_FILE``; the cache root also remembers the
+fingerprints of the checkpoints audited there (``FINGERPRINT_MEMO``, ``audit.fingerprint_memo``).
 A study folder (``benchmarks/controller_design.py --out``) holds one folder per run: its summary and the model
 card of its checkpoint (``checkpoint.TRAIN_CARD_FILE``).
 """
@@ -24,6 +25,7 @@ AUDIT_MANY_FILE = "audit_many.json"
 DOWNSTREAM_FILE = "downstream.json"  # beside audit.json: fca eval's task accuracies under the conditions
 OUTPUT_MARKER = ".fca-output"  # first in every fca audit / audit-many folder: the command that wrote it
 LOCK_FILE = ".fca-audit.lock"  # in an output or cache folder while an audit (or run) writes there
+FINGERPRINT_MEMO = "model_fingerprints.json"  # in a cache root: checkpoints' fingerprints by file identity
 
 PROVENANCE_FILE = "provenance.json"  # beside a reproduce run's audit.json: what it was computed from
 RESULTS_MARKER = ".fca-results"  # written first into every fca reproduce folder
@@ -52,6 +54,11 @@ def split_cache(cache: str | Path | None, audit_dir: str | Path | None, split: s
     return cache_root(cache, audit_dir) / split
 
 
+def audit_cache_root(audit: dict, audit_dir: str | Path) -> Path:
+    """The cache root of a finished audit (its ``audit.json`` as a dict)."""
+    return cache_root(audit["settings"].get("cache"), audit_dir)
+
+
 def cache_folder(audit: dict, audit_dir: str | Path, split: str = "eval") -> Path:
     """Where the coefficient cache of ``split`` of a finished audit (its ``audit.json`` as a dict) lies."""
-    return split_cache(audit["settings"].get("cache"), audit_dir, split)
+    return audit_cache_root(audit, audit_dir) / split
