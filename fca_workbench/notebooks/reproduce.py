@@ -18,7 +18,7 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,9 +88,9 @@ DEFAULT_PARAMETERS = {
     "per_layer": True,
 }
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
-AUDIT_PROCESSES = "audit_processes"  # the config key: how many audits run at once
-CONFIG_KEYS = ("notebooks", "cache", AUDIT_PROCESSES, "parameters", "notebook")
-DEFAULT_AUDIT_PROCESSES = 2  # the reference machine's two cores, one audit each
+PROCESSES = "processes"  # the config key: how many audits, then notebooks, run at once
+CONFIG_KEYS = ("notebooks", "cache", PROCESSES, "parameters", "notebook")
+DEFAULT_PROCESSES = 2  # the reference machine's two cores, one audit or notebook kernel each
 # Torch threads of every audit, however many run at once: the thread count changes the order of float
 # reductions (moe-s0's figures moved in the 10th digit between 1 and 2 threads), so it is the same in every
 # process and the figures are bit-identical to a run of one audit at a time.
@@ -131,7 +131,7 @@ class Plan:
     cache: Path
     config_path: str | None
     overwrite: bool
-    audit_processes: int = DEFAULT_AUDIT_PROCESSES
+    processes: int = DEFAULT_PROCESSES
 
 
 def notebook_parameters(source: Path) -> dict:
@@ -240,9 +240,9 @@ def plan(
                 "to write this run over them (current audits are reused)"
             )
     cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
-    processes = config.get(AUDIT_PROCESSES, DEFAULT_AUDIT_PROCESSES)
+    processes = config.get(PROCESSES, DEFAULT_PROCESSES)
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise UserError(f"config '{AUDIT_PROCESSES}' must be a whole number of at least 1, got {processes!r}")
+        raise UserError(f"config '{PROCESSES}' must be a whole number of at least 1, got {processes!r}")
 
     jobs: list[NotebookJob] = []
     audits: dict[str, AuditSettings] = {}
@@ -282,22 +282,25 @@ def plan(
 
 
 def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
-    """Run the audits once, then every notebook; a failing notebook does not stop the others."""
+    """Run the audits once, then every notebook, ``plan_.processes`` at a time each; a failing notebook does not
+    stop the others."""
     out = plan_.out
     out.mkdir(parents=True, exist_ok=True)
     mark_results(out)
     write_json(out / layout.REPRODUCE_CONFIG_FILE, plan_summary(plan_))
     started = time.perf_counter()
-    run_audits(plan_.audits, out / layout.AUDITS_DIR, plan_.audit_processes, progress)
+    run_audits(plan_.audits, out / layout.AUDITS_DIR, plan_.processes, progress)
     audit_seconds = time.perf_counter() - started
-    results = []
-    bar = progress_bar(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
-    for job in bar:
-        bar.set_postfix_str(job.name)
-        result = run_notebook(job, out)
-        if not result.ok:
-            bar.write(f"FAILED {job.name}: {result.error} (see {result.output})", file=sys.stderr)
-        results.append(result)
+    bar = progress_bar(total=len(plan_.jobs), desc="notebooks", unit="notebook", disable=not progress)
+    with ThreadPoolExecutor(plan_.processes) as pool:  # each notebook runs in its own kernel process
+        running = {pool.submit(run_notebook, job, out): job for job in plan_.jobs}
+        for finished in as_completed(running):
+            result = finished.result()
+            if not result.ok:
+                bar.write(f"FAILED {result.name}: {result.error} (see {result.output})", file=sys.stderr)
+            bar.update()
+    bar.close()
+    results = [future.result() for future in running]  # in the plan's order
     write_index(plan_, results, audit_seconds, time.perf_counter() - started)
     return results
 
@@ -345,7 +348,7 @@ def plan_summary(plan_: Plan) -> dict:
         "config": plan_.config_path,
         "out": str(plan_.out),
         "cache": str(plan_.cache),
-        AUDIT_PROCESSES: plan_.audit_processes,
+        PROCESSES: plan_.processes,
         "kernel": KERNEL_NAME,
         "notebooks": {job.name: job.parameters for job in plan_.jobs},
         "audits": {Path(c).name: asdict(s) for c, s in plan_.audits.items()},
