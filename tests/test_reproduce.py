@@ -40,6 +40,12 @@ def test_unknown_parameter_for_one_notebook(tmp_path):
         reproduce.plan({"notebooks": ["nope"]}, tmp_path / "out")
     with pytest.raises(UserError, match="set by fca reproduce"):
         reproduce.plan({"parameters": {"out": "x"}}, tmp_path / "out")
+    for processes in (0, "2", True):
+        with pytest.raises(
+            UserError, match=f"config 'processes' must be a whole number of at least 1, got {processes!r}"
+        ):
+            reproduce.plan({"notebooks": ["05_muddpythia"], "processes": processes}, tmp_path / "out")
+    assert reproduce.plan({"notebooks": ["05_muddpythia"], "processes": 1}, tmp_path / "out").processes == 1
     with pytest.raises(UserError, match="unknown config key 'max_windows'"):
         reproduce.load_config(write_config(tmp_path / "c.json", max_windows=4))
     assert not (tmp_path / "out").exists()
