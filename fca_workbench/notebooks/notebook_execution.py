@@ -9,6 +9,7 @@ running at the same time each know their own files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -76,6 +77,8 @@ def move_files(staging: Path, out: Path) -> list[Path]:
         os.replace(path, target)
         moved.append(target)
     shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the last notebook to end removes the staging folder (others: not empty)
+        staging.parent.rmdir()
     return moved
 
 

@@ -371,7 +371,7 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
         + f" (Jupyter kernel `{KERNEL_NAME}`, Python {sys.version.split()[0]}).",
         "",
         f"**{passed} of {len(results)} notebooks passed.** Wall time {total_seconds:.0f} s "
-        f"(audits {audit_seconds:.0f} s, notebooks {sum(r.seconds for r in results):.0f} s).",
+        f"(audits {audit_seconds:.0f} s, notebooks {total_seconds - audit_seconds:.0f} s, {plan_.processes} at a time).",
         "",
         "## Notebooks",
         "",
