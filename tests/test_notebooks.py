@@ -19,6 +19,7 @@ import torch
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.explore import Explorer
 from fca_workbench.notebooks import reproduce, tables
+from fca_workbench.results.layout import STAGING_DIR
 
 # Each test may be the first to need the shared papermill run (~2-5 min on a loaded 2-core machine): a hung
 # kernel fails it after 20 min instead of eating CI's time.
@@ -78,7 +79,9 @@ def test_every_notebook_runs_and_writes_its_tables(tiny_run):
         for name in names:
             for ext in ("csv", "md", "tex"):
                 assert (plan.out / "tables" / f"{name}.{ext}").stat().st_size > 0
-            assert plan.out / "tables" / f"{name}.csv" in results[notebook].files
+            table = plan.out / "tables" / f"{name}.csv"
+            assert [n for n, r in results.items() if table in r.files] == [notebook]  # two ran at once: its own only
+    assert not (plan.out / STAGING_DIR).exists()  # every notebook's files moved out of its staging folder
 
 
 def test_figures_are_offline_html(tiny_run):

@@ -1,16 +1,19 @@
 """``fca reproduce``: clear errors before any notebook starts, no silent clobbering, a failing notebook named
 with its cell while the others still run, and audits / coefficient caches reused across notebooks and runs."""
 
+import gzip
 import json
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TINY_REPRODUCE_SETTINGS, assert_one_line_error, fca
 
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import reproduce
+from fca_workbench.notebooks.reproduce import NotebookRun
 from fca_workbench.results.outputs import mark_results
 
 pytestmark = pytest.mark.timeout(300)  # `fca reproduce` in subprocesses: a hang fails after 5 min
@@ -37,6 +40,12 @@ def test_unknown_parameter_for_one_notebook(tmp_path):
         reproduce.plan({"notebooks": ["nope"]}, tmp_path / "out")
     with pytest.raises(UserError, match="set by fca reproduce"):
         reproduce.plan({"parameters": {"out": "x"}}, tmp_path / "out")
+    for processes in (0, "2", True):
+        with pytest.raises(
+            UserError, match=f"config 'processes' must be a whole number of at least 1, got {processes!r}"
+        ):
+            reproduce.plan({"notebooks": ["05_muddpythia"], "processes": processes}, tmp_path / "out")
+    assert reproduce.plan({"notebooks": ["05_muddpythia"], "processes": 1}, tmp_path / "out").processes == 1
     with pytest.raises(UserError, match="unknown config key 'max_windows'"):
         reproduce.load_config(write_config(tmp_path / "c.json", max_windows=4))
     assert not (tmp_path / "out").exists()
@@ -213,3 +222,46 @@ def test_a_notebook_runs_on_a_local_kernel_over_ipc_without_the_tcp_warning(tmp_
     assert "without encryption" not in captured.err + captured.out
     assert "eavesdropping" not in captured.err + captured.out
     assert not list((tmp_path / "out").rglob("*ipc*"))  # the sockets lived in a private temporary folder
+
+
+def test_audits_in_two_processes_are_bit_identical_to_one_at_a_time(tiny_checkpoints, tiny_mixtral, tmp_path):
+    """Every figure and per-token NLL of two audits run at once equals, bit for bit, the same audits run one at
+    a time (each process has the same torch thread count: a different one moved moe-s0's figures)."""
+    checkpoints = [str(tiny_checkpoints["featuregate"]), str(tiny_mixtral)]
+    runs = {}
+    for processes in (1, 2):
+        run = NotebookRun(
+            checkpoints=checkpoints,
+            out=tmp_path / f"out{processes}",
+            cache=tmp_path / f"cache{processes}",
+            **TINY_REPRODUCE_SETTINGS,
+        )
+        reproduce.run_audits({c: run.settings(c) for c in run.checkpoints}, run.audits, processes, progress=False)
+        runs[processes] = {name: audit_figures(run.audits / name) for name in ("featuregate", "mixtral")}
+    assert runs[2] == runs[1]
+    assert runs[1]["mixtral"]["per_layer"] and runs[1]["featuregate"]["conditions"]["cross_input"]["delta"] != 0
+
+
+def test_every_audit_process_has_the_same_torch_threads():
+    """The thread count that keeps the figures bit-identical (at the tiny test shapes it changes nothing, so it is
+    checked itself): in every worker process, and in this process while it audits."""
+    with reproduce.audit_pool(2) as pool:
+        assert {pool.submit(torch.get_num_threads).result() for _ in range(4)} == {reproduce.AUDIT_TORCH_THREADS}
+    before = torch.get_num_threads()
+    with reproduce.torch_threads(reproduce.AUDIT_TORCH_THREADS):
+        assert torch.get_num_threads() == reproduce.AUDIT_TORCH_THREADS
+    assert torch.get_num_threads() == before
+
+
+def audit_figures(folder):
+    """An audit's figures and per-token NLLs, without its paths and wall-clock latencies."""
+    audit = json.loads((folder / "audit.json").read_text())
+    execution = without_latency(audit["execution"])
+    keep = ("conditions", "retention", "variance", "variation", "per_layer", "replay_check")
+    with gzip.open(folder / "per_token_nll.csv.gz", "rt") as handle:
+        per_token = handle.read()
+    return {**{k: audit[k] for k in keep}, "execution": execution, "per_token": per_token}
+
+
+def without_latency(figures):
+    return {k: without_latency(v) if isinstance(v, dict) else v for k, v in figures.items() if "latency" not in k}

@@ -2,12 +2,16 @@
 
 Every notebook of ``fca reproduce`` runs on the kernel ``fca-workbench`` (installed by ``scripts/setup.sh``,
 or here when absent), which must run this very Python; a failing notebook is reported in one line and the
-files it wrote are listed for the run's index.
+files it wrote are listed for the run's index. A notebook writes its tables and figures into a folder of its
+own (its ``out`` parameter: ``<out>/.notebook-files/<name>``), moved into ``<out>`` when it ends, so notebooks
+running at the same time each know their own files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -16,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import UserError, first_line
-from fca_workbench.results.layout import AUDITS_DIR, NOTEBOOKS_DIR
+from fca_workbench.results.layout import NOTEBOOKS_DIR, STAGING_DIR
 
 if TYPE_CHECKING:
     from traitlets.config import Config
@@ -64,8 +68,18 @@ class NotebookResult:
     files: list[Path] = field(default_factory=list)
 
 
-def _snapshot(folder: Path) -> dict[Path, int]:
-    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} if folder.is_dir() else {}
+def move_files(staging: Path, out: Path) -> list[Path]:
+    """Every file under ``staging`` moved to the same place under ``out`` (replacing one there); their new paths."""
+    moved = []
+    for path in sorted(p for p in staging.rglob("*") if p.is_file()) if staging.is_dir() else []:
+        target = out / path.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        moved.append(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the last notebook to end removes the staging folder (others: not empty)
+        staging.parent.rmdir()
+    return moved
 
 
 def describe_failure(exc: Exception) -> str:
@@ -89,11 +103,15 @@ def local_kernel(sockets: Path) -> Config:
 
 
 def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
+    """Execute one notebook into ``<out>/notebooks/<name>.ipynb``; its files (what it wrote under its ``out``)
+    are moved into ``out`` whether it passed or failed."""
     import papermill
 
     output = out / NOTEBOOKS_DIR / f"{job.name}.ipynb"
     output.parent.mkdir(parents=True, exist_ok=True)
-    before = _snapshot(out)
+    staging = out / STAGING_DIR / job.name
+    shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's leftovers are not this run's files
+    parameters = {**job.parameters, "out": str(staging)} if "out" in job.parameters else job.parameters
     start = time.perf_counter()
     error = None
     try:
@@ -101,7 +119,7 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
             papermill.execute_notebook(
                 str(job.source),
                 str(output),
-                parameters=job.parameters,
+                parameters=parameters,
                 kernel_name=KERNEL_NAME,
                 progress_bar=False,
                 log_output=False,
@@ -112,8 +130,4 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
     except Exception as exc:  # a notebook's failure is reported, and the others still run
         error = describe_failure(exc)
     seconds = time.perf_counter() - start
-    after = _snapshot(out)
-    files = sorted(
-        p for p, mtime in after.items() if before.get(p) != mtime and p != output and out / AUDITS_DIR not in p.parents
-    )
-    return NotebookResult(job.name, error is None, seconds, output, error, files)
+    return NotebookResult(job.name, error is None, seconds, output, error, move_files(staging, out))

@@ -77,6 +77,11 @@ def _input_files(settings: AuditSettings) -> dict[str, list[int] | None]:
     return {str(p.resolve()): _stat(p) for p in files}
 
 
+def input_bytes(settings: AuditSettings) -> int:
+    """Bytes of every file the audit reads (``_input_files``): how large its checkpoint is, to order audits."""
+    return sum(stat[0] for stat in _input_files(settings).values() if stat)
+
+
 def provenance(settings: AuditSettings) -> dict:
     """What an audit was computed from: its settings and the size and mtime of every input file."""
     return {"settings": asdict(settings), "inputs": _input_files(settings)}

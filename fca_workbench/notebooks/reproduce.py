@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import multiprocessing
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch
 
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
@@ -41,6 +47,7 @@ from fca_workbench.notebooks.notebook_run import (
     PATH_PARAMETERS,
     NotebookRun,
     ensure_audit,
+    input_bytes,
     read_finished,
     shipped_checkpoints,
 )
@@ -81,7 +88,13 @@ DEFAULT_PARAMETERS = {
     "per_layer": True,
 }
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
-CONFIG_KEYS = ("notebooks", "cache", "parameters", "notebook")
+PROCESSES = "processes"  # the config key: how many audits, then notebooks, run at once
+CONFIG_KEYS = ("notebooks", "cache", PROCESSES, "parameters", "notebook")
+DEFAULT_PROCESSES = 2  # the reference machine's two cores, one audit or notebook kernel each
+# Torch threads of every audit, however many run at once: the thread count changes the order of float
+# reductions (moe-s0's figures moved in the 10th digit between 1 and 2 threads), so it is the same in every
+# process and the figures are bit-identical to a run of one audit at a time.
+AUDIT_TORCH_THREADS = 1
 
 
 def load_config(path: str | Path) -> dict:
@@ -118,6 +131,7 @@ class Plan:
     cache: Path
     config_path: str | None
     overwrite: bool
+    processes: int = DEFAULT_PROCESSES
 
 
 def notebook_parameters(source: Path) -> dict:
@@ -226,6 +240,9 @@ def plan(
                 "to write this run over them (current audits are reused)"
             )
     cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
+    processes = config.get(PROCESSES, DEFAULT_PROCESSES)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise UserError(f"config '{PROCESSES}' must be a whole number of at least 1, got {processes!r}")
 
     jobs: list[NotebookJob] = []
     audits: dict[str, AuditSettings] = {}
@@ -261,30 +278,69 @@ def plan(
             first_user.setdefault(checkpoint, stem)
         jobs.append(NotebookJob(stem, source, params))
     ensure_kernel()
-    return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite)
+    return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite, processes)
 
 
 def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:
-    """Run the audits once, then every notebook; a failing notebook does not stop the others."""
+    """Run the audits once, then every notebook, ``plan_.processes`` at a time each; a failing notebook does not
+    stop the others."""
     out = plan_.out
     out.mkdir(parents=True, exist_ok=True)
     mark_results(out)
     write_json(out / layout.REPRODUCE_CONFIG_FILE, plan_summary(plan_))
     started = time.perf_counter()
-    audit_runs = [(checkpoint, settings) for checkpoint, settings in plan_.audits.items()]
-    for checkpoint, settings in progress_bar(audit_runs, desc="audits", unit="checkpoint", disable=not progress):
-        ensure_audit(settings, out / layout.AUDITS_DIR / checkpoint_name(checkpoint))
+    run_audits(plan_.audits, out / layout.AUDITS_DIR, plan_.processes, progress)
     audit_seconds = time.perf_counter() - started
-    results = []
-    bar = progress_bar(plan_.jobs, desc="notebooks", unit="notebook", disable=not progress)
-    for job in bar:
-        bar.set_postfix_str(job.name)
-        result = run_notebook(job, out)
-        if not result.ok:
-            bar.write(f"FAILED {job.name}: {result.error} (see {result.output})", file=sys.stderr)
-        results.append(result)
+    bar = progress_bar(total=len(plan_.jobs), desc="notebooks", unit="notebook", disable=not progress)
+    with ThreadPoolExecutor(plan_.processes) as pool:  # each notebook runs in its own kernel process
+        running = {pool.submit(run_notebook, job, out): job for job in plan_.jobs}
+        for finished in as_completed(running):
+            result = finished.result()
+            if not result.ok:
+                bar.write(f"FAILED {result.name}: {result.error} (see {result.output})", file=sys.stderr)
+            bar.update()
+    bar.close()
+    results = [future.result() for future in running]  # in the plan's order
     write_index(plan_, results, audit_seconds, time.perf_counter() - started)
     return results
+
+
+def run_audits(audits: dict[str, AuditSettings], folder: Path, processes: int, progress: bool = True) -> None:
+    """``ensure_audit`` of every checkpoint into ``folder/<checkpoint>``, ``processes`` at a time (worker
+    processes), the largest checkpoint first so the last ones to finish are short; each audit with
+    ``AUDIT_TORCH_THREADS`` torch threads, so the figures do not depend on ``processes``."""
+    ordered = sorted(audits.items(), key=lambda item: -input_bytes(item[1]))
+    bar = progress_bar(total=len(ordered), desc="audits", unit="checkpoint", disable=not progress)
+    if processes == 1 or len(ordered) < 2:
+        with torch_threads(AUDIT_TORCH_THREADS):
+            for checkpoint, settings in ordered:
+                ensure_audit(settings, folder / checkpoint_name(checkpoint))
+                bar.update()
+    else:
+        with audit_pool(min(processes, len(ordered))) as pool:
+            running = [pool.submit(ensure_audit, s, folder / checkpoint_name(c)) for c, s in ordered]
+            for finished in as_completed(running):
+                finished.result()  # a failed audit stops the run, as it does one audit at a time
+                bar.update()
+    bar.close()
+
+
+def audit_pool(processes: int) -> ProcessPoolExecutor:
+    """``processes`` fresh interpreters (spawned: no forked torch thread pools), each with
+    ``AUDIT_TORCH_THREADS`` torch threads."""
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(processes, context, initializer=torch.set_num_threads, initargs=(AUDIT_TORCH_THREADS,))
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """This process's torch threads set to ``count`` for the block, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def plan_summary(plan_: Plan) -> dict:
@@ -292,6 +348,7 @@ def plan_summary(plan_: Plan) -> dict:
         "config": plan_.config_path,
         "out": str(plan_.out),
         "cache": str(plan_.cache),
+        PROCESSES: plan_.processes,
         "kernel": KERNEL_NAME,
         "notebooks": {job.name: job.parameters for job in plan_.jobs},
         "audits": {Path(c).name: asdict(s) for c, s in plan_.audits.items()},
@@ -314,7 +371,7 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
         + f" (Jupyter kernel `{KERNEL_NAME}`, Python {sys.version.split()[0]}).",
         "",
         f"**{passed} of {len(results)} notebooks passed.** Wall time {total_seconds:.0f} s "
-        f"(audits {audit_seconds:.0f} s, notebooks {sum(r.seconds for r in results):.0f} s).",
+        f"(audits {audit_seconds:.0f} s, notebooks {total_seconds - audit_seconds:.0f} s, {plan_.processes} at a time).",
         "",
         "## Notebooks",
         "",

@@ -35,6 +35,7 @@ AUDITS_DIR = "audits"
 NOTEBOOKS_DIR = "notebooks"
 TABLES_DIR = "tables"
 FIGURES_DIR = "figures"
+STAGING_DIR = ".notebook-files"  # <name>/ in it: one running notebook's tables and figures, moved up when it ends
 
 STUDY_SUMMARY_FILE = "audit_summary.json"  # in each run folder of a study (benchmarks/controller_design.py)
 
