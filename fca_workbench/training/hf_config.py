@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -119,9 +119,9 @@ def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int
     return model
 
 
-def check_fits(config: object, tokenizer: PreTrainedTokenizerBase, window: int) -> None:
+def check_fits(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, window: int) -> None:
     """Refuse a config whose vocabulary is smaller than the tokenizer's or whose positions end before the window."""
-    vocab_size, positions = getattr(config, "vocab_size"), getattr(config, "max_position_embeddings", window)
+    vocab_size, positions = config.vocab_size, getattr(config, "max_position_embeddings", window)
     if vocab_size < len(tokenizer):
         raise UserError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
     if positions < window:
