@@ -299,12 +299,8 @@ def static_extremes(out: Path) -> dict:
     table = design_seed_table(read_design_study(out, ROUTER_STUDY).runs, ROUTER_STUDY)
     ranked = table.sort_values("retention_layer_mean_topk_mean").to_dict("records")
 
-    def chosen(row: dict) -> dict:
-        return {"variant": row["variant"], "retention_layer_mean_topk_mean": row["retention_layer_mean_topk_mean"]} | {
-            "seeds": row["seeds"]
-        }
-
-    return {MOST_STATIC: chosen(ranked[-1]), LEAST_STATIC: chosen(ranked[0])}
+    kept = ("variant", "retention_layer_mean_topk_mean", "seeds")
+    return {MOST_STATIC: {k: ranked[-1][k] for k in kept}, LEAST_STATIC: {k: ranked[0][k] for k in kept}}
 
 
 def finetune_plan(
@@ -314,11 +310,8 @@ def finetune_plan(
     seed of the most and the least static design whose export ``work`` holds; and the choice, with a line for
     each seed left out."""
     choice: dict[str, Any] = {**static_extremes(out), "left_out": []}
-    tunes = [
-        FineTune(SHIPPED, shipped.name, None, s, shipped, *(finetunes / f"{shipped.name}{t}" for t in tails), **extra)
-        for s in seeds
-        for tails in [("-audit", "-export")]
-    ]
+    audit, export = (finetunes / f"{shipped.name}{tail}" for tail in ("-audit", "-export"))
+    tunes = [FineTune(SHIPPED, shipped.name, None, s, shipped, audit, export, **extra) for s in seeds]
     for role in (MOST_STATIC, LEAST_STATIC):
         variant = choice[role]["variant"]
         for seed in seeds:
@@ -326,8 +319,8 @@ def finetune_plan(
             if not ((work / f"{run}-export" / EXPORT_FILE).is_file() and (work / run / TRAIN_CARD_FILE).is_file()):
                 choice["left_out"].append(f"{run} ({role}): not yet trained, audited and exported in {work}")
                 continue
-            folders = (work / f"{run}{tail}" for tail in ("", "-audit", "-export"))
-            tunes.append(FineTune(role, run, variant, seed, *folders, **extra))
+            checkpoint, audit, export = (work / f"{run}{tail}" for tail in ("", "-audit", "-export"))
+            tunes.append(FineTune(role, run, variant, seed, checkpoint, audit, export, **extra))
     return tunes, choice
 
 

@@ -417,13 +417,6 @@ def design_points(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.Da
 # the fine-tune stage of the router study (``benchmarks/router_design.py --finetune``): the models it fine-tunes
 # the exports of, in the order its tables show them, and the figures of each summary
 SHIPPED, MOST_STATIC, LEAST_STATIC = "shipped", "most static", "least static"
-FINETUNE_FIGURES = {
-    "model_eval_nll": "model_eval_nll",
-    "export_eval_nll": "export_eval_nll",
-    "finetuned_eval_nll": "finetuned_eval_nll",
-    "recovered": "recovered",
-    "model_finetuned_eval_nll": "model_finetuned_eval_nll",
-}
 FINETUNE_COLUMNS = [
     Column("model_eval_nll", "model eval NLL", "float"),
     Column("export_eval_nll", "export eval NLL", "float"),
@@ -431,6 +424,7 @@ FINETUNE_COLUMNS = [
     Column("recovered", "share of the gap recovered", "pct"),
     Column("model_finetuned_eval_nll", "model fine-tuned alike (control)", "float"),
 ]
+FINETUNE_FIGURES = tuple(column.key for column in FINETUNE_COLUMNS)  # each a top-level field of a summary
 FINETUNE_SCHEMA = {
     "type": "object",
     "required": ["run", "role", "source", "seed", "steps", *FINETUNE_FIGURES],
