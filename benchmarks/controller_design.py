@@ -1,7 +1,7 @@
 """The controller-design study (issue 27): which FeatureGate design choices make the gates static?
 
     OMP_NUM_THREADS=1 python benchmarks/controller_design.py [--work /tmp/controller_design]
-        [--out data/controller_design] [--list | --table]
+        [--out data/controller_design] [--shard K/N] [--list | --table]
 
 Every variant is ``fca train --arch featuregate --seed S --steps 300`` plus its flags (``VARIANTS``: the
 default, each design option's non-default values one at a time, width 256 × 6 layers, and one combination),
@@ -14,25 +14,29 @@ Weights, optimizer state and audit folders stay in ``--work`` (outside the repos
 and ΔNLL with 95% CIs, gap retention, R² of layer and layer×slot, variation, verdicts). A run whose summary
 is written is done and skipped; a run interrupted in training resumes from its last checkpoint (every 100
 steps), one trained but not audited is audited. ``--list`` prints the plan, what is done, and the time taken;
-``--table`` prints the committed summaries as the Markdown table docs/controller-design.md quotes.
+``--table`` prints the committed summaries as the Markdown table docs/controller-design.md quotes. The status,
+listing, loop and command line are ``design_runner``'s, shared with the router-design study.
 """
 
 import argparse
-import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # design_runner, beside this script
+
+from design_runner import keep, run_study, study_parser
+
 from fca_workbench.cli import main as fca
-from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
-from fca_workbench.foundation.files import read_json, write_atomic, write_json
+from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE
+from fca_workbench.foundation.files import read_json
 from fca_workbench.results.design_study import design_seed_table, read_design_study
-from fca_workbench.results.layout import AUDIT_FILE, STUDY_SUMMARY_FILE
+from fca_workbench.results.layout import AUDIT_FILE
 from fca_workbench.results.tabular import to_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY_FILE = STUDY_SUMMARY_FILE  # what fca_workbench.results.design_study reads
 STEPS = 300
 SEEDS = (0, 1, 2)
 
@@ -83,20 +87,6 @@ def plan(
     return [Run(v, s, steps, **extra) for s in seeds for v in variants]
 
 
-def status(run: Run, work: Path, out: Path) -> str:
-    """done / audited / trained / at step N / todo."""
-    if (out / run.name / SUMMARY_FILE).is_file() and (out / run.name / TRAIN_CARD_FILE).is_file():
-        return "done"
-    if (work / f"{run.name}-audit" / AUDIT_FILE).is_file():
-        return "audited"
-    if (work / run.name / TRAIN_CARD_FILE).is_file():
-        return "trained"
-    log = work / run.name / TRAIN_LOG_FILE
-    if (work / run.name / TRAIN_STATE_FILE).is_file() and log.is_file():
-        return f"at step {len(log.read_text().splitlines()) - 1}"
-    return "todo"
-
-
 def summary(run: Run, card: dict, audit: dict, audit_seconds: float | None) -> dict:
     """What the study keeps of one run: its commands, cost, eval NLL and the audit's figures as audit.json has
     them (so ``results.seeds.summarise`` and the audit tables read a list of summaries as they read audits).
@@ -134,57 +124,8 @@ def run_one(run: Run, work: Path, out: Path) -> bool:
     card = read_json(checkpoint / TRAIN_CARD_FILE)
     audit = read_json(audit_dir / AUDIT_FILE)
     assert isinstance(card, dict) and isinstance(audit, dict)  # read_json's default expect
-    folder = out / run.name
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / TRAIN_LOG_FILE, (checkpoint / TRAIN_LOG_FILE).read_bytes())
-    write_json(folder / TRAIN_CARD_FILE, card)
-    write_json(folder / SUMMARY_FILE, summary(run, card, audit, audit_seconds))
+    keep(out, run.name, checkpoint, card, summary(run, card, audit, audit_seconds))
     return True
-
-
-def seconds_taken(run: Run, out: Path) -> float | None:
-    path = out / run.name / SUMMARY_FILE
-    if not path.is_file():
-        return None
-    done = read_json(path)
-    assert isinstance(done, dict)
-    return float(done["train_seconds"]) + float(done["audit_seconds"] or 0.0)
-
-
-def listing(runs: list[Run], work: Path, out: Path) -> str:
-    """The plan, each run's state and time, and the time the rest would take at the measured pace."""
-    lines: list[str] = []
-    taken: dict[str, list[float]] = {}
-    for run in runs:
-        seconds = seconds_taken(run, out)
-        if seconds is not None:
-            taken.setdefault(run.variant, []).append(seconds)
-        timing = "" if seconds is None else f"  {seconds / 60:.1f} min"
-        lines.append(f"{run.name:22s} {status(run, work, out):12s}{timing}  fca {' '.join(run.train_args(work))}")
-    every = [s for times in taken.values() for s in times]
-    left = [r for r in runs if status(r, work, out) != "done"]
-    done = len(runs) - len(left)
-    lines.append(f"\n{done} of {len(runs)} runs done")
-    if every:
-        pace = {v: statistics.fmean(t) for v, t in taken.items()}
-        rest = sum(pace.get(r.variant, statistics.fmean(every)) for r in left)
-        lines.append(
-            f"measured {statistics.fmean(every) / 60:.1f} min per run on average; the remaining {len(left)} "
-            f"would take about {rest / 3600:.1f} h at that pace (variants not yet measured counted at the average)"
-        )
-    return "\n".join(lines)
-
-
-def study(runs: list[Run], work: Path, out: Path) -> list[str]:
-    """Every run not done yet, in order; returns the names of those fca refused."""
-    failed = []
-    for run in runs:
-        if status(run, work, out) == "done":
-            continue
-        print(f"== {run.name}: {status(run, work, out)}", flush=True)
-        if not run_one(run, work, out):
-            failed.append(run.name)
-    return failed
 
 
 def findings_table(out: Path) -> str:
@@ -196,23 +137,11 @@ def findings_table(out: Path) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/controller_design"), help="weights and audits")
-    parser.add_argument("--out", type=Path, default=ROOT / "data" / "controller_design", help="the summaries")
-    parser.add_argument("--list", action="store_true", help="print the plan and what is done, then stop")
-    parser.add_argument("--table", action="store_true", help="print the committed summaries as Markdown, then stop")
-    return parser.parse_args(argv)
+    work = Path("/tmp/controller_design")
+    return study_parser(
+        __doc__.splitlines()[0], work, ROOT / "data" / "controller_design", "weights and audits"
+    ).parse_args(argv)
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    runs = plan()
-    if args.table:
-        print(findings_table(args.out))
-    elif args.list:
-        print(listing(runs, args.work, args.out))
-    else:
-        failed = study(runs, args.work, args.out)
-        print(listing(runs, args.work, args.out))
-        if failed:
-            raise SystemExit(f"fca refused {len(failed)} runs: {', '.join(failed)}")
+    run_study(parse_args(), plan(), run_one, findings_table)

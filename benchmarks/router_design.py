@@ -28,9 +28,9 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # controller_design, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # design_runner, beside this script
 
-from controller_design import listing, status
+from design_runner import keep, run_study, study_parser
 
 from fca_workbench.cli import main as fca
 from fca_workbench.data.corpus import split_path
@@ -39,17 +39,28 @@ from fca_workbench.data.windows import load_windows
 from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE
 from fca_workbench.foundation.files import read_json, write_atomic, write_json
 from fca_workbench.results.conditions import LAYER_MEAN_TOPK
-from fca_workbench.results.design_study import ROUTER_STUDY, design_seed_table, read_design_study
-from fca_workbench.results.layout import AUDIT_FILE, STUDY_SUMMARY_FILE
+from fca_workbench.results.design_study import (
+    LEAST_STATIC,
+    MOST_STATIC,
+    ROUTER_STUDY,
+    SHIPPED,
+    design_seed_table,
+    finetune_runs_table,
+    finetune_seed_table,
+    read_design_study,
+    read_finetunes,
+)
+from fca_workbench.results.layout import AUDIT_FILE, FINETUNE_FOLDER, FINETUNE_SUMMARY_FILE
 from fca_workbench.results.tabular import to_markdown
 from fca_workbench.training.train import coefficient_summary
+from fca_workbench.training.train_settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_CONFIG = ROOT / "data" / "configs" / "moe-mixtral-tiny.json"
-SUMMARY_FILE = STUDY_SUMMARY_FILE  # what fca_workbench.results.design_study reads
 STEPS = 300
 SEEDS = (0, 1, 2)
 WINDOWS = 64  # audited eval and calibration windows, as many as the model card's eval windows
+AUDIT_WINDOWS = ("--max-windows", str(WINDOWS), "--latency-repeats", "1")
 EXPORT_FILE = "export_eval.json"  # in the export folder: its eval NLL, once measured
 
 # GraniteMoeShared is the transformers MoE whose shared expert has no gate of its own; with its multipliers at 1,
@@ -109,7 +120,7 @@ class Run:
     seed: int
     steps: int = STEPS
     train_extra: tuple[str, ...] = ()  # flags the study does not vary (tests shrink the run with them)
-    audit_extra: tuple[str, ...] = ("--max-windows", str(WINDOWS), "--latency-repeats", "1")
+    audit_extra: tuple[str, ...] = AUDIT_WINDOWS
     base: Path = BASE_CONFIG  # tests shrink the model with a smaller base config
 
     @property
@@ -132,26 +143,20 @@ class Run:
         return ["train", "--hf-config", str(self.config_path(work)), *flags, "--out", str(work / self.name)]
 
     def audit_args(self, work: Path) -> list[str]:
-        return [
-            "audit",
-            str(work / self.name),
-            *self.audit_extra,
-            "--per-layer",
-            "--out",
-            str(work / f"{self.name}-audit"),
-        ]
+        return audit_args(work / self.name, work / f"{self.name}-audit", self.audit_extra)
 
     def export_args(self, work: Path) -> list[str]:
-        return [
-            "export",
-            str(work / self.name),
-            "--profile",
-            LAYER_MEAN_TOPK,
-            "--audit",
-            str(work / f"{self.name}-audit"),
-            "--out",
-            str(work / f"{self.name}-export"),
-        ]
+        return export_args(work / self.name, work / f"{self.name}-audit", work / f"{self.name}-export")
+
+
+def audit_args(checkpoint: Path, audit: Path, extra: Sequence[str]) -> list[str]:
+    """The study's audit of a checkpoint: ``extra`` (its windows), with the per-layer sweep."""
+    return ["audit", str(checkpoint), *extra, "--per-layer", "--out", str(audit)]
+
+
+def export_args(checkpoint: Path, audit: Path, export: Path) -> list[str]:
+    """The static top-k export of a checkpoint with its audit's ``layer_mean_topk`` profile."""
+    return ["export", str(checkpoint), "--profile", LAYER_MEAN_TOPK, "--audit", str(audit), "--out", str(export)]
 
 
 def plan(
@@ -161,17 +166,21 @@ def plan(
     return [Run(v, s, steps, **extra) for s in seeds for v in variants]  # type: ignore[arg-type]
 
 
-def export_eval_nll(run: Run, work: Path) -> float:
-    """The export's NLL on the eval windows the model card's eval NLL is over (``fca train``'s computation)."""
-    folder = work / f"{run.name}-export"
+def card_windows_nll(folder: Path, checkpoint: Path) -> float:
+    """The NLL of the model in ``folder`` (an export, a fine-tune) on the eval windows ``checkpoint``'s model card's
+    eval NLL is over (``fca train``'s computation)."""
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = load_tokenizer(folder)
-    card = read_json(work / run.name / TRAIN_CARD_FILE)
-    assert isinstance(card, dict)
-    settings = card["settings"]
+    settings = read_card(checkpoint)["settings"]
     windows = load_windows(split_path("eval"), tokenizer, settings["window"], settings["eval_windows"])
     nll, _ = coefficient_summary(model, windows, with_coefficients=False)
     return round(nll, 4)
+
+
+def read_card(checkpoint: Path) -> dict:
+    card = read_json(checkpoint / TRAIN_CARD_FILE)
+    assert isinstance(card, dict)  # read_json's default expect
+    return card
 
 
 def summary(run: Run, card: dict, audit: dict, export: dict, seconds: dict) -> dict:
@@ -223,30 +232,13 @@ def run_one(run: Run, work: Path, out: Path) -> bool:
     if not (export_dir / EXPORT_FILE).is_file():
         if not (export_dir / "config.json").is_file() and not timed(seconds, "export", run.export_args(work)):
             return False
-        write_json(export_dir / EXPORT_FILE, {"eval_nll": export_eval_nll(run, work)})
+        write_json(export_dir / EXPORT_FILE, {"eval_nll": card_windows_nll(export_dir, checkpoint)})
     card, audit, export = (
         read_json(p) for p in (checkpoint / TRAIN_CARD_FILE, audit_dir / AUDIT_FILE, export_dir / EXPORT_FILE)
     )
     assert isinstance(card, dict) and isinstance(audit, dict) and isinstance(export, dict)  # read_json's default
-    folder = out / run.name
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / TRAIN_LOG_FILE, (checkpoint / TRAIN_LOG_FILE).read_bytes())
-    write_json(folder / TRAIN_CARD_FILE, card)
-    write_json(folder / SUMMARY_FILE, summary(run, card, audit, export, seconds))
+    keep(out, run.name, checkpoint, card, summary(run, card, audit, export, seconds))
     return True
-
-
-def study(runs: list[Run], work: Path, out: Path) -> list[str]:
-    """Every run not done yet, in order; returns the names of those fca refused."""
-    failed = []
-    for run in runs:
-        state = status(run, work, out)  # type: ignore[arg-type]  # any run of this shape
-        if state == "done":
-            continue
-        print(f"== {run.name}: {state}", flush=True)
-        if not run_one(run, work, out):
-            failed.append(run.name)
-    return failed
 
 
 def findings_table(out: Path) -> str:
@@ -256,39 +248,212 @@ def findings_table(out: Path) -> str:
     return "\n".join([to_markdown(design_seed_table(found.runs, ROUTER_STUDY)), *skipped])
 
 
+# The fine-tune stage (issue 38, "can the router be dropped?"): each static top-k export fine-tuned for a tenth of
+# the study's steps, its zero routers frozen, so the model it ends as still has no router.
+FINETUNE_STEPS = STEPS // 10
+FINETUNE_WARMUP = TrainSettings.warmup * FINETUNE_STEPS // STEPS  # the study's schedule, scaled: warm-up 1/6
+SHIPPED_MOE = ROOT / "data" / "checkpoints" / "moe-s0"
+CHOICE_FILE = "choice.json"  # in --out/finetune: the most and least static designs, and the fine-tunes left out
+FINDINGS_FILE = "findings.md"
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """One fine-tune of the static top-k export of ``checkpoint`` (the model ``source`` names; its audit and
+    export are ``audit`` and ``export``): ``fca train --init`` of the export, routers frozen, ``seed``."""
+
+    role: str  # SHIPPED, MOST_STATIC or LEAST_STATIC
+    source: str
+    variant: str | None  # the study's variant; None for the shipped MoE
+    seed: int
+    checkpoint: Path
+    audit: Path
+    export: Path
+    steps: int = FINETUNE_STEPS
+    warmup: int = FINETUNE_WARMUP
+    train_extra: tuple[str, ...] = ()
+    audit_extra: tuple[str, ...] = AUDIT_WINDOWS  # the shipped MoE's own audit, as the study audits its runs
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}-ft{self.seed}"
+
+    @property
+    def control(self) -> str:
+        """The folder name of the control: the source model itself, router and all, fine-tuned alike."""
+        return f"{self.name}-model"
+
+    def train_args(self, finetunes: Path) -> list[str]:
+        return self.tune_args(self.export, ("--freeze-routers",), finetunes / self.name)
+
+    def control_args(self, finetunes: Path) -> list[str]:
+        return self.tune_args(self.checkpoint, (), finetunes / self.control)
+
+    def tune_args(self, init: Path, flags: tuple[str, ...], out: Path) -> list[str]:
+        schedule = ("--seed", str(self.seed), "--steps", str(self.steps), "--warmup", str(self.warmup))
+        return ["train", "--init", str(init), *flags, *schedule, *self.train_extra, "--out", str(out)]
+
+
+def static_extremes(out: Path) -> dict:
+    """The variants of the highest and lowest mean ``layer_mean_topk`` retention over the study's summaries."""
+    table = design_seed_table(read_design_study(out, ROUTER_STUDY).runs, ROUTER_STUDY)
+    ranked = table.sort_values("retention_layer_mean_topk_mean").to_dict("records")
+
+    kept = ("variant", "retention_layer_mean_topk_mean", "seeds")
+    return {MOST_STATIC: {k: ranked[-1][k] for k in kept}, LEAST_STATIC: {k: ranked[0][k] for k in kept}}
+
+
+def finetune_plan(
+    work: Path, finetunes: Path, out: Path, seeds: Sequence[int] = SEEDS, shipped: Path = SHIPPED_MOE, **extra: Any
+) -> tuple[list[FineTune], dict]:
+    """The shipped MoE's export fine-tuned with each seed (audited and exported into ``finetunes``), then each
+    seed of the most and the least static design whose export ``work`` holds; and the choice, with a line for
+    each seed left out."""
+    choice: dict[str, Any] = {**static_extremes(out), "left_out": []}
+    audit, export = (finetunes / f"{shipped.name}{tail}" for tail in ("-audit", "-export"))
+    tunes = [FineTune(SHIPPED, shipped.name, None, s, shipped, audit, export, **extra) for s in seeds]
+    for role in (MOST_STATIC, LEAST_STATIC):
+        variant = choice[role]["variant"]
+        for seed in seeds:
+            run = f"{variant}-s{seed}"
+            if not ((work / f"{run}-export" / EXPORT_FILE).is_file() and (work / run / TRAIN_CARD_FILE).is_file()):
+                choice["left_out"].append(f"{run} ({role}): not yet trained, audited and exported in {work}")
+                continue
+            checkpoint, audit, export = (work / f"{run}{tail}" for tail in ("", "-audit", "-export"))
+            tunes.append(FineTune(role, run, variant, seed, checkpoint, audit, export, **extra))
+    return tunes, choice
+
+
+def finetune_one(tune: FineTune, finetunes: Path, out: Path) -> bool:
+    """Audit and export the source where that is not done (the shipped MoE), fine-tune its export and, as the
+    control, the source itself (its router training), measure both on the source's eval windows and summarise;
+    False when fca refused a step."""
+    seconds: dict = {}
+    if not (tune.audit / AUDIT_FILE).is_file():
+        if not timed(seconds, "audit", audit_args(tune.checkpoint, tune.audit, tune.audit_extra)):
+            return False
+    if not (tune.export / EXPORT_FILE).is_file():
+        if not (tune.export / "config.json").is_file():
+            if not timed(seconds, "export", export_args(tune.checkpoint, tune.audit, tune.export)):
+                return False
+        write_json(tune.export / EXPORT_FILE, {"eval_nll": card_windows_nll(tune.export, tune.checkpoint)})
+    folder, control = finetunes / tune.name, finetunes / tune.control
+    if not (folder / TRAIN_CARD_FILE).is_file() and fca(tune.train_args(finetunes)) != 0:
+        return False
+    if not (control / TRAIN_CARD_FILE).is_file() and fca(tune.control_args(finetunes)) != 0:
+        return False
+    source, audit, export = (
+        read_json(p) for p in (tune.checkpoint / TRAIN_CARD_FILE, tune.audit / AUDIT_FILE, tune.export / EXPORT_FILE)
+    )
+    assert isinstance(source, dict) and isinstance(audit, dict) and isinstance(export, dict)  # read_json's default
+    model_nll, export_nll = source["eval_nll"], export["eval_nll"]
+    tuned = card_windows_nll(folder, tune.checkpoint)
+    shown = {str(tune.checkpoint.parent): "WORK", str(tune.export.parent): "WORK", str(finetunes): "FINETUNE"}
+    summary = {
+        "run": tune.name,
+        "role": tune.role,
+        "source": tune.source,
+        "variant": tune.variant,
+        "seed": tune.seed,
+        "steps": tune.steps,
+        "warmup": tune.warmup,
+        "command": "fca " + " ".join(relabel(arg, shown) for arg in tune.train_args(finetunes)),
+        "control_command": "fca " + " ".join(relabel(arg, shown) for arg in tune.control_args(finetunes)),
+        "train_seconds": read_card(folder)["train_seconds"],
+        "audit_seconds": seconds.get("audit"),
+        "export_seconds": seconds.get("export"),
+        "eval_fingerprint": source["eval_fingerprint"],
+        "retention_layer_mean_topk": audit["retention"][LAYER_MEAN_TOPK]["value"],
+        "model_eval_nll": model_nll,
+        "export_eval_nll": export_nll,
+        "finetuned_eval_nll": tuned,
+        "recovered": round((export_nll - tuned) / (export_nll - model_nll), 4),
+        "model_finetuned_eval_nll": card_windows_nll(control, tune.checkpoint),
+    }
+    kept = out / FINETUNE_FOLDER / tune.name
+    kept.mkdir(parents=True, exist_ok=True)
+    write_atomic(kept / TRAIN_LOG_FILE, (folder / TRAIN_LOG_FILE).read_bytes())
+    write_json(kept / FINETUNE_SUMMARY_FILE, summary)
+    return True
+
+
+def relabel(arg: str, shown: dict[str, str]) -> str:
+    """A command's path argument with the folder it lies in named as the study's docs name it."""
+    for folder, label in shown.items():
+        if arg.startswith(folder + "/"):
+            return label + arg[len(folder) :]
+    return arg
+
+
+def finetune_status(tune: FineTune, finetunes: Path, out: Path) -> str:
+    if (out / FINETUNE_FOLDER / tune.name / FINETUNE_SUMMARY_FILE).is_file():
+        return "done"
+    return "trained" if (finetunes / tune.name / TRAIN_CARD_FILE).is_file() else "todo"
+
+
+def finetune_stage(tunes: Sequence[FineTune], choice: dict, finetunes: Path, out: Path) -> list[str]:
+    """Every fine-tune not done yet, then the choice and the findings table written beside the summaries;
+    returns the names of those fca refused."""
+    failed = []
+    for tune in tunes:
+        if finetune_status(tune, finetunes, out) != "done":
+            print(f"== {tune.name} ({tune.role}): {finetune_status(tune, finetunes, out)}", flush=True)
+            if not finetune_one(tune, finetunes, out):
+                failed.append(tune.name)
+    (out / FINETUNE_FOLDER).mkdir(parents=True, exist_ok=True)
+    write_json(out / FINETUNE_FOLDER / CHOICE_FILE, choice)
+    if not failed:
+        (out / FINETUNE_FOLDER / FINDINGS_FILE).write_text(finetune_table(out) + "\n", encoding="utf-8")
+    return failed
+
+
+def finetune_listing(tunes: Sequence[FineTune], choice: dict, finetunes: Path, out: Path) -> str:
+    lines = [f"{role}: {choice[role]['variant']}" for role in (MOST_STATIC, LEAST_STATIC)]
+    lines += [f"{t.name:22s} {t.role:13s} {finetune_status(t, finetunes, out):8s}" for t in tunes]
+    return "\n".join([*lines, *(f"left out: {line}" for line in choice["left_out"])])
+
+
+def finetune_table(out: Path) -> str:
+    """The fine-tunes as mean ± sd over seeds of each role, then each fine-tune, in Markdown."""
+    runs = read_finetunes(out)
+    return "\n\n".join(to_markdown(table(runs)) for table in (finetune_seed_table, finetune_runs_table))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/router_design"), help="weights, audits, exports")
-    parser.add_argument("--out", type=Path, default=ROOT / "data" / "router_design", help="the summaries")
-    parser.add_argument("--list", action="store_true", help="print the plan and what is done, then stop")
-    parser.add_argument("--table", action="store_true", help="print the committed summaries as Markdown, then stop")
+    parser = study_parser(
+        __doc__.splitlines()[0], Path("/tmp/router_design"), ROOT / "data" / "router_design", "weights, audits, exports"
+    )
     parser.add_argument(
-        "--shard",
-        type=shard,
-        default=(0, 1),
-        metavar="K/N",
-        help="run only every N-th run of the plan from the K-th (0-based), so N processes can share --work",
+        "--finetune",
+        action="store_true",
+        help="the fine-tune stage instead: the static top-k exports of the shipped MoE and of the most and least "
+        "static designs, fine-tuned (--work is only read)",
+    )
+    parser.add_argument(
+        "--finetune-work",
+        type=Path,
+        default=Path("/tmp/router_finetune"),
+        help="the fine-tunes, and the shipped MoE's audit and export",
     )
     return parser.parse_args(argv)
 
 
-def shard(text: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
-    return int(index), int(count)
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not args.finetune:
+        run_study(args, plan(), run_one, findings_table)
+        return
+    tunes, choice = finetune_plan(args.work, args.finetune_work, args.out)
+    index, count = args.shard
+    tunes = tunes[index::count]
+    if args.table:
+        print(finetune_table(args.out))
+        return
+    failed = [] if args.list else finetune_stage(tunes, choice, args.finetune_work, args.out)
+    print(finetune_listing(tunes, choice, args.finetune_work, args.out))
+    if failed:
+        raise SystemExit(f"fca refused {len(failed)} fine-tunes: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    index, count = args.shard
-    runs = plan()[index::count]
-    if args.table:
-        print(findings_table(args.out))
-    elif args.list:
-        print(listing(runs, args.work, args.out))  # type: ignore[arg-type]  # listing reads any run of this shape
-    else:
-        failed = study(runs, args.work, args.out)
-        print(listing(runs, args.work, args.out))  # type: ignore[arg-type]
-        if failed:
-            raise SystemExit(f"fca refused {len(failed)} runs: {', '.join(failed)}")
+    main()

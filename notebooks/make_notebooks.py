@@ -618,6 +618,17 @@ for line in study_.skipped:
     print("left out:", line)""",
 )
 
+FINETUNE_INTRO = (
+    "## Can the router be dropped?\n\n"
+    "The static top-k export of the shipped MoE and of the study's most and least static designs (highest and "
+    "lowest mean `layer_mean_topk` retention), fine-tuned on the train split for 10% of the study's steps (30, "
+    "warm-up 5 and cosine: the study's schedule scaled) with its zero routers frozen, so the fine-tuned model "
+    "still has no router (`benchmarks/router_design.py --finetune`: `fca train --init EXPORT --freeze-routers`). "
+    "Recovered: (export NLL − fine-tuned NLL) / (export NLL − model NLL) on the model card's eval windows, "
+    "mean ± sd over seeds (the shipped MoE: one checkpoint, fine-tuned with three seeds). The control: the "
+    "model itself, router and all, fine-tuned alike (the model is not converged at 300 steps either)."
+)
+
 ROUTER_DESIGN = notebook(
     "10_router_design",
     "Router design: which mixture-of-experts routers are static?",
@@ -662,6 +673,25 @@ for figure, title, name, percent in [
     fig = by_axis(figure, title, percent)
     run.write_figure(fig, name)
     tables.show(fig)""",
+        ),
+        ("md", FINETUNE_INTRO),
+        (
+            "code",
+            """\
+if (study_.folder / tables.FINETUNE_FOLDER).is_dir():
+    finetunes = tables.read_finetunes(study_.folder)
+    recovered = tables.finetune_seed_table(finetunes)
+    run.write_table(recovered)
+    run.write_table(tables.finetune_runs_table(finetunes))
+    fig = go.Figure(go.Bar(
+        x=[f"{r.role}: {r.model} (n={r.n})" for r in recovered.itertuples()], y=recovered.recovered_mean,
+        error_y=dict(type="data", array=recovered.recovered_sd)))
+    fig.update_layout(title="Share of the correct → layer_mean_topk gap a fine-tune of the export recovers "
+                      "(mean ± sd over seeds)", yaxis_tickformat=".0%", height=420)
+    run.write_figure(fig, "router_design_finetune")
+    tables.show(fig)
+else:
+    print(f"no fine-tune stage in {study_.folder} (benchmarks/router_design.py --finetune)")""",
         ),
     ],
     parameters="""\

@@ -36,7 +36,12 @@ TABLES = {
     "07_training_dynamics": ["training_dynamics"],
     "08_downstream": ["downstream", "downstream_gaps"],
     "09_controller_design": ["controller_design_runs", "controller_design_over_seeds"],
-    "10_router_design": ["router_design_runs", "router_design_over_seeds"],
+    "10_router_design": [
+        "router_design_runs",
+        "router_design_over_seeds",
+        "router_design_finetune",
+        "router_design_finetune_runs",
+    ],
     "explore": ["explore_window"],
 }
 

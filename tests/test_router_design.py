@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -20,10 +21,17 @@ from transformers import AutoModelForCausalLM
 from fca_workbench.cli import build_parser
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.data.windows import read_documents
+from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import reproduce
-from fca_workbench.results.design_study import ROUTER_STUDY, design_runs_table, design_seed_table, read_design_study
+from fca_workbench.results.design_study import (
+    ROUTER_STUDY,
+    design_runs_table,
+    design_seed_table,
+    finetune_seed_table,
+    read_design_study,
+    read_finetunes,
+)
 from fca_workbench.training.hf_config import build_hf_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,10 +48,15 @@ TINY = dict(
     router_aux_loss_coef=0.01,
 )
 VARIANTS = ("default", "input-detached", "shared-on")
+TINY_AUDIT = ("--max-windows", "64", "--window", "32", "--latency-repeats", "1", "--resamples", "50")
 
 
-def load_runner():
-    spec = importlib.util.spec_from_file_location("router_design", ROOT / "benchmarks" / "router_design.py")
+def tiny_train(text):
+    return ("--window", "32", "--batch-size", "4", "--train", str(text))
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -51,24 +64,29 @@ def load_runner():
 
 @pytest.fixture(scope="module")
 def runner():
-    return load_runner()
+    return load_script("router_design")
 
 
 @pytest.fixture(scope="module")
-def tiny_study(runner, tmp_path_factory):
+def shared():
+    """design_runner.py: the status, listing and loop both design studies run."""
+    return load_script("design_runner")
+
+
+@pytest.fixture(scope="module")
+def tiny_study(runner, shared, tmp_path_factory):
     """Seed 0 of three variants and seed 1 of the default, 2 steps each, audited and exported on 64 windows."""
     folder = tmp_path_factory.mktemp("router_study")
     text, base = folder / "small.txt", folder / "tiny.json"
     text.write_text(read_documents(split_path("calibration"))[0][:40_000], encoding="utf-8")
     base.write_text(json.dumps(TINY))
-    train = ("--window", "32", "--batch-size", "4", "--train", str(text))
-    audit = ("--max-windows", "64", "--window", "32", "--latency-repeats", "1", "--resamples", "50")
+    train, audit = tiny_train(text), TINY_AUDIT
     runs = [
         *runner.plan(seeds=(0,), variants=VARIANTS, steps=2, train_extra=train, audit_extra=audit, base=base),
         *runner.plan(seeds=(1,), variants=("default",), steps=2, train_extra=train, audit_extra=audit, base=base),
     ]
     work, out = folder / "work", folder / "out"
-    assert runner.study(runs, work, out) == []
+    assert shared.study(runs, work, out, runner.run_one) == []
     return runs, work, out
 
 
@@ -114,7 +132,7 @@ def test_granitemoeshared_without_its_shared_expert_computes_what_mixtral_comput
     assert not [n for n, _ in shared.model.layers[0].named_modules() if "gate" in n.split(".")[-1] and "shared" in n]
 
 
-def test_the_study_trains_audits_exports_summarises_and_resumes(runner, tiny_study, monkeypatch):
+def test_the_study_trains_audits_exports_summarises_and_resumes(runner, shared, tiny_study, monkeypatch):
     runs, work, out = tiny_study
     for run in runs:
         assert sorted(p.name for p in (out / run.name).iterdir()) == [
@@ -140,14 +158,106 @@ def test_the_study_trains_audits_exports_summarises_and_resumes(runner, tiny_stu
     assert json.loads((out / "input-detached-s0" / "model_card.json").read_text())["settings"]["router_input"] == (
         "detached"
     )
-    assert "4 of 4 runs done" in runner.listing(runs, work, out)
+    assert "4 of 4 runs done" in shared.listing(runs, work, out)
 
     (out / "shared-on-s0" / "audit_summary.json").unlink()  # audited and exported: summarised without fca
     monkeypatch.setattr(runner, "fca", lambda argv: pytest.fail(f"reran fca {argv}"))
-    assert runner.status(runs[2], work, out) == "audited"
-    assert runner.study(runs, work, out) == []
+    assert shared.status(runs[2], work, out) == "audited"
+    assert shared.study(runs, work, out, runner.run_one) == []
     summary = json.loads((out / "shared-on-s0" / "audit_summary.json").read_text())
     assert summary["audit_seconds"] is None and summary["export_seconds"] is None
+
+
+@pytest.fixture(scope="module")
+def tiny_finetunes(runner, tiny_study, tmp_path_factory):
+    """The fine-tune stage on a copy of the tiny study, seeds 0 and 1, 3 steps each (warm-up 1); the shipped MoE
+    is a copy of the tiny default-s0 named moe-s0."""
+    runs, work, out = tiny_study
+    folder = tmp_path_factory.mktemp("finetune")
+    study, tunes_dir = Path(shutil.copytree(out, folder / "study")), folder / "tunes"
+    shipped = Path(shutil.copytree(work / "default-s0", folder / "moe-s0"))
+    extra = dict(steps=3, warmup=1, train_extra=tiny_train(work.parent / "small.txt"), audit_extra=TINY_AUDIT)
+    tunes, choice = runner.finetune_plan(work, tunes_dir, study, seeds=(0, 1), shipped=shipped, **extra)
+    assert runner.finetune_stage(tunes, choice, tunes_dir, study) == []
+    return tunes, choice, tunes_dir, study, work
+
+
+def independent_nll(folder: Path, window: int, windows: int) -> float:
+    """A saved model's mean next-token NLL over the card's eval windows, by log-softmax and gather."""
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    batch = load_windows(split_path("eval"), load_tokenizer(), window, windows)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(batch).logits[:, :-1].double(), dim=-1)
+    return -logp.gather(-1, batch[:, 1:, None]).mean().item()
+
+
+def test_the_finetune_stage_picks_the_extremes_fine_tunes_their_exports_and_measures_the_gap(
+    runner, tiny_finetunes, capsys
+):
+    tunes, choice, tunes_dir, study, work = tiny_finetunes
+    retention: dict[str, list[float]] = {}
+    for summary_file in sorted(study.glob("*/audit_summary.json")):
+        summary = json.loads(summary_file.read_text())
+        retention.setdefault(summary["variant"], []).append(summary["retention"]["layer_mean_topk"]["value"])
+    means = {variant: statistics.fmean(values) for variant, values in retention.items()}
+    most, least = max(means, key=means.get), min(means, key=means.get)
+    assert (choice["most static"]["variant"], choice["least static"]["variant"]) == (most, least)
+    assert choice["most static"]["retention_layer_mean_topk_mean"] == pytest.approx(means[most], rel=1e-12)
+    studied = {f"{v}-s{s}" for v in (most, least) for s in (0, 1) if (work / f"{v}-s{s}").is_dir()}
+    assert sorted(t.source for t in tunes) == sorted(["moe-s0", "moe-s0", *studied])
+    assert len(choice["left_out"]) == 4 - len(studied)
+    for tune in tunes:
+        summary = json.loads((study / "finetune" / tune.name / "finetune_summary.json").read_text())
+        source = json.loads((tune.checkpoint / "model_card.json").read_text())
+        card = json.loads((tunes_dir / tune.name / "model_card.json").read_text())
+        assert summary["model_eval_nll"] == source["eval_nll"]
+        assert summary["export_eval_nll"] == json.loads((tune.export / "export_eval.json").read_text())["eval_nll"]
+        expected = independent_nll(tunes_dir / tune.name, 32, source["eval_windows"])
+        assert summary["finetuned_eval_nll"] == pytest.approx(expected, abs=1e-4) == card["eval_nll"]
+        gap = summary["export_eval_nll"] - summary["model_eval_nll"]
+        assert summary["recovered"] == pytest.approx((summary["export_eval_nll"] - card["eval_nll"]) / gap, abs=1e-4)
+        assert card["settings"]["init"] == str(tune.export) and card["settings"]["freeze_routers"]
+        assert (card["settings"]["steps"], card["settings"]["warmup"], card["settings"]["seed"]) == (3, 1, tune.seed)
+        tuned = AutoModelForCausalLM.from_pretrained(tunes_dir / tune.name)
+        routers = [p for n, p in tuned.named_parameters() if n.endswith(("mlp.gate.weight", ".router.weight"))]
+        assert routers and not any(p.any() for p in routers)  # the fine-tuned export still has no router
+        control = json.loads((tunes_dir / f"{tune.name}-model" / "model_card.json").read_text())["settings"]
+        assert (control["init"], control["freeze_routers"], control["steps"]) == (str(tune.checkpoint), False, 3)
+        expected = independent_nll(tunes_dir / f"{tune.name}-model", 32, source["eval_windows"])
+        assert summary["model_finetuned_eval_nll"] == pytest.approx(expected, abs=1e-4)
+        assert summary["control_command"].startswith(f"fca train --init WORK/{tune.checkpoint.name} --seed")
+    assert json.loads((tunes_dir / "moe-s0-ft1" / "model_card.json").read_text())["train_seconds"] > 0
+    assert read_design_study(study, ROUTER_STUDY).skipped == []  # the stage's folder is no run of the study
+
+    rows = {r["role"]: r for r in finetune_seed_table(read_finetunes(study)).to_dict("records")}
+    shipped = [json.loads((study / "finetune" / f"moe-s0-ft{s}" / "finetune_summary.json").read_text()) for s in (0, 1)]
+    assert rows["shipped"]["n"] == 2 and rows["shipped"]["model"] == "moe-s0"
+    assert rows["shipped"]["recovered_mean"] == pytest.approx(statistics.fmean(s["recovered"] for s in shipped))
+    assert rows["shipped"]["recovered_sd"] == pytest.approx(statistics.stdev(s["recovered"] for s in shipped))
+    assert (study / "finetune" / "findings.md").read_text() == runner.finetune_table(study) + "\n"
+
+    runner.main(["--finetune", "--list", "--work", str(work), "--out", str(study), "--finetune-work", str(tunes_dir)])
+    listed = capsys.readouterr().out
+    assert f"most static: {most}" in listed and f"least static: {least}" in listed
+    assert [line.split()[:2] for line in listed.splitlines() if line.startswith("moe-s0-ft")] == [
+        ["moe-s0-ft0", "shipped"],
+        ["moe-s0-ft1", "shipped"],
+        ["moe-s0-ft2", "shipped"],
+    ]
+    assert (
+        "moe-s0-ft2             shipped       todo" in listed and "moe-s0-ft0             shipped       done" in listed
+    )
+
+
+def test_both_runners_take_the_shared_command_line(runner):
+    controller = load_script("controller_design")
+    for script in (runner, controller):
+        args = script.parse_args(["--shard", "1/3", "--work", "/w", "--list"])
+        assert (args.shard, args.work, args.list, args.table) == ((1, 3), Path("/w"), True, False)
+        with pytest.raises(SystemExit):
+            script.parse_args(["--shard", "3/3"])
+    assert runner.parse_args([]).out == ROOT / "data" / "router_design"
+    assert controller.parse_args([]).work == Path("/tmp/controller_design")
 
 
 def independent_entropy(audit: dict) -> float:
@@ -206,8 +316,9 @@ def test_reproduce_runs_notebook_10_by_default_only_once_its_study_has_a_run(tmp
 
 
 @pytest.mark.timeout(600)  # one notebook through papermill: a hung kernel fails here
-def test_notebook_10_reads_the_study_and_its_tables_equal_the_files(tiny_study, tmp_path):
-    runs, work, out = tiny_study
+def test_notebook_10_reads_the_study_and_its_tables_equal_the_files(tiny_study, tiny_finetunes, tmp_path):
+    runs, work, _ = tiny_study
+    out = tiny_finetunes[3]  # the study with its fine-tune stage
     plan = reproduce.plan({"notebooks": ["10_router_design"], "parameters": {"study": str(out)}}, tmp_path / "out")
     [result] = reproduce.execute(plan, progress=False)
     assert result.ok, result.error
@@ -218,8 +329,19 @@ def test_notebook_10_reads_the_study_and_its_tables_equal_the_files(tiny_study, 
         assert row["export_eval_nll"] == summary["export_eval_nll"]
         assert row["delta_cross_input"] == summary["conditions"]["cross_input"]["delta"]
     figures = {p.stem for p in (plan.out / "figures").glob("*.html")}
-    names = ("retention_topk", "cross_input", "eval_nll", "export_nll", "export_cost", "expert_entropy")
+    names = ("retention_topk", "cross_input", "eval_nll", "export_nll", "export_cost", "expert_entropy", "finetune")
     assert {f"router_design_{n}" for n in names} <= figures
+    tuned = pd.read_csv(plan.out / "tables" / "router_design_finetune_runs.csv")
+    for row in tuned.to_dict("records"):
+        summary = json.loads(
+            (out / "finetune" / f"{row['source']}-ft{row['seed']}" / "finetune_summary.json").read_text()
+        )
+        assert (row["role"], row["finetuned_eval_nll"], row["recovered"]) == (
+            summary["role"],
+            summary["finetuned_eval_nll"],
+            summary["recovered"],
+        )
+    assert len(tuned) == len(list((out / "finetune").glob("*/finetune_summary.json")))
     executed = (plan.out / "notebooks" / "10_router_design.ipynb").read_text()
     assert "`default` 2 (0, 1)" in executed and "(n=2)" in executed and "(n=1)" in executed
 
@@ -236,3 +358,26 @@ def test_the_committed_summaries_are_read_and_the_docs_quote_their_table(runner)
         assert run["export_eval_nll"] == pytest.approx(run["conditions"]["layer_mean_topk"]["nll"], abs=1e-4)
     assert (study / "findings.md").read_text() == runner.findings_table(study) + "\n"
     assert '--8<-- "data/router_design/findings.md"' in (ROOT / "docs" / "router-design.md").read_text()
+
+
+def test_the_committed_finetunes_are_read_and_the_docs_quote_their_table(runner):
+    """data/router_design/finetune: each fine-tune's recovered share is its NLLs' ratio, the shipped MoE's model
+    NLL is its model card's, the budget is 10% of the study's steps, the most and least static designs are those
+    of the committed summaries, and the docs include the stage's table as ``--finetune --table`` prints it."""
+    study = ROOT / "data" / "router_design"
+    finetunes = read_finetunes(study)
+    shipped_nll = json.loads((ROOT / "data" / "checkpoints" / "moe-s0" / "model_card.json").read_text())["eval_nll"]
+    for tune in finetunes:
+        gap = tune["export_eval_nll"] - tune["model_eval_nll"]
+        assert tune["recovered"] == pytest.approx(
+            (tune["export_eval_nll"] - tune["finetuned_eval_nll"]) / gap, abs=1e-4
+        )
+        assert tune["steps"] == runner.STEPS // 10 == 30 and tune["warmup"] == 5
+        if tune["role"] == "shipped":
+            assert tune["source"] == "moe-s0" and tune["model_eval_nll"] == shipped_nll
+    choice = json.loads((study / "finetune" / "choice.json").read_text())
+    extremes = runner.static_extremes(study)
+    assert {role: choice[role]["variant"] for role in extremes} == {role: e["variant"] for role, e in extremes.items()}
+    assert {"shipped", "most static"} <= {t["role"] for t in finetunes} <= {"shipped", *extremes}
+    assert (study / "finetune" / "findings.md").read_text() == runner.finetune_table(study) + "\n"
+    assert '--8<-- "data/router_design/finetune/findings.md"' in (ROOT / "docs" / "router-design.md").read_text()

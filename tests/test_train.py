@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, BertConfig, BertLMHeadModel
 
 import fca_workbench.models  # noqa: F401  (registers the Auto classes)
 from fca_workbench.cli import main
@@ -436,3 +436,88 @@ def test_a_resumed_run_that_diverges_keeps_its_last_good_checkpoint(small_text, 
     assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 4
     monkeypatch.undo()
     assert train(settings, tmp_path / "run") is not None  # and it resumes from there
+
+
+def zero_routed_mixtral(folder, small_text, tmp_path):
+    """A tiny Mixtral trained 2 steps, saved with every router's weights zero (as ``fca export`` folds a static
+    profile: every token takes every expert alike): a checkpoint ``fca train --init`` starts from."""
+    settings = hf_settings(tmp_path, "mixtral", small_text, steps=2, save_every=10)
+    train(settings, tmp_path / "trained")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "trained")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                parameter.zero_()
+    model.save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    return model
+
+
+def test_a_fine_tune_from_init_trains_that_checkpoint_and_frozen_routers_stay_zero(small_text, tmp_path):
+    start = zero_routed_mixtral(tmp_path / "export", small_text, tmp_path)
+    args = ["train", "--init", str(tmp_path / "export"), "--freeze-routers", "--train", small_text, "--window", "32"]
+    args += ["--steps", "3", "--warmup", "2", "--batch-size", "4", "--seed", "1", "--out", str(tmp_path / "tuned")]
+    assert main(args) == 0
+    tuned = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "tuned").named_parameters())
+    initial = dict(start.named_parameters())
+    routers = [n for n in initial if n.endswith("mlp.gate.weight")]
+    assert len(routers) == 2 and all(not tuned[n].any() for n in routers)
+    assert all(not torch.equal(tuned[n], p) for n, p in initial.items() if n not in routers)  # all else trained
+    card = json.loads((tmp_path / "tuned" / "model_card.json").read_text())
+    assert card["settings"]["init"] == str(tmp_path / "export") and card["settings"]["freeze_routers"]
+    assert card["settings"]["hf_config"]["num_local_experts"] == 4 and card["settings"]["warmup"] == 2
+    assert [row["lr"] for row in csv.DictReader((tmp_path / "tuned" / "train_log.csv").open())] == [
+        f"{0.003 * train_module.lr_factor(step, TrainSettings(arch='dense', steps=3, warmup=2)):.6g}"
+        for step in (1, 2, 3)
+    ]
+    readme = (tmp_path / "tuned" / "README.md").read_text()
+    assert f"fca train --init {tmp_path / 'export'} --seed 1 --window 32 --steps 3 --batch-size 4" in readme
+    assert "--warmup 2 --freeze-routers --out DIR" in readme and "frozen as they started" in readme
+
+
+def test_without_frozen_routers_a_fine_tune_trains_the_routers_again(small_text, tmp_path):
+    """What ``--freeze-routers`` prevents: a zero router gets a gradient and moves (the export's routing would
+    become dynamic again)."""
+    zero_routed_mixtral(tmp_path / "export", small_text, tmp_path)
+    args = ["train", "--init", str(tmp_path / "export"), "--train", small_text, "--window", "32", "--steps", "2"]
+    assert main([*args, "--warmup", "1", "--batch-size", "4", "--out", str(tmp_path / "tuned")]) == 0
+    tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "tuned")
+    assert tuned.model.layers[0].mlp.gate.weight.abs().sum() > 0
+
+
+INIT_REFUSALS = [
+    ("empty", [], "is not a checkpoint folder: it has no config.json"),
+    ("featuregate", [], "is a workbench fca-featuregate model; --init starts from a transformers causal LM"),
+    ("bert", [], "a bert model built from this config is not causal"),
+    ("mixtral", ["--width", "64"], "--width shape --arch models; a --hf-config file or an --init checkpoint"),
+    ("llama", ["--freeze-routers"], "--freeze-routers shape mixture-of-experts routers; this llama model has none"),
+    ("no-weights", [], "has no safetensors weights"),
+]
+
+
+def init_folder(kind, folder):
+    """A folder ``fca train --init`` must refuse, of each kind ``INIT_REFUSALS`` names."""
+    if kind == "featuregate":
+        return Path(__file__).resolve().parent.parent / "data" / "checkpoints" / "featuregate-s0"
+    folder.mkdir()
+    if kind == "bert":  # in transformers' causal-LM mapping, but an encoder unless it is a decoder
+        BertLMHeadModel(BertConfig(vocab_size=4096, **TINY_BERT)).save_pretrained(folder)
+        load_tokenizer().save_pretrained(folder)
+    elif kind != "empty":
+        fields = {"model_type": "llama", **TINY_BERT, "max_position_embeddings": 64} if kind == "llama" else None
+        fields = fields or {"model_type": "mixtral", **TINY_HF_CONFIGS["mixtral"]}
+        build_hf_model(fields, load_tokenizer(), 32).save_pretrained(folder)
+        load_tokenizer().save_pretrained(folder)
+        if kind == "no-weights":
+            (folder / "model.safetensors").unlink()
+    return folder
+
+
+@pytest.mark.parametrize("kind, extra, fragment", INIT_REFUSALS)
+def test_an_init_that_is_not_a_trainable_causal_lm_is_one_line(kind, extra, fragment, small_text, tmp_path, capsys):
+    folder = init_folder(kind, tmp_path / "init")
+    args = ["train", "--init", str(folder), *extra, "--train", small_text, "--window", "32", "--steps", "2"]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], lines
+    assert not (tmp_path / "o").exists()

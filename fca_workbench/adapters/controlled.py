@@ -46,6 +46,9 @@ from fca_workbench.models.limits import (
 )
 from fca_workbench.models.loading import quiet_weight_loading, stored_shapes
 
+# the model types (and family names) of the workbench's own families, which load through fca_workbench.models
+NATIVE_MODEL_TYPES = frozenset({config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES))
+
 
 def open_checkpoint(
     checkpoint: Checkpoint,
@@ -104,9 +107,8 @@ def load_controlled(
     checkpoint = path if isinstance(path, Checkpoint) else resolve_checkpoint(path, trust_remote_code)
     folder = checkpoint.folder
     raw = config_fields(folder)
-    native = {config_class.model_type for config_class, _ in FAMILIES.values()} | set(FAMILIES)
     placing = placement.loading_kwargs() if placement is not None else None
-    if model_type_of(raw, folder) in native:
+    if model_type_of(raw, folder) in NATIVE_MODEL_TYPES:
         if controllers is not None or only_controllers is not None:
             raise UserError(
                 f"--controllers is for foreign models; {folder} is a workbench model with its own controllers"

@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_kind.add_argument(
         "--hf-config", default=None, help="a transformers causal-LM config JSON (with model_type), e.g. mixtral"
     )
+    model_kind.add_argument(
+        "--init",
+        default=None,
+        metavar="FOLDER",
+        help="start from this transformers causal-LM checkpoint (a fine-tune: an fca export, say)",
+    )
     add_train_options(train)
 
     audit = commands.add_parser(

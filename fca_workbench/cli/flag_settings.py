@@ -61,13 +61,13 @@ def train_settings(args: argparse.Namespace, hf_config: dict | None = None) -> T
 
 
 def arch_train_settings(args: argparse.Namespace) -> TrainSettings | None:
-    """``fca train``'s flags checked; with ``--arch`` its settings, with ``--hf-config`` None: those need the
-    config file read by transformers, so the command builds them."""
+    """``fca train``'s flags checked; with ``--arch`` its settings, with ``--hf-config`` or ``--init`` None: those
+    need the config file read by transformers, so the command builds them."""
     shape = [name for name in SHAPE_FLAGS if getattr(args, name) is not None]
-    if args.hf_config and shape:
+    if args.arch is None and shape:
         named = ", ".join(f"--{name.replace('_', '-')}" for name in shape)
-        raise UserError(f"{named} shape --arch models; a --hf-config file sets its own sizes")
-    return None if args.hf_config else train_settings(args)
+        raise UserError(f"{named} shape --arch models; a --hf-config file or an --init checkpoint sets its own sizes")
+    return None if args.arch is None else train_settings(args)
 
 
 def check_export_flags(args: argparse.Namespace) -> None:

@@ -117,6 +117,9 @@ def add_train_options(train: argparse.ArgumentParser) -> None:
     train.add_argument("--steps", type=flags.positive_int, default=300)
     train.add_argument("--batch-size", type=flags.positive_int, default=16)
     train.add_argument("--lr", type=flags.positive_float, default=3e-3)
+    train.add_argument(
+        "--warmup", type=flags.positive_int, default=50, help="linear warm-up steps before the cosine (default 50)"
+    )
     train.add_argument("--save-every", type=flags.positive_int, default=100)
     train.add_argument(
         "--stop-after", type=flags.positive_int, default=None, help="stop (checkpointed) after N steps of this run"
@@ -152,6 +155,12 @@ def add_router_options(train: argparse.ArgumentParser) -> None:
         choices=ROUTER_INPUTS,
         default=None,
         help=f"what the router reads: the normed hidden state ({NORMED}, default) or it without its gradient",
+    )
+    train.add_argument(
+        "--freeze-routers",
+        action="store_true",
+        default=None,
+        help="keep the routers' weights as they start (an --init static export's zero routers stay zero)",
     )
 
 

@@ -48,10 +48,13 @@ from fca_workbench.results.design_study import (
     design_points,
     design_runs_table,
     design_seed_table,
+    finetune_runs_table,
+    finetune_seed_table,
     read_design_study,
+    read_finetunes,
 )
 from fca_workbench.results.figures import layer_position_matrix, mimebundle, show, show_in, write_figure
-from fca_workbench.results.layout import cache_folder
+from fca_workbench.results.layout import FINETUNE_FOLDER, cache_folder
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles
 from fca_workbench.results.slots import routers, slot_labels
@@ -89,6 +92,9 @@ __all__ = [
     "design_seed_table",
     "execution_seed_table",
     "execution_table",
+    "FINETUNE_FOLDER",
+    "finetune_runs_table",
+    "finetune_seed_table",
     "layer_position_matrix",
     "load_profiles",
     "make_table",
@@ -103,6 +109,7 @@ __all__ = [
     "positive_control_table",
     "profiles_from_tensors",
     "read_design_study",
+    "read_finetunes",
     "ROUTER_STUDY",
     "readable",
     "retention_seed_table",

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from fca_workbench.adapters.controlled import NATIVE_MODEL_TYPES, load_transformers
+from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.foundation.checkpoint import CONFIG_FILE, config_fields, model_type_of
 from fca_workbench.foundation.errors import UserError, one_line
 from fca_workbench.foundation.files import read_json
 from fca_workbench.models.limits import (
@@ -109,12 +112,47 @@ def build_hf_model(fields: dict, tokenizer: PreTrainedTokenizerBase, window: int
     except (StrictDataclassError, ValueError, TypeError) as exc:
         raise UserError(f"invalid {model_type} config: {one_line(exc)}") from None
     check_sizes(config, what, HF_SIZE_LIMITS, none_allowed=True)
-    if config.vocab_size < len(tokenizer):
-        raise UserError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
-    if getattr(config, "max_position_embeddings", window) < window:
-        raise UserError(f"max_position_embeddings {config.max_position_embeddings} is shorter than the window {window}")
+    check_fits(config, tokenizer, window)
     check_training_memory(lambda: from_config(config, what))
     model = from_config(config, what)
+    check_causal(model, min(window, CAUSAL_PROBE_TOKENS))
+    return model
+
+
+def check_fits(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, window: int) -> None:
+    """Refuse a config whose vocabulary is smaller than the tokenizer's or whose positions end before the window."""
+    vocab_size, positions = config.vocab_size, getattr(config, "max_position_embeddings", window)
+    if vocab_size < len(tokenizer):
+        raise UserError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    if positions < window:
+        raise UserError(f"max_position_embeddings {positions} is shorter than the window {window}")
+
+
+def read_init_config(folder: str | Path) -> dict:
+    """The config fields of an ``--init`` checkpoint: a folder holding a transformers causal LM's config (a
+    workbench family's folder is refused: its controllers train with ``--arch``)."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file():
+        raise UserError(f"--init {folder} is not a checkpoint folder: it has no {CONFIG_FILE}")
+    model_type = model_type_of(config_fields(folder), folder)
+    if model_type in NATIVE_MODEL_TYPES:
+        raise UserError(
+            f"--init {folder} is a workbench {model_type} model; --init starts from a transformers causal LM"
+        )
+    fields = read_hf_config(folder / CONFIG_FILE)
+    check_trainable_fields(fields)
+    return fields
+
+
+def load_initial(folder: str | Path, tokenizer: PreTrainedTokenizerBase, window: int) -> PreTrainedModel:
+    """The ``--init`` checkpoint in float32 (safetensors only, no code from the folder), checked as a model built
+    from a config is (sizes, memory, causal), with the tokenizer the run trains with: the shipped one."""
+    folder = Path(folder)
+    model: PreTrainedModel = load_transformers(folder, read_init_config(folder), torch.float32, False)  # type: ignore[assignment]
+    check_fits(model.config, tokenizer, window)
+    if load_tokenizer(folder).get_vocab() != tokenizer.get_vocab():
+        raise UserError(f"--init {folder} has another tokenizer than the shipped one fca train trains with")
+    check_training_memory(lambda: from_config(model.config, f"--init {folder}"))
     check_causal(model, min(window, CAUSAL_PROBE_TOKENS))
     return model
 

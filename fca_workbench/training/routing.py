@@ -1,8 +1,10 @@
-"""Router design while training (the router-design study): the router z-loss, and a router that reads the hidden
-state detached from the gradient, for the transformers mixture-of-experts models ``fca train --hf-config`` builds.
+"""Router design while training (the router-design study): the router z-loss, a router that reads the hidden
+state detached from the gradient, and frozen routers (a fine-tuned static export keeps its zero routers, so every
+token keeps taking every kept expert equally), for the transformers mixture-of-experts models ``fca train``
+builds (``--hf-config``) or starts from (``--init``).
 
-Both act on the model from outside (a loss term and a forward pre-hook on each router), so the saved checkpoint
-is the plain transformers model: nothing of either is in its weights or its config.
+All act on the model from outside (a loss term, a forward pre-hook on each router, ``requires_grad``), so the
+saved checkpoint is the plain transformers model: nothing of any is in its weights or its config.
 """
 
 import torch
@@ -31,12 +33,16 @@ def check_routers(model: PreTrainedModel, flags: str) -> list[str]:
 
 
 def prepare_routers(model: PreTrainedModel, settings: TrainSettings) -> None:
-    """Check that a model the router-design flags ask for has routers, and detach their input if asked."""
+    """Check that a model the router-design flags ask for has routers; detach their input or freeze their
+    weights (the optimizer leaves parameters without gradients alone) if asked."""
     asked = [flag for flag, given in settings.router_flags().items() if given]
     if asked:
         check_routers(model, ", ".join(asked))
     if settings.router_input == DETACHED:
         detach_router_inputs(model)
+    if settings.freeze_routers:
+        for name in check_routers(model, "--freeze-routers"):
+            model.get_submodule(name).requires_grad_(False)
 
 
 def detach_router_inputs(model: PreTrainedModel) -> list[RemovableHandle]:

@@ -10,6 +10,9 @@ configs (those with ``router_aux_loss_coef``), that coefficient times transforme
 loss, which ``transformers`` adds only when ``output_router_logits`` is set; here it is always added while
 training (set the coefficient to 0 to train without it) and the saved config keeps the file's setting.
 
+A fine-tune starts from a transformers checkpoint instead (``init``, ``hf_config.load_initial``), with the same
+loop, schedule and card; ``--freeze-routers`` keeps an exported static profile's zero routers as they are.
+
 A step whose loss or gradient is not finite stops the run in one line before the update: the run folder keeps
 its last checkpoint, and a folder this invocation created with nothing saved in it is removed.
 """
@@ -40,7 +43,7 @@ from fca_workbench.models import FAMILIES, next_token_nll
 from fca_workbench.models.limits import (
     check_sizes,
 )
-from fca_workbench.training.hf_config import build_hf_model, check_training_memory
+from fca_workbench.training.hf_config import build_hf_model, check_training_memory, load_initial
 from fca_workbench.training.routing import prepare_routers, router_z_loss
 from fca_workbench.training.train_card import model_card_markdown
 from fca_workbench.training.train_settings import TrainSettings
@@ -58,10 +61,14 @@ STAGING = ".fca-final"  # the finished checkpoint is assembled here, inside the 
 
 
 def build_model(settings: TrainSettings, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    """The untrained model ``settings`` describe, seeded, sized to ``tokenizer`` and checked to fit in memory."""
+    """The untrained model ``settings`` describe (or the ``--init`` checkpoint it starts from), seeded, sized to
+    ``tokenizer`` and checked to fit in memory."""
     if settings.hf_config is not None:
         torch.manual_seed(settings.seed)
-        model = build_hf_model(settings.hf_config, tokenizer, settings.window)
+        if settings.init is None:
+            model = build_hf_model(settings.hf_config, tokenizer, settings.window)
+        else:
+            model = load_initial(settings.init, tokenizer, settings.window)
         prepare_routers(model, settings)
         return model
     vocab_size = len(tokenizer)
@@ -100,9 +107,10 @@ def lr_factor(step: int, settings: TrainSettings) -> float:
 
 
 def parameter_groups(model: torch.nn.Module, settings: TrainSettings) -> list[dict]:
-    """AdamW's groups: weight decay on matrices only. The controllers' parameters get groups of their own when
-    their weight decay or learning rate differs from the model's (``--controller-weight-decay``,
-    ``--controller-lr-mult``); otherwise the two groups are those of every run before these options."""
+    """AdamW's groups: weight decay on matrices only, frozen parameters (``--freeze-routers``) left out. The
+    controllers' parameters get groups of their own when their weight decay or learning rate differs from the
+    model's (``--controller-weight-decay``, ``--controller-lr-mult``); otherwise the two groups are those of
+    every run before these options."""
     own_decay = settings.controller_weight_decay
     controllers = getattr(model, "controllers", []) if settings.arch else []
     if (own_decay is not None or settings.controller_lr_mult != 1.0) and not controllers:
@@ -111,7 +119,7 @@ def parameter_groups(model: torch.nn.Module, settings: TrainSettings) -> list[di
         )
     separate = (own_decay is not None and own_decay != settings.weight_decay) or settings.controller_lr_mult != 1.0
     mine = [p for c in controllers for p in c.parameters()] if separate else []
-    rest = [p for p in model.parameters() if all(p is not q for q in mine)]
+    rest = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in mine)]
     groups = [
         {"params": [p for p in rest if p.dim() >= 2], "weight_decay": settings.weight_decay},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},

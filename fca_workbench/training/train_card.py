@@ -3,7 +3,7 @@ command, the controller-design flags included) and what it reached."""
 
 from fca_workbench.data.corpus import CORPUS_DIR
 from fca_workbench.foundation.files import dumps_json
-from fca_workbench.training.train_settings import DETACHED, NORMED
+from fca_workbench.training.train_settings import DETACHED, NORMED, TrainSettings
 
 
 def model_card_markdown(card: dict) -> str:
@@ -22,6 +22,7 @@ def model_card_markdown(card: dict) -> str:
     )
     common = (
         f"--seed {s['seed']} --window {s['window']} --steps {s['steps']} --batch-size {s['batch_size']} --lr {s['lr']}"
+        + ("" if s["warmup"] == TrainSettings.warmup else f" --warmup {s['warmup']}")
     )
     if s["hf_config"] is None:
         command = (
@@ -35,10 +36,12 @@ def model_card_markdown(card: dict) -> str:
         std_text = "n/a (no controller)" if std is None else std
         config_lines = []
     else:
-        command = f"fca train --hf-config CONFIG.json {common}{router_flags(s)}{audit_flags} --out DIR"
+        model = "--hf-config CONFIG.json" if s.get("init") is None else f"--init {s['init']}"
+        command = f"fca train {model} {common}{router_flags(s)}{audit_flags} --out DIR"
         std_text = "not computed (transformers model)"
         config_json = dumps_json(s["hf_config"]).decode().rstrip()
-        config_lines = ["", "where `CONFIG.json` holds", "", "```json", config_json, "```"]
+        holds = "where `CONFIG.json` holds" if s.get("init") is None else "where the starting checkpoint's config holds"
+        config_lines = ["", holds, "", "```json", config_json, "```"]
         aux = card.get("router_aux_loss_coef")
         if aux is not None:
             objective = f"Trained on next-token NLL + {aux} × the router load-balancing loss"
@@ -46,6 +49,8 @@ def model_card_markdown(card: dict) -> str:
                 objective += f" + {s['router_z_loss']} × the router z-loss"
             if s.get("router_input") == DETACHED:
                 objective += ", the routers reading the normed hidden state detached from the gradient"
+            if s.get("freeze_routers"):
+                objective += ", the routers' weights frozen as they started"
             config_lines += ["", f"{objective}; the logged loss is the NLL."]
     return "\n".join(
         [
@@ -85,7 +90,8 @@ def router_flags(s: dict) -> str:
     given = {"router_z_loss": s.get("router_z_loss") or None, "router_input": s.get("router_input")}
     if given["router_input"] == NORMED:
         given["router_input"] = None
-    return "".join(f" --{k.replace('_', '-')} {v}" for k, v in given.items() if v is not None)
+    valued = "".join(f" --{k.replace('_', '-')} {v}" for k, v in given.items() if v is not None)
+    return valued + (" --freeze-routers" if s.get("freeze_routers") else "")
 
 
 def controller_flags(s: dict) -> str:

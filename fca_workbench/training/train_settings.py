@@ -18,6 +18,7 @@ ROUTER_INPUTS = (NORMED, DETACHED)  # a router reads the family's own normed hid
 class TrainSettings:
     arch: str | None = None  # a workbench family, or None with hf_config
     hf_config: dict | None = None  # a transformers config's fields, model_type included (see read_hf_config)
+    init: str | None = None  # a transformers checkpoint folder the run starts from; hf_config: its config's fields
     seed: int = 0
     train_data: str | None = None  # any UTF-8 text or JSONL; default: the shipped train split
     layers: int | None = 4  # layers, width, heads and gate_groups shape arch models; hf_config has its own
@@ -36,6 +37,7 @@ class TrainSettings:
     controller_lr_mult: float = 1.0  # the controllers' learning rate is lr times this
     router_z_loss: float = 0.0  # a transformers MoE's weight on the router z-loss (training/routing.py)
     router_input: str = NORMED  # a transformers MoE's router input (ROUTER_INPUTS)
+    freeze_routers: bool = False  # a transformers MoE's routers keep their weights (a static export stays static)
     save_every: int = 100
     eval_windows: int = 64
     device: str = "cpu"
@@ -45,6 +47,8 @@ class TrainSettings:
     def __post_init__(self):
         if (self.arch is None) == (self.hf_config is None):
             raise UserError("give exactly one of --arch and --hf-config")
+        if self.init is not None and self.hf_config is None:
+            raise UserError("--init needs the fields of its checkpoint's config (training.hf_config.read_init_config)")
         if self.hf_config is not None:
             self.layers = self.width = self.heads = self.gate_groups = None
         design = [k for k in ("gate_range", "gate_input") if getattr(self, k) is not None]
@@ -67,7 +71,11 @@ class TrainSettings:
 
     def router_flags(self) -> dict[str, bool]:
         """Each router-design flag and whether it asks for something other than the model's own routing."""
-        return {"--router-z-loss": self.router_z_loss != 0, "--router-input": self.router_input != NORMED}
+        return {
+            "--router-z-loss": self.router_z_loss != 0,
+            "--router-input": self.router_input != NORMED,
+            "--freeze-routers": self.freeze_routers,
+        }
 
     @property
     def name(self) -> str:
