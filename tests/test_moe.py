@@ -202,6 +202,9 @@ def test_correct_replay_through_the_cache_equals_the_live_nll(tmp_path, tokenize
     cache = capture(controlled, windows, tmp_path / "cache", batch_size=2)
     values = ConditionCoefficients("correct", cache).values(torch.arange(2))
     assert set(values[0]) == {COEFFICIENT, "router_logits", "top_k_weights", "top_k_index"}
+    # stored once: the gate, the index as uint8 (4 experts), the weights and logits as their dtypes alone
+    assert values[0]["top_k_index"].dtype == torch.uint8
+    assert values[0]["top_k_weights"].numel() == values[0]["router_logits"].numel() == 0
     with torch.no_grad():
         nll = next_token_nll(controlled.replay_run(windows[:2], values), windows[:2])
     assert torch.equal(nll, cache.nll(torch.arange(2)))
