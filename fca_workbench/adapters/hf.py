@@ -164,6 +164,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
 
 
+# experts kernels that add a token's experts one at a time in the model's dtype, so that a zero-weight expert adds
+# exactly nothing and a static mixture equal to the live routing replays it bit for bit; grouped_mm and
+# batched_mm sum a token's slots (in float32), which differs from the sparse routing once k > 2 (docs/audit-json.md)
+EXACT_MIXTURE_KERNELS = ("eager",)
+
+
 class TransformersControlled(LayerStepping, nn.Module):
     """A transformers causal LM seen through the protocol (``ControlledModel``, and ``SteppingModel`` by
     replacing decoder layers with their recorded outputs: ``adapters.stepping``)."""
@@ -171,13 +177,12 @@ class TransformersControlled(LayerStepping, nn.Module):
     def __init__(self, model: nn.Module, controllers: str | None = None, only_controllers: str | None = None):
         super().__init__()
         self.model: Any = model.eval()  # a transformers PreTrainedModel
-        set_experts = getattr(self.model, "set_experts_implementation", None)
-        if set_experts is not None:
-            # eager loops over the experts a token uses: a zero-weight expert contributes exactly nothing,
-            # so a static profile equal to the live routing replays bit-exactly (docs/guides/foreign-models.md)
-            set_experts("eager")
+        experts = getattr(self.model, "get_experts_implementation", None)
+        # the experts run as the user's forward runs them (transformers' default, ``grouped_mm``, where the model
+        # leaves it unset), in capture and replay alike, so ``correct`` replays the live run bit for bit
+        self.experts_implementation: str | None = None if experts is None else experts()[""]
         own_code = type(self.model).__module__.startswith("transformers.")
-        self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
+        self.replay_tolerance = 0.0 if experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
         found, self.left_out = discover_controllers(model, controllers, only_controllers)
         note = classification_note(self.arch, [kind.name for _, _, kind in found], self.left_out)
         if note is not None:  # the audit goes on: what discovery found is all it has

@@ -79,23 +79,27 @@ def dtype_only(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.new_empty((*tensor.shape[:2], 0))
 
 
-def cached_routing(gate: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, logits: torch.Tensor) -> dict:
+def cached_routing(
+    gate: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, logits: torch.Tensor, repeats: bool = False
+) -> dict:
     """What the cache keeps of a routing whose dense gate is ``gate``: the top-k index in the smallest integer
     type, the top-k weights and router logits as their dtypes alone (the weights are the gate at the index;
-    the block discards the logits)."""
+    the block discards the logits). ``repeats``: a token's indices may repeat (the gate holds their sum), so the
+    weights are kept whole."""
     return {
         TOP_K_INDEX: index.to(index_dtype(gate.shape[-1])),
-        TOP_K_WEIGHTS: dtype_only(weights),
+        TOP_K_WEIGHTS: weights if repeats else dtype_only(weights),
         ROUTER_LOGITS: dtype_only(logits),
     }
 
 
 def replayed_routing(gate: torch.Tensor, values: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(router_logits, top_k_weights, top_k_index)`` from ``cached_routing``'s values and the dense gate: the
-    weights gathered at the index in their own dtype (the gate holds them exactly, in float32), the gate in the
-    logits' dtype standing in for the logits."""
-    index = values[TOP_K_INDEX].long()
-    weights = gate.gather(-1, index).to(values[TOP_K_WEIGHTS].dtype)
+    weights kept whole, or gathered at the index in their own dtype (the gate holds them exactly, in float32),
+    the gate in the logits' dtype standing in for the logits."""
+    index, weights = values[TOP_K_INDEX].long(), values[TOP_K_WEIGHTS]
+    if weights.shape[-1] == 0:
+        weights = gate.gather(-1, index).to(weights.dtype)
     return gate.to(values[ROUTER_LOGITS].dtype), weights, index
 
 

@@ -27,6 +27,8 @@ from fca_workbench.adapters.protocol import COEFFICIENT
 from fca_workbench.foundation.errors import UserError
 
 LOOKS_LIKE_ROUTER = re.compile(r"(Router|Gating)$|TopK|Topk")  # a class name no kind claiming it is refused
+# a router that looks its experts up by token id (DeepSeek-V4's hash layers): a token's indices may repeat
+LOOKS_UP_EXPERTS = re.compile(r"HashRouter$")
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 Routing = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]  # logits, weights, index, rest
@@ -50,7 +52,8 @@ def find_routers(model: nn.Module) -> dict[str, ControllerKind]:
         parent, _, child = name.rpartition(".")
         inside = any(name.startswith(router + ".") for router in found)
         if child in family.router_names and not inside and is_sparse_block(model.get_submodule(parent)):
-            found[name] = router_kind(family, model.config)
+            repeats = LOOKS_UP_EXPERTS.search(type(model.get_submodule(name)).__name__) is not None
+            found[name] = router_kind(family, model.config, repeats)
     return found
 
 
@@ -218,9 +221,10 @@ DERIVED = {"router_scores"}  # output rest the dense gate is (in its own dtype):
 NATIVE_BATCH_FIRST = {"router_states"}  # output rest already [B, T, ...]: returned as it is
 
 
-def router_kind(family: Family, config: Any) -> ControllerKind:
+def router_kind(family: Family, config: Any, repeats: bool = False) -> ControllerKind:
     """The controller kind of ``family``'s routers (``config`` gives its zero-computation experts, product-key
-    classes, shared-expert gates and k)."""
+    classes, shared-expert gates and k; ``repeats``: a token's indices may repeat, so the cache keeps the top-k
+    weights whole)."""
     unpack, pack = OUTPUTS[family.output]
     zero = zero_experts(family, config)
     gate_extra = GATE_EXTRAS.get(family.output)
@@ -237,7 +241,7 @@ def router_kind(family: Family, config: Any) -> ControllerKind:
         gate = torch.zeros((*logits.shape[:-1], classes(logits)), dtype=torch.float32, device=logits.device)
         gate = gate.scatter_add(-1, index, weights.float())
         coefficient = gate if gate_extra is None else torch.cat([gate, rest[gate_extra].float()], -1)
-        values = {COEFFICIENT: coefficient, **cached_routing(gate, index, weights, logits)}
+        values = {COEFFICIENT: coefficient, **cached_routing(gate, index, weights, logits, repeats)}
         values.update({key: dtype_only(t) if key in DERIVED or key == gate_extra else t for key, t in rest.items()})
         return values
 
