@@ -14,9 +14,8 @@ import zoo
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
 from fca_workbench.adapters.controlled import load_controlled
+from fca_workbench.adapters.families import EXACT_MIXTURE_KERNELS, OUTPUT_SHAPES, Family
 from fca_workbench.adapters.families import MOE_FAMILIES as REGISTRY
-from fca_workbench.adapters.families import OUTPUT_SHAPES, Family
-from fca_workbench.adapters.hf import EXACT_MIXTURE_KERNELS
 from fca_workbench.adapters.kinds import index_dtype
 from fca_workbench.adapters.routers import OUTPUTS, find_routers
 from fca_workbench.audit.assignment import ConditionCoefficients

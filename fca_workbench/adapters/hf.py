@@ -164,12 +164,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return next((list(module) for name, module in lists if name.rpartition(".")[2] == "layers"), [])
 
 
-# experts kernels that add a token's experts one at a time in the model's dtype, so that a zero-weight expert adds
-# exactly nothing and a static mixture equal to the live routing replays it bit for bit; grouped_mm and
-# batched_mm sum a token's slots (in float32), which differs from the sparse routing once k > 2 (docs/audit-json.md)
-EXACT_MIXTURE_KERNELS = ("eager",)
-
-
 class TransformersControlled(LayerStepping, nn.Module):
     """A transformers causal LM seen through the protocol (``ControlledModel``, and ``SteppingModel`` by
     replacing decoder layers with their recorded outputs: ``adapters.stepping``)."""

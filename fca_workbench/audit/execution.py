@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fca_workbench.adapters.hf import EXACT_MIXTURE_KERNELS
+from fca_workbench.adapters.families import EXACT_MIXTURE_KERNELS
 from fca_workbench.adapters.kinds import top_k
 from fca_workbench.adapters.placement import execution_device
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
