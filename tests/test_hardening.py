@@ -209,14 +209,14 @@ def test_damaged_shard_is_one_line_from_the_cli(tiny_checkpoints, tmp_path):
 
 
 def test_corrupt_manifest_is_one_line(tmp_path):
-    from fca_workbench.audit.capture import capture
+    from fca_workbench.audit.capture import CACHE_FORMAT, capture
 
     model, windows = tiny_model("featuregate"), cache_windows()
     capture(model, windows, tmp_path / "cache", batch_size=4)
-    (tmp_path / "cache" / "manifest.json").write_text('{"format": "fca-coefficient-cache/3", "windows": ')
+    (tmp_path / "cache" / "manifest.json").write_text(f'{{"format": "{CACHE_FORMAT}", "windows": ')
     with pytest.raises(UserError, match="manifest.json is not valid JSON"):
         capture(model, windows, tmp_path / "cache", batch_size=4)
-    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": "fca-coefficient-cache/3"}))
+    (tmp_path / "cache" / "manifest.json").write_text(json.dumps({"format": CACHE_FORMAT}))
     with pytest.raises(UserError, match="manifest.json is malformed"):
         capture(model, windows, tmp_path / "cache", batch_size=4)
 

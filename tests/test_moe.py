@@ -14,10 +14,12 @@ import zoo
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
 from fca_workbench.adapters.controlled import load_controlled
+from fca_workbench.adapters.families import EXACT_MIXTURE_KERNELS, OUTPUT_SHAPES, Family
 from fca_workbench.adapters.families import MOE_FAMILIES as REGISTRY
-from fca_workbench.adapters.families import OUTPUT_SHAPES, Family
+from fca_workbench.adapters.kinds import index_dtype
 from fca_workbench.adapters.routers import OUTPUTS, find_routers
 from fca_workbench.audit.assignment import ConditionCoefficients
+from fca_workbench.audit.execution import count_flops
 from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import next_token_nll
@@ -138,6 +140,24 @@ def test_every_family_replays_correct_bit_exactly_without_running_a_router(famil
     assert "forward" not in vars(routers(controlled.model)[0])  # the replacements were put back
 
 
+def test_flops_are_the_same_under_every_experts_kernel(ids):
+    """``count_flops`` counts ``grouped_mm`` (which torch's counter leaves out) as eager's per-expert linears
+    count the same products: the routed model and its every-expert baseline alike."""
+    model = build("mixtral")
+    counts = {}
+    for implementation in ("eager", "grouped_mm", "batched_mm"):
+        model.set_experts_implementation(implementation)
+        controlled = TransformersControlled(model)
+        counts[implementation] = (count_flops(controlled, ids), count_flops(controlled.latency_baseline()[1], ids))
+    assert counts["grouped_mm"] == counts["batched_mm"] == counts["eager"]
+    assert counts["eager"][1] > counts["eager"][0]  # every expert for every token costs more than top-2 of 4
+
+
+def test_indices_are_stored_in_the_smallest_integer_type_that_holds_every_class():
+    dtypes = [index_dtype(classes) for classes in (4, 256, 257, 32768, 32769)]
+    assert dtypes == [torch.uint8, torch.uint8, torch.int16, torch.int16, torch.int32]
+
+
 def test_reassignment_changes_nll_and_dense_gate_is_the_top_k(ids):
     controlled = TransformersControlled(build("mixtral"))
     with torch.no_grad():
@@ -156,6 +176,25 @@ def test_static_profile_equal_to_live_routing_replays_exactly(ids):
         logits, values = controlled.capture_run(ids)
         static = controlled.replay_run(ids, [{COEFFICIENT: v[COEFFICIENT]} for v in values])
     assert torch.equal(static, logits)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
+def test_correct_replays_exactly_under_every_experts_kernel_and_only_eager_mixes_exactly(implementation, tokenizer):
+    """Capture and replay run the model's own experts kernel (transformers' default ``grouped_mm`` unless the
+    model sets another): ``correct`` is bit-exact under each; a dense gate equal to the live top-3 routing is
+    exact only under the kernels ``EXACT_MIXTURE_KERNELS`` names (grouped_mm and batched_mm sum a token's slots)."""
+    model = build("qwen3_moe", num_experts_per_tok=3)
+    assert model.get_experts_implementation() == {"": "grouped_mm"}  # transformers' default
+    model.set_experts_implementation(implementation)
+    controlled = TransformersControlled(model)
+    assert controlled.experts_implementation == implementation
+    ids = torch.randint(1, VOCAB, (4, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        live, values = controlled.capture_run(ids)
+        correct = controlled.replay_run(ids, values)
+        dense = controlled.replay_run(ids, [{COEFFICIENT: v[COEFFICIENT]} for v in values])
+    assert torch.equal(correct, live)
+    assert torch.equal(dense, live) == (implementation in EXACT_MIXTURE_KERNELS)
 
 
 def audit(folder, tmp_path, **settings):
@@ -202,6 +241,9 @@ def test_correct_replay_through_the_cache_equals_the_live_nll(tmp_path, tokenize
     cache = capture(controlled, windows, tmp_path / "cache", batch_size=2)
     values = ConditionCoefficients("correct", cache).values(torch.arange(2))
     assert set(values[0]) == {COEFFICIENT, "router_logits", "top_k_weights", "top_k_index"}
+    # stored once: the gate, the index as uint8 (4 experts), the weights and logits as their dtypes alone
+    assert values[0]["top_k_index"].dtype == torch.uint8
+    assert values[0]["top_k_weights"].numel() == values[0]["router_logits"].numel() == 0
     with torch.no_grad():
         nll = next_token_nll(controlled.replay_run(windows[:2], values), windows[:2])
     assert torch.equal(nll, cache.nll(torch.arange(2)))

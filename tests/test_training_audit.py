@@ -124,7 +124,7 @@ def direct_static_topk(model, eval_windows: torch.Tensor, calib_windows: torch.T
     """A Mixtral's eval NLL and the ΔNLL of its static sparse model, computed here without the workbench: each
     router's dense gate averaged over the calibration tokens, its k largest entries renormalised to sum to 1
     (Mixtral renormalises its top-k weights), returned for every token by the router's replaced forward."""
-    model.eval().set_experts_implementation("eager")
+    model.eval()
     routers = [layer.mlp.gate for layer in model.model.layers]
     sums = [0.0] * len(routers)
 
@@ -170,7 +170,7 @@ def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_m
     audit = mini_audit(load_tokenizer())
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
     assert_same_figures(figures_of(rows[-1]), audit(final))
-    assert not final.training and final.get_experts_implementation() == {"": "grouped_mm"}  # put back after the audit
+    assert not final.training and final.get_experts_implementation() == {"": "grouped_mm"}  # as the audit found it
     nll, static_delta = direct_static_topk(final, audit.eval_windows, audit.calib_windows)
     assert figures_of(rows[-1])["nll_correct"] == pytest.approx(nll, abs=1e-6)
     assert figures_of(rows[-1])["delta_layer_mean_topk"] == pytest.approx(static_delta, abs=1e-6)

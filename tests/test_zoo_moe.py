@@ -63,6 +63,7 @@ def test_fca_audit_on_every_moe_family(model_type, tmp_path, tokenizer, texts, c
     result = json.loads((tmp_path / "audit" / "audit.json").read_text())
     experts = result["execution"]["experts"]
     assert len(experts["controllers"]) == expert_blocks(model) > 0
+    assert experts["implementation"] == model.get_experts_implementation()[""]  # the model's own kernel
     conditions = result["conditions"]
     assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]
 

@@ -122,19 +122,12 @@ def load_controlled(
 def controlled_view(model: Any) -> Iterator[ControlledModel]:
     """``model`` seen through the protocol for the duration of the block: a workbench model as it is, a
     transformers model (one being trained, say) wrapped in ``TransformersControlled``. Wrapping switches the
-    model to eval mode and the eager experts; both are put back on exit, so training goes on as before."""
+    model to eval mode (its experts run as they are); its mode is put back on exit, so training goes on as
+    before."""
     was_training = model.training
-    experts = None
     try:
-        if hasattr(model, "replay_run"):  # a workbench model, or one already wrapped
-            yield model
-        else:
-            if hasattr(model, "get_experts_implementation"):
-                experts = model.get_experts_implementation()
-            yield TransformersControlled(model)
+        yield model if hasattr(model, "replay_run") else TransformersControlled(model)  # a workbench model as it is
     finally:
-        if experts is not None:
-            model.set_experts_implementation(experts)
         model.train(was_training)
 
 

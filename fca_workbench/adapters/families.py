@@ -125,6 +125,12 @@ NORM_GATE = "norm_gate"  # a sigmoid gate on a norm's output (AXK2's gated norms
 INPUT_GATE = "input_gate"  # any other sigmoid / softmax / exp of a projection scaling another branch
 
 
+# transformers' experts kernels that add a token's experts one at a time in the model's dtype, so that a
+# zero-weight expert adds exactly nothing and a static mixture equal to the live routing replays it bit for bit;
+# grouped_mm and batched_mm sum a token's slots (in float32): not so once k > 2 (docs/audit-json.md)
+EXACT_MIXTURE_KERNELS = ("eager",)
+
+
 def family_of(config: Any) -> Family:
     """The declared family of a model with this config, else ``DEFAULT``."""
     return MOE_FAMILIES.get(getattr(config, "model_type", ""), DEFAULT)

@@ -185,13 +185,12 @@ class TransformersControlled(LayerStepping, nn.Module):
     def __init__(self, model: nn.Module, controllers: str | None = None, only_controllers: str | None = None):
         super().__init__()
         self.model: Any = model.eval()  # a transformers PreTrainedModel
-        set_experts = getattr(self.model, "set_experts_implementation", None)
-        if set_experts is not None:
-            # eager loops over the experts a token uses: a zero-weight expert contributes exactly nothing,
-            # so a static profile equal to the live routing replays bit-exactly (docs/guides/foreign-models.md)
-            set_experts("eager")
+        experts = getattr(self.model, "get_experts_implementation", None)
+        # the experts run as the user's forward runs them (transformers' default, ``grouped_mm``, where the model
+        # leaves it unset), in capture and replay alike, so ``correct`` replays the live run bit for bit
+        self.experts_implementation: str | None = None if experts is None else experts()[""]
         own_code = type(self.model).__module__.startswith("transformers.")
-        self.replay_tolerance = 0.0 if set_experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
+        self.replay_tolerance = 0.0 if experts is not None and own_code else REMOTE_CODE_REPLAY_TOLERANCE
         found, self.left_out = discover_controllers(model, controllers, only_controllers)
         note = classification_note(self.arch, [kind.name for _, _, kind in found], self.left_out)
         if note is not None:  # the audit goes on: what discovery found is all it has

@@ -1,5 +1,6 @@
 """Controller kinds, declared as data: how to find a controller module, how its output becomes the values
-the cache keeps (``"coefficient"`` plus the rest of the output), and how values become the output to
+the cache keeps (``"coefficient"`` plus what replay needs of the rest of the output, nothing the coefficient
+holds stored twice), and how values become the output to
 return during replay. Adding a family is one ``ControllerKind``; capture and replay exist once
 (``fca_workbench.adapters.hf``).
 
@@ -22,7 +23,7 @@ from fca_workbench.foundation.errors import UserError
 from fca_workbench.models.common import index_slot_labels
 
 ROUTER_OUTPUT = ("router_logits", "top_k_weights", "top_k_index")
-TOP_K_INDEX = ROUTER_OUTPUT[2]  # [B, T, k]: the experts each token is routed to
+ROUTER_LOGITS, TOP_K_WEIGHTS, TOP_K_INDEX = ROUTER_OUTPUT  # TOP_K_INDEX [B, T, k]: the experts each token is routed to
 
 
 @dataclass(frozen=True)
@@ -67,27 +68,60 @@ def _tensor_output(values, lead):
     return coefficient.reshape(*lead, *coefficient.shape[2:])
 
 
+def index_dtype(classes: int) -> torch.dtype:
+    """The smallest integer type that holds every index of ``classes`` routing classes."""
+    return next(dtype for dtype in (torch.uint8, torch.int16, torch.int32) if classes <= torch.iinfo(dtype).max + 1)
+
+
+def dtype_only(tensor: torch.Tensor) -> torch.Tensor:
+    """``[B, T, 0]`` of ``tensor``'s dtype: an output the cache derives from the coefficient keeps only its
+    dtype, so replaying it is exact at no bytes."""
+    return tensor.new_empty((*tensor.shape[:2], 0))
+
+
+def cached_routing(
+    gate: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, logits: torch.Tensor, repeats: bool = False
+) -> dict:
+    """What the cache keeps of a routing whose dense gate is ``gate``: the top-k index in the smallest integer
+    type, the top-k weights and router logits as their dtypes alone (the weights are the gate at the index;
+    the block discards the logits). ``repeats``: a token's indices may repeat (the gate holds their sum), so the
+    weights are kept whole."""
+    return {
+        TOP_K_INDEX: index.to(index_dtype(gate.shape[-1])),
+        TOP_K_WEIGHTS: weights if repeats else dtype_only(weights),
+        ROUTER_LOGITS: dtype_only(logits),
+    }
+
+
+def replayed_routing(gate: torch.Tensor, values: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(router_logits, top_k_weights, top_k_index)`` from ``cached_routing``'s values and the dense gate: the
+    weights kept whole, or gathered at the index in their own dtype (the gate holds them exactly, in float32),
+    the gate in the logits' dtype standing in for the logits."""
+    index, weights = values[TOP_K_INDEX].long(), values[TOP_K_WEIGHTS]
+    if weights.shape[-1] == 0:
+        weights = gate.gather(-1, index).to(weights.dtype)
+    return gate.to(values[ROUTER_LOGITS].dtype), weights, index
+
+
 def _router_values(output, batch_first) -> dict:
-    """``(router_logits [N, E], top_k_weights [N, k], top_k_index [N, k])``, whole, plus the dense gate:
-    the top-k weights scattered at their indices, zeros elsewhere."""
+    """``(router_logits [N, E], top_k_weights [N, k], top_k_index [N, k])`` as the dense gate (the top-k
+    weights scattered at their indices, zeros elsewhere) plus ``cached_routing``."""
     if not (isinstance(output, tuple) and len(output) == 3 and all(isinstance(t, torch.Tensor) for t in output)):
         raise UserError(
             "returns something other than (router_logits, top_k_weights, top_k_index); the adapter cannot use it"
         )
-    values = {name: batch_first(t) for name, t in zip(ROUTER_OUTPUT, output)}
-    logits, weights, index = (values[name] for name in ROUTER_OUTPUT)
-    gate = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-    values[COEFFICIENT] = gate.scatter(-1, index, weights.float())
-    return values
+    logits, weights, index = (batch_first(t) for t in output)
+    gate = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter(-1, index, weights.float())
+    return {COEFFICIENT: gate, **cached_routing(gate, index, weights, logits)}
 
 
 def _router_output(values, lead):
-    """The cached output as it was; or, from a coefficient alone (a static profile), the static mixture:
+    """The cached routing as it was; or, from a coefficient alone (a static profile), the static mixture:
     every expert with a nonzero gate anywhere in the batch runs, weighted by its gate (the gate stands in
     for the router logits, which the block discards)."""
-    if all(name in values for name in ROUTER_OUTPUT):
-        return tuple(values[name].reshape(*lead, *values[name].shape[2:]) for name in ROUTER_OUTPUT)
     gate = values[COEFFICIENT]
+    if TOP_K_INDEX in values:
+        return tuple(t.reshape(*lead, t.shape[-1]) for t in replayed_routing(gate, values))
     experts = (gate != 0).flatten(0, -2).any(dim=0).nonzero().squeeze(1)
     weights = gate.index_select(-1, experts)
     index = experts.expand(*gate.shape[:-1], len(experts))
@@ -97,7 +131,7 @@ def _router_output(values, lead):
 def _router_experts(values):
     if TOP_K_INDEX not in values:
         return None
-    return torch.bincount(values[TOP_K_INDEX].flatten().cpu(), minlength=values[COEFFICIENT].shape[-1])
+    return torch.bincount(values[TOP_K_INDEX].flatten().long().cpu(), minlength=values[COEFFICIENT].shape[-1])
 
 
 def expert_slot_labels(slot_shape: tuple[int, ...]) -> list[str]:

@@ -86,6 +86,12 @@ class ControlledModel(Protocol):
         ...
 
     @property
+    def experts_implementation(self) -> str | None:
+        """The kernel a mixture of experts runs its experts through, in capture and replay alike (transformers'
+        ``experts_implementation``, ``audit.json`` ``execution.experts``); None without such experts."""
+        ...
+
+    @property
     def blocks(self) -> list[nn.Module]:
         """The per-layer modules, counted by the execution audit."""
         ...

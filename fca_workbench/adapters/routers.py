@@ -15,12 +15,20 @@ import torch
 from torch import nn
 
 from fca_workbench.adapters.families import Family, family_of, zero_experts
-from fca_workbench.adapters.kinds import ROUTER_OUTPUT, TOP_K_INDEX, ControllerKind
+from fca_workbench.adapters.kinds import (
+    ROUTER_OUTPUT,
+    TOP_K_INDEX,
+    ControllerKind,
+    cached_routing,
+    dtype_only,
+    replayed_routing,
+)
 from fca_workbench.adapters.protocol import COEFFICIENT
 from fca_workbench.foundation.errors import UserError
 
-LOGITS, WEIGHTS = ROUTER_OUTPUT[:2]
 LOOKS_LIKE_ROUTER = re.compile(r"(Router|Gating)$|TopK|Topk")  # a class name no kind claiming it is refused
+# a router that looks its experts up by token id (DeepSeek-V4's hash layers): a token's indices may repeat
+LOOKS_UP_EXPERTS = re.compile(r"HashRouter$")
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 Routing = tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]  # logits, weights, index, rest
@@ -44,7 +52,8 @@ def find_routers(model: nn.Module) -> dict[str, ControllerKind]:
         parent, _, child = name.rpartition(".")
         inside = any(name.startswith(router + ".") for router in found)
         if child in family.router_names and not inside and is_sparse_block(model.get_submodule(parent)):
-            found[name] = router_kind(family, model.config)
+            repeats = LOOKS_UP_EXPERTS.search(type(model.get_submodule(name)).__name__) is not None
+            found[name] = router_kind(family, model.config, repeats)
     return found
 
 
@@ -208,43 +217,52 @@ OUTPUTS: dict[str, tuple[Callable[[Any], Routing], Callable[..., Any]]] = {  # F
     "product_keys": (_step_unpack, _step_pack),
 }
 GATE_EXTRAS = {"top_k_gammas": "shared_gammas"}  # output rest that is a gate too: it joins the coefficient
+DERIVED = {"router_scores"}  # output rest the dense gate is (in its own dtype): cached as its dtype alone
 NATIVE_BATCH_FIRST = {"router_states"}  # output rest already [B, T, ...]: returned as it is
 
 
-def router_kind(family: Family, config: Any) -> ControllerKind:
+def router_kind(family: Family, config: Any, repeats: bool = False) -> ControllerKind:
     """The controller kind of ``family``'s routers (``config`` gives its zero-computation experts, product-key
-    classes, shared-expert gates and k)."""
+    classes, shared-expert gates and k; ``repeats``: a token's indices may repeat, so the cache keeps the top-k
+    weights whole)."""
     unpack, pack = OUTPUTS[family.output]
     zero = zero_experts(family, config)
     gate_extra = GATE_EXTRAS.get(family.output)
     shared = config.n_shared_experts if gate_extra is not None else 0  # gates after the routing classes'
 
-    def classes(values) -> int:
+    def classes(logits) -> int:
         """Routing classes: one per logit, or as many as the config declares (product keys)."""
-        return getattr(config, family.classes) if family.classes else values[LOGITS].shape[-1]
+        return getattr(config, family.classes) if family.classes else logits.shape[-1]
 
     def to_values(output, batch_first) -> dict:
         logits, weights, index, rest = unpack(output)
-        values = {LOGITS: batch_first(logits), WEIGHTS: batch_first(weights), TOP_K_INDEX: batch_first(index)}
-        values.update({key: batch_first(tensor) for key, tensor in rest.items()})
-        gate = torch.zeros((*values[LOGITS].shape[:-1], classes(values)), dtype=torch.float32, device=logits.device)
-        gate = gate.scatter_add(-1, values[TOP_K_INDEX], values[WEIGHTS].float())
-        values[COEFFICIENT] = gate if gate_extra is None else torch.cat([gate, values[gate_extra].float()], -1)
+        logits, weights, index = batch_first(logits), batch_first(weights), batch_first(index)
+        rest = {key: batch_first(tensor) for key, tensor in rest.items()}
+        gate = torch.zeros((*logits.shape[:-1], classes(logits)), dtype=torch.float32, device=logits.device)
+        gate = gate.scatter_add(-1, index, weights.float())
+        coefficient = gate if gate_extra is None else torch.cat([gate, rest[gate_extra].float()], -1)
+        values = {COEFFICIENT: coefficient, **cached_routing(gate, index, weights, logits, repeats)}
+        values.update({key: dtype_only(t) if key in DERIVED or key == gate_extra else t for key, t in rest.items()})
         return values
 
     def to_output(values, lead):
         def native(tensor):
             return tensor.reshape(*lead, *tensor.shape[2:])
 
-        if all(key in values for key in ROUTER_OUTPUT):
-            rest = {key: value for key, value in values.items() if key not in (*ROUTER_OUTPUT, COEFFICIENT)}
-            rest = {key: value if key in NATIVE_BATCH_FIRST else native(value) for key, value in rest.items()}
-            return pack(*(native(values[key]) for key in ROUTER_OUTPUT), rest)
         coefficient = values[COEFFICIENT]
         gate = coefficient[..., : coefficient.shape[-1] - shared]
         rest = {}
         if gate_extra is not None:
-            rest[gate_extra] = coefficient[..., gate.shape[-1] :].reshape(*lead, -1)
+            rest[gate_extra] = native(coefficient[..., gate.shape[-1] :].to(values.get(gate_extra, gate).dtype))
+        if TOP_K_INDEX in values:
+            cached = {key: value for key, value in values.items() if key not in (COEFFICIENT, gate_extra)}
+            routing = replayed_routing(gate, cached)
+            for key, value in cached.items():
+                if key in DERIVED:
+                    rest[key] = native(gate.to(value.dtype))
+                elif key not in ROUTER_OUTPUT:
+                    rest[key] = value if key in NATIVE_BATCH_FIRST else native(value)
+            return pack(*(native(t) for t in routing), rest)
         if family.output == "skip_class":  # the next router's input: that router is frozen too
             rest["router_states"] = coefficient.new_zeros(*coefficient.shape[:2], config.router_hidden_size)
         return pack(*(t.reshape(*lead, t.shape[-1]) for t in static_mixture(gate)), rest)
@@ -260,8 +278,8 @@ def router_kind(family: Family, config: Any) -> ControllerKind:
     def experts(values):
         if TOP_K_INDEX not in values:
             return None
-        count = classes(values)
-        return torch.bincount(values[TOP_K_INDEX].flatten().cpu(), minlength=count)[: count - zero]
+        count = values[COEFFICIENT].shape[-1] - shared
+        return torch.bincount(values[TOP_K_INDEX].flatten().long().cpu(), minlength=count)[: count - zero]
 
     def slot_labels(slot_shape: tuple[int, ...]) -> list[str]:
         real = slot_shape[0] - shared - zero

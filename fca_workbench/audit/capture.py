@@ -51,11 +51,12 @@ from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import LIVE_RUN
 
 Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
-CACHE_FORMAT = "fca-coefficient-cache/3"
+CACHE_FORMAT = "fca-coefficient-cache/4"
 
 
-# /1: no shard hashes, /2: shards not bound to what made them; both recaptured, never trusted
-LEGACY_FORMATS = ("fca-coefficient-cache/1", "fca-coefficient-cache/2")
+# /1: no shard hashes, /2: shards not bound to what made them (both never trusted); /3: routers' logits and
+# top-k weights stored beside their gate, int64 indices; all recaptured
+LEGACY_FORMATS = ("fca-coefficient-cache/1", "fca-coefficient-cache/2", "fca-coefficient-cache/3")
 
 
 BOUND_KEYS = ("model_fingerprint", "data_fingerprint", "windows", "window", "shard_size", "dtype")
@@ -400,7 +401,8 @@ def capture(
         tensors = {
             f"layer_{layer}": value[COEFFICIENT].float().cpu().contiguous() for layer, value in enumerate(values)
         }
-        # the rest of each controller's output, in the dtype it came in, so replaying it is exact
+        # what replay needs of the rest of each controller's output (its kind's ``to_values``), in the dtype it
+        # came in, so replaying it is exact
         tensors.update(
             {
                 f"layer_{layer}.{name}": t.cpu().contiguous()

@@ -9,6 +9,7 @@ exists.
 """
 
 import contextlib
+import math
 import statistics
 import time
 from typing import cast
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fca_workbench.adapters.families import EXACT_MIXTURE_KERNELS
 from fca_workbench.adapters.kinds import top_k
 from fca_workbench.adapters.placement import execution_device
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
@@ -130,11 +132,22 @@ def _no_parameter_grads(model: Runnable):
             parameter.requires_grad_(True)
 
 
+def _grouped_mm_flops(input_shape, weight_shape, *args, out_shape, **kwargs) -> int:
+    """``aten._grouped_mm`` (transformers' default experts kernel), which ``torch.utils.flop_counter`` does not
+    count: rows [S, K] each through one group's [K, N] (the experts: S = tokens × k), groups along K (2-D × 2-D),
+    or a batch of [M, K] × [K, N] (3-D)."""
+    if len(weight_shape) == 3 and len(input_shape) == 2:
+        return 2 * input_shape[0] * input_shape[1] * weight_shape[2]
+    if len(weight_shape) == 2 and len(input_shape) == 2:
+        return 2 * input_shape[0] * input_shape[1] * weight_shape[1]
+    return 2 * math.prod(out_shape) * input_shape[-1]
+
+
 def count_flops(model: Runnable, windows_batch: torch.Tensor) -> int:
     """FLOPs of one unperturbed forward of the batch, as ``torch.utils.flop_counter`` counts them (matmuls
-    and attention; a skipped row's matmuls are simply absent)."""
+    and attention, grouped ones too; a skipped row's matmuls are simply absent)."""
     model.eval()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten._grouped_mm: _grouped_mm_flops})
     with torch.no_grad(), _no_parameter_grads(model), counter:
         model(windows_batch.to(_device(model)))
     return int(counter.get_total_flops())
@@ -206,7 +219,8 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
     (no extra forward): ``expert_fraction_executed`` = expert evaluations run / (tokens × experts), overall
     and per router (k/E for top-k), each router's per-expert load (tokens routed to the expert / tokens), and
     ``zero_computation``: the share of its k routing slots that went to zero-computation experts (which run
-    nothing and are not among the E experts). Empty for models without routers."""
+    nothing and are not among the E experts); the experts kernel capture and replay ran through, and whether a
+    static mixture is exact under it. Empty for models without routers."""
     counts: dict[int, torch.Tensor] = {}
     slots: dict[int, int] = {}  # routing slots (tokens × k) per router
     tokens = 0
@@ -222,6 +236,7 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
     if not counts:
         return {}
     names = cache.manifest.get("controllers") or list(model.controller_names)
+    implementation = model.experts_implementation
     run = sum(int(c.sum()) for c in counts.values())
     present = sum(tokens * len(c) for c in counts.values())
     return {
@@ -232,5 +247,7 @@ def expert_execution(model: ControlledModel, cache: CoefficientCache) -> dict:
             "fraction_executed": [int(c.sum()) / (tokens * len(c)) for c in counts.values()],
             "load": [(c.double() / tokens).tolist() for c in counts.values()],
             "zero_computation": [(slots[i] - int(c.sum())) / slots[i] if slots[i] else 0.0 for i, c in counts.items()],
+            "implementation": implementation,
+            "static_mixture_exact": None if implementation is None else implementation in EXACT_MIXTURE_KERNELS,
         },
     }

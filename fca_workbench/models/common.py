@@ -141,6 +141,7 @@ class CoefficientModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     arch = ""  # the family's name in ``FAMILIES`` and ``audit.json``
     replay_tolerance = 0.0  # the seam uses exactly the given coefficients: ``correct`` replays bit-exactly
+    experts_implementation = None  # no mixture of experts
 
     @property
     def controller_names(self) -> list[str]:
