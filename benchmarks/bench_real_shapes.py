@@ -13,7 +13,7 @@ runs the model (its default kernels: for the MoE slices the experts implementati
 ``grouped_mm`` where it is), the denominator of every ratio; the on-disk capture (``audit.capture.capture``, into
 a fresh folder, the fingerprint known as the memo gives it to every audit of a checkpoint after its first,
 ``audit.fingerprint_memo``); the ``correct`` replay of that cache (``audit.replay.replay_nll``) and, for the MoE
-slices, forward + NLL under the eager experts the audit sets (``adapters/hf.py``). The model fingerprint (every
+slices, forward + NLL with eager experts (capture and replay run the default kernel, as ``adapters/hf.py`` leaves it). The model fingerprint (every
 weight hashed, in threads) is timed once apart: what a checkpoint's first audit adds to its capture. One warm-up
 round, then the median over ``--repeats`` rounds of each round's ratios.
 Also: cache bytes per token against the bytes of the coefficients themselves (fp32) and against every tensor
@@ -29,6 +29,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")  # fixed before torch starts its thread pool
 
 import argparse
+import contextlib
 import json
 import resource
 import shutil
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -143,7 +145,7 @@ def build(shape: str, tiny: bool, dtype: torch.dtype, device: torch.device):
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, kind)(**fields), dtype=dtype)
-    default = model.get_experts_implementation()  # before the adapter sets eager
+    default = model.get_experts_implementation()  # what capture and replay run too
     controlled = TransformersControlled(model.eval())
     routed = any(kind.experts is not None for kind in controlled.kinds)
     return controlled, default if routed else None
@@ -210,19 +212,15 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         peaks.setdefault(name, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return time.perf_counter() - start, result
 
-    def eager_forward_nll():
+    def forward_nll():
+        """As a user runs the model: its default experts implementation, which capture and replay run too."""
         return next_token_nll(logits_of(model, batch), batch)
 
-    def forward_nll():
-        """As a user runs the model: its default experts implementation, where it has experts."""
-        if default_experts is None:
-            return eager_forward_nll()
-        assert hf is not None  # a model with experts: a transformers one, under the adapter
-        hf.set_experts_implementation(default_experts)
-        try:
-            return eager_forward_nll()
-        finally:
-            hf.set_experts_implementation("eager")
+    def eager_forward_nll():
+        """The same forward with eager experts, for the ratio of eager over the default kernel."""
+        assert hf is not None and default_experts is not None  # a transformers model with experts
+        with experts_implementation(hf, "eager", default_experts):
+            return forward_nll()
 
     fingerprint_s, fingerprint = timed(lambda: model_fingerprint(model), "fingerprint")
     seconds: dict[str, list[float]] = {"forward_nll": [], "capture": [], "replay_correct": []}
@@ -307,6 +305,16 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
     }
 
 
+@contextlib.contextmanager
+def experts_implementation(hf, kind: str, default_experts: str) -> Iterator[None]:
+    """``hf``'s experts run through ``kind`` inside the block, through ``default_experts`` again after it."""
+    hf.set_experts_implementation(kind)
+    try:
+        yield
+    finally:
+        hf.set_experts_implementation(default_experts)
+
+
 def static_exactness(model, hf, windows, cache, default_experts: str, device: torch.device) -> dict:
     """Per static condition: NLL under ``default_experts`` bit-identical to eager's, and the largest difference."""
     profiles = calibration_profiles(cache)
@@ -314,12 +322,9 @@ def static_exactness(model, hf, windows, cache, default_experts: str, device: to
     for condition in STATIC:
         if condition not in profiles:
             continue
-        eager = replay_nll(model, windows, cache, condition, profiles, device=device)
-        hf.set_experts_implementation(default_experts)
-        try:
-            other = replay_nll(model, windows, cache, condition, profiles, device=device)
-        finally:
-            hf.set_experts_implementation("eager")
+        other = replay_nll(model, windows, cache, condition, profiles, device=device)
+        with experts_implementation(hf, "eager", default_experts):
+            eager = replay_nll(model, windows, cache, condition, profiles, device=device)
         found[condition] = {
             "bit_identical": bool(torch.equal(eager, other)),
             "max_abs_diff": (eager.double() - other.double()).abs().max().item(),
@@ -347,9 +352,9 @@ def markdown(results: dict) -> str:
         "forward + NLL under the model's default kernels (the MoE slices' default experts implementation); "
         "capture: with the model fingerprint known, as the memo in the cache root gives it to every audit of a "
         "checkpoint after its first; first capture: plus the fingerprint (every weight hashed, in threads; timed "
-        "once apart); eager / default experts: forward + NLL under the eager experts the audit sets over the "
+        "once apart); eager / default experts: forward + NLL with eager experts over the "
         "default's; cache: bytes on disk per token / the fp32 coefficients' bytes per token (and / every tensor "
-        "the cache stores: router logits, top-k weights and indices, NLL); peak RSS / (weights + one batch, the "
+        "the cache stores: a router's gate and top-k indices, NLL); peak RSS / (weights + one batch, the "
         "audit's estimate). Goals: capture <= 1.05, replay <= 1.02, cache <= 1.01. Cache fixed bytes: the manifest "
         "and the shards' headers, the same for any number of tokens per shard.",
         "",
