@@ -40,14 +40,16 @@ from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE
 from fca_workbench.foundation.files import read_json, write_atomic, write_json
 from fca_workbench.results.conditions import LAYER_MEAN_TOPK
 from fca_workbench.results.design_study import (
+    ROUTER_STUDY,
+    design_seed_table,
+    read_design_study,
+)
+from fca_workbench.results.finetune_study import (
     LEAST_STATIC,
     MOST_STATIC,
-    ROUTER_STUDY,
     SHIPPED,
-    design_seed_table,
     finetune_runs_table,
     finetune_seed_table,
-    read_design_study,
     read_finetunes,
 )
 from fca_workbench.results.layout import AUDIT_FILE, FINETUNE_FOLDER, FINETUNE_SUMMARY_FILE

@@ -486,7 +486,7 @@ def test_without_frozen_routers_a_fine_tune_trains_the_routers_again(small_text,
 
 
 INIT_REFUSALS = [
-    ("empty", [], "is not a checkpoint folder: it has no config.json"),
+    ("empty", [], "--init: not a checkpoint folder (no config.json)"),
     ("featuregate", [], "is a workbench fca-featuregate model; --init starts from a transformers causal LM"),
     ("bert", [], "a bert model built from this config is not causal"),
     ("mixtral", ["--width", "64"], "--width shape --arch models; a --hf-config file or an --init checkpoint"),

@@ -89,6 +89,21 @@ def write_atomic(path: Path, payload: bytes) -> None:
         tmp.write_bytes(payload)
 
 
+def move_files(staging: Path, out: Path) -> list[Path]:
+    """Every file under ``staging`` moved to the same place under ``out`` (each rename atomic, replacing a file
+    there), then ``staging`` removed, and its parent too once empty; their new paths."""
+    moved = []
+    for path in sorted(p for p in staging.rglob("*") if p.is_file()) if staging.is_dir() else []:
+        target = out / path.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        moved.append(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the last notebook to end removes the staging folder (others: not empty)
+        staging.parent.rmdir()
+    return moved
+
+
 JSON_MAX_BYTES = 64 << 20  # far above any config, index, manifest or audit.json the workbench meets
 
 

@@ -9,7 +9,6 @@ running at the same time each know their own files.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import UserError, first_line
+from fca_workbench.foundation.files import move_files
 from fca_workbench.results.layout import NOTEBOOKS_DIR, STAGING_DIR
 
 if TYPE_CHECKING:
@@ -66,20 +66,6 @@ class NotebookResult:
     output: Path
     error: str | None = None
     files: list[Path] = field(default_factory=list)
-
-
-def move_files(staging: Path, out: Path) -> list[Path]:
-    """Every file under ``staging`` moved to the same place under ``out`` (replacing one there); their new paths."""
-    moved = []
-    for path in sorted(p for p in staging.rglob("*") if p.is_file()) if staging.is_dir() else []:
-        target = out / path.relative_to(staging)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
-        moved.append(target)
-    shutil.rmtree(staging, ignore_errors=True)
-    with contextlib.suppress(OSError):  # the last notebook to end removes the staging folder (others: not empty)
-        staging.parent.rmdir()
-    return moved
 
 
 def describe_failure(exc: Exception) -> str:

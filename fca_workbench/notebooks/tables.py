@@ -48,12 +48,14 @@ from fca_workbench.results.design_study import (
     design_points,
     design_runs_table,
     design_seed_table,
-    finetune_runs_table,
-    finetune_seed_table,
     read_design_study,
-    read_finetunes,
 )
 from fca_workbench.results.figures import layer_position_matrix, mimebundle, show, show_in, write_figure
+from fca_workbench.results.finetune_study import (
+    finetune_runs_table,
+    finetune_seed_table,
+    read_finetunes,
+)
 from fca_workbench.results.layout import FINETUNE_FOLDER, cache_folder
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles

@@ -23,7 +23,7 @@ from fca_workbench.foundation.files import inside_folder, read_json, schema_prob
 from fca_workbench.foundation.resources import shipped
 from fca_workbench.results.audit_tables import seed_summary
 from fca_workbench.results.conditions import LAYER_MEAN, LAYER_MEAN_TOPK, REASSIGNMENTS, REFERENCE
-from fca_workbench.results.layout import FINETUNE_FOLDER, FINETUNE_SUMMARY_FILE, STUDY_SUMMARY_FILE
+from fca_workbench.results.layout import FINETUNE_FOLDER, STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
 from fca_workbench.results.tabular import Column, make_table
 
@@ -219,7 +219,7 @@ CARD_SCHEMA = {
 }
 
 
-def _read_checked(folder: Path, run: str, name: str, schema: dict) -> dict:
+def read_checked(folder: Path, run: str, name: str, schema: dict) -> dict:
     path = inside_folder(folder, f"{run}/{name}", run)
     if not path.is_file():
         raise UserError(f"no {name} (an unfinished run?)")
@@ -260,8 +260,8 @@ def read_run(folder: Path, run: str, kind: StudyKind = CONTROLLER_STUDY) -> dict
     """One run's summary with its card under ``card``; a one-line ``UserError`` when either is missing or broken,
     or the folder's name is not the run its summary names (a copied folder would count a seed twice), or the two
     disagree on the eval NLL."""
-    summary = _read_checked(folder, run, STUDY_SUMMARY_FILE, summary_schema(kind))
-    card = _read_checked(folder, run, TRAIN_CARD_FILE, CARD_SCHEMA)
+    summary = read_checked(folder, run, STUDY_SUMMARY_FILE, summary_schema(kind))
+    card = read_checked(folder, run, TRAIN_CARD_FILE, CARD_SCHEMA)
     named = f"{summary['variant']}-s{summary['seed']}"
     if named != run:
         raise UserError(f"its {STUDY_SUMMARY_FILE} is the run {named}, not {run}")
@@ -412,100 +412,3 @@ def design_points(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.Da
                 }
             )
     return pd.DataFrame(rows)
-
-
-# the fine-tune stage of the router study (``benchmarks/router_design.py --finetune``): the models it fine-tunes
-# the exports of, in the order its tables show them, and the figures of each summary
-SHIPPED, MOST_STATIC, LEAST_STATIC = "shipped", "most static", "least static"
-FINETUNE_COLUMNS = [
-    Column("model_eval_nll", "model eval NLL", "float"),
-    Column("export_eval_nll", "export eval NLL", "float"),
-    Column("finetuned_eval_nll", "fine-tuned export eval NLL", "float"),
-    Column("recovered", "share of the gap recovered", "pct"),
-    Column("model_finetuned_eval_nll", "model fine-tuned alike (control)", "float"),
-]
-FINETUNE_FIGURES = tuple(column.key for column in FINETUNE_COLUMNS)  # each a top-level field of a summary
-FINETUNE_SCHEMA = {
-    "type": "object",
-    "required": ["run", "role", "source", "seed", "steps", *FINETUNE_FIGURES],
-    "properties": {
-        "run": {"type": "string", "minLength": 1},
-        "role": {"type": "string", "minLength": 1},
-        "source": {"type": "string", "minLength": 1},
-        "seed": {"type": "integer", "minimum": 0},
-        "steps": {"type": "integer", "minimum": 1},
-        **{figure: {"type": "number"} for figure in FINETUNE_FIGURES},
-    },
-}
-
-
-def read_finetunes(folder: str | Path | None = None) -> list[dict]:
-    """Every fine-tune summary of the router study's fine-tune stage (``<study>/finetune/<run>/``), in name
-    order; a missing stage, or a summary that is not one, is a one-line ``UserError``."""
-    stage = Path(folder or ROUTER_STUDY.folder) / FINETUNE_FOLDER
-    names = sorted(p.name for p in stage.iterdir() if p.is_dir()) if stage.is_dir() else []
-    if not names:
-        raise UserError(f"no fine-tune of the router-design study in {stage} (benchmarks/router_design.py --finetune)")
-    return [_read_checked(stage, name, FINETUNE_SUMMARY_FILE, FINETUNE_SCHEMA) for name in names]
-
-
-def by_role(runs: list[dict]) -> list[dict]:
-    """The fine-tunes in table order: the shipped MoE's first, then the most and the least static design's, each
-    by source and seed."""
-    order = [SHIPPED, MOST_STATIC, LEAST_STATIC]
-    return sorted(
-        runs, key=lambda r: (order.index(r["role"]) if r["role"] in order else len(order), r["source"], r["seed"])
-    )
-
-
-def finetune_runs_table(runs: list[dict]) -> pd.DataFrame:
-    """One row per fine-tune: its role, the model it started from and the figures of its summary."""
-    columns = [
-        Column("role", "role", "text"),
-        Column("source", "fine-tuned export of", "text"),
-        Column("seed", "seed", "int"),
-        Column("steps", "steps", "int"),
-        *FINETUNE_COLUMNS,
-    ]
-    rows = [{key: run[key] for key in ("role", "source", "seed", "steps", *FINETUNE_FIGURES)} for run in by_role(runs)]
-    return make_table(
-        "router_design_finetune_runs",
-        "Router design, fine-tuned static top-k exports: each fine-tune's eval NLL (the model card's eval windows)",
-        columns,
-        rows,
-    )
-
-
-def finetune_seed_table(runs: list[dict]) -> pd.DataFrame:
-    """One row per role (the shipped MoE, the most and the least static design): its variant, seeds, and every
-    figure as mean ± sd over them (``seeds.summarise``, which reads a summary's ``derived`` figures)."""
-    columns = [
-        Column("role", "role", "text"),
-        Column("model", "variant (or model)", "text"),
-        Column("n", "seeds", "int"),
-        Column("seeds", "seed numbers", "text"),
-        *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in FINETUNE_COLUMNS],
-    ]
-    roles: dict[str, list[dict]] = {}
-    for run in by_role(runs):
-        roles.setdefault(run["role"], []).append(run)
-    rows = []
-    for role, group in roles.items():
-        figures = [{"derived": {key: run[key] for key in FINETUNE_FIGURES}} for run in group]
-        summary = seed_summary(figures, [f"derived.{key}" for key in FINETUNE_FIGURES])
-        rows.append(
-            {
-                "role": role,
-                "model": ", ".join(sorted({run.get("variant") or run["source"] for run in group})),
-                "n": len(group),
-                "seeds": ", ".join(str(run["seed"]) for run in group),
-                **{key: summary[f"derived.{key}"] for key in FINETUNE_FIGURES},
-            }
-        )
-    return make_table(
-        "router_design_finetune",
-        "Router design, fine-tuned static top-k exports: mean ± sd over seeds of the share of the "
-        "correct → layer_mean_topk gap the fine-tune recovers",
-        columns,
-        rows,
-    )

@@ -23,7 +23,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from fca_workbench.adapters.controlled import NATIVE_MODEL_TYPES, load_transformers
 from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.foundation.checkpoint import CONFIG_FILE, config_fields, model_type_of
+from fca_workbench.foundation.checkpoint import CONFIG_FILE, check_checkpoint, config_fields, model_type_of
 from fca_workbench.foundation.errors import UserError, one_line
 from fca_workbench.foundation.files import read_json
 from fca_workbench.models.limits import (
@@ -131,9 +131,10 @@ def check_fits(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, win
 def read_init_config(folder: str | Path) -> dict:
     """The config fields of an ``--init`` checkpoint: a folder holding a transformers causal LM's config (a
     workbench family's folder is refused: its controllers train with ``--arch``)."""
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file():
-        raise UserError(f"--init {folder} is not a checkpoint folder: it has no {CONFIG_FILE}")
+    try:
+        folder = check_checkpoint(folder)
+    except UserError as exc:
+        raise UserError(f"--init: {exc}") from None
     model_type = model_type_of(config_fields(folder), folder)
     if model_type in NATIVE_MODEL_TYPES:
         raise UserError(
