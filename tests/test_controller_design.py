@@ -9,6 +9,7 @@ import importlib.util
 import json
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -223,19 +224,20 @@ def test_the_study_plan_puts_every_variant_of_seed_0_first_and_every_variant_par
 
 def test_the_study_trains_audits_summarises_and_resumes(small_text, tmp_path, monkeypatch):
     study = load_study()
+    runner = sys.modules["design_runner"]  # the loop, status and listing both studies share, as the script imports it
     tiny = ("--layers", "2", "--width", "32", "--window", "32", "--batch-size", "8", "--train", small_text)
     runs = study.plan(
         seeds=(0,), variants=("default", "combo"), steps=2, train_extra=tiny, audit_extra=("--max-windows", "4")
     )
     work, out = tmp_path / "work", tmp_path / "out"
-    assert study.study(runs, work, out) == []
+    assert runner.study(runs, work, out, study.run_one) == []
     for run in runs:
         assert sorted(p.name for p in (out / run.name).iterdir()) == [
-            study.SUMMARY_FILE,
+            runner.SUMMARY_FILE,
             "model_card.json",
             "train_log.csv",
         ]
-        summary = json.loads((out / run.name / study.SUMMARY_FILE).read_text())
+        summary = json.loads((out / run.name / runner.SUMMARY_FILE).read_text())
         audit = json.loads((work / f"{run.name}-audit" / "audit.json").read_text())
         assert summary["retention"] == audit["retention"] and summary["variance"] == audit["variance"]
         assert summary["conditions"]["cross_input"] == audit["conditions"]["cross_input"]
@@ -243,13 +245,13 @@ def test_the_study_trains_audits_summarises_and_resumes(small_text, tmp_path, mo
         assert summary["commands"]["train"].startswith("fca train --arch featuregate --seed 0 --steps 2")
         assert not list((out / run.name).glob("*.safetensors"))
     assert json.loads((out / "combo-s0" / "model_card.json").read_text())["settings"]["gate_input"] == "detached"
-    assert "2 of 2 runs done" in study.listing(runs, work, out)
+    assert "2 of 2 runs done" in runner.listing(runs, work, out)
 
-    (out / "combo-s0" / study.SUMMARY_FILE).unlink()  # audited, not summarised: summarised without rerunning fca
+    (out / "combo-s0" / runner.SUMMARY_FILE).unlink()  # audited, not summarised: summarised without rerunning fca
     monkeypatch.setattr(study, "fca", lambda argv: pytest.fail(f"reran fca {argv}"))
-    assert study.status(runs[1], work, out) == "audited"
-    assert study.study(runs, work, out) == []
-    assert json.loads((out / "combo-s0" / study.SUMMARY_FILE).read_text())["audit_seconds"] is None
+    assert runner.status(runs[1], work, out) == "audited"
+    assert runner.study(runs, work, out, study.run_one) == []
+    assert json.loads((out / "combo-s0" / runner.SUMMARY_FILE).read_text())["audit_seconds"] is None
 
 
 @pytest.mark.parametrize("field, value", [("gate_range", "3sigmoid"), ("gate_input", "normal")])

@@ -3,16 +3,20 @@ with its cell while the others still run, and audits / coefficient caches reused
 
 import gzip
 import json
+import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from conftest import TINY_REPRODUCE_SETTINGS, assert_one_line_error, fca
 
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import reproduce
+from fca_workbench.notebooks.notebook_execution import NotebookJob, run_notebook
 from fca_workbench.notebooks.reproduce import NotebookRun
 from fca_workbench.results.outputs import mark_results
 
@@ -265,3 +269,33 @@ def audit_figures(folder):
 
 def without_latency(figures):
     return {k: without_latency(v) if isinstance(v, dict) else v for k, v in figures.items() if "latency" not in k}
+
+
+def test_notebooks_run_side_by_side_in_their_own_folder_and_leave_this_process_where_it_was(tmp_path, monkeypatch):
+    """Two notebooks at once, in threads as ``fca reproduce`` runs them: each kernel works in its notebook's
+    folder, and nothing changes this process's working folder (a chdir per notebook would race)."""
+    source = tmp_path / "where.ipynb"
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("out = None", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "import os, pathlib\npathlib.Path(out).mkdir(parents=True)\npathlib.Path(out, 'cwd.txt').write_text(os.getcwd())"
+        ),
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, source)
+    here, chdir = Path.cwd(), os.chdir
+
+    def stay(path):  # papermill's file reader "changes" to the folder it started in: the only chdir allowed
+        if Path(path) != here:
+            pytest.fail(f"chdir({path}) in the process running notebooks")
+        chdir(path)
+
+    monkeypatch.setattr(os, "chdir", stay)
+    jobs = [NotebookJob(name, source, {"out": "unset"}) for name in ("first", "second")]
+    outs = [tmp_path / "a", tmp_path / "b"]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run_notebook, jobs, outs))
+    assert [r.error for r in results] == [None, None]
+    for out in outs:
+        assert (out / "cwd.txt").read_text() == str(out / "notebooks")

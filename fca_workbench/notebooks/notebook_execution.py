@@ -110,7 +110,9 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
                 progress_bar=False,
                 log_output=False,
                 request_save_on_cell_execute=False,
-                cwd=str(output.parent),
+                # the kernel starts in the notebook's folder (nbclient's resources path); papermill's own cwd=
+                # would chdir this whole process, which notebooks running side by side in threads race on
+                resources={"metadata": {"path": str(output.parent)}},
                 config=local_kernel(Path(sockets)),
             )
     except Exception as exc:  # a notebook's failure is reported, and the others still run
