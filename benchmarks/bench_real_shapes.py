@@ -62,7 +62,12 @@ from fca_workbench.models.muddpythia import MUDDPythiaConfig
 THREADS = 2
 NAME = "real_shapes"
 STATIC = ("layer_mean", "layer_mean_topk")
-GOALS = {"capture_over_forward_nll": 1.05, "replay_over_forward_nll": 1.02, "cache_over_coefficients": 1.01}
+GOALS = {  # issue 36's goals
+    "capture_over_forward_nll": 1.05,
+    "replay_over_forward_nll": 1.05,
+    "cache_over_coefficients": 1.2,
+    "peak_rss_over_weights_batch": 1.5,
+}
 
 
 class Shape(NamedTuple):
@@ -190,6 +195,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(THREADS)
     device, dtype = torch.device(args.device), getattr(torch, dtype_name)
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    load_start = os.getloadavg()[0]
     started = time.perf_counter()
     model, default_experts = build(shape, args.tiny, dtype, device)
     build_s = time.perf_counter() - started
@@ -299,6 +305,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         "batch_estimate": batch_estimate,
         "ratios": ratios,
         "static_exactness": exactness,
+        "load_start": load_start,
         "load": os.getloadavg()[0],
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "hash_threads": HASH_THREADS,
@@ -355,10 +362,11 @@ def markdown(results: dict) -> str:
         "once apart); eager / default experts: forward + NLL with eager experts over the "
         "default's; cache: bytes on disk per token / the fp32 coefficients' bytes per token (and / every tensor "
         "the cache stores: a router's gate and top-k indices, NLL); peak RSS / (weights + one batch, the "
-        "audit's estimate). Goals: capture <= 1.05, replay <= 1.02, cache <= 1.01. Cache fixed bytes: the manifest "
+        "audit's estimate). Goals: capture <= 1.05, replay <= 1.05, cache <= 1.2, peak RSS <= 1.5. Load: the "
+        "1-minute load average at the shape's start and end. Cache fixed bytes: the manifest "
         "and the shards' headers, the same for any number of tokens per shard.",
         "",
-        "| shape | dtype | device | batch | threads | load | measured | forward+NLL s | capture | first capture | "
+        "| shape | dtype | device | batch | threads | load (start–end) | measured | forward+NLL s | capture | first capture | "
         "replay | eager / default experts | cache / coefficients | cache / stored tensors | "
         "cache fixed bytes | peak RSS / (weights + batch) | fingerprint s (threads) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -372,11 +380,11 @@ def markdown(results: dict) -> str:
         fixed = (r["cache_bytes_per_token"] - r["stored_tensor_bytes_per_token"]) * tokens  # manifest and headers
         lines.append(
             f"| {r['shape']}{' (tiny)' if r['tiny'] else ''} | {r['dtype']} | {r['device']} | "
-            f"{r['batch'][0]} x {r['batch'][1]} | {r['threads']} | {r['load']:.1f} | {r.get('measured_at', '')} | "
+            f"{r['batch'][0]} x {r['batch'][1]} | {r['threads']} | {r.get('load_start', r['load']):.1f}–{r['load']:.1f} | {r.get('measured_at', '')} | "
             f"{r['median_s']['forward_nll']:.2f} | {mark(q, 'capture_over_forward_nll')} | "
             f"{q['first_capture_over_forward_nll']:.4f} | "
             f"{mark(q, 'replay_over_forward_nll')} | {experts} | {mark(q, 'cache_over_coefficients')} | "
-            f"{q['cache_over_stored_tensors']:.4f} | {fixed:.0f} | {q['peak_rss_over_weights_batch']:.2f} | "
+            f"{q['cache_over_stored_tensors']:.4f} | {fixed:.0f} | {mark(q, 'peak_rss_over_weights_batch')} | "
             f"{r['fingerprint_s']:.2f} ({r.get('hash_threads', 1)}) |"
         )
     exact = [(r, c, e) for r in results["runs"].values() for c, e in (r["static_exactness"] or {}).items()]

@@ -42,6 +42,7 @@ from fca_workbench.results.conditions import LAYER_MEAN_TOPK
 from fca_workbench.results.design_study import (
     ROUTER_STUDY,
     design_seed_table,
+    design_findings,
     read_design_study,
 )
 from fca_workbench.results.finetune_study import (
@@ -247,7 +248,8 @@ def findings_table(out: Path) -> str:
     """Every variant's figures as mean ± sd over its seeds, in the Markdown every workbench table is written in."""
     found = read_design_study(out, ROUTER_STUDY)
     skipped = [f"left out: {line}" for line in found.skipped]
-    return "\n".join([to_markdown(design_seed_table(found.runs, ROUTER_STUDY)), *skipped])
+    tables = [to_markdown(table(found.runs, ROUTER_STUDY)) for table in (design_seed_table, design_findings)]
+    return "\n".join([*tables, *skipped])
 
 
 # The fine-tune stage (issue 38, "can the router be dropped?"): each static top-k export fine-tuned for a tenth of

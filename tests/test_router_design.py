@@ -26,11 +26,13 @@ from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import reproduce
 from fca_workbench.results.design_study import (
     ROUTER_STUDY,
+    design_findings,
     design_runs_table,
     design_seed_table,
     read_design_study,
 )
 from fca_workbench.results.finetune_study import (
+    finetune_runs_table,
     finetune_seed_table,
     read_finetunes,
 )
@@ -382,3 +384,38 @@ def test_the_committed_finetunes_are_read_and_the_docs_quote_their_table(runner)
     assert {"shipped", "most static"} <= {t["role"] for t in finetunes} <= {"shipped", *extremes}
     assert (study / "finetune" / "findings.md").read_text() == runner.finetune_table(study) + "\n"
     assert '--8<-- "data/router_design/finetune/findings.md"' in (ROOT / "docs" / "router-design.md").read_text()
+
+
+def test_a_finding_is_a_difference_beyond_both_seed_sds_as_the_raw_summaries_give_it():
+    """design_findings on the committed study names exactly the (variant, figure) pairs an independent read of
+    the summaries' JSON finds beyond sd + sd, for the figures read straight from a summary."""
+    study = ROOT / "data" / "router_design"
+    raw: dict[str, list[dict]] = {}
+    for path in sorted(study.glob("*-s[0-9]/audit_summary.json")):
+        raw.setdefault(path.parent.name.rsplit("-s", 1)[0], []).append(json.loads(path.read_text()))
+    figures = {
+        "eval NLL": lambda s: s["eval_nll"],
+        "retention layer_mean_topk": lambda s: s["retention"]["layer_mean_topk"]["value"],
+        "ΔNLL cross_input": lambda s: s["conditions"]["cross_input"]["delta"],
+        "export eval NLL": lambda s: s["export_eval_nll"],
+    }
+    expected = set()
+    for variant, summaries in raw.items():
+        for header, figure in figures.items():
+            values, reference = [figure(s) for s in summaries], [figure(s) for s in raw["default"]]
+            if variant != "default" and abs(statistics.fmean(values) - statistics.fmean(reference)) > (
+                statistics.stdev(values) + statistics.stdev(reference)
+            ):
+                expected.add((variant, header))
+    table = design_findings(read_design_study(study, ROUTER_STUDY).runs, ROUTER_STUDY)
+    found = {(r["variant"], r["figure"]) for r in table.to_dict("records") if r["figure"] in figures}
+    assert found == expected and ("topk-1", "retention layer_mean_topk") in found
+
+
+def test_the_share_of_the_gap_to_the_control_is_the_nlls_ratio():
+    runs = read_finetunes(ROOT / "data" / "router_design")
+    table = finetune_runs_table(runs)
+    for row in table.to_dict("records"):
+        export, tuned, control = row["export_eval_nll"], row["finetuned_eval_nll"], row["model_finetuned_eval_nll"]
+        assert row["recovered_vs_control"] == pytest.approx((export - tuned) / (export - control), rel=1e-12)
+    assert len(table) == len(runs)

@@ -25,7 +25,7 @@ from fca_workbench.results.audit_tables import seed_summary
 from fca_workbench.results.conditions import LAYER_MEAN, LAYER_MEAN_TOPK, REASSIGNMENTS, REFERENCE
 from fca_workbench.results.layout import FINETUNE_FOLDER, STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
-from fca_workbench.results.tabular import Column, make_table
+from fca_workbench.results.tabular import Column, format_cell, make_table
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
@@ -372,6 +372,53 @@ def design_seed_table(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> p
         )
     return make_table(
         f"{kind.name}_over_seeds", f"{kind.title}: each variant's figures, mean ± sd over seeds", columns, rows
+    )
+
+
+def design_findings(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.DataFrame:
+    """What the study calls a finding: a variant's figure whose mean differs from the default's by more than
+    the two seed sds added (both with two seeds or more). Anything smaller is within the spread over seeds."""
+    groups = by_variant(runs, kind)
+    columns = [
+        Column("variant", "variant", "text"),
+        Column("figure", "figure", "text"),
+        Column("value", "variant's mean ± sd", "text"),
+        Column("default", f"{DEFAULT_VARIANT}'s mean ± sd", "text"),
+        Column("difference", "difference", "text"),
+        Column("spread", "sd + sd", "text"),
+    ]
+    rows = []
+    if len(groups.get(DEFAULT_VARIANT, [])) >= 2:
+        base = seed_summary(groups[DEFAULT_VARIANT], kind.figures.values())
+        for variant, group in groups.items():
+            if variant == DEFAULT_VARIANT or len(group) < 2:
+                continue
+            summary = seed_summary(group, kind.figures.values())
+            for column in kind.columns:
+                figure, reference = summary[kind.figures[column.key]], base[kind.figures[column.key]]
+                if figure is None or reference is None:
+                    continue
+                difference, spread = figure["mean"] - reference["mean"], figure["sd"] + reference["sd"]
+                if abs(difference) <= spread:
+                    continue
+                plain = Column(column.key, column.header, "pct" if column.kind == "pct" else "float", "value", 4)
+                msd = Column(column.key, column.header, column.kind, "msd", column.digits)
+                rows.append(
+                    {
+                        "variant": variant,
+                        "figure": column.header,
+                        "value": format_cell(msd, figure),
+                        "default": format_cell(msd, reference),
+                        "difference": ("+" if difference > 0 else "−") + format_cell(plain, abs(difference)),
+                        "spread": format_cell(plain, spread),
+                    }
+                )
+    return make_table(
+        f"{kind.name}_findings",
+        f"{kind.title}: the differences from {DEFAULT_VARIANT} larger than the two seed sds added (a share's "
+        "in percentage points)",
+        columns,
+        rows,
     )
 
 

@@ -28,6 +28,10 @@ FINETUNE_COLUMNS = [
     Column("model_finetuned_eval_nll", "model fine-tuned alike (control)", "float"),
 ]
 FINETUNE_FIGURES = tuple(column.key for column in FINETUNE_COLUMNS)  # each a top-level field of a summary
+# computed from a summary's figures: the share of the export → control gap the fine-tune closes, which sets
+# apart what 30 more steps do for any model from what the router's absence costs
+VS_CONTROL = Column("recovered_vs_control", "share of the gap to the control recovered", "pct")
+TABLE_COLUMNS = [*FINETUNE_COLUMNS, VS_CONTROL]
 FINETUNE_SCHEMA = {
     "type": "object",
     "required": ["run", "role", "source", "seed", "steps", *FINETUNE_FIGURES],
@@ -52,6 +56,13 @@ def read_finetunes(folder: str | Path | None = None) -> list[dict]:
     return [read_checked(stage, name, FINETUNE_SUMMARY_FILE, FINETUNE_SCHEMA) for name in names]
 
 
+def with_control_share(run: dict) -> dict:
+    """A summary's figures and its ``recovered_vs_control``: (export − fine-tuned) / (export − control)."""
+    gap = run["export_eval_nll"] - run["model_finetuned_eval_nll"]
+    share = (run["export_eval_nll"] - run["finetuned_eval_nll"]) / gap if gap > 0 else None
+    return {**{key: run[key] for key in FINETUNE_FIGURES}, VS_CONTROL.key: share}
+
+
 def by_role(runs: list[dict]) -> list[dict]:
     """The fine-tunes in table order: the shipped MoE's first, then the most and the least static design's, each
     by source and seed."""
@@ -68,9 +79,12 @@ def finetune_runs_table(runs: list[dict]) -> pd.DataFrame:
         Column("source", "fine-tuned export of", "text"),
         Column("seed", "seed", "int"),
         Column("steps", "steps", "int"),
-        *FINETUNE_COLUMNS,
+        *TABLE_COLUMNS,
     ]
-    rows = [{key: run[key] for key in ("role", "source", "seed", "steps", *FINETUNE_FIGURES)} for run in by_role(runs)]
+    rows = [
+        {**{key: run[key] for key in ("role", "source", "seed", "steps")}, **with_control_share(run)}
+        for run in by_role(runs)
+    ]
     return make_table(
         "router_design_finetune_runs",
         "Router design, fine-tuned static top-k exports: each fine-tune's eval NLL (the model card's eval windows)",
@@ -87,22 +101,23 @@ def finetune_seed_table(runs: list[dict]) -> pd.DataFrame:
         Column("model", "variant (or model)", "text"),
         Column("n", "seeds", "int"),
         Column("seeds", "seed numbers", "text"),
-        *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in FINETUNE_COLUMNS],
+        *[Column(c.key, c.header, c.kind, "msd", c.digits) for c in TABLE_COLUMNS],
     ]
     roles: dict[str, list[dict]] = {}
     for run in by_role(runs):
         roles.setdefault(run["role"], []).append(run)
     rows = []
     for role, group in roles.items():
-        figures = [{"derived": {key: run[key] for key in FINETUNE_FIGURES}} for run in group]
-        summary = seed_summary(figures, [f"derived.{key}" for key in FINETUNE_FIGURES])
+        figures = [{"derived": with_control_share(run)} for run in group]
+        keys = [column.key for column in TABLE_COLUMNS]
+        summary = seed_summary(figures, [f"derived.{key}" for key in keys])
         rows.append(
             {
                 "role": role,
                 "model": ", ".join(sorted({run.get("variant") or run["source"] for run in group})),
                 "n": len(group),
                 "seeds": ", ".join(str(run["seed"]) for run in group),
-                **{key: summary[f"derived.{key}"] for key in FINETUNE_FIGURES},
+                **{key: summary[f"derived.{key}"] for key in keys},
             }
         )
     return make_table(

@@ -140,6 +140,12 @@ def write_table(table: pd.DataFrame, out: str | Path) -> dict[str, Path]:
     return paths
 
 
+def format_cell(column: Column, value: Any) -> str:
+    """One value as ``readable`` writes it in ``column``: a number, a ``[lo, hi]`` pair or a ``{"mean", "sd",
+    "n"}`` dict, by the column's form."""
+    return _format(column, make_table("cell", "", [column], [{column.key: value}]).to_dict("records")[0])
+
+
 def _format(column: Column, row: dict) -> str:
     import pandas as pd
 
