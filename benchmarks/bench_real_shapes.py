@@ -30,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")  # fixed before torch starts its t
 
 import argparse
 import contextlib
+import gc
 import json
 import resource
 import shutil
@@ -156,6 +157,24 @@ def build(shape: str, tiny: bool, dtype: torch.dtype, device: torch.device):
     return controlled, default if routed else None
 
 
+def resident() -> tuple[int, int]:
+    """This process's resident bytes now and their high-water mark since ``reset_high_water`` (Linux's
+    /proc/self/status VmRSS and VmHWM; elsewhere the process's peak for both)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return peak, peak
+
+
+def reset_high_water() -> None:
+    """Start the resident high-water mark again from the present (Linux: ``5`` into /proc/self/clear_refs), so
+    a stage's peak is its own, not the model build's."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def logits_of(model, batch: torch.Tensor) -> torch.Tensor:
     output = model(batch)
     return getattr(output, "logits", output)
@@ -210,12 +229,17 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
 
     peaks: dict[str, int] = {}
 
+    gc.collect()
+    rss_at_rest = resident()[0]  # the built model at rest: libraries, interpreter and weights
+    baseline = rss_at_rest - weights  # the process without the model
+
     def timed(fn, name=""):
         sync(device)
+        reset_high_water()
         start = time.perf_counter()
         result = fn()
         sync(device)
-        peaks.setdefault(name, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        peaks.setdefault(name, resident()[1])
         return time.perf_counter() - start, result
 
     def forward_nll():
@@ -260,6 +284,7 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     one_batch, batch_estimate = batch_bytes(model, windows)
+    audit_peak = max(rss_after.get(stage, 0) for stage in ("capture", "replay_correct"))
 
     def ratio(name, over="forward_nll"):
         return statistics.median(t / f for t, f in zip(seconds[name], seconds[over]))
@@ -272,7 +297,8 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         "replay_over_forward_nll": ratio("replay_correct"),
         "cache_over_coefficients": sizes["files"] / coefficient_bytes,
         "cache_over_stored_tensors": sizes["files"] / sizes["tensors"],
-        "peak_rss_over_weights_batch": rss_peak / (weights + one_batch),
+        "peak_rss_over_weights_batch": (audit_peak - baseline) / (weights + one_batch),
+        "forward_peak_rss_over_weights_batch": (rss_after.get("forward_nll", 0) - baseline) / (weights + one_batch),
     }
     if device.type == "cuda":
         ratios["peak_gpu_over_weights_batch"] = torch.cuda.max_memory_allocated(device) / (weights + one_batch)
@@ -301,6 +327,8 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         "rss_start_bytes": rss_start,
         "rss_peak_after_bytes": rss_after,
         "rss_peak_bytes": rss_peak,
+        "rss_at_rest_bytes": rss_at_rest,
+        "rss_baseline_bytes": baseline,
         "batch_bytes": one_batch,
         "batch_estimate": batch_estimate,
         "ratios": ratios,
@@ -361,15 +389,17 @@ def markdown(results: dict) -> str:
         "checkpoint after its first; first capture: plus the fingerprint (every weight hashed, in threads; timed "
         "once apart); eager / default experts: forward + NLL with eager experts over the "
         "default's; cache: bytes on disk per token / the fp32 coefficients' bytes per token (and / every tensor "
-        "the cache stores: a router's gate and top-k indices, NLL); peak RSS / (weights + one batch, the "
-        "audit's estimate). Goals: capture <= 1.05, replay <= 1.05, cache <= 1.2, peak RSS <= 1.5. Load: the "
+        "the cache stores: a router's gate and top-k indices, NLL); peak RSS: the resident high-water mark of capture and of replay "
+        "(each stage's own: reset before it), less the process without the model (resident bytes with the model "
+        "built and at rest, less its weights: interpreter and libraries), over weights + one batch (the audit's "
+        "estimate); the forward's: the same of forward + NLL. Goals: capture <= 1.05, replay <= 1.05, cache <= 1.2, peak RSS <= 1.5. Load: the "
         "1-minute load average at the shape's start and end. Cache fixed bytes: the manifest "
         "and the shards' headers, the same for any number of tokens per shard.",
         "",
         "| shape | dtype | device | batch | threads | load (start–end) | measured | forward+NLL s | capture | first capture | "
         "replay | eager / default experts | cache / coefficients | cache / stored tensors | "
-        "cache fixed bytes | peak RSS / (weights + batch) | fingerprint s (threads) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "cache fixed bytes | peak RSS / (weights + batch) | the forward's | fingerprint s (threads) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["runs"].values():
         q = r["ratios"]
@@ -385,6 +415,7 @@ def markdown(results: dict) -> str:
             f"{q['first_capture_over_forward_nll']:.4f} | "
             f"{mark(q, 'replay_over_forward_nll')} | {experts} | {mark(q, 'cache_over_coefficients')} | "
             f"{q['cache_over_stored_tensors']:.4f} | {fixed:.0f} | {mark(q, 'peak_rss_over_weights_batch')} | "
+            f"{q.get('forward_peak_rss_over_weights_batch', float('nan')):.2f} | "
             f"{r['fingerprint_s']:.2f} ({r.get('hash_threads', 1)}) |"
         )
     exact = [(r, c, e) for r in results["runs"].values() for c, e in (r["static_exactness"] or {}).items()]

@@ -41,8 +41,8 @@ from fca_workbench.foundation.files import read_json, write_atomic, write_json
 from fca_workbench.results.conditions import LAYER_MEAN_TOPK
 from fca_workbench.results.design_study import (
     ROUTER_STUDY,
-    design_seed_table,
     design_findings,
+    design_seed_table,
     read_design_study,
 )
 from fca_workbench.results.finetune_study import (

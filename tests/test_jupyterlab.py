@@ -143,11 +143,21 @@ def test_explore_notebook_in_jupyterlab(lab):
             now = figures(page)
             if len(now) == 2 and any(title in t for t in now) and not set(now.items()) & set(before.items()):
                 return now
-            assert time.monotonic() < deadline, f"the figures did not change to {title!r}: {list(now)}"
+            assert time.monotonic() < deadline, (
+                f"the figures did not change to {title!r}: {list(now)}; the outputs say {outputs(page)}; "
+                f"the kernel: {kernel_status(page)}; the browser's console: {console[-5:]}"
+            )
             page.wait_for_timeout(200)
 
     def dropdown(page, label: str):
         return page.locator(".widget-dropdown").filter(has=page.locator("label", has_text=re.compile(f"^{label}$")))
+
+    def kernel_status(page) -> str:
+        status = page.locator(".jp-StatusBar-TextItem", has_text="Python (fca-workbench)")
+        return " ".join(status.all_inner_texts())
+
+    def outputs(page) -> list[str]:
+        return [t.strip()[:300] for t in page.locator(".jp-OutputArea-output").all_inner_texts() if t.strip()]
 
     def errors(page) -> list[str]:
         texts = page.locator(f"{STDERR}, .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
@@ -156,6 +166,8 @@ def test_explore_notebook_in_jupyterlab(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        console: list[str] = []
+        page.on("console", lambda message: console.append(f"{message.type}: {message.text[:300]}"))
         try:
             page.goto(url, timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)

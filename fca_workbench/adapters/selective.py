@@ -82,7 +82,7 @@ def _column_values(spans: tuple[Span, ...]) -> Callable:
 def _column_output(spans: tuple[Span, ...]) -> Callable:
     def to_output(values, lead, live: torch.Tensor) -> torch.Tensor:
         coefficient = values[COEFFICIENT].reshape(*lead, -1).to(live.dtype)
-        output = live.clone()
+        output = live.clone() if torch.is_grad_enabled() else live  # the projection's own fresh output
         offset = 0
         for _, start, stop in spans:
             output[..., start:stop] = coefficient[..., offset : offset + stop - start]
