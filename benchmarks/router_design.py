@@ -40,7 +40,6 @@ from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE
 from fca_workbench.foundation.files import read_json, write_atomic, write_json
 from fca_workbench.results.conditions import LAYER_MEAN_TOPK
 from fca_workbench.results.design_study import (
-    ROUTER_STUDY,
     design_findings,
     design_seed_table,
     read_design_study,
@@ -54,6 +53,7 @@ from fca_workbench.results.finetune_study import (
     read_finetunes,
 )
 from fca_workbench.results.layout import AUDIT_FILE, FINETUNE_FOLDER, FINETUNE_SUMMARY_FILE
+from fca_workbench.results.study_kinds import ROUTER_STUDY
 from fca_workbench.results.tabular import to_markdown
 from fca_workbench.training.train import coefficient_summary
 from fca_workbench.training.train_settings import TrainSettings

@@ -25,7 +25,6 @@ from fca_workbench.data.windows import load_windows, read_documents
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import reproduce
 from fca_workbench.results.design_study import (
-    ROUTER_STUDY,
     design_findings,
     design_runs_table,
     design_seed_table,
@@ -36,6 +35,7 @@ from fca_workbench.results.finetune_study import (
     finetune_seed_table,
     read_finetunes,
 )
+from fca_workbench.results.study_kinds import ROUTER_STUDY
 from fca_workbench.training.hf_config import build_hf_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -52,8 +52,9 @@ from fca_workbench.notebooks.notebook_run import (
     shipped_checkpoints,
 )
 from fca_workbench.results import layout
-from fca_workbench.results.design_study import CONTROLLER_STUDY, ROUTER_STUDY, read_design_study
+from fca_workbench.results.design_study import read_design_study
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
+from fca_workbench.results.study_kinds import CONTROLLER_STUDY, ROUTER_STUDY
 
 NOTEBOOK_DIR = shipped("notebooks")
 PER_LAYER_NOTEBOOK = "06_per_layer"

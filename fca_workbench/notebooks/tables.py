@@ -44,7 +44,6 @@ from fca_workbench.results.audit_tables import (
 )
 from fca_workbench.results.conditions import LAYER_POSITION_MEAN
 from fca_workbench.results.design_study import (
-    ROUTER_STUDY,
     design_points,
     design_runs_table,
     design_seed_table,
@@ -60,6 +59,7 @@ from fca_workbench.results.layout import FINETUNE_FOLDER, cache_folder
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles
 from fca_workbench.results.slots import routers, slot_labels
+from fca_workbench.results.study_kinds import ROUTER_STUDY
 from fca_workbench.results.tabular import (
     Column,
     make_table,

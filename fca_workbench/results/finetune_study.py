@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.audit_tables import seed_summary
-from fca_workbench.results.design_study import ROUTER_STUDY, read_checked
+from fca_workbench.results.design_study import read_checked
 from fca_workbench.results.layout import FINETUNE_FOLDER, FINETUNE_SUMMARY_FILE
+from fca_workbench.results.study_kinds import ROUTER_STUDY
 from fca_workbench.results.tabular import Column, make_table
 
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
