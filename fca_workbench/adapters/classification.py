@@ -15,6 +15,7 @@ from fca_workbench.adapters.families import (
     ALTUP_ROUTER,
     ATTENTION_OUTPUT_GATE,
     CONV_GATE,
+    CROSS_LAYER_MIXING,
     DELTA_RULE_GATE,
     DYNAMIC_CONV,
     DYNAMIC_MASK,
@@ -56,10 +57,6 @@ KEY_AS_CONTENT = "the time-mixing key, exp-weighted in the WKV recurrence and al
 LSH = "attention and feed-forward only; LSH attention's buckets are its own sparsity, like a top-k of scores"
 LANGUAGE = "attention and MLPs only; its language adapter is chosen by a language id, not by the hidden state"
 WRAPPER = "audited as "
-DEPTH_ATTENTION = (
-    "its block attention residuals: learned queries attending over earlier layers' outputs (cross-layer mixing "
-    "weights computed inside the attention kernel)"
-)
 SLOW = "its default byte-hash embeddings take over a minute to build"
 ANY_TEXT = "a multimodal wrapper around any text model (its text config is AutoConfig): audited as that family"
 AUDIO = "a text-to-audio decoder whose config needs its text and audio encoders'"
@@ -180,8 +177,8 @@ FAMILIES: dict[str, Classified] = dict([
     moe("hy_v3"),
     moe("hy_v4", ATTENTION_OUTPUT_GATE, HYPER_CONNECTION),
     ("hyperclovax", DENSE),
-    moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE, DYNAMIC_CONV, left_out=DEPTH_ATTENTION),
-    moe("inkling2_text", ATTENTION_OUTPUT_GATE, DYNAMIC_CONV, left_out=DEPTH_ATTENTION),
+    moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE, CROSS_LAYER_MIXING, DYNAMIC_CONV),
+    moe("inkling2_text", ATTENTION_OUTPUT_GATE, CROSS_LAYER_MIXING, DYNAMIC_CONV),
     moe("inkling_text"),
     ("internlm3", DENSE),
     ("iquestcoder", DENSE),
