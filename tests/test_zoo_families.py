@@ -152,6 +152,33 @@ def test_inkling2_cross_layer_mixing_weights_are_the_ones_the_model_mixes_by(bui
     assert not torch.equal(moved, live) and not torch.equal(flat, live)
 
 
+def test_a_fused_query_gate_of_one_head_width_is_each_heads_second_half(ids):
+    """MiniCPM5-MoE's ``q_gate_proj`` makes ``2 × head_dim`` columns per head, viewed per head and chunked
+    into the query and the gate: the captured coefficient is exactly every head's second half (read here by a
+    plain hook), and replaying another input's gates with the queries live moves the logits."""
+    model = zoo.build_any("minicpm5_moe")
+    seen: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if name.endswith("self_attn.q_gate_proj"):
+            module.register_forward_hook(lambda m, a, out, n=name: seen.__setitem__(n, out))
+    controlled = TransformersControlled(model)
+    gates = [i for i, name in enumerate(controlled.controller_names) if name in seen]
+    assert {kind.name for kind in controlled.kinds} == {"attention_output_gate", "router:top_k"}
+    assert len(gates) == len(seen) == model.config.num_hidden_layers
+    other = torch.randint(1, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, donor = controlled.capture_run(other)
+        live, values = controlled.capture_run(ids)
+        captured = dict(seen)  # the projections' outputs in the capture of ``ids``
+        moved = controlled.replay_run(ids, [donor[i] if i in gates else v for i, v in enumerate(values)])
+    head = model.config.head_dim
+    for i in gates:
+        out = captured[controlled.controller_names[i]]
+        gate = out.unflatten(-1, (-1, 2 * head))[..., head:].flatten(-2)
+        assert torch.equal(values[i][COEFFICIENT].reshape(gate.shape), gate)
+    assert not torch.equal(moved, live)
+
+
 @pytest.mark.parametrize("model_type", UNBUILT)
 def test_a_family_the_zoo_cannot_build_tiny_says_why(model_type):
     """The reason is checked, not trusted: building the family tiny and probing it fails (when it stops

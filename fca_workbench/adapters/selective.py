@@ -185,9 +185,11 @@ def attention_gate_role(owner: nn.Module) -> Found:
 
 
 def fused_query_gate_role(owner: nn.Module) -> Found:
-    """Attention whose query projection makes each head's query and output gate side by side (AXK2's
-    ``q_gate_proj``: per head ``qk_head_dim`` query columns, then ``v_head_dim`` gate columns)."""
-    q_gate, sizes = _linear(owner, "q_gate_proj"), _sizes(owner, "qk_head_dim", "v_head_dim")
+    """Attention whose query projection makes each head's query and output gate side by side (``q_gate_proj``:
+    per head ``qk_head_dim`` query columns, then ``v_head_dim`` gate columns, as AXK2's multi-head latent
+    attention; ``head_dim`` of each where the attention names one head width, as MiniCPM5-MoE's)."""
+    q_gate, head = _linear(owner, "q_gate_proj"), _sizes(owner, "head_dim")
+    sizes = _sizes(owner, "qk_head_dim", "v_head_dim") or (head * 2 if head else None)
     if q_gate is None or sizes is None:
         return []
     query, gate = sizes
