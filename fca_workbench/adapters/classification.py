@@ -125,6 +125,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("dots3_note_text", ATTENTION_OUTPUT_GATE),
     ("electra", DENSE),
     ("emu3", DENSE),
+    moe("ergo"),  # its residual gates are sigmoids of learned per-channel weights, the same for every token
     ("ernie", DENSE),
     ("ernie4_5", DENSE),
     moe("ernie4_5_moe"),
@@ -187,6 +188,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("jetmoe"),
     moe("kimi_linear", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE),
     moe("kolibri1"),
+    moe("kolibri1_1"),  # its indexer has no weights: a top-k of its layer's own query-key scores, as LSH buckets
     moe("laguna", ATTENTION_OUTPUT_GATE),
     moe("lara_mini", DELTA_RULE_GATE),
     ("lfm2", gated(CONV_GATE)),
@@ -204,6 +206,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("mellum"),
     moe("mimo_v2_flash"),
     ("minicpm3", DENSE),
+    moe("minicpm5_moe", ATTENTION_OUTPUT_GATE),
     moe("minimax", ATTENTION_OUTPUT_GATE),
     moe("minimax_m2"),
     moe("minimax_m3_vl_text"),
@@ -229,6 +232,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("olmoe"),
     ("openai-gpt", DENSE),
     ("opt", DENSE),
+    moe("param2moe"),  # GLM-4-MoE's modelling under its own config
     ("pegasus", DENSE),
     ("persimmon", DENSE),
     ("phi", DENSE),
