@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+import transformers as T
 import zoo
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -91,6 +92,91 @@ def test_a_looped_controller_called_more_often_in_a_replay_than_at_capture_is_re
     message = str(refused.value)
     assert "\n" not in message and message.startswith("controller model.L_module.layers.0.self_attn.gate_proj ")
     assert "runs more than 6 times in a replay, more than at capture" in message
+
+
+def looped_inkling2() -> torch.nn.Module:
+    """Inkling2-loop with a block per layer and its middle layer looped twice: the stack over depth grows
+    from layer to layer, the looped layer's mixing weights are one controller per call, and the second pass
+    reads messages (``message_input``) from the first."""
+    config = zoo.tiny_config("inkling2_loop_text")
+    config.num_hidden_layers, config.layer_types = 3, ["hybrid_sliding", "hybrid", "hybrid_sliding"]
+    config.n_layers_per_attn_res_block, config.loop_num_passes = 1, 2
+    config.loop_layer_index_start, config.loop_layer_index_end = 1, 2
+    torch.manual_seed(0)
+    return T.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize(
+    ("build", "depths"), [(lambda: zoo.build_any("inkling2_text"), {2}), (looped_inkling2, {1, 2, 3, 4})]
+)
+def test_inkling2_cross_layer_mixing_weights_are_the_ones_the_model_mixes_by(build, depths, ids):
+    """The learned queries (random here; zero at initialisation, which mixes uniformly) weigh the stack of
+    earlier blocks' states per token: the captured weights are a distribution over depth equal to a hand
+    computation from each owner's inputs, the explicit mix gives the model's own kernel's logits bit for bit,
+    replaying them reproduces it, and replaying another input's weights or uniform ones changes the logits."""
+    model = build()
+    owners = {n: m for n, m in model.named_modules() if n.endswith("_input") and hasattr(m, "query")}
+    with torch.no_grad():
+        for owner in owners.values():
+            owner.query.normal_(0.0, 1.0)
+        kernel = model(input_ids=ids, use_cache=False).logits
+    controlled = TransformersControlled(model)
+    mixing = [i for i, kind in enumerate(controlled.kinds) if kind.name == "cross_layer_mixing"]
+    assert {controlled.controller_names[i].partition("@")[0] for i in mixing} == {f"{n}.query" for n in owners}
+    seen: dict[str, list[tuple]] = {name: [] for name in owners}
+    handles = [m.register_forward_pre_hook(lambda m, a, n=n: seen[n].append(a)) for n, m in owners.items()]
+    with torch.no_grad():
+        live, values = controlled.capture_run(ids)
+    for handle in handles:
+        handle.remove()
+    seen_depths = set()
+    for i, (block, partial, *loop_layer) in zip(mixing, [a for n in owners for a in seen[n]], strict=True):
+        owner = owners[controlled.controller_names[i].partition(".query")[0]]
+        stacked = torch.cat([block, partial.unsqueeze(-2)], dim=-2).float()
+        normed = stacked * torch.rsqrt(stacked.square().mean(-1, keepdim=True) + owner.norm.variance_epsilon)
+        query = owner.query[loop_layer[0]] if loop_layer else owner.query.view(-1, stacked.shape[-1])
+        scores = torch.einsum("btdh,qh->btqd", normed, query.float()) * stacked.shape[-1] ** -0.5
+        weights = values[i][COEFFICIENT]
+        assert torch.allclose(weights, scores.softmax(-1), atol=1e-6)
+        assert torch.allclose(weights.sum(-1), torch.ones(()), atol=1e-6)
+        seen_depths.add(weights.shape[-1])
+    assert seen_depths == depths  # the stack grows with the layer; a message reads the last pass's
+    other = torch.randint(1, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, donor = controlled.capture_run(other)
+        replayed = controlled.replay_run(ids, values)
+        moved = controlled.replay_run(ids, [donor[i] if i in mixing else v for i, v in enumerate(values)])
+        uniform = [{COEFFICIENT: torch.full_like(v[COEFFICIENT], 1 / v[COEFFICIENT].shape[-1])} for v in values]
+        flat = controlled.replay_run(ids, [uniform[i] if i in mixing else v for i, v in enumerate(values)])
+    assert torch.equal(live, kernel) and torch.equal(replayed, live)
+    assert not torch.equal(moved, live) and not torch.equal(flat, live)
+
+
+def test_a_fused_query_gate_of_one_head_width_is_each_heads_second_half(ids):
+    """MiniCPM5-MoE's ``q_gate_proj`` makes ``2 × head_dim`` columns per head, viewed per head and chunked
+    into the query and the gate: the captured coefficient is exactly every head's second half (read here by a
+    plain hook), and replaying another input's gates with the queries live moves the logits."""
+    model = zoo.build_any("minicpm5_moe")
+    seen: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if name.endswith("self_attn.q_gate_proj"):
+            module.register_forward_hook(lambda m, a, out, n=name: seen.__setitem__(n, out))
+    controlled = TransformersControlled(model)
+    gates = [i for i, name in enumerate(controlled.controller_names) if name in seen]
+    assert {kind.name for kind in controlled.kinds} == {"attention_output_gate", "router:top_k"}
+    assert len(gates) == len(seen) == model.config.num_hidden_layers
+    other = torch.randint(1, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, donor = controlled.capture_run(other)
+        live, values = controlled.capture_run(ids)
+        captured = dict(seen)  # the projections' outputs in the capture of ``ids``
+        moved = controlled.replay_run(ids, [donor[i] if i in gates else v for i, v in enumerate(values)])
+    head = model.config.head_dim
+    for i in gates:
+        out = captured[controlled.controller_names[i]]
+        gate = out.unflatten(-1, (-1, 2 * head))[..., head:].flatten(-2)
+        assert torch.equal(values[i][COEFFICIENT].reshape(gate.shape), gate)
+    assert not torch.equal(moved, live)
 
 
 @pytest.mark.parametrize("model_type", UNBUILT)

@@ -94,6 +94,15 @@ OVERRIDES: dict[str, dict] = {  # multi-head latent attention with an indexer: a
     "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1, "n_recurrent_loops": 2},
     "flint": {"mlp_only_layers": []},
     "longcat_flash": {"zero_expert_num": 2},
+    # a sliding layer and an indexed one, both sparse (its defaults: a dense MLP in the first two layers, an
+    # indexed layer every fifth, 12 scoring heads of a key head's 12 query heads); an indexer budget small
+    # enough that an 8-token query already attends to a selection of its keys
+    "kolibri1_1": {
+        "layer_types": ["sliding_attention", "indexed_attention"],
+        "mlp_only_layers": [],
+        **dict(index_num_heads=2, index_topk=2, index_pool_size=4, index_compression=2),
+        **dict(index_num_local_tokens=2, index_num_sink_tokens=1),
+    },
     "gemma4_text": {"enable_moe_block": True, "top_k_experts": TOP_K, "moe_intermediate_size": 32},
     "dots3_note_text": {"num_key_value_heads": 4},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 0},

@@ -15,6 +15,7 @@ from fca_workbench.adapters.families import (
     ALTUP_ROUTER,
     ATTENTION_OUTPUT_GATE,
     CONV_GATE,
+    CROSS_LAYER_MIXING,
     DELTA_RULE_GATE,
     DYNAMIC_CONV,
     DYNAMIC_MASK,
@@ -56,10 +57,6 @@ KEY_AS_CONTENT = "the time-mixing key, exp-weighted in the WKV recurrence and al
 LSH = "attention and feed-forward only; LSH attention's buckets are its own sparsity, like a top-k of scores"
 LANGUAGE = "attention and MLPs only; its language adapter is chosen by a language id, not by the hidden state"
 WRAPPER = "audited as "
-DEPTH_ATTENTION = (
-    "its block attention residuals: learned queries attending over earlier layers' outputs (cross-layer mixing "
-    "weights computed inside the attention kernel)"
-)
 SLOW = "its default byte-hash embeddings take over a minute to build"
 ANY_TEXT = "a multimodal wrapper around any text model (its text config is AutoConfig): audited as that family"
 AUDIO = "a text-to-audio decoder whose config needs its text and audio encoders'"
@@ -128,6 +125,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("dots3_note_text", ATTENTION_OUTPUT_GATE),
     ("electra", DENSE),
     ("emu3", DENSE),
+    moe("ergo"),  # its residual gates are sigmoids of learned per-channel weights, the same for every token
     ("ernie", DENSE),
     ("ernie4_5", DENSE),
     moe("ernie4_5_moe"),
@@ -180,8 +178,8 @@ FAMILIES: dict[str, Classified] = dict([
     moe("hy_v3"),
     moe("hy_v4", ATTENTION_OUTPUT_GATE, HYPER_CONNECTION),
     ("hyperclovax", DENSE),
-    moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE, DYNAMIC_CONV, left_out=DEPTH_ATTENTION),
-    moe("inkling2_text", ATTENTION_OUTPUT_GATE, DYNAMIC_CONV, left_out=DEPTH_ATTENTION),
+    moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE, CROSS_LAYER_MIXING, DYNAMIC_CONV),
+    moe("inkling2_text", ATTENTION_OUTPUT_GATE, CROSS_LAYER_MIXING, DYNAMIC_CONV),
     moe("inkling_text"),
     ("internlm3", DENSE),
     ("iquestcoder", DENSE),
@@ -190,6 +188,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("jetmoe"),
     moe("kimi_linear", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE),
     moe("kolibri1"),
+    moe("kolibri1_1"),  # its indexer has no weights: a top-k of its layer's own query-key scores, as LSH buckets
     moe("laguna", ATTENTION_OUTPUT_GATE),
     moe("lara_mini", DELTA_RULE_GATE),
     ("lfm2", gated(CONV_GATE)),
@@ -207,6 +206,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("mellum"),
     moe("mimo_v2_flash"),
     ("minicpm3", DENSE),
+    moe("minicpm5_moe", ATTENTION_OUTPUT_GATE),
     moe("minimax", ATTENTION_OUTPUT_GATE),
     moe("minimax_m2"),
     moe("minimax_m3_vl_text"),
@@ -232,6 +232,7 @@ FAMILIES: dict[str, Classified] = dict([
     moe("olmoe"),
     ("openai-gpt", DENSE),
     ("opt", DENSE),
+    moe("param2moe"),  # GLM-4-MoE's modelling under its own config
     ("pegasus", DENSE),
     ("persimmon", DENSE),
     ("phi", DENSE),

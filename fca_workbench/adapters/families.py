@@ -55,6 +55,7 @@ MOE_FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorte
     "dots1": DEFAULT,
     "dots3_note": DEFAULT,
     "dots3_note_text": DEFAULT,
+    "ergo": DEFAULT,
     "ernie4_5_moe": DEFAULT,
     "exaone_moe": DEFAULT,
     "flex_olmo": DEFAULT,
@@ -79,6 +80,7 @@ MOE_FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorte
     "jetmoe": Family(output="sorted", fixed_k=True),
     "kimi_linear": DEFAULT,
     "kolibri1": DEFAULT,
+    "kolibri1_1": DEFAULT,
     "laguna": DEFAULT,
     "lara_mini": DEFAULT,
     "lfm2_moe": DEFAULT,
@@ -87,12 +89,14 @@ MOE_FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorte
     "longcat_flash": Family(zero_experts="zero_expert_num", layers="num_layers"),
     "mellum": DEFAULT,
     "mimo_v2_flash": DEFAULT,
+    "minicpm5_moe": DEFAULT,
     "minimax": DEFAULT,
     "minimax_m2": DEFAULT,
     "minimax_m3_vl_text": DEFAULT,
     "mixtral": DEFAULT,
     "nemotron_h": DEFAULT,
     "olmoe": DEFAULT,
+    "param2moe": DEFAULT,
     "phimoe": DEFAULT,
     "qwen2_moe": DEFAULT,
     "qwen3_5_moe": DEFAULT,
@@ -119,6 +123,7 @@ SELECTIVE_GATE = "selective_gate"  # RG-LRU's input and recurrence gates
 DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (Inkling2)
 # found by the probe (``fca_workbench.adapters.gate_probe``), named by where they sit
 HYPER_CONNECTION = "hyper_connection"  # a hyper-connection's input-dependent stream mixing weights
+CROSS_LAYER_MIXING = "cross_layer_mixing"  # a learned query's weights over a stack of earlier layers' states
 RECEPTANCE_GATE = "receptance_gate"  # RWKV's receptance and its exp-weighted keys
 DYNAMIC_MASK = "dynamic_mask"  # an input-dependent mask added to attention scores (Doge)
 NORM_GATE = "norm_gate"  # a sigmoid gate on a norm's output (AXK2's gated norms)

@@ -9,10 +9,13 @@ product before any gate activation is a bilinear form (attention scores), not a 
 A content nonlinearity (SiLU, GELU, ReLU, tanh) drops it too: ``act(gate_proj(x)) * up_proj(x)`` inside a
 gated MLP is the layer's nonlinearity, not coefficients emitted for another computation, so dense
 Llama-style models have no gate. Values computed from an already-claimed controller's output (Mamba's
-Δ = softplus(dt_proj(·)) of ``x_proj``'s output) are frozen with it and never reported.
+Δ = softplus(dt_proj(·)) of ``x_proj``'s output) are frozen with it and never reported. A view of a
+parameter (a learned query) in a matrix product with the hidden state, whatever projection that state
+still carries, is the query's scores: through a softmax into a product with the states, its weights mix them.
 
 What the probe finds falls in two groups: a whole projection output that only gates (every column, no
-slice on the way) is replayed by ``whole_kind`` at the projection, exactly (in a looped layer, once per
+slice on the way) is replayed by ``whole_kind`` at the projection, and a learned query's weights over a
+stack of states per token by ``fca_workbench.adapters.depth_mixing``, exactly (in a looped layer, once per
 call: ``fca_workbench.adapters.hf.per_call``); anything else (a slice of a fused projection no role knows,
 a parameter product no role wraps, a gate outside the decoder layers, a projection whose output on some
 call is not one row per token) is *left out* and said so in the report and ``audit.json``.
@@ -27,8 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from fca_workbench.adapters.depth_mixing import MIXING, mixing_gate
 from fca_workbench.adapters.families import (
     ATTENTION_OUTPUT_GATE,
+    CROSS_LAYER_MIXING,
     DYNAMIC_MASK,
     HYPER_CONNECTION,
     INPUT_GATE,
@@ -50,6 +55,7 @@ COMBINES |= {torch.Tensor.mul_, torch.Tensor.add_, torch.baddbmm}
 ATTENTION_KERNELS = {F.scaled_dot_product_attention}  # a mask given to one of these shifts the scores
 CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
 WEIGHT_VIEWS = {torch.Tensor.view, torch.Tensor.expand, torch.Tensor.reshape, torch.Tensor.unsqueeze}
+WEIGHT_VIEWS |= {torch.Tensor.__getitem__}  # one of several learned queries (Inkling2-loop's per loop layer)
 SLICES = {torch.split, torch.Tensor.split, torch.chunk, torch.Tensor.chunk, torch.Tensor.__getitem__}
 SLICES |= {torch.unbind, torch.Tensor.unbind, torch.narrow, torch.Tensor.narrow, torch.Tensor.split_with_sizes}
 
@@ -65,7 +71,7 @@ class Tag:
     sliced: bool = False
     activated: bool = False
     claimed: bool = False
-    query: bool = False  # a learned query's scores against hidden states (no F.linear: not replayable here)
+    query: bool = False  # a learned query's scores against hidden states (no F.linear: not a projection)
 
 
 @dataclass
@@ -123,41 +129,50 @@ class _Probe(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         output = func(*args, **kwargs)
+        weight = (self.owners.get(id(args[0])) or self.views.get(id(args[0]))) if args else None
         if func in CASTS and args and id(args[0]) in self.owners and isinstance(output, torch.Tensor):
             self.owners[id(output)] = self.owners[id(args[0])]  # w.float(): the same weight
             self.keep.append(output)
-        weight = (self.owners.get(id(args[0])) or self.views.get(id(args[0]))) if args else None
-        if func in WEIGHT_VIEWS and weight is not None and isinstance(output, torch.Tensor):
-            self.views[id(output)] = weight  # a view of a weight: not F.linear's operand
+        elif (func in WEIGHT_VIEWS or func in CASTS) and weight is not None and isinstance(output, torch.Tensor):
+            self.views[id(output)] = weight  # a view of a weight (or its cast): not F.linear's operand
             self.keep.append(output)
         if func in ATTENTION_KERNELS and len(args) > 1 and id(args[0]) in self.views and self.lookup(args[1])[0]:
             owner = self.views[id(args[0])]  # a learned query attending over hidden states (mixing weights)
             self.findings.gates[owner] = Gate(*owner, sliced=False, how="mixes", learned_query=True)
+            if isinstance(output, torch.Tensor):
+                self.findings.leads.setdefault(owner, set()).add(tuple(output.shape[:2]))
         inputs = [self.lookup(t) for t in _tensors(args) + _tensors(kwargs)]
         if not any(hidden for hidden, _ in inputs):
             return output
         tags = [tag for _, tag in inputs if tag is not None]
         untagged = sum(1 for hidden, tag in inputs if hidden and tag is None)
         result = self.follow(func, args, tags, untagged)
-        if func is F.linear and result is not None and isinstance(output, torch.Tensor):
-            self.findings.leads.setdefault((result.owner, result.weight), set()).add(tuple(output.shape[:-1]))
+        if result is not None and isinstance(output, torch.Tensor):
+            if func is F.linear:
+                self.findings.leads.setdefault((result.owner, result.weight), set()).add(tuple(output.shape[:-1]))
+            elif result.query and not any(tag.query for tag in tags):  # a learned query's scores [B, T, q, stack]
+                self.findings.leads.setdefault((result.owner, result.weight), set()).add(tuple(output.shape[:2]))
         for tensor in _tensors(output):
             self.mark(tensor, result)
         return output
 
     def follow(self, func: Callable, args: tuple, tags: list[Tag], untagged: int) -> Tag | None:
         """The tag of ``func``'s output from its inputs' (None: plain hidden state)."""
+        fixed = bool(tags) and all(tag.claimed for tag in tags) and not untagged  # frozen with a controller
         if func is F.linear:
             weight = args[1] if len(args) > 1 else None
             owner = self.owners.get(id(weight)) if isinstance(weight, torch.Tensor) else None
             if owner is None:
                 return None
-            fixed = bool(tags) and all(tag.claimed for tag in tags) and not untagged
             return Tag(*owner, claimed=fixed or owner[0] in self.claimed)
+        if func in MATRIX_PRODUCTS and any(id(a) in self.views for a in args[:2]) and not fixed:
+            # a learned query scoring hidden states (attention over layers); a projection they carry is content
+            self.findings.content.update((t.owner, t.weight) for t in tags if not t.activated and not t.claimed)
+            owner = next(self.views[id(a)] for a in args[:2] if id(a) in self.views)
+            if ".".join(owner) in self.claimed:  # a gate weight a role wraps (Zamba's x_proj_weight[:, None] @ x)
+                return Tag(*owner, claimed=True)
+            return Tag(*owner, query=True)
         if not tags:
-            if func in MATRIX_PRODUCTS and untagged and any(id(a) in self.views for a in args[:2]):
-                owner = next(self.views[id(a)] for a in args[:2] if id(a) in self.views)
-                return Tag(*owner, query=True)  # a learned query scoring hidden states (attention over layers)
             return None
         tag = tags[0]
         if func in GATE_ACTIVATIONS:
@@ -243,6 +258,8 @@ def gate_kind_name(model: nn.Module, gate: Gate) -> str:
     path = gate.owner.split(".")
     ancestors = [type(model.get_submodule(".".join(path[:i]))).__name__ for i in range(len(path) - 2, len(path) + 1)]
     names = f"{' '.join(ancestors)} {path[-1]}"  # the owner's, its parent's and grandparent's classes
+    if gate.learned_query:
+        return CROSS_LAYER_MIXING
     if gate.how == "masks":
         return DYNAMIC_MASK
     if "Hyper" in names or "Residual" in names or "hc" in gate.owner.rpartition(".")[2]:
@@ -263,8 +280,9 @@ def probed_controllers(
 ) -> tuple[Found, list[str]]:
     """``(controllers, left out)``: the probe's gates no kind or role claimed, each replayed where it can be
     exactly (a whole ``nn.Linear`` output that only gates: ``whole_kind``; a parameter the owner multiplies by
-    ``F.linear(x, w.float())``: a ``ParameterGate``), else one line saying what is left out and why. With
-    ``add`` false (``--only-controllers``) every gate found is left out."""
+    ``F.linear(x, w.float())``: a ``ParameterGate``; a learned query's weights, one row per token: its
+    ``mixing_gate``), else one line saying what is left out and why. With ``add`` false
+    (``--only-controllers``) every gate found is left out."""
     found: Found = []
     left_out = []
     for gate in probe_gates(model, input_ids, claimed):
@@ -273,12 +291,14 @@ def probed_controllers(
         described = f"{gate.owner} ({type(owner).__name__}): a {kind}"
         if not add:
             left_out.append(f"{described} not among --only-controllers; it runs live")
-        elif gate.learned_query:
-            left_out.append(
-                f"{described}: a learned query attending over hidden states, its weights computed inside the attention kernel; it runs live"
-            )
         elif not gate.per_token:
             left_out.append(f"{described} whose output on some call is not one row per token; it runs live")
+        elif gate.learned_query:
+            module = mixing_gate(owner)
+            if module is None:
+                left_out.append(f"{described} whose attention kernel its config does not name; it runs live")
+            else:
+                found.append((f"{gate.owner}.{gate.weight}", module, MIXING))
         elif isinstance(owner, nn.Linear) and gate.only_gates:
             found.append((gate.owner, owner, whole_kind(kind)))
         elif not isinstance(owner, nn.Linear) and gate.weight in owner._parameters:

@@ -19,6 +19,7 @@ CUDA alike (the fused training kernels, which take the weights instead, run only
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ from fca_workbench.adapters.families import (
 from fca_workbench.adapters.kinds import ControllerKind
 from fca_workbench.adapters.protocol import COEFFICIENT
 from fca_workbench.foundation.errors import UserError
+from fca_workbench.models.common import index_slot_labels
 
 Span = tuple[str, int, int]  # a labelled run of output columns: (label, start, stop)
 
@@ -103,9 +105,9 @@ def projection_kind(name: str, width: int, spans: tuple[Span, ...]) -> Controlle
     )
 
 
-def whole_kind(name: str) -> ControllerKind:
+def whole_kind(name: str, slot_labels: Callable[[tuple[int, ...]], list[str]] = index_slot_labels) -> ControllerKind:
     """A child module whose whole output is control (a gate's own projection)."""
-    return ControllerKind(name, _never, _whole_values, _whole_output)
+    return ControllerKind(name, _never, _whole_values, _whole_output, slot_labels=slot_labels)
 
 
 Found = list[tuple[str, nn.Module, ControllerKind]]  # (attribute, controller module, kind) of one owner
@@ -183,9 +185,11 @@ def attention_gate_role(owner: nn.Module) -> Found:
 
 
 def fused_query_gate_role(owner: nn.Module) -> Found:
-    """Attention whose query projection makes each head's query and output gate side by side (AXK2's
-    ``q_gate_proj``: per head ``qk_head_dim`` query columns, then ``v_head_dim`` gate columns)."""
-    q_gate, sizes = _linear(owner, "q_gate_proj"), _sizes(owner, "qk_head_dim", "v_head_dim")
+    """Attention whose query projection makes each head's query and output gate side by side (``q_gate_proj``:
+    per head ``qk_head_dim`` query columns, then ``v_head_dim`` gate columns, as AXK2's multi-head latent
+    attention; ``head_dim`` of each where the attention names one head width, as MiniCPM5-MoE's)."""
+    q_gate, head = _linear(owner, "q_gate_proj"), _sizes(owner, "head_dim")
+    sizes = _sizes(owner, "qk_head_dim", "v_head_dim") or (head * 2 if head else None)
     if q_gate is None or sizes is None:
         return []
     query, gate = sizes
@@ -242,18 +246,19 @@ def altup_role(owner: nn.Module) -> Found:
 
 
 class ParameterGate(nn.Module):
-    """The product of an owner's gate weight (an ``nn.Parameter``) with the input, as a module of its own, so
-    that hooks record it and replay replaces it: ``op(owner, x)`` is the owner's own expression, reading its
-    parameters. The owner is held outside the module tree (the gate owns no parameter; the model's modules
-    are unchanged), and the module's one input is the activation."""
+    """An owner's expression of its gate parameter and the activations (a gate weight's product with the
+    input; a learned query's weights over stacked states), as a module of its own, so that hooks record it
+    and replay replaces it: ``op(owner, *inputs)`` is the owner's own expression. The owner is held outside
+    the module tree (the gate owns no parameter; the model's modules are unchanged), and the module's inputs
+    are the activations."""
 
-    def __init__(self, owner: nn.Module, op: Callable[[nn.Module, torch.Tensor], torch.Tensor]):
+    def __init__(self, owner: nn.Module, op: Callable[..., torch.Tensor]):
         super().__init__()
         self._owner = [owner]
         self.op = op
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(self._owner[0], x)
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        return self.op(self._owner[0], *inputs)
 
 
 class GateWeight:
