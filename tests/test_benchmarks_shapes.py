@@ -19,6 +19,7 @@ RATIOS = {
     "cache_over_coefficients",
     "cache_over_stored_tensors",
     "peak_rss_over_weights_batch",
+    "forward_peak_rss_over_weights_batch",
 }
 ROUTED = {"mixtral-8x7b-2l", "olmoe-1b-7b-2l"}
 # per token: layers x routing classes (or slot width) x 4 bytes (fp32), from the tiny configs
