@@ -179,6 +179,38 @@ def test_a_fused_query_gate_of_one_head_width_is_each_heads_second_half(ids):
     assert not torch.equal(moved, live)
 
 
+def test_rwkv_time_mixing_key_is_a_mixing_weight_replayed_exactly(ids):
+    """RWKV's time-mixing key only weighs the values in the WKV recurrence (``exp(key)`` over the time steps,
+    normalized by its own running sum): a controller replayed at the projection. The captured key is the
+    projection's output (read here by a plain hook), the captured keys reproduce the logits bit for bit and
+    another input's move them; and, as weights of a weighted average, a constant added to one channel's key
+    at every step cancels out up to float rounding, where one added at every other step does not."""
+    model = zoo.build_any("rwkv")
+    projections = {n: m for n, m in model.named_modules() if n.endswith("attention.key")}
+    seen: dict[str, torch.Tensor] = {}
+    for name, module in projections.items():
+        module.register_forward_hook(lambda m, a, out, n=name: seen.__setitem__(n, out))
+    controlled = TransformersControlled(model)
+    keys = [i for i, kind in enumerate(controlled.kinds) if kind.name == "mixing_weight"]
+    assert [controlled.controller_names[i] for i in keys] == list(projections) and not controlled.left_out
+    other = torch.randint(1, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, donor = controlled.capture_run(other)
+        live, values = controlled.capture_run(ids)
+        assert all(torch.equal(values[i][COEFFICIENT], seen[controlled.controller_names[i]]) for i in keys)
+        replayed = controlled.replay_run(ids, values)
+        moved = controlled.replay_run(ids, [donor[i] if i in keys else v for i, v in enumerate(values)])
+        shifted, uneven = list(values), list(values)
+        for i in keys:
+            shifted[i] = {COEFFICIENT: values[i][COEFFICIENT].clone()}
+            shifted[i][COEFFICIENT][..., 3] += 5.0
+            uneven[i] = {COEFFICIENT: values[i][COEFFICIENT].clone()}
+            uneven[i][COEFFICIENT][:, ::2, 3] += 5.0
+        same, changed = controlled.replay_run(ids, shifted), controlled.replay_run(ids, uneven)
+    assert torch.equal(replayed, live) and not torch.equal(moved, live)
+    assert torch.allclose(same, live, atol=1e-5) and (changed - live).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("model_type", UNBUILT)
 def test_a_family_the_zoo_cannot_build_tiny_says_why(model_type):
     """The reason is checked, not trusted: building the family tiny and probing it fails (when it stops

@@ -21,6 +21,7 @@ from fca_workbench.adapters.families import (
     DYNAMIC_MASK,
     HYPER_CONNECTION,
     LSTM_GATE,
+    MIXING_WEIGHT,
     MOE_FAMILIES,
     NORM_GATE,
     RECEPTANCE_GATE,
@@ -53,7 +54,6 @@ TWO_STREAMS = Classified(
     "once per stream (main and predict) in each layer, the predict stream's on ngram × T states",
     left_out="the relative-position projections, whose predict-stream output is not one row per token",
 )
-KEY_AS_CONTENT = "the time-mixing key, exp-weighted in the WKV recurrence and also its content"
 LSH = "attention and feed-forward only; LSH attention's buckets are its own sparsity, like a top-k of scores"
 LANGUAGE = "attention and MLPs only; its language adapter is chosen by a language id, not by the hidden state"
 WRAPPER = "audited as "
@@ -259,7 +259,7 @@ FAMILIES: dict[str, Classified] = dict([
     ("roberta-prelayernorm", DENSE),
     ("roc_bert", DENSE),
     ("roformer", DENSE),
-    ("rwkv", gated(RECEPTANCE_GATE, left_out=KEY_AS_CONTENT)),
+    ("rwkv", gated(RECEPTANCE_GATE, MIXING_WEIGHT)),
     moe("sarvam_mla"),
     moe("sarvam_moe"),
     ("seed_oss", DENSE),

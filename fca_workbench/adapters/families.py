@@ -124,7 +124,8 @@ DYNAMIC_CONV = "dynamic_conv"  # a short convolution's input-dependent kernel (I
 # found by the probe (``fca_workbench.adapters.gate_probe``), named by where they sit
 HYPER_CONNECTION = "hyper_connection"  # a hyper-connection's input-dependent stream mixing weights
 CROSS_LAYER_MIXING = "cross_layer_mixing"  # a learned query's weights over a stack of earlier layers' states
-RECEPTANCE_GATE = "receptance_gate"  # RWKV's receptance and its exp-weighted keys
+RECEPTANCE_GATE = "receptance_gate"  # RWKV's receptance
+MIXING_WEIGHT = "mixing_weight"  # an exp of a projection weighting another branch in a sum it divides (RWKV's key)
 DYNAMIC_MASK = "dynamic_mask"  # an input-dependent mask added to attention scores (Doge)
 NORM_GATE = "norm_gate"  # a sigmoid gate on a norm's output (AXK2's gated norms)
 INPUT_GATE = "input_gate"  # any other sigmoid / softmax / exp of a projection scaling another branch

@@ -12,6 +12,10 @@ Llama-style models have no gate. Values computed from an already-claimed control
 Δ = softplus(dt_proj(·)) of ``x_proj``'s output) are frozen with it and never reported. A view of a
 parameter (a learned query) in a matrix product with the hidden state, whatever projection that state
 still carries, is the query's scores: through a softmax into a product with the states, its weights mix them.
+A tensor made only in the shape of a tagged one (``zeros_like``, ``new_zeros``: an accumulator) carries no tag;
+it takes the tag of what is written into it (``out[:, t] = value``). A gate that also divides the sum it
+weighs (RWKV's ``exp(key)`` over time steps, numerator and denominator of the WKV recurrence) *normalizes*:
+its weights are a weighted average's, reported as ``mixing_weight``.
 
 What the probe finds falls in two groups: a whole projection output that only gates (every column, no
 slice on the way) is replayed by ``whole_kind`` at the projection, and a learned query's weights over a
@@ -38,6 +42,7 @@ from fca_workbench.adapters.families import (
     HYPER_CONNECTION,
     INPUT_GATE,
     LSTM_GATE,
+    MIXING_WEIGHT,
     NORM_GATE,
     RECEPTANCE_GATE,
 )
@@ -51,13 +56,17 @@ MATRIX_PRODUCTS = {torch.matmul, torch.Tensor.matmul, torch.bmm, torch.einsum, t
 COMBINES = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.add, torch.Tensor.add}
 COMBINES |= {torch.Tensor.__add__, torch.Tensor.__radd__, torch.sub, torch.Tensor.__sub__, torch.Tensor.__truediv__}
 COMBINES |= {torch.where, torch.Tensor.masked_fill, torch.addcmul, torch.Tensor.__iadd__, torch.Tensor.__imul__}
-COMBINES |= {torch.Tensor.mul_, torch.Tensor.add_, torch.baddbmm}
+COMBINES |= {torch.Tensor.mul_, torch.Tensor.add_, torch.baddbmm, torch.Tensor.div, torch.div}
 ATTENTION_KERNELS = {F.scaled_dot_product_attention}  # a mask given to one of these shifts the scores
 CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
 WEIGHT_VIEWS = {torch.Tensor.view, torch.Tensor.expand, torch.Tensor.reshape, torch.Tensor.unsqueeze}
 WEIGHT_VIEWS |= {torch.Tensor.__getitem__}  # one of several learned queries (Inkling2-loop's per loop layer)
 SLICES = {torch.split, torch.Tensor.split, torch.chunk, torch.Tensor.chunk, torch.Tensor.__getitem__}
 SLICES |= {torch.unbind, torch.Tensor.unbind, torch.narrow, torch.Tensor.narrow, torch.Tensor.split_with_sizes}
+SHAPE_ONLY = {torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like}
+SHAPE_ONLY |= {torch.randint_like, torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty}
+SHAPE_ONLY |= {torch.Tensor.new_full}  # a fresh tensor shaped like its argument: derived from nothing
+DIVISIONS = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div}  # `a / b` calls Tensor.div
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class Gate:
     only_gates: bool = True  # every use of the output is a gate's (no content column): replayable whole
     per_token: bool = True  # every call's output has one row per token ([B, T, ...] or [B·T, ...])
     learned_query: bool = False  # a parameter attending over hidden states inside an attention kernel
+    normalizes: bool = False  # also divides what it scales: weights of a weighted average (RWKV's WKV key)
 
 
 @dataclass
@@ -141,6 +151,8 @@ class _Probe(TorchFunctionMode):
             self.findings.gates[owner] = Gate(*owner, sliced=False, how="mixes", learned_query=True)
             if isinstance(output, torch.Tensor):
                 self.findings.leads.setdefault(owner, set()).add(tuple(output.shape[:2]))
+        if func in SHAPE_ONLY:  # zeros_like(key): only its shape; what is written into it tags it (below)
+            return output
         inputs = [self.lookup(t) for t in _tensors(args) + _tensors(kwargs)]
         if not any(hidden for hidden, _ in inputs):
             return output
@@ -154,6 +166,8 @@ class _Probe(TorchFunctionMode):
                 self.findings.leads.setdefault((result.owner, result.weight), set()).add(tuple(output.shape[:2]))
         for tensor in _tensors(output):
             self.mark(tensor, result)
+        if func is torch.Tensor.__setitem__ and args and isinstance(args[0], torch.Tensor):
+            self.mark(args[0], result)  # out[:, t] = value: out now holds what was written into it
         return output
 
     def follow(self, func: Callable, args: tuple, tags: list[Tag], untagged: int) -> Tag | None:
@@ -182,14 +196,16 @@ class _Probe(TorchFunctionMode):
                 self.findings.content.add((tag.owner, tag.weight))
             return tag if tag.claimed else None
         if func in MATRIX_PRODUCTS or func in COMBINES or func in ATTENTION_KERNELS:
-            return self.combine(func, tags, untagged)
+            divisor = self.lookup(args[1])[1] if func in DIVISIONS and len(args) > 1 else None
+            return self.combine(func, tags, untagged, divisor)
         if func in SLICES:
             return Tag(tag.owner, tag.weight, True, tag.activated, tag.claimed)
         return tag if len({(t.owner, t.weight) for t in tags}) == 1 else None
 
-    def combine(self, func: Callable, tags: list[Tag], untagged: int) -> Tag | None:
+    def combine(self, func: Callable, tags: list[Tag], untagged: int, divisor: Tag | None = None) -> Tag | None:
         """A product or sum of tagged values with others: an activated tag meeting another branch is a
-        gate; a plain projection scaled elementwise stays itself; anything else is content."""
+        gate (``divisor``: the tag of what a division divides by); a plain projection scaled elementwise
+        stays itself; anything else is content."""
         others = untagged + len({(t.owner, t.weight) for t in tags}) - 1
         if all(tag.claimed for tag in tags):
             return tags[0] if not untagged else None
@@ -200,9 +216,12 @@ class _Probe(TorchFunctionMode):
                 seen = self.findings.gates.get(key)
                 sliced = tag.sliced or bool(seen and seen.sliced)
                 how = "masks" if masks else "scales"
-                self.findings.gates[key] = Gate(tag.owner, tag.weight, sliced, how, learned_query=tag.query)
+                normalizes = tag == divisor or bool(seen and seen.normalizes)
+                gate = Gate(tag.owner, tag.weight, sliced, how, learned_query=tag.query, normalizes=normalizes)
+                self.findings.gates[key] = gate
         if others == 0 and func not in MATRIX_PRODUCTS and func not in ATTENTION_KERNELS:
-            return tags[0]
+            # one projection's gate with its own plain output (x·σ(x), a recurrence a·h + x) is that output
+            return next((tag for tag in tags if not tag.activated), tags[0])
         if untagged and len(tags) == 1 and func in COMBINES and not tags[0].activated:
             return tags[0]  # a projection scaled by a norm of its input (a hyper-connection's mixes)
         self.findings.content.update((t.owner, t.weight) for t in tags if not t.activated and not t.claimed)
@@ -260,6 +279,8 @@ def gate_kind_name(model: nn.Module, gate: Gate) -> str:
     names = f"{' '.join(ancestors)} {path[-1]}"  # the owner's, its parent's and grandparent's classes
     if gate.learned_query:
         return CROSS_LAYER_MIXING
+    if gate.normalizes:
+        return MIXING_WEIGHT
     if gate.how == "masks":
         return DYNAMIC_MASK
     if "Hyper" in names or "Residual" in names or "hc" in gate.owner.rpartition(".")[2]:
