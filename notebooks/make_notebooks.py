@@ -361,18 +361,23 @@ def configure(e, layer_, condition_, window_):
     """Point the layer, condition and window widgets at explorer ``e`` (None: a model that cannot be explored),
     keeping the given selection where ``e`` has it."""
     selection.update(explorer=e, updating=True)
-    for w in (layer_w, condition_w, window_w):
-        w.disabled = e is None
-    if e is not None:
-        layer_w.options = [(ALL, ALL)] + [(str(l), l) for l in range(e.num_layers)]
-        layer_w.value = layer_ if layer_ in range(e.num_layers) else ALL
-        condition_w.options = [c for c in e.conditions if c != "correct"]  # routers add layer_mean_topk
-        condition_w.value = condition_ if condition_ in condition_w.options else "cross_input"
-        window_w.max = len(e.windows) - 1
-        window_w.value = min(window_, window_w.max)
-    selection["updating"] = False
+    try:
+        for w in (layer_w, condition_w, window_w):
+            w.disabled = e is None
+        if e is not None:
+            layer_w.options = [(ALL, ALL)] + [(str(l), l) for l in range(e.num_layers)]
+            layer_w.value = layer_ if layer_ in range(e.num_layers) else ALL
+            condition_w.options = [c for c in e.conditions if c != "correct"]  # routers add layer_mean_topk
+            condition_w.value = condition_ if condition_ in condition_w.options else "cross_input"
+            window_w.max = len(e.windows) - 1
+            window_w.value = min(window_, window_w.max)
+    finally:  # a failed update must not leave every later render skipped
+        selection["updating"] = False
 
 
+# a callback's exception shows in ``view`` (ipywidgets would only log it); ``view`` changes only by setting its
+# outputs, never by capturing prints, so no update can arrive after a later one
+@tables.errors_shown_in(view)
 def render(*_):
     if selection["updating"] or selection["explorer"] is None:
         return
@@ -381,16 +386,16 @@ def render(*_):
     tables.show_in(view, heat, line)
 
 
+@tables.errors_shown_in(view)
 def on_model(*_):
-    view.clear_output()
+    tables.show_in(view)  # cleared
     with opening:
         display(Markdown(f"Opening `{model_w.value}` ..."))
         try:
             e = run.explorer(checkpoints_[model_w.value])
         except UserError as exc:  # e.g. a Dense model: no controller, no coefficients
             e = None
-            with view:
-                display(Markdown(f"**{model_w.value}**: {exc}"))
+            tables.show_text_in(view, f"**{model_w.value}**: {exc}")
     opening.clear_output()
     configure(e, layer_w.value, condition_w.value, window_w.value)
     render()

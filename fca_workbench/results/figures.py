@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -50,3 +53,29 @@ def show_in(output: ipywidgets.Output, *figs: go.Figure) -> None:
     the kernel (rather than printing inside ``with output:``) also keeps papermill/nbclient from blocking
     on the widget's capture messages (jupyter/nbclient#312)."""
     output.outputs = tuple({"output_type": "display_data", "data": mimebundle(fig), "metadata": {}} for fig in figs)
+
+
+def show_text_in(output: ipywidgets.Output, markdown: str) -> None:
+    """Replace an ``ipywidgets.Output``'s content with a Markdown message, as ``show_in`` replaces it with figures:
+    one state update, never a capture whose messages could arrive after a later update."""
+    data = {"text/markdown": markdown, "text/plain": markdown}
+    output.outputs = ({"output_type": "display_data", "data": data, "metadata": {}},)
+
+
+def errors_shown_in(output: ipywidgets.Output) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a widget callback so that an exception it raises is shown in ``output`` as a cell's error is
+    (ipywidgets would only log it to the console, leaving the view as it was), then raised as before."""
+
+    def decorate(callback: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(callback)
+        def shown(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return callback(*args, **kwargs)
+            except Exception as exc:
+                error = {"ename": type(exc).__name__, "evalue": str(exc), "traceback": traceback.format_exception(exc)}
+                output.outputs = ({"output_type": "error", **error},)
+                raise
+
+        return shown
+
+    return decorate
