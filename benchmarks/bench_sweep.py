@@ -10,11 +10,12 @@ One thread. Per checkpoint, on the same evenly sampled eval windows (profiles fr
   (``sweep.full_forward_window_nll``, what a sweep costs without prefix reuse), timed in turns;
 - **limit**: the same kernels without any bookkeeping, on one batch: one prefix pass plus, for each layer l,
   the blocks from ``resume_layer(l)`` and the head + NLL (``head_nll``), K times, over L x K frozen forwards
-  + NLL. The issue's limit counts the blocks only: mean over l of (L - resume_layer(l)) / L, plus one prefix
-  pass per batch (1 / LK); for Dense and FeatureGate that is (L+1)/2L + 1/(LK);
-- **head share**: the head + NLL over a frozen forward + NLL, as a full forward computes it (whole logits,
-  ``next_token_nll``) and as the sweep does (``head_nll``): the part of every replay that prefix reuse
-  cannot skip;
+  + NLL as the audit runs them (``audit.forward.forward_nll``: the head + NLL chunked too). The issue's limit
+  counts the blocks only: mean over l of (L - resume_layer(l)) / L, plus one prefix pass per batch (1 / LK);
+  for Dense and FeatureGate that is (L+1)/2L + 1/(LK);
+- **head share**: the head + NLL over a frozen forward + NLL, from whole logits (``next_token_nll``, over a
+  forward that computes them) and chunked (``head_nll``, over the audit's forward): the part of every replay
+  that prefix reuse cannot skip;
 - **profile**: torch.profiler's self CPU time of one prefix-reuse sweep by operator, largest first.
 
 Writes benchmarks/results/bench_sweep.json and .md.
@@ -29,7 +30,9 @@ from results_file import write_results
 from timing import best_of_each
 from torch.profiler import ProfilerActivity, profile
 
+from fca_workbench.adapters.protocol import as_values
 from fca_workbench.audit.capture import capture
+from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.interventions import static_profiles
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.prefix import PrefixCache
@@ -62,7 +65,8 @@ def sweep_limit(
     seconds, _ = best_of_each(
         repeats,
         {
-            "forward": lambda: next_token_nll(model(batch, coefficients=coefficients).logits, batch),
+            "forward": lambda: forward_nll(model, batch, as_values(coefficients)),
+            "forward_whole_logits": lambda: next_token_nll(model(batch, coefficients=coefficients).logits, batch),
             "prefix_pass": lambda: PrefixCache(model, batch, coefficients=coefficients),
             "resumed": resumed,
             "head_logits": lambda: next_token_nll(model.head(output), batch),
@@ -73,7 +77,7 @@ def sweep_limit(
     return {
         "limit": (seconds["prefix_pass"] + conditions * seconds["resumed"]) / naive,
         "blocks_only_limit": sum(layers - s for s in starts) / layers**2 + 1 / (layers * conditions),
-        "head_share_logits": seconds["head_logits"] / seconds["forward"],
+        "head_share_logits": seconds["head_logits"] / seconds["forward_whole_logits"],
         "head_share_fused": seconds["head_nll"] / seconds["forward"],
         "seconds": seconds,
     }

@@ -12,7 +12,10 @@ output is the whole coefficient, so nnsight can capture and replace them):
 - **full audit** (capture eval and calibration, static profiles, frozen replay of every condition): the
   workbench's ``capture`` / ``static_profiles`` / ``replay_nll``, the model fingerprint taken once from the memo
   in the cache root (``audit.fingerprint_memo``: hashed in the first round, remembered after) against nnsight (``.output.save()`` on every
-  controller to capture, ``.skip(value)`` on every controller to replay), goal <= 1.0;
+  controller to capture, ``.skip(value)`` on every controller to replay), goal <= 1.0. The workbench's capture
+  and replays need each token's NLL only, so they run the head and the softmax a chunk of rows at a time
+  (``audit.forward.forward_nll``); the nnsight side takes the whole logits its trace gives
+  (``.output.logits.save()``), as the plain forward + NLL does;
 - **per-layer sweep** (every condition at each layer alone): ``sweep.per_layer_sweep`` (prefix reuse) against
   the L x K full frozen forwards (the workbench's fallback) and against nnsight doing the same L x K forwards
   with every controller skipped. The issue's prefix-reuse limit is (L+1)/(2L) of the naive cost plus one
@@ -305,8 +308,9 @@ def markdown(r: dict) -> str:
         f"| per-layer sweep: prefix reuse / L x K full forwards | {r['sweep_prefix_over_full_forward']:.3f} | "
         f"<= 1.1 x {r['prefix_limit']:.3f} = {1.1 * r['prefix_limit']:.3f} ((L+1)/2L + 1/(LK), blocks only) |",
         f"| per-layer sweep: prefix limit counting the head + NLL (its kernels timed alone: head + NLL "
-        f"{r['head_share_logits']:.1%} of a frozen forward + NLL from whole logits, {r['head_share_fused']:.1%} as the "
-        f"sweep runs it, head_nll) | {r['prefix_limit_with_head']:.3f} | (what prefix reuse can reach on this model) |",
+        f"{r['head_share_fused']:.1%} of a frozen forward + NLL as the audit runs both, head_nll; "
+        f"{r['head_share_logits']:.1%} from whole logits) | {r['prefix_limit_with_head']:.3f} | (what prefix reuse "
+        f"can reach on this model) |",
         f"| per-layer sweep: prefix reuse / that limit | {r['sweep_prefix_over_limit_with_head']:.3f} | <= 1.1 |",
         f"| per-layer sweep, K conditions of a layer as one batch: prefix / L x K full forwards | "
         f"{r['sweep_prefix_batched_over_full_forward']:.3f} | (pays on a GPU, not on a CPU) |",

@@ -34,6 +34,7 @@ from safetensors.torch import save
 from fca_workbench.adapters.placement import tensor_fingerprints
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
+from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import require_finite
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import (
@@ -47,7 +48,6 @@ from fca_workbench.foundation.files import (
 )
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.foundation.progress import progress
-from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import LIVE_RUN
 
 Indices = Sequence[int] | torch.Tensor  # window indices, as a list or a LongTensor
@@ -395,7 +395,7 @@ def capture(
             continue
         rows = range(shard * batch_size, min((shard + 1) * batch_size, len(windows)))
         batch = windows[rows.start : rows.stop].to(device)
-        logits, values = model.capture_run(batch)
+        nll, values = forward_nll(model, batch)
         for name, value in zip(model.controller_names, values):  # the coefficients; the rest may hold masks (-inf)
             require_finite(value[COEFFICIENT], f"coefficient of controller {name}", LIVE_RUN, rows, folder.name)
         tensors = {
@@ -411,7 +411,7 @@ def capture(
                 if name != COEFFICIENT
             }
         )
-        tensors["nll"] = next_token_nll(logits, batch).cpu().contiguous()
+        tensors["nll"] = nll.cpu().contiguous()
         require_finite(tensors["nll"], "NLL", LIVE_RUN, rows, folder.name)
         record_claim(manifest_path, path.name, write_shard(tensors, path, binding))
     ranks.barrier()

@@ -35,6 +35,7 @@ from fca_workbench.adapters.protocol import (
     as_values,
 )
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
+from fca_workbench.audit.forward import forward_nll
 from fca_workbench.models import head_nll, next_token_nll
 
 # before a layer: a tensor, or a list (MUDDPythia's streams; a transformers model's window and layer outputs)
@@ -98,13 +99,13 @@ class PrefixCache:
                 stepper = self.stepper
                 frozen_run = None if given is None else as_coefficients(given)
                 output, used, states = stepper.run_blocks(stepper.embed(input_ids), 0, frozen_run, keep_states=True)
-                logits = stepper.head(output)
+                nll = head_nll(model, output, input_ids)  # as ``forward.forward_nll`` computes it
                 values = [{name: t.detach() for name, t in value.items()} for value in as_values(used)]
             else:
-                (logits, values), states = model.capture_run(input_ids), None
+                (nll, values), states = forward_nll(model, input_ids), None
         self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer (None: no stepping)
         self.values = values  # per controller, the window's own (= ``correct``) values, e.g. a router's whole output
-        self.nll = next_token_nll(logits, input_ids)  # [B, T-1], the live run (= ``correct``, bit-exact)
+        self.nll = nll  # [B, T-1], the live run (= ``correct``, bit-exact)
         # where an intervention can go: one place per controller, every layer of a model without any (Dense)
         self.num_layers = len(values) if values or states is None else len(states) - 1
 

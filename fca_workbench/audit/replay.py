@@ -12,9 +12,9 @@ from fca_workbench.adapters.placement import value_devices
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
 from fca_workbench.audit.capture import CoefficientCache
+from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.foundation.progress import progress
-from fca_workbench.models import next_token_nll
 from fca_workbench.results.conditions import condition_named
 
 
@@ -52,6 +52,6 @@ def replay_nll(
     for indices in progress(batches, desc=condition, leave=False, disable=len(batches) < 2):
         batch = windows[indices].to(device)
         values = values_on(assign.values(indices), devices, model.coefficient_dtypes)
-        rows.append(next_token_nll(model.replay_run(batch, values), batch).cpu())
+        rows.append(forward_nll(model, batch, values)[0].cpu())
         require_finite(rows[-1], "NLL", named, indices)
     return torch.cat(rows)

@@ -38,6 +38,7 @@ from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.fingerprint_memo import loaded_identity, remembered_fingerprint
+from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.inputs import CALIBRATION, EVAL, audit_windows, data_summary, load_audit_model
 from fca_workbench.audit.interventions import derangement, routing_top_k
@@ -255,7 +256,7 @@ class ReplaySession:
         device = next(self.model.parameters()).device
         for start in range(0, len(windows), self.batch_size):
             with self.lock, torch.no_grad():
-                _, values = self.model.capture_run(windows[start : start + self.batch_size].to(device))
+                _, values = forward_nll(self.model, windows[start : start + self.batch_size].to(device))
             yield [value[COEFFICIENT] for value in values]
             if self.on_profile_batch is not None:
                 self.on_profile_batch(min(start + self.batch_size, len(windows)), len(windows))
@@ -269,7 +270,7 @@ class ReplaySession:
         split = next((s for s in (EVAL, CALIBRATION) if s in self._read), EVAL)  # windows already read, if any
         device = next(self.model.parameters()).device
         with self.lock, torch.no_grad():
-            return routing_top_k(self.model.capture_run(self.windows(split)[:1, :2].to(device))[1])
+            return routing_top_k(forward_nll(self.model, self.windows(split)[:1, :2].to(device))[1])
 
     @functools.cached_property
     def conditions(self) -> tuple[str, ...]:

@@ -104,11 +104,22 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return rows.view(input_ids.shape)[:, :-1]
 
 
+def vocabulary_size(config: Any) -> int:
+    """The logits' width: the config's ``vocab_size``, or its text model's (a multimodal config nests it)."""
+    size = getattr(config, "vocab_size", None)
+    if size is None and hasattr(config, "get_text_config"):
+        size = getattr(config.get_text_config(), "vocab_size", None)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"the model's config gives no vocabulary size ({size!r})")
+    return size
+
+
 def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """``next_token_nll(model.head(hidden), input_ids)`` (within float rounding), the head and the softmax
     run a few thousand rows at a time: each chunk's logits (``CPU_LOGITS_CHUNK_BYTES``) are still in cache when
-    the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For replays that need
-    the NLL only (the per-layer sweep), where the head and the NLL cost as much as the blocks. All ``B * T``
+    the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For runs that need the NLL
+    only (the audit's capture and replays, ``audit.forward``), where the head and the NLL of whole logits cost
+    about as much as the blocks of a small model and are the largest tensor of a large one. All ``B * T``
     rows as they lie (each window's last row ignored, as in ``next_token_nll``): slicing it off would copy
     ``hidden``, the whole ``[B, T, vocab]`` for a model whose head is the identity (a transformers model
     steps by layer up to its logits, ``adapters.stepping``)."""
@@ -118,7 +129,7 @@ def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch
     targets[:, -1] = IGNORE
     targets = targets.reshape(-1)
     budget = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else ACCELERATOR_LOGITS_CHUNK_BYTES
-    rows = max(1, budget // (4 * model.config.vocab_size))
+    rows = max(1, budget // (4 * vocabulary_size(model.config)))
     out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
     for start in range(0, len(targets), rows):
         logits = model.head(states[start : start + rows])
