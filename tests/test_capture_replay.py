@@ -282,3 +282,25 @@ def test_one_checkpoint_reached_by_two_spellings_of_its_path_has_one_fingerprint
     assert model_fingerprint(relative) == model_fingerprint(absolute)
     absolute.config.layer_norm_epsilon = 1e-3
     assert model_fingerprint(relative) != model_fingerprint(absolute)
+
+
+@pytest.mark.parametrize("which", ["featuregate", "mixtral"])
+def test_capture_and_replay_never_hold_the_whole_logits(which, windows, tmp_path, monkeypatch, tiny_mixtral):
+    """The audit needs each token's NLL only: its head runs a few rows at a time (here at most 5 of the 6 x 32),
+    in capture and replay alike, and the figures are still the model's own, ``correct`` bit-exact."""
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.models import common
+
+    model = tiny_model("featuregate") if which == "featuregate" else load_controlled(tiny_mixtral).eval()
+    head = model.lm_head if which == "featuregate" else model.separate_lm_head[0]  # what turns states into logits
+    vocab = head.out_features
+    monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", 5 * 4 * vocab)
+    rows_seen: list[int] = []
+    head.register_forward_hook(lambda module, args, output: rows_seen.append(output.numel() // vocab))
+    cache = capture(model, windows, tmp_path / "cache", batch_size=SHARD)
+    correct = replay_nll(model, windows, cache, "correct")
+    assert rows_seen and max(rows_seen) <= 5
+    assert torch.equal(correct, cache.nll(torch.arange(6)))
+    with torch.no_grad():
+        live = model(windows).logits
+    torch.testing.assert_close(correct, reference_nll(live, windows), rtol=0, atol=1e-5)
