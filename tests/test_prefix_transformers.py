@@ -16,11 +16,12 @@ from fca_workbench.adapters import COEFFICIENT, SteppingModel, TransformersContr
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.adapters.selective import ColumnKind
 from fca_workbench.audit.assignment import calibration_profiles
-from fca_workbench.audit.budget import conditions_per_pass
+from fca_workbench.audit.budget import conditions_per_pass, window_bytes
 from fca_workbench.audit.capture import capture
 from fca_workbench.audit.interventions import restrict_to_layer
 from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.audit.sweep import PREFIX, full_forward_window_nll, prefix_window_nll, sweep_mode
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.resources import checkpoints_dir
 from fca_workbench.models import next_token_nll
 
@@ -151,14 +152,40 @@ def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
 
 
 def test_conditions_per_pass_of_a_model_without_sizes_is_one(monkeypatch):
-    """On CUDA the sweep fits its conditions per pass to the memory from the config's sizes; a Mamba names no
-    heads (its audit is given --batch-size), so its sweep resumes one condition at a time instead of failing."""
+    """On CUDA the sweep fits its conditions per pass to the memory from the config's sizes; RWKV's config names
+    no heads and no scan state (its audit is given --batch-size), so its sweep resumes one condition at a time
+    instead of failing."""
+    rwkv = TransformersControlled(zoo.build_any("rwkv"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
+    with pytest.raises(UserError, match="names no heads"):
+        window_bytes(rwkv, 16)
+    assert conditions_per_pass(rwkv, random_windows(2, 16, seed=0), 5, "cuda") == 1
+    assert conditions_per_pass(moe_s0(), random_windows(2, 16, seed=0), 5, "cuda") == 5  # sized: all at once
+
+
+def test_a_mamba_is_sized_by_its_scan_state(monkeypatch):
+    """A Mamba names a state size and no heads: attention-free, its window's estimate counts the scan's fp32
+    discretized transition and input at every token, channel and state entry (worked out here from its config:
+    width 64, inner 128, state 8, 2 layers, vocab 4096, fp32), so its audit on CUDA needs no --batch-size."""
     config_class, fields = ZOO["mamba"]
     torch.manual_seed(0)
     mamba = TransformersControlled(T.MambaForCausalLM(config_class(**COMMON, **fields)).eval())
+    width, inner, state, layers, vocab, window, e = 64, 128, 8, 2, mamba.config.vocab_size, 16, 4
+    assert (mamba.config.hidden_size, mamba.config.intermediate_size, mamba.config.num_hidden_layers) == (
+        width,
+        inner,
+        layers,
+    )
+    ffn = max(4 * width, inner)
+    per_window = (
+        ((layers + 1) + 8) * window * width * e
+        + 2 * window * (3 * ffn // 2) * e
+        + window * vocab * (e + 12)
+        + 2 * 4 * window * inner * state
+    )
+    assert window_bytes(mamba, window) == per_window
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30, 80 * 2**30))
-    assert conditions_per_pass(mamba, random_windows(2, 16, seed=0), 5, "cuda") == 1
-    assert conditions_per_pass(moe_s0(), random_windows(2, 16, seed=0), 5, "cuda") == 5  # sized: all at once
+    assert conditions_per_pass(mamba, random_windows(2, window, seed=0), 5, "cuda") == 5
 
 
 def test_the_lm_head_runs_apart_only_where_the_logits_are_its_output():

@@ -34,18 +34,28 @@ SIZE_FIELDS = {
     "heads": ("num_attention_heads", "n_head", "num_heads"),
     "vocab_size": ("vocab_size",),
 }
+STATE_FIELDS = ("state_size", "ssm_state_size", "d_state")  # a selective scan's state per channel
+
+
+def config_size(config: Any, fields: tuple[str, ...]) -> int | None:
+    """The first of ``fields`` the config holds as an int, else None."""
+    return next((getattr(config, f) for f in fields if isinstance(getattr(config, f, None), int)), None)
 
 
 def model_sizes(model: Any) -> dict[str, int]:
     """Width, layers, heads, vocabulary and FFN width of any controlled model, read from its config by the
     names the workbench's families and transformers use (layers: the protocol's ``blocks`` if the config
-    names none; FFN: ``intermediate_size``, at least 4 × width)."""
+    names none; FFN: ``intermediate_size``, at least 4 × width). A config that names a scan state and no
+    heads is attention-free (heads 0); ``state`` is its state size, 0 for every other model."""
     config = model.config
-    sizes = {}
+    state = config_size(config, STATE_FIELDS)
+    sizes = {"state": 0}
     for size, fields in SIZE_FIELDS.items():
-        found = next((getattr(config, f) for f in fields if isinstance(getattr(config, f, None), int)), None)
+        found = config_size(config, fields)
         if found is None and size == "layers":
             found = len(model.blocks)
+        if found is None and size == "heads" and state is not None:
+            found, sizes["state"] = 0, state
         if found is None:
             raise UserError(
                 f"cannot size the audit's batches: the {type(config).__name__} names no {size} "
@@ -65,7 +75,10 @@ def window_bytes(model: Any, window: int) -> int:
     * attention scores, scaled, masked and softmaxed: 4 × ``heads · T²``;
     * the widest FFN hidden (1.5 × the FFN width: MUDDPythia's schedule), input and activation:
       2 × ``T · 1.5 · ffn``;
-    * logits in the model dtype, then their fp32 copy, log-softmax and loss temporaries: ``T · vocab · (e + 12)``.
+    * logits in the model dtype, then their fp32 copy, log-softmax and loss temporaries: ``T · vocab · (e + 12)``;
+    * for an attention-free selective scan (a state size and no heads: Mamba), its discretized transition and
+      input, fp32 whatever the model's dtype, at every token, channel and state entry: 2 × 4 ``T · inner · state``
+      bytes (inner: ``intermediate_size``, else 2 × width).
     """
     sizes = model_sizes(model)
     element = next(model.parameters()).element_size()
@@ -73,7 +86,9 @@ def window_bytes(model: Any, window: int) -> int:
     activations = ((layers + 1) + 8) * window * width * element + 2 * window * (3 * sizes["ffn"] // 2) * element
     attention = 4 * heads * window * window * element
     logits = window * vocab * (element + 12)
-    return int(activations + attention + logits)
+    inner = getattr(model.config, "intermediate_size", None) or 2 * width
+    scan = 2 * 4 * window * inner * sizes["state"]
+    return int(activations + attention + logits + scan)
 
 
 def audit_batch_size(model: Any, window: int, device: str | torch.device, cache: Path | None = None) -> int:
@@ -103,7 +118,7 @@ def conditions_per_pass(model: Any, batch: torch.Tensor, conditions: int, device
     """Conditions resumed together at one layer: on CUDA as many as the free memory holds next to the kept
     states (``official.window_bytes`` per window, as the audit's batch size is fitted); elsewhere one, since
     a CPU gains no speed from a bigger batch and only holds more memory; one too for a model whose config
-    names no size to estimate from (a Mamba names no heads: its audit was given ``--batch-size``)."""
+    names no size to estimate from (RWKV names no heads: its audit was given ``--batch-size``)."""
     device = torch.device(device)
     if device.type != "cuda":
         return 1
