@@ -105,6 +105,7 @@ def test_next_token_nll_is_the_cross_entropy_of_the_shifted_rows(windows, dtype)
 def test_head_nll_equals_the_nll_of_the_full_logits(arch, windows, monkeypatch, chunk_rows):
     model = tiny_model(arch)
     monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", chunk_rows * 4 * model.config.vocab_size)
+    monkeypatch.setattr(common, "MIN_LOGITS_ROWS", 1)
     with torch.no_grad():
         output, _, _ = model.run_blocks(model.embed(windows), 0, None)
         got = head_nll(model, output, windows)
@@ -112,6 +113,20 @@ def test_head_nll_equals_the_nll_of_the_full_logits(arch, windows, monkeypatch, 
     assert got.shape == (windows.shape[0], windows.shape[1] - 1)
     torch.testing.assert_close(got.double(), reference_nll(full, windows), rtol=0, atol=1e-5)
     torch.testing.assert_close(got, next_token_nll(full, windows), rtol=0, atol=1e-6)
+
+
+def test_head_nll_takes_at_least_min_logits_rows_at_a_time(windows, monkeypatch):
+    """However small the chunk budget, the head runs ``MIN_LOGITS_ROWS`` rows at a time (a wide head's matrix
+    product over fewer rows is slower than over the whole logits), the last chunk holding the rest."""
+    model = tiny_model("featuregate")
+    monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", 1)
+    monkeypatch.setattr(common, "MIN_LOGITS_ROWS", 50)
+    rows: list[int] = []
+    model.lm_head.register_forward_hook(lambda module, args, output: rows.append(output.shape[0]))
+    with torch.no_grad():
+        head_nll(model, model.run_blocks(model.embed(windows), 0, None)[0], windows)
+    total = windows.numel()
+    assert rows == [50] * (total // 50) + ([total % 50] if total % 50 else [])
 
 
 def test_loading_a_checkpoint_hides_transformers_weight_bar_and_restores_the_users_setting():
