@@ -294,8 +294,7 @@ def test_capture_and_replay_never_hold_the_whole_logits(which, windows, tmp_path
     model = tiny_model("featuregate") if which == "featuregate" else load_controlled(tiny_mixtral).eval()
     head = model.lm_head if which == "featuregate" else model.separate_lm_head[0]  # what turns states into logits
     vocab = head.out_features
-    monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", 5 * 4 * vocab)
-    monkeypatch.setattr(common, "MIN_LOGITS_ROWS", 1)
+    monkeypatch.setattr(common, "logits_rows", lambda width, vocab, device: 5)
     rows_seen: list[int] = []
     head.register_forward_hook(lambda module, args, output: rows_seen.append(output.numel() // vocab))
     cache = capture(model, windows, tmp_path / "cache", batch_size=SHARD)

@@ -104,8 +104,7 @@ def test_next_token_nll_is_the_cross_entropy_of_the_shifted_rows(windows, dtype)
 @pytest.mark.parametrize("chunk_rows", [1, 7, 10**6])  # one row, chunks across window borders, all at once
 def test_head_nll_equals_the_nll_of_the_full_logits(arch, windows, monkeypatch, chunk_rows):
     model = tiny_model(arch)
-    monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", chunk_rows * 4 * model.config.vocab_size)
-    monkeypatch.setattr(common, "MIN_LOGITS_ROWS", 1)
+    monkeypatch.setattr(common, "logits_rows", lambda width, vocab, device: chunk_rows)
     with torch.no_grad():
         output, _, _ = model.run_blocks(model.embed(windows), 0, None)
         got = head_nll(model, output, windows)
@@ -115,18 +114,23 @@ def test_head_nll_equals_the_nll_of_the_full_logits(arch, windows, monkeypatch, 
     torch.testing.assert_close(got, next_token_nll(full, windows), rtol=0, atol=1e-6)
 
 
-def test_head_nll_takes_at_least_min_logits_rows_at_a_time(windows, monkeypatch):
-    """However small the chunk budget, the head runs ``MIN_LOGITS_ROWS`` rows at a time (a wide head's matrix
-    product over fewer rows is slower than over the whole logits), the last chunk holding the rest."""
+def test_head_nll_takes_as_many_rows_as_the_budget_holds_but_never_fewer_than_the_head_is_wide(windows, monkeypatch):
+    """A narrow head's chunk is what the byte budget holds (its logits still in cache for the softmax); a wide
+    one's never has fewer rows than the head is wide (a matrix product over fewer is slower than over the
+    whole logits). The head sees exactly those chunks, the last holding the rest."""
+    cpu = torch.device("cpu")
+    assert common.logits_rows(96, 4096, cpu) == common.CPU_LOGITS_CHUNK_BYTES // (4 * 4096) == 1024
+    assert common.logits_rows(4096, 32000, cpu) == 4096
+    assert common.logits_rows(4096, 32000, torch.device("cuda")) == 2**30 // (4 * 32000)
     model = tiny_model("featuregate")
+    width = model.config.n_embd
     monkeypatch.setattr(common, "CPU_LOGITS_CHUNK_BYTES", 1)
-    monkeypatch.setattr(common, "MIN_LOGITS_ROWS", 50)
     rows: list[int] = []
     model.lm_head.register_forward_hook(lambda module, args, output: rows.append(output.shape[0]))
     with torch.no_grad():
         head_nll(model, model.run_blocks(model.embed(windows), 0, None)[0], windows)
     total = windows.numel()
-    assert rows == [50] * (total // 50) + ([total % 50] if total % 50 else [])
+    assert rows == [width] * (total // width) + ([total % width] if total % width else [])
 
 
 def test_loading_a_checkpoint_hides_transformers_weight_bar_and_restores_the_users_setting():

@@ -19,10 +19,6 @@ IGNORE = -100  # cross-entropy's ignore_index: the targets of rows that predict 
 # logits computed at once by ``head_nll``: on a CPU about what stays in cache between the head and the
 # softmax; on an accelerator large enough to keep its matrix units busy, small enough to bound memory
 CPU_LOGITS_CHUNK_BYTES, ACCELERATOR_LOGITS_CHUNK_BYTES = 16 * 2**20, 2**30
-# but never fewer rows than this: a wide head's matrix product over fewer rows is slower than over the whole
-# logits (on two CPU cores a 4096 x 32000 fp32 head takes 1.87 s for 2,048 rows in chunks of 128, 1.51 s whole
-# or in chunks of 1,024)
-MIN_LOGITS_ROWS = 1024
 
 
 @dataclass
@@ -118,9 +114,18 @@ def vocabulary_size(config: Any) -> int:
     return size
 
 
+def logits_rows(width: int, vocab: int, device: torch.device) -> int:
+    """Rows of logits ``head_nll`` computes at once: as many as the chunk budget holds, but never fewer than
+    the head is wide (``width``), since over fewer rows a wide head's matrix product is slower than over the
+    whole logits (on two CPU cores a 4096 x 32000 fp32 head takes 1.87 s for 2,048 rows in chunks of 128, 1.51 s
+    whole); a narrow one's logits then still fit in cache when the softmax reads them."""
+    budget = CPU_LOGITS_CHUNK_BYTES if device.type == "cpu" else ACCELERATOR_LOGITS_CHUNK_BYTES
+    return max(width, budget // (4 * vocab))
+
+
 def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """``next_token_nll(model.head(hidden), input_ids)`` (within float rounding), the head and the softmax
-    run a few thousand rows at a time: each chunk's logits (``CPU_LOGITS_CHUNK_BYTES``) are still in cache when
+    run a few thousand rows at a time (``logits_rows``): a narrow head's chunk of logits is still in cache when
     the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For runs that need the NLL
     only (the audit's capture and replays, ``audit.forward``), where the head and the NLL of whole logits cost
     about as much as the blocks of a small model and are the largest tensor of a large one. All ``B * T``
@@ -132,8 +137,7 @@ def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch
     targets = input_ids.roll(-1, dims=1)
     targets[:, -1] = IGNORE
     targets = targets.reshape(-1)
-    budget = CPU_LOGITS_CHUNK_BYTES if hidden.device.type == "cpu" else ACCELERATOR_LOGITS_CHUNK_BYTES
-    rows = max(MIN_LOGITS_ROWS, budget // (4 * vocabulary_size(model.config)))
+    rows = logits_rows(states.shape[-1], vocabulary_size(model.config), hidden.device)
     out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
     for start in range(0, len(targets), rows):
         logits = model.head(states[start : start + rows])
