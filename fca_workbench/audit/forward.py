@@ -3,9 +3,9 @@ so ``correct`` repeats the arithmetic of the live run it is checked against.
 
 The audit needs each token's NLL, never the logits. A model that steps by layer (``SteppingModel``: every
 model the workbench loads) runs its blocks and then its head and softmax a chunk of rows at a time
-(``models.head_nll``), so the whole ``[B, T, vocab]`` logits are never held: on the shipped checkpoints the
-head and the cross-entropy of whole logits cost about as much as the blocks, and at real sizes the logits
-are the largest tensor of a forward. A model without layer stepping gives its logits whole.
+(``models.head_nll``), so only one chunk of the ``[B, T, vocab]`` logits is held at a time: on the shipped
+checkpoints the head and the cross-entropy of whole logits cost about as much as the blocks, and at real sizes
+a batch's logits are the largest tensor of a forward. A model without layer stepping gives its logits whole.
 """
 
 import torch

@@ -126,7 +126,7 @@ def logits_rows(width: int, vocab: int, device: torch.device) -> int:
 def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """``next_token_nll(model.head(hidden), input_ids)`` (within float rounding), the head and the softmax
     run a few thousand rows at a time (``logits_rows``): a narrow head's chunk of logits is still in cache when
-    the softmax reads them, and the whole ``[B, T, vocab]`` logits are never held. For runs that need the NLL
+    the softmax reads them, and only one chunk of the ``[B, T, vocab]`` logits is held at a time. For runs that need the NLL
     only (the audit's capture and replays, ``audit.forward``), where the head and the NLL of whole logits cost
     about as much as the blocks of a small model and are the largest tensor of a large one. All ``B * T``
     rows as they lie (each window's last row ignored, as in ``next_token_nll``): slicing it off would copy
