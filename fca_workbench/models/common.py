@@ -104,16 +104,6 @@ def next_token_nll(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return rows.view(input_ids.shape)[:, :-1]
 
 
-def vocabulary_size(config: Any) -> int:
-    """The logits' width: the config's ``vocab_size``, or its text model's (a multimodal config nests it)."""
-    size = getattr(config, "vocab_size", None)
-    if size is None and hasattr(config, "get_text_config"):
-        size = getattr(config.get_text_config(), "vocab_size", None)
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"the model's config gives no vocabulary size ({size!r})")
-    return size
-
-
 def logits_rows(width: int, vocab: int, device: torch.device) -> int:
     """Rows of logits ``head_nll`` computes at once: as many as the chunk budget holds, but never fewer than
     the head is wide (``width``), since over fewer rows a wide head's matrix product is slower than over the
@@ -137,7 +127,7 @@ def head_nll(model: Any, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch
     targets = input_ids.roll(-1, dims=1)
     targets[:, -1] = IGNORE
     targets = targets.reshape(-1)
-    rows = logits_rows(states.shape[-1], vocabulary_size(model.config), hidden.device)
+    rows = logits_rows(states.shape[-1], model.config.vocab_size, hidden.device)
     out = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
     for start in range(0, len(targets), rows):
         logits = model.head(states[start : start + rows])
