@@ -139,9 +139,10 @@ def findings_table(out: Path) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     work = Path("/tmp/controller_design")
     return study_parser(
-        __doc__.splitlines()[0], work, ROOT / "data" / "controller_design", "weights and audits"
+        __doc__.splitlines()[0], work, ROOT / "data" / "controller_design", "weights and audits", tuple(VARIANTS), SEEDS
     ).parse_args(argv)
 
 
 if __name__ == "__main__":
-    run_study(parse_args(), plan(), run_one, findings_table)
+    args = parse_args()
+    run_study(args, plan(args.seeds, args.variants), run_one, findings_table)

@@ -28,6 +28,7 @@ class DesignRun(Protocol):
     @property
     def name(self) -> str: ...
 
+
     def train_args(self, work: Path) -> list[str]: ...
 
 
@@ -111,9 +112,36 @@ def shard(text: str) -> tuple[int, int]:
     return int(index), int(count)
 
 
-def study_parser(description: str, work: Path, out: Path, work_help: str) -> argparse.ArgumentParser:
+def seed_range(text: str) -> tuple[int, ...]:
+    """``3-7`` (both ends included) or ``0,2,5``."""
+    first, dash, last = text.partition("-")
+    try:
+        seeds = tuple(range(int(first), int(last) + 1)) if dash else tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds as 3-7 or 0,2,5, got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative seeds, got {text!r}")
+    return seeds
+
+
+def study_parser(
+    description: str, work: Path, out: Path, work_help: str, variants: Sequence[str], seeds: Sequence[int]
+) -> argparse.ArgumentParser:
     """The command line every runner takes; a runner adds its own flags to it."""
     parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--seeds", type=seed_range, default=tuple(seeds), help=f"seeds, as 3-7 or 0,2,5 (default {seeds[0]}-{seeds[-1]})"
+    )
+
+    def variant_list(text: str) -> tuple[str, ...]:
+        unknown = sorted(set(text.split(",")) - set(variants))
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown variants {', '.join(unknown)}; known: {', '.join(variants)}")
+        return tuple(text.split(","))
+
+    parser.add_argument(
+        "--variants", type=variant_list, default=tuple(variants), help="comma-separated variants (default: all)"
+    )
     parser.add_argument("--work", type=Path, default=work, help=work_help)
     parser.add_argument("--out", type=Path, default=out, help="the summaries")
     parser.add_argument("--list", action="store_true", help="print the plan and what is done, then stop")

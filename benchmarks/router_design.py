@@ -425,7 +425,7 @@ def finetune_table(out: Path) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = study_parser(
-        __doc__.splitlines()[0], Path("/tmp/router_design"), ROOT / "data" / "router_design", "weights, audits, exports"
+        __doc__.splitlines()[0], Path("/tmp/router_design"), ROOT / "data" / "router_design", "weights, audits, exports", tuple(VARIANTS), SEEDS
     )
     parser.add_argument(
         "--finetune",
@@ -445,7 +445,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if not args.finetune:
-        run_study(args, plan(), run_one, findings_table)
+        run_study(args, plan(args.seeds, args.variants), run_one, findings_table)
         return
     tunes, choice = finetune_plan(args.work, args.finetune_work, args.out)
     index, count = args.shard
