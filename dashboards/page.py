@@ -17,7 +17,7 @@ from results_view import ResultsView
 
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.audit_tables import per_layer_table
-from fca_workbench.results.conditions import CONDITIONS
+from fca_workbench.results.conditions import model_conditions
 from fca_workbench.viewmodel import (
     MAX_PASTE_CHARS,
     Analysis,
@@ -90,7 +90,10 @@ class DashboardApp:
             name="Layer", options={ALL_LAYERS_LABEL: ALL_LAYERS}, value=ALL_LAYERS, css_classes=["fca-layer"]
         )
         self.condition = pn.widgets.Select(
-            name="Intervention", options=list(CONDITIONS), value=DEFAULT_CONDITION, css_classes=["fca-condition"]
+            name="Intervention",
+            options=list(model_conditions(routed=False)),
+            value=DEFAULT_CONDITION,
+            css_classes=["fca-condition"],
         )
         self.condition_help = pn.pane.HTML(
             "", css_classes=["fca-condition-help"], styles={"font-size": "0.85em", "color": "#555"}

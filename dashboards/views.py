@@ -14,7 +14,7 @@ import pandas as pd
 import panel as pn
 
 from fca_workbench.results.conditions import REFERENCE
-from fca_workbench.viewmodel import SEEDED, Analysis
+from fca_workbench.viewmodel import Analysis, condition_named
 from fca_workbench.viewmodel.escaping import plotly_text
 
 
@@ -207,7 +207,7 @@ def summary_html(analysis: Analysis) -> str:
     ]
     if analysis.donor is not None:
         rows.append(("donor window", str(analysis.donor)))
-    if analysis.condition in SEEDED:
+    if condition_named(analysis.condition).seeded:
         rows.append(("seed", str(analysis.seed)))
     rows += [(name, fmt(value, "Δ" in name)) for name, value in summary.items() if name != "retention"]
     if analysis.retention is not None or analysis.nll_global_mean is not None:

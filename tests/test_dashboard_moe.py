@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, require_browser
 
-from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
+from fca_workbench.results.conditions import BASELINES, retention_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "dashboards"))
@@ -119,7 +119,7 @@ def test_overview_detail_and_compare_of_an_moe_audit_list_every_condition(served
             retention = _traces(page, "fca-overview-retention")
             assert retention[f"{arch} (n=1)"] == profiles
             delta = _traces(page, "fca-overview-delta")
-            assert delta[f"{arch} (n=1)"] == [c for c in conditions if c in INTERVENTIONS]
+            assert delta[f"{arch} (n=1)"] == [c for c in conditions if c not in BASELINES]
             for pane in ("fca-overview-delta", "fca-overview-retention"):
                 labels = page.locator(f".{pane} .js-plotly-plot").evaluate(LABELS_CLEAR)
                 assert labels and all(label["inside"] and label["clear"] for label in labels), labels

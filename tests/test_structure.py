@@ -160,7 +160,7 @@ PUBLIC_PATHS = [  # what the README and notebooks of the flat layout imported, a
     ("fca_workbench.adapters", "tensor_kind"),
     ("fca_workbench.foundation.resources", "shipped"),
     ("fca_workbench.foundation.errors", "UserError"),
-    ("fca_workbench.viewmodel", "CONDITION_HELP"),
+    ("fca_workbench.viewmodel", "condition_named"),
     ("fca_workbench.audit", "run_audit"),
     ("fca_workbench.audit", "AuditSettings"),
     ("fca_workbench.data", "load_windows"),

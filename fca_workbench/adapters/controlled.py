@@ -126,9 +126,24 @@ def controlled_view(model: Any) -> Iterator[ControlledModel]:
     before."""
     was_training = model.training
     try:
-        yield model if hasattr(model, "replay_run") else TransformersControlled(model)  # a workbench model as it is
+        yield controlled_model(model)
     finally:
         model.train(was_training)
+
+
+def controlled_model(
+    model: Any, controllers: str | None = None, only_controllers: str | None = None
+) -> ControlledModel:
+    """A model held in memory seen through the protocol: a workbench model as it is, a transformers causal LM
+    wrapped in ``TransformersControlled`` (its controllers found by role, plus ``controllers`` or instead
+    ``only_controllers``, as ``load_controlled`` takes them); anything else is one line."""
+    if hasattr(model, "replay_run"):
+        if controllers is not None or only_controllers is not None:
+            raise UserError("--controllers is for foreign models; a workbench model has its own controllers")
+        return model
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise UserError(f"cannot audit a {type(model).__name__}: give a transformers causal LM or a workbench model")
+    return TransformersControlled(model, controllers, only_controllers)
 
 
 def causal_lm_class(config: Any, folder: Path) -> Any:

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.lazy import lazy_exports
 
-__all__ = ["AuditSettings", "run_audit"]
+__all__ = ["AuditSettings", "audit_model", "run_audit"]
 
 if TYPE_CHECKING:
-    from fca_workbench.audit.run import run_audit
+    from fca_workbench.audit.run import audit_model, run_audit
     from fca_workbench.audit.settings import AuditSettings
 else:
     __getattr__, __dir__ = lazy_exports(
-        __name__, {"fca_workbench.audit.run": ["run_audit"], "fca_workbench.audit.settings": ["AuditSettings"]}
+        __name__,
+        {"fca_workbench.audit.run": ["audit_model", "run_audit"], "fca_workbench.audit.settings": ["AuditSettings"]},
     )

@@ -1,17 +1,21 @@
 """What a condition assigns: the coefficients (or a router's whole output) each eval window gets under it.
 
-The one place that turns a condition (what ``results.conditions`` says it assigns), a coefficient cache and the calibration profiles into replayed values;
+The one place that turns a condition (its function in ``results.conditions``), a coefficient cache and the
+calibration profiles into replayed values;
 the audit, the sweep, the mini-audit, the explorer and the dashboard all go through it.
 """
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from fca_workbench.adapters.protocol import COEFFICIENT
+from fca_workbench.adapters.placement import value_devices
+from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.interventions import (
     broadcast_profile,
+    causal_positions,
     derangement,
     position_permutations,
     profile_sums,
@@ -21,16 +25,9 @@ from fca_workbench.audit.interventions import (
     shuffle_positions,
     with_routing_profiles,
 )
-from fca_workbench.results.conditions import (
-    CACHED_RUN,
-    DONOR_VALUES,
-    OWN_VALUES,
-    SHUFFLED_POSITIONS,
-    STATIC_PROFILE,
-    condition_named,
-)
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.results.conditions import Values, condition_named
 
-Values = list[dict[str, torch.Tensor]]  # per controller, its cached outputs by name (``COEFFICIENT`` first)
 Profiles = dict[str, list[torch.Tensor]]  # per profile name, one tensor per layer (``interventions.static_profiles``)
 Total = Callable[[torch.Tensor], torch.Tensor]  # a sum over the processes that each read part of a set
 
@@ -67,50 +64,116 @@ def profile_of(condition: str, profiles: Profiles | None) -> list[torch.Tensor]:
     return profiles[condition]
 
 
+class WindowAssignment:
+    """What a condition builds a batch's values from (``results.conditions.Assignment``): the windows' own cached
+    values, a donor's (read when first asked for), their positions shuffled, or a calibration profile broadcast to
+    every position. ``own`` None: a text without cached values (a static condition applied to any text)."""
+
+    def __init__(
+        self,
+        condition: str,
+        own: Values | None,
+        windows: torch.Tensor,
+        seed: int,
+        slot_shapes: Sequence[tuple[int, ...]],
+        length: int,
+        donor: Callable[[], Values] | None = None,
+        profiles: Profiles | None = None,
+    ) -> None:
+        self.condition, self._own, self._windows, self.seed = condition, own, windows, seed
+        self.slot_shapes, self.length, self._donor, self.profiles = slot_shapes, length, donor, profiles
+
+    @property
+    def own(self) -> Values:
+        if self._own is None:
+            raise UserError(f"condition '{self.condition}' reads a text's own cached values: it is not static")
+        return self._own
+
+    @property
+    def windows(self) -> torch.Tensor:
+        return self._windows
+
+    def donor(self) -> Values:
+        if self._donor is None:
+            raise UserError(f"condition '{self.condition}' reads a donor window's values: register it with uses_donor")
+        length = self.length
+        return [{name: t[:, :length] for name, t in value.items()} for value in self._donor()]  # a prefix: causal
+
+    def shuffled(self, values: Values | None = None, *, causal: bool = False) -> Values:
+        values = self.own if values is None else values
+        choose = causal_positions if causal else position_permutations
+        positions = choose(self.windows, self.length, self.seed)
+        return [dict(zip(value, shuffle_positions(list(value.values()), positions))) for value in values]
+
+    def profile(self, name: str) -> Values:
+        profile = profile_of(name, self.profiles)
+        shapes = self.slot_shapes
+        return [{COEFFICIENT: c} for c in broadcast_profile(profile, shapes, len(self.windows), self.length)]
+
+
 def assigned_values(
     condition: str,
     own: Values,
-    donor: Values | None,
+    donor: Callable[[], Values] | None,
     profiles: Profiles | None,
     slot_shapes: Sequence[tuple[int, ...]],
     window_indices: torch.Tensor,
     seed: int,
     layer: int | None = None,
 ) -> Values:
-    """Per controller, the values ``condition`` assigns to windows ``window_indices`` (docs/concepts.md),
-    at ``layer`` only (the other layers keep their own) or everywhere (``layer`` None).
-
-    ``own``: the windows' cached values ``[B, T, ...]``; ``donor``: the donor windows' (``cross_input`` only;
-    a longer donor is cut to the windows' length: causal, so a prefix's values are its own); ``profiles``:
-    the calibration profiles (profile conditions only). The baselines, ``cross_input`` and ``token_shuffle``
-    move everything cached (a router's whole output); a static profile is a coefficient only. Seeded choices
-    depend on (seed, window index) alone, so a window gets the same values however windows are batched."""
-    batch, length = own[0][COEFFICIENT].shape[:2]
-    assignment = condition_named(condition).assignment
-    if assignment in (CACHED_RUN, OWN_VALUES):
-        return own
-    if assignment == DONOR_VALUES:
-        if donor is None:
-            raise ValueError(f"{condition} needs the donor windows' values")
-        intervened = [{name: t[:, :length] for name, t in value.items()} for value in donor]
-    elif assignment == SHUFFLED_POSITIONS:
-        permutations = position_permutations(window_indices, length, seed)
-        intervened = [dict(zip(value, shuffle_positions(list(value.values()), permutations))) for value in own]
-    elif assignment == STATIC_PROFILE:
-        intervened = static_values(condition, profiles, slot_shapes, batch, length)
-    else:
-        raise ValueError(f"condition '{condition}' assigns '{assignment}', which replay does not know")
+    """Per controller, the values ``condition`` assigns to windows ``window_indices`` (docs/concepts.md), at
+    ``layer`` only (the other layers keep their own) or everywhere (``layer`` None): what its function builds from
+    a ``WindowAssignment`` of the windows' cached values ``own`` ``[B, T, ...]``, ``donor`` (the donor windows'
+    values, read when first asked for; a longer donor is cut to the windows' length: causal, so a prefix's values
+    are its own) and the calibration ``profiles``. A value is checked against the windows' own (same controllers,
+    same coefficient shape), so a registered condition's mistake is one line, not a failure inside the model."""
+    named = condition_named(condition)
+    if named.assign is None:
+        raise ValueError(f"'{condition}' is the live run: nothing is replayed (its NLL is the cache's)")
+    length = own[0][COEFFICIENT].shape[1]
+    assignment = WindowAssignment(condition, own, window_indices, seed, slot_shapes, length, donor, profiles)
+    intervened = checked(condition, named.assign(assignment), own)
     return intervened if layer is None else restrict_to_layer(intervened, own, layer)
+
+
+def checked(condition: str, values: Values, like: Values) -> Values:
+    """``values`` when they have the controllers and coefficient shapes of ``like``, else one line."""
+    if not isinstance(values, list) or len(values) != len(like):
+        raise UserError(f"condition '{condition}' must return one value per controller ({len(like)})")
+    for index, (value, own) in enumerate(zip(values, like)):
+        coefficient = value.get(COEFFICIENT) if isinstance(value, dict) else None
+        expected = own[COEFFICIENT].shape
+        if not isinstance(coefficient, torch.Tensor) or coefficient.shape != expected:
+            found = getattr(coefficient, "shape", type(coefficient).__name__)
+            raise UserError(
+                f"condition '{condition}' gave controller {index} a coefficient of {found}, expected {tuple(expected)}"
+            )
+    return values
 
 
 def static_values(
     condition: str, profiles: Profiles | None, slot_shapes: Sequence[tuple[int, ...]], batch: int, length: int
 ) -> Values:
-    """Per controller, what a profile condition assigns to any ``batch`` texts of ``length`` tokens: its profile
-    broadcast to every position, a coefficient only (the same for every text, so no cache is needed: ``fca
-    eval`` replays it on a task's texts)."""
-    profile = profile_of(condition, profiles)
-    return [{COEFFICIENT: c} for c in broadcast_profile(profile, slot_shapes, batch, length)]
+    """Per controller, what a static condition assigns to any ``batch`` texts of ``length`` tokens: built from the
+    calibration profiles alone, a coefficient only (the same for every text, so no cache is needed: ``fca eval``
+    replays it on a task's texts, ``fca export`` folds it into the weights)."""
+    named = condition_named(condition)
+    if not named.static or named.assign is None:
+        raise UserError(f"'{condition}' needs a text's own cached values; only static profiles apply to any text")
+    windows = torch.zeros(batch, dtype=torch.long)
+    like = [{COEFFICIENT: torch.empty(batch, length, *shape)} for shape in slot_shapes]
+    assignment = WindowAssignment(condition, None, windows, 0, slot_shapes, length, None, profiles)
+    return [{COEFFICIENT: v[COEFFICIENT]} for v in checked(condition, named.assign(assignment), like)]
+
+
+def static_profile_values(
+    condition: str, profiles: Profiles | None, slot_shapes: Sequence[tuple[int, ...]]
+) -> list[torch.Tensor]:
+    """Per controller, the ``[*slot]`` coefficients an exportable static condition assigns at every position:
+    what ``fca export`` folds into one weight set."""
+    if not condition_named(condition).exportable:
+        raise UserError(f"'{condition}' differs by position (or is not static): no single weight set holds it")
+    return [value[COEFFICIENT][0, 0] for value in static_values(condition, profiles, slot_shapes, 1, 1)]
 
 
 class ConditionCoefficients:
@@ -129,8 +192,8 @@ class ConditionCoefficients:
         layer: int | None = None,
     ) -> None:
         named = condition_named(condition)
-        if named.static:
-            profile_of(condition, profiles)  # refused here, before any window is read
+        if named.static and profiles is None:
+            raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
         if named.live:
             raise ValueError(f"'{condition}' is the live run: nothing is replayed (its NLL is the cache's)")
         self.condition, self.cache, self.profiles, self.seed, self.layer = condition, cache, profiles, seed, layer
@@ -143,11 +206,25 @@ class ConditionCoefficients:
 
     def values(self, indices: torch.Tensor) -> Values:
         """Per controller, the values replayed (``assigned_values``)."""
-        donor = self.cache.values(self.donors[indices]) if self.donors is not None else None
-        own = self.cache.values(indices)
+        donors = self.donors
+        donor = None if donors is None else functools.partial(self.cache.values, donors[indices])
         return assigned_values(
-            self.condition, own, donor, self.profiles, self.slot_shapes, indices, self.seed, self.layer
+            self.condition,
+            self.cache.values(indices),
+            donor,
+            self.profiles,
+            self.slot_shapes,
+            indices,
+            self.seed,
+            self.layer,
         )
+
+
+def placed(model: ControlledModel, values: Values, device: torch.device | str) -> Values:
+    """``values`` where the model replays them: each controller's on its own device (``placement.value_devices``:
+    ``device``, or where big-model inference put that controller) and its coefficient in that controller's dtype
+    (``coefficient_dtypes``: a router's float32 gate in a bfloat16 model too). Every replay places values here."""
+    return values_on(values, value_devices(model, device), model.coefficient_dtypes)
 
 
 def values_on(

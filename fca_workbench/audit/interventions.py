@@ -38,6 +38,16 @@ def position_permutations(window_indices: torch.Tensor, length: int, seed: int) 
     return torch.stack(rows)
 
 
+def causal_positions(window_indices: torch.Tensor, length: int, seed: int) -> torch.Tensor:
+    """Per window ``[B, T]``, for each position t a uniformly random position at or before it, seeded by (seed,
+    window index): a shuffle that never hands a causal model coefficients computed from later tokens."""
+    rows = []
+    for index in window_indices.tolist():
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        rows.append((torch.rand(length, generator=generator, dtype=torch.float64) * torch.arange(1, length + 1)).long())
+    return torch.stack(rows)
+
+
 def shuffle_positions(coefficients: list[torch.Tensor], permutations: torch.Tensor) -> list[torch.Tensor]:
     """Move each window's coefficients to permuted positions, the same permutation at every layer.
 

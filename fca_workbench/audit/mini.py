@@ -23,7 +23,7 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import even_sample, load_windows
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.results.conditions import INTERVENTIONS, REFERENCE
+from fca_workbench.results.conditions import BASELINES, REFERENCE
 
 SPREAD_KEYS = ("r2_layer", "r2_layer_slot", "within_std", "cv")
 
@@ -106,7 +106,7 @@ def log_row(audit: dict) -> dict[str, float]:
     and, for routers, the fraction of expert evaluations run."""
     conditions = audit["conditions"]
     figures = {f"nll_{REFERENCE}": conditions[REFERENCE]["nll"]}
-    for condition in (c for c in conditions if c in INTERVENTIONS):
+    for condition in (c for c in conditions if c not in BASELINES):  # every other condition intervenes
         c = conditions[condition]
         figures.update(
             {

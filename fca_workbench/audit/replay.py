@@ -8,9 +8,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from fca_workbench.adapters.placement import value_devices
 from fca_workbench.adapters.protocol import ControlledModel
-from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
+from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, placed
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import at_layer, require_finite
@@ -46,12 +45,11 @@ def replay_nll(
         require_finite(nll, "NLL", named, indices)
         return nll
     assign = ConditionCoefficients(condition, cache, profiles, seed, layer)
-    devices = value_devices(model, device)  # each controller's own, where big-model inference placed the model
     model.eval()
     rows = []
     for indices in progress(batches, desc=condition, leave=False, disable=len(batches) < 2):
         batch = windows[indices].to(device)
-        values = values_on(assign.values(indices), devices, model.coefficient_dtypes)
+        values = placed(model, assign.values(indices), device)
         rows.append(forward_nll(model, batch, values)[0].cpu())
         require_finite(rows[-1], "NLL", named, indices)
     return torch.cat(rows)

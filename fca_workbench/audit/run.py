@@ -6,9 +6,12 @@ the same line runs on every rank, each on its share of the shards (``distributed
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
+from fca_workbench.adapters.controlled import controlled_model
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.assignment import Profiles
@@ -16,13 +19,14 @@ from fca_workbench.audit.cache_lock import cache_lock, folder_lock
 from fca_workbench.audit.capture import shard_count
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.execution import execution_audit, expert_execution
-from fca_workbench.audit.inputs import CALIBRATION, EVAL
+from fca_workbench.audit.inputs import CALIBRATION, DTYPES, EVAL
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
 from fca_workbench.data.windows import window_sampling
 from fca_workbench.foundation.checkpoint import checkpoint_name, resolve_checkpoint
+from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import check_folder_path, write_atomic, write_json
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.foundation.progress import progress
@@ -35,6 +39,7 @@ from fca_workbench.results.schema import AUDIT_SCHEMA, validate_audit
 from fca_workbench.results.verdicts import verdicts
 
 AUDIT_COMMAND = "fca audit"  # what an audit folder's marker names
+IN_MEMORY = "memory:"  # model.path of an audit of a model held in memory: its name follows, no folder
 
 
 EXECUTION_BATCHES = 4  # execution is counted on the first batches: a full extra pass would add nothing
@@ -68,11 +73,54 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     shards; rank 0 gathers per-window results, computes the figures, writes the outputs and returns the audit
     (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
     """
-    out = check_audit_out(out)
-    for split in (EVAL, CALIBRATION):  # a file where a cache folder belongs: refused before anything is claimed
-        check_folder_path(split_cache(settings.cache, out, split), "the coefficient cache")
+    out = checked_out(settings, out)
     checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
     session = ReplaySession.open(settings, out, ranks, checkpoint)
+    return audit_session(session, out, checkpoint.record(), lock_wait)
+
+
+def audit_model(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    out: str | Path,
+    name: str | None = None,
+    lock_wait: float = 0.0,
+    **settings: Any,
+) -> dict:
+    """``run_audit`` of a model held in memory (a transformers causal LM or a workbench model, as
+    ``controlled_model`` takes it) with its tokenizer: the same session, files and figures as an audit of its
+    folder. ``name`` is what ``audit.json`` calls it (default: the config's ``_name_or_path``, else its model
+    type); ``settings``: any ``AuditSettings`` field but the checkpoint (``max_windows=16``, ``per_layer=True``,
+    ...), the device and dtype being the model's own. The caches bind to its weights' fingerprint, as ever."""
+    parameter = next(model.parameters())
+    dtype = next((n for n, d in DTYPES.items() if d == parameter.dtype), None)
+    if dtype is None:
+        raise UserError(f"a model in {parameter.dtype}: audit it in one of {', '.join(DTYPES)}")
+    config = getattr(model, "config", None)
+    name = str(name or getattr(config, "_name_or_path", "") or getattr(config, "model_type", type(model).__name__))
+    chosen = AuditSettings(checkpoint=name, device=str(parameter.device), dtype=dtype, **settings)
+    folder = checked_out(chosen, out)
+    session = ReplaySession.of_model(
+        controlled_model(model, chosen.controllers, chosen.only_controllers), tokenizer, chosen, folder
+    )
+    audit = audit_session(session, folder, {"path": f"{IN_MEMORY}{name}", "hub": None}, lock_wait)
+    assert audit is not None  # one process: it leads
+    return audit
+
+
+def checked_out(settings: AuditSettings, out: str | Path) -> Path:
+    """The output folder (``check_audit_out``), with a file where a cache folder belongs refused before anything
+    is claimed."""
+    out = check_audit_out(out)
+    for split in (EVAL, CALIBRATION):
+        check_folder_path(split_cache(settings.cache, out, split), "the coefficient cache")
+    return out
+
+
+def audit_session(session: ReplaySession, out: Path, source: dict, lock_wait: float) -> dict | None:
+    """The audit's line (``run_audit``) on an open session writing into ``out`` (``checked_out``); ``source``:
+    where its model came from (``audit.json``'s ``model.path`` and ``model.hub``)."""
+    ranks = session.ranks
     model, eval_windows, calib_windows = session.model, session.windows(EVAL), session.windows(CALIBRATION)
     settings = session.fitted_settings
     check_ranks(session)
@@ -95,7 +143,7 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
         audit = {
             "schema": AUDIT_SCHEMA,
             "model": {
-                **checkpoint.record(),
+                **source,
                 "arch": model.arch,
                 "params": sum(p.numel() for p in model.parameters()),
                 "fingerprint": eval_cache.manifest["model_fingerprint"],

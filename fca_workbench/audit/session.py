@@ -30,9 +30,9 @@ from fca_workbench.audit.assignment import (
     Values,
     assigned_values,
     calibration_profiles,
+    placed,
     profiles_of,
     static_values,
-    values_on,
 )
 from fca_workbench.audit.budget import audit_batch_size
 from fca_workbench.audit.capture import CoefficientCache, capture, model_fingerprint
@@ -120,29 +120,44 @@ class ReplaySession:
             {key: getattr(settings, key) for key in LOADING_SETTINGS},
             lambda: load_audit_model(settings, out, ranks, checkpoint),
         )
+        session = cls.of_model(model, tokenizer, settings, out, ranks, read_now)
+        session.checkpoint = checkpoint
+        memo_root = memo_root or session.cache_root
+        if memo_root is not None and identity is not None:
+            session._known_fingerprint = remembered_fingerprint(
+                memo_root, identity, lambda: model_fingerprint(model), ranks.lead
+            )
+        return session
+
+    @classmethod
+    def of_model(
+        cls,
+        model: ControlledModel,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: AuditSettings,
+        out: Path | None = None,
+        ranks: Ranks = SINGLE,
+        read_now: Sequence[str] = (EVAL, CALIBRATION),
+    ) -> ReplaySession:
+        """The session of a controlled model already loaded (``open``'s, or one a user holds in memory:
+        ``controlled_model``) with its tokenizer, read and cached as ``open`` does; its fingerprint is hashed
+        when first asked for, so a cache still binds to these very weights."""
         splits = {
             split: functools.partial(audit_windows, settings, split, model, tokenizer) for split in (EVAL, CALIBRATION)
         }
-        root = cache_root(settings.cache, out) if settings.cache or out else None
-        memo_root = memo_root or root
         session = cls(
             model,
             splits,
-            cache_root=root,
+            cache_root=cache_root(settings.cache, out) if settings.cache or out else None,
             seed=settings.seed,
             device=settings.device,
             batch_size=settings.batch_size,
             ranks=ranks,
             tokenizer=tokenizer,
-            checkpoint=checkpoint,
             settings=settings,
         )
         for split in read_now:
             session.windows(split)
-        if memo_root is not None and identity is not None:
-            session._known_fingerprint = remembered_fingerprint(
-                memo_root, identity, lambda: model_fingerprint(model), ranks.lead
-            )
         return session
 
     # -- inputs -----------------------------------------------------------------------------------------
@@ -329,9 +344,9 @@ class ReplaySession:
         its device: what a live view replays from its own prefix caches."""
         profiles = self.profiles_for([condition])
         slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
-        values = assigned_values(condition, own, donor, profiles, slot_shapes, torch.tensor([window or 0]), seed, layer)
-        parameter = next(self.model.parameters())
-        return values_on(values, parameter.device, parameter.dtype)
+        given: Callable[[], Values] | None = None if donor is None else functools.partial(list, donor)
+        values = assigned_values(condition, own, given, profiles, slot_shapes, torch.tensor([window or 0]), seed, layer)
+        return placed(self.model, values, next(self.model.parameters()).device)
 
     # -- replay ---------------------------------------------------------------------------------------
 
@@ -388,15 +403,13 @@ class ReplaySession:
     def logits(self, condition: str, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, V]`` of any token ids under a condition that needs no cached values of them: a
         baseline runs the live model, a static profile is broadcast to every position (``fca eval``'s texts)."""
-        named = condition_named(condition)
         self.model.eval()
-        if named.baseline:
+        if condition_named(condition).baseline:
             return self.model(input_ids).logits
-        if not named.static:
-            raise UserError(f"'{condition}' needs a text's own cached values; only static profiles apply to any text")
-        values = static_values(condition, self.profiles, self.model.coefficient_slot_shapes, *input_ids.shape)
-        parameter = next(self.model.parameters())
-        return self.model.replay_run(input_ids, values_on(values, input_ids.device, parameter.dtype))
+        values = static_values(
+            condition, self.profiles_for([condition]), self.model.coefficient_slot_shapes, *input_ids.shape
+        )
+        return self.model.replay_run(input_ids, placed(self.model, values, input_ids.device))
 
     # -- figures --------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from fca_workbench.adapters.protocol import ControlledModel, SteppingModel
-from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, values_on
+from fca_workbench.audit.assignment import ConditionCoefficients, Profiles, placed
 from fca_workbench.audit.budget import conditions_per_pass
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.guard import at_layer, check_correct_replay, require_finite
@@ -104,7 +104,6 @@ def prefix_window_nll(
     Batches follow the cache's shards, as in ``replay_nll``, so the arithmetic is the full forward's.
     """
     assigners = {c: ConditionCoefficients(c, cache, profiles, seed) for c in conditions}
-    dtype = next(model.parameters()).dtype
     model.eval()
     parts: dict[tuple[int, str], list[torch.Tensor]] = {
         (layer, c): [] for layer in range(cache.num_layers) for c in conditions
@@ -112,12 +111,12 @@ def prefix_window_nll(
     correct: list[torch.Tensor] = []
     for indices in progress(list(cache.shard_indices(shards)), desc="per-layer", unit="batch", leave=False):
         batch = windows[indices].to(device)
-        own = values_on(cache.values(indices), device, dtype)
+        own = placed(model, cache.values(indices), device)
         prefix = PrefixCache(model, batch, coefficients=own)
         require_finite(prefix.nll, "NLL", REFERENCE, indices)
         check_correct_replay(prefix.nll.cpu(), cache.nll(indices), model.replay_tolerance, indices)
         correct.append(prefix.nll.double().mean(dim=1).cpu())
-        intervened = {c: values_on(assign.values(indices), device, dtype) for c, assign in assigners.items()}
+        intervened = {c: placed(model, assign.values(indices), device) for c, assign in assigners.items()}
         size = group or conditions_per_pass(model, batch, len(conditions), device)
         for layer in range(cache.num_layers):
             for start in range(0, len(conditions), size):

@@ -6,7 +6,7 @@ import argparse
 from typing import NoReturn
 
 from fca_workbench.foundation import flags
-from fca_workbench.results.conditions import PROFILE_CONDITIONS
+from fca_workbench.results.conditions import condition_names
 from fca_workbench.training.train_settings import NORMED, ROUTER_INPUTS
 
 
@@ -263,7 +263,7 @@ def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.Argument
     parser.add_argument(
         "--conditions",
         default="correct,global_mean,layer_mean",
-        help=f"comma-separated static conditions: correct, {', '.join(PROFILE_CONDITIONS)} (correct and "
+        help=f"comma-separated static conditions: correct, {', '.join(condition_names(lambda c: c.static))} (correct and "
         "global_mean always run: the retention's two ends)",
     )
     parser.add_argument(

@@ -9,10 +9,7 @@ from dataclasses import dataclass, field
 
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.results.conditions import ALL_CONDITIONS, LAYER_MEAN, LOW, REFERENCE, VOCABULARY
-
-# the reference (the live model, on any text) and the static ones: a task's text has no cached coefficients
-EVAL_CONDITIONS = tuple(c.name for c in VOCABULARY if c.name == REFERENCE or c.static)
+from fca_workbench.results.conditions import LAYER_MEAN, LOW, REFERENCE, condition_names
 
 
 @dataclass
@@ -25,12 +22,19 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise UserError("--tasks names no task")
+        taken = eval_conditions()
         for condition in self.conditions:
-            if condition not in EVAL_CONDITIONS:
-                why = "is not a condition" if condition not in ALL_CONDITIONS else "needs a text's own cached values"
+            if condition not in taken:
+                why = "is not a condition" if condition not in condition_names() else "needs a text's own cached values"
                 raise UserError(
-                    f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(EVAL_CONDITIONS)}"
+                    f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(taken)}"
                 )
+
+
+def eval_conditions() -> tuple[str, ...]:
+    """The reference (the live model, on any text) and the static conditions: a task's text has no cached
+    coefficients."""
+    return condition_names(lambda c: c.name == REFERENCE or c.static)
 
 
 def comma_names(text: str) -> list[str]:

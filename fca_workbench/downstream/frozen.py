@@ -28,7 +28,8 @@ class ConditionLogits:
 
     def __init__(self, session: ReplaySession, condition: str) -> None:
         self.session, self.condition = session, condition
-        if condition_named(condition).static and condition not in session.profiles:
+        named = condition_named(condition)
+        if named.static and named.built_in and condition not in session.profiles:
             raise UserError(f"--conditions {condition}: the calibration capture gave no '{condition}' profile")
 
     @torch.no_grad()

@@ -7,19 +7,22 @@ from pathlib import Path
 
 import torch
 
+from fca_workbench.audit.assignment import Profiles, static_profile_values
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import inside_folder
 from fca_workbench.results.binding import audit_binding
+from fca_workbench.results.conditions import condition_named
 from fca_workbench.results.layout import PROFILES_FILE
 from fca_workbench.results.profiles import verified_profiles
 
 
 @dataclass
 class ProfileSource:
-    """One profile, per controller ``[*slot]`` or a scalar, and what the model card says of where it came from:
-    the calibration data (``data_summary``), and with an audit its folder, NLL and retention for the profile."""
+    """One static condition, per controller its coefficient ``[*slot]`` at every position, and what the model card
+    says of where it came from: the calibration data (``data_summary``), and with an audit its folder, NLL and
+    retention for the profile."""
 
     name: str
     layers: list[torch.Tensor]
@@ -43,13 +46,13 @@ def audit_profile(session: ReplaySession, profile: str, audit: dict, folder: Pat
     profiles = verified_profiles(
         path.read_bytes(), recorded, f"{folder}'s {PROFILES_FILE}", expected, "this checkpoint and its audit.json"
     )
-    if profile not in profiles:
+    if condition_named(profile).built_in and profile not in profiles:
         raise UserError(f"the audit in {folder} saved no '{profile}' profile (it has {', '.join(sorted(profiles))})")
     condition = audit["conditions"].get(profile, {})
     retention = audit["retention"].get(profile)
     return ProfileSource(
         profile,
-        profiles[profile],
+        profile_coefficients(session, profile, profiles),
         audit["data"]["calibration"],
         {"folder": str(folder.resolve()), "nll": condition.get("nll"), "retention": retention},
     )
@@ -58,23 +61,15 @@ def audit_profile(session: ReplaySession, profile: str, audit: dict, folder: Pat
 def calibration_profile(session: ReplaySession, profile: str) -> ProfileSource:
     """Profile ``profile`` estimated as the audit does, from the session's calibration windows (``--calib``,
     else the shipped split)."""
-    return ProfileSource(profile, session.profiles[profile], session.data_summary(CALIBRATION))
+    return ProfileSource(
+        profile, profile_coefficients(session, profile, session.profiles), session.data_summary(CALIBRATION)
+    )
 
 
-def static_coefficients(source: ProfileSource, slot_shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """Per controller, the one coefficient ``[*slot]`` the profile assigns to every token (float32, as the
-    audit replays it); a profile that varies with the position is refused (``export_static`` refuses its name
-    before any work): a static model has one set of weights for every position."""
-    if len(source.layers) != len(slot_shapes):
-        raise UserError(
-            f"the '{source.name}' profile has {len(source.layers)} layers, the model {len(slot_shapes)} controllers"
-        )
-    out = []
-    for value, slot in zip(source.layers, slot_shapes):
-        if value.dim() > len(slot):
-            raise UserError(
-                f"profile '{source.name}' depends on the position; a static model has one set of weights for "
-                "every position: export global_mean, layer_scalar, layer_mean or layer_mean_topk"
-            )
-        out.append(value.float().expand(*slot).clone())
-    return out
+def profile_coefficients(session: ReplaySession, profile: str, profiles: Profiles) -> list[torch.Tensor]:
+    """Per controller, the one coefficient ``[*slot]`` static condition ``profile`` assigns to every token, built
+    from ``profiles`` as the audit replays it (``assignment.static_profile_values``: a registered static condition
+    too), float32; one that varies with the position is refused: a static model has one set of weights for
+    every position."""
+    slot_shapes = [tuple(s) for s in session.model.coefficient_slot_shapes]
+    return [value.float() for value in static_profile_values(profile, profiles, slot_shapes)]

@@ -17,7 +17,7 @@ from fca_workbench.export.card import CARD_JSON, export_model_card
 from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2, muddpythia_static
 from fca_workbench.export.request import check_request
-from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile, static_coefficients
+from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile
 from fca_workbench.foundation.checkpoint import CARD_FILE, hub_name, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import atomic_folder, relative_path, write_atomic, write_json
@@ -62,8 +62,7 @@ def export_static(
         session.check_condition(profile, "--profile")  # a live run of one calibration window's first tokens
         source = audit_profile(session, profile, *audited) if audited else calibration_profile(session, profile)
         fingerprint = session.fingerprint
-    coefficients = static_coefficients(source, list(model.coefficient_slot_shapes))
-    exported = folded(model, coefficients)
+    exported = folded(model, source.layers)
     line = command(checkpoint, profile, out, audit, calib, max_windows)
     card = export_card(model, exported, source, resolved.record(relative_to=out), out, seed, line, fingerprint)
     with atomic_folder(out) as folder:

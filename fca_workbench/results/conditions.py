@@ -1,51 +1,100 @@
-"""The condition vocabulary: every condition an audit replays, as data that carries its behaviour
-(docs/concepts.md).
+"""The condition registry: every condition an audit replays, as objects that assign (docs/concepts.md).
 
-Names are part of the interface: ``audit.json`` (its schema's enums are filled from here), the per-token files,
-the tables, the dashboard and the CLI all use these, and only these, spellings. Code asks a ``Condition`` what it
-is (``live``, ``assignment``, ``retention_end``, ...) and never compares its name; a figure of one named
-condition is read through the names below (``CORRECT``, ``GLOBAL_MEAN``, ...). Every collection of condition
-names the workbench needs is derived from ``VOCABULARY``; nothing else spells two names together.
+A condition is a name, its role in the figures and a function that builds the values a batch of eval windows
+gets from what an ``Assignment`` offers: the windows' own cached values, a donor window's, their positions
+shuffled, or a static profile of the calibration set. The built-in ones are declared below, once; a user adds
+one with ``register_condition`` (from Python, or from a package's ``fca_workbench.conditions`` entry point), and
+it then runs through the audit, the sweep, the explorer, the dashboard, ``fca eval`` and ``fca export`` like a
+built-in one, written to ``audit.json`` under its name.
+
+Names are part of the interface: ``audit.json``, the per-token files, the tables, the dashboard and the CLI use
+these spellings. Code asks a ``Condition`` what it is (``live``, ``static``, ``retention_end``, ...) and never
+compares its name; a figure of one named condition is read through the names below (``CORRECT``,
+``GLOBAL_MEAN``, ...). No torch here: the functions only call what an ``Assignment`` offers, so ``fca --help``
+lists the conditions without importing it.
 """
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 from fca_workbench.foundation.errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+
+Values = list[dict[str, "torch.Tensor"]]  # per controller, its outputs by name (the coefficient first), [B, T, ...]
+
 LIVE, OWN, REASSIGNMENT, PROFILE = "live", "own", "reassignment", "profile"
-
-# what a condition assigns to a window (``audit.assignment.assigned_values`` dispatches on it)
-CACHED_RUN = "cached_run"  # nothing replayed: the live run's cached NLL and coefficients
-OWN_VALUES = "own_values"  # the window's own cached values, replayed with the controller off
-DONOR_VALUES = "donor_values"  # another window's cached values (a seeded derangement, or a donor picked)
-SHUFFLED_POSITIONS = "shuffled_positions"  # the window's own values, positions permuted by a seeded permutation
-STATIC_PROFILE = "static_profile"  # the calibration profile of the condition's own name, at every position
-
+USER_KINDS = (REASSIGNMENT, PROFILE)  # what a registered condition may be: the live run and its replay are built in
 TOP, BOTTOM = "top", "bottom"  # the two ends of the gap a retention is over (``retention_end``)
+ENTRY_POINT_GROUP = "fca_workbench.conditions"  # a package's conditions, registered when the registry is first read
+NAME_PATTERN = r"[a-z][a-z0-9_]{0,47}"  # a condition's name: a column, a file field and a flag value alike
+
+
+class Assignment(Protocol):
+    """What a condition builds its values from, for one batch of eval windows (``audit.assignment`` implements
+    it). Every value is per controller, its outputs by name (``coefficient`` first), ``[B, T, ...]``; seeded
+    choices depend on (``seed``, window index) alone, so a window gets the same values however it is batched."""
+
+    seed: int
+
+    @property
+    def own(self) -> Values:
+        """The windows' own cached values (a static condition, applied to any text, has none)."""
+        ...
+
+    @property
+    def windows(self) -> torch.Tensor:
+        """The eval windows' indices ``[B]``."""
+        ...
+
+    def donor(self) -> Values:
+        """Another eval window's cached values: the audit's seeded derangement, or the donor the user picked."""
+        ...
+
+    def shuffled(self, values: Values | None = None, *, causal: bool = False) -> Values:
+        """``values`` (default: the own ones) with positions permuted by one seeded permutation per window, the
+        same at every controller; ``causal``: position t gets a random position at or before it instead."""
+        ...
+
+    def profile(self, name: str) -> Values:
+        """The calibration set's static profile ``name`` at every position: a coefficient only."""
+        ...
+
+
+Assign = Callable[[Assignment], Values]
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One condition: what it is called, what it assigns (``help``, ``assignment``) and how the workbench
-    treats it.
+    """One condition: its name, what it assigns (``help``, ``assign``) and how the workbench treats it.
 
-    ``kind``: ``live`` (the controller running), ``own`` (each window's cached values), ``reassignment`` (cached
-    values moved between windows or positions, by a seed) or ``profile`` (a static profile of the calibration
-    set). ``routers_only``: replayed only for models whose controllers are top-k routers. ``retention``: its gap
-    retention is reported. ``retention_end``: ``top`` for the reference the gap starts at (retention 1),
-    ``bottom`` for its low end (retention 0). ``headline``: shown first where a summary has room for a few
-    (over-seed report, training-dynamics table). ``per_position``: a profile that differs by position."""
+    ``kind``: ``live`` (the controller running; ``assign`` None: nothing is replayed), ``own`` (each window's
+    cached values), ``reassignment`` (cached values moved between windows or positions, by a seed) or ``profile``
+    (built from static profiles of the calibration set only, so it applies to any text). ``uses_donor``: it reads
+    ``Assignment.donor`` (the dashboard then offers a donor). ``routers_only``: replayed only for models whose
+    controllers are top-k routers. ``retention``: its gap retention is reported. ``retention_end``: ``top`` for the
+    reference the gap starts at (retention 1), ``bottom`` for its low end (retention 0). ``headline``: shown first
+    where a summary has room for a few. ``per_position``: a profile that differs by position (no static model has
+    it). ``built_in``: declared here rather than registered by a user."""
 
     name: str
     help: str
     kind: str
-    assignment: str
+    assign: Assign | None
+    uses_donor: bool = False
     routers_only: bool = False
     retention: bool = False
     retention_end: str | None = None
     headline: bool = False
-    per_position: bool = False  # a profile that differs by position: no static model has it (``fca export``)
+    per_position: bool = False
+    built_in: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -73,12 +122,39 @@ class Condition:
     @property
     def needs_donor(self) -> bool:
         """Whether it replays another window's values (so a donor window must be read or chosen)."""
-        return self.assignment == DONOR_VALUES
+        return self.uses_donor
 
     @property
     def static(self) -> bool:
-        """Whether it needs a static profile of the calibration set (and no text's own cached values)."""
+        """Whether it is built from static profiles of the calibration set alone (no text's own cached values)."""
         return self.kind == PROFILE
+
+    @property
+    def exportable(self) -> bool:
+        """Whether one weight set holds it (``fca export``): static and the same at every position."""
+        return self.static and not self.per_position
+
+
+def own_values(assignment: Assignment) -> Values:
+    return assignment.own
+
+
+def donor_values(assignment: Assignment) -> Values:
+    return assignment.donor()
+
+
+def shuffled_positions(assignment: Assignment) -> Values:
+    return assignment.shuffled()
+
+
+def static_profile(name: str) -> Assign:
+    """The assignment of the built-in profile ``name``: that profile of the calibration set, everywhere."""
+
+    def assign(assignment: Assignment) -> Values:
+        return assignment.profile(name)
+
+    assign.__name__ = assign.__qualname__ = f"static_profile_{name}"
+    return assign
 
 
 # the names, each spelled once
@@ -92,105 +168,189 @@ LAYER_MEAN = "layer_mean"
 LAYER_POSITION_MEAN = "layer_position_mean"
 LAYER_MEAN_TOPK = "layer_mean_topk"
 
-VOCABULARY = (
-    Condition(UNPERTURBED, "the live model, controller running", LIVE, CACHED_RUN),
-    Condition(
-        CORRECT,
-        "the window's own coefficients, replayed with the controller off",
-        OWN,
-        OWN_VALUES,
-        retention_end=TOP,
-    ),
-    Condition(
-        CROSS_INPUT,
-        "another eval window's coefficients (donor: seeded derangement, or the donor you pick)",
-        REASSIGNMENT,
-        DONOR_VALUES,
-        headline=True,
-    ),
-    Condition(
-        TOKEN_SHUFFLE,
-        "the window's own coefficients, positions permuted by one seeded permutation",
-        REASSIGNMENT,
-        SHUFFLED_POSITIONS,
-        headline=True,
-    ),
-    Condition(
-        GLOBAL_MEAN,
-        "one scalar: the mean of every coefficient over the calibration set",
-        PROFILE,
-        STATIC_PROFILE,
-        retention_end=BOTTOM,
-        headline=True,
-    ),
-    Condition(LAYER_SCALAR, "one scalar per layer (calibration mean)", PROFILE, STATIC_PROFILE, retention=True),
-    Condition(
-        LAYER_MEAN,
-        "the static layerwise profile: per layer and slot (calibration mean)",
-        PROFILE,
-        STATIC_PROFILE,
-        retention=True,
-        headline=True,
-    ),
-    Condition(
-        LAYER_POSITION_MEAN,
-        "per layer, slot and position (calibration mean)",
-        PROFILE,
-        STATIC_PROFILE,
-        retention=True,
-        per_position=True,
-    ),
-    Condition(
-        LAYER_MEAN_TOPK,
-        "routers: each layer's k experts with the largest mean gate, for every token (calibration)",
-        PROFILE,
-        STATIC_PROFILE,
-        routers_only=True,
-        retention=True,
-    ),
+VOCABULARY = tuple(  # the built-in conditions, in report order
+    replace(c, built_in=True)
+    for c in (
+        Condition(UNPERTURBED, "the live model, controller running", LIVE, None),
+        Condition(
+            CORRECT,
+            "the window's own coefficients, replayed with the controller off",
+            OWN,
+            own_values,
+            retention_end=TOP,
+        ),
+        Condition(
+            CROSS_INPUT,
+            "another eval window's coefficients (donor: seeded derangement, or the donor you pick)",
+            REASSIGNMENT,
+            donor_values,
+            uses_donor=True,
+            headline=True,
+        ),
+        Condition(
+            TOKEN_SHUFFLE,
+            "the window's own coefficients, positions permuted by one seeded permutation",
+            REASSIGNMENT,
+            shuffled_positions,
+            headline=True,
+        ),
+        Condition(
+            GLOBAL_MEAN,
+            "one scalar: the mean of every coefficient over the calibration set",
+            PROFILE,
+            static_profile(GLOBAL_MEAN),
+            retention_end=BOTTOM,
+            headline=True,
+        ),
+        Condition(
+            LAYER_SCALAR,
+            "one scalar per layer (calibration mean)",
+            PROFILE,
+            static_profile(LAYER_SCALAR),
+            retention=True,
+        ),
+        Condition(
+            LAYER_MEAN,
+            "the static layerwise profile: per layer and slot (calibration mean)",
+            PROFILE,
+            static_profile(LAYER_MEAN),
+            retention=True,
+            headline=True,
+        ),
+        Condition(
+            LAYER_POSITION_MEAN,
+            "per layer, slot and position (calibration mean)",
+            PROFILE,
+            static_profile(LAYER_POSITION_MEAN),
+            retention=True,
+            per_position=True,
+        ),
+        Condition(
+            LAYER_MEAN_TOPK,
+            "routers: each layer's k experts with the largest mean gate, for every token (calibration)",
+            PROFILE,
+            static_profile(LAYER_MEAN_TOPK),
+            routers_only=True,
+            retention=True,
+        ),
+    )
 )
 
-BY_NAME = {c.name: c for c in VOCABULARY}
 LIVE_RUN = next(c.name for c in VOCABULARY if c.live)  # the run every capture caches
 REFERENCE = next(c.name for c in VOCABULARY if c.retention_end == TOP)  # a gap's top end, ΔNLL's reference
 LOW = next(c.name for c in VOCABULARY if c.retention_end == BOTTOM)  # a gap's bottom end (retention 0)
 
-ALL_CONDITIONS = tuple(c.name for c in VOCABULARY)  # every name audit.json may hold, in report order
+# The built-in conditions' names by role: what the paper's tables and figures show (a registered condition is in
+# the registry's listings below, and in every audit.json it was replayed in).
+ALL_CONDITIONS = tuple(c.name for c in VOCABULARY)
 CONDITIONS = tuple(c.name for c in VOCABULARY if not c.routers_only)  # section 4's: every model with a controller
-ROUTING_CONDITIONS = tuple(c.name for c in VOCABULARY if c.routers_only)  # added for models with top-k routers
 BASELINES = tuple(c.name for c in VOCABULARY if c.baseline)  # a window's own values: no intervention
-INTERVENTIONS = tuple(c.name for c in VOCABULARY if c.intervention)  # what the sweep replays
+ROUTING_CONDITIONS = tuple(c.name for c in VOCABULARY if c.routers_only)  # added for models with top-k routers
 REASSIGNMENTS = tuple(c.name for c in VOCABULARY if c.kind == REASSIGNMENT)
-SEEDED = tuple(c.name for c in VOCABULARY if c.seeded)
-PROFILE_CONDITIONS = tuple(c.name for c in VOCABULARY if c.static)  # need calibration profiles
-EXPORTABLE_PROFILES = tuple(c.name for c in VOCABULARY if c.static and not c.per_position)  # one weight set
-STATIC_PROFILES = tuple(c for c in PROFILE_CONDITIONS if c in CONDITIONS)  # the profiles every controller has
+STATIC_PROFILES = tuple(c.name for c in VOCABULARY if c.static and not c.routers_only)  # every controller has them
 # gap retention in report order: the headline profile (the static layerwise one) first, then the others
 RETAINED = tuple(c.name for c in sorted((c for c in VOCABULARY if c.retention), key=lambda c: not c.headline))
 RETENTION_PROFILES = tuple(p for p in RETAINED if p in CONDITIONS)  # the retention every audit with a controller has
 HEADLINE_CONDITIONS = tuple(c.name for c in VOCABULARY if c.headline)
-CONDITION_HELP = {c.name: c.help for c in VOCABULARY}
+
+_registry: dict[str, Condition] = {c.name: c for c in VOCABULARY}
+_lock = threading.Lock()
+_entry_points_loaded = False
+
+
+def register_condition(condition: Condition) -> Condition:
+    """Add a user's condition to the registry: every surface replays and lists it from then on (in this process;
+    a package's ``fca_workbench.conditions`` entry point registers it in every process, the CLI's and the
+    dashboard's too). Its name, kind and function are checked here, in one line; registering the same condition
+    again is harmless."""
+    if not re.fullmatch(NAME_PATTERN, condition.name):
+        raise UserError(f"condition name {condition.name!r} must match {NAME_PATTERN} (it becomes a column name)")
+    if condition.kind not in USER_KINDS:
+        raise UserError(f"condition '{condition.name}': kind must be one of {', '.join(USER_KINDS)}")
+    if not callable(condition.assign):
+        raise UserError(f"condition '{condition.name}': assign must be a function of an Assignment")
+    if condition.retention_end is not None or condition.built_in:
+        raise UserError(f"condition '{condition.name}': the ends of the gap are the built-in {REFERENCE} and {LOW}")
+    with _lock:
+        known = _registry.get(condition.name)
+        if known is not None and known != condition:
+            raise UserError(f"a different condition '{condition.name}' is already registered")
+        _registry[condition.name] = condition
+    return condition
+
+
+def condition(
+    name: str,
+    help: str,
+    kind: str = REASSIGNMENT,
+    *,
+    uses_donor: bool = False,
+    retention: bool = False,
+    routers_only: bool = False,
+    per_position: bool = False,
+) -> Callable[[Assign], Assign]:
+    """``register_condition`` as a decorator of the function that assigns."""
+
+    def register(assign: Assign) -> Assign:
+        register_condition(
+            Condition(name, help, kind, assign, uses_donor, routers_only, retention, per_position=per_position)
+        )
+        return assign
+
+    return register
+
+
+def unregister_condition(name: str) -> None:
+    """Remove a registered condition (a notebook redefining one); the built-in ones stay."""
+    with _lock:
+        if name in _registry and not _registry[name].built_in:
+            del _registry[name]
+
+
+def registered() -> tuple[Condition, ...]:
+    """Every condition, the built-in ones first, then the registered ones in the order they came (the entry points'
+    are loaded the first time, so a plugin package's conditions are there in every process)."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            loaded = entry.load()  # a Condition, or a module that registers its conditions when imported
+            for found in loaded if isinstance(loaded, (list, tuple)) else [loaded]:
+                if isinstance(found, Condition):
+                    register_condition(found)
+    with _lock:
+        return tuple(_registry.values())
 
 
 def condition_named(name: str) -> Condition:
     """The condition called ``name``; any other name is one line."""
-    if name not in BY_NAME:
-        raise UserError(f"unknown condition '{name}'; choose from {', '.join(ALL_CONDITIONS)}")
-    return BY_NAME[name]
+    found = {c.name: c for c in registered()}
+    if name not in found:
+        raise UserError(f"unknown condition '{name}'; choose from {', '.join(found)}")
+    return found[name]
+
+
+def condition_names(keep: Callable[[Condition], bool] = lambda c: True) -> tuple[str, ...]:
+    """The names of the registered conditions ``keep`` holds for, in report order."""
+    return tuple(c.name for c in registered() if keep(c))
 
 
 def model_conditions(routed: bool) -> tuple[str, ...]:
-    """Every condition a model with a controller replays: section 4's, and the routing ones when ``routed``
-    (some controller is a top-k router)."""
-    return CONDITIONS + (ROUTING_CONDITIONS if routed else ())
+    """Every condition a model with a controller replays: every registered one, the routing ones only when
+    ``routed`` (some controller is a top-k router)."""
+    return condition_names(lambda c: routed or not c.routers_only)
 
 
 def retention_profiles(conditions: Iterable[str]) -> tuple[str, ...]:
-    """The profiles whose gap retention is reported for a model that replays ``conditions``."""
-    return tuple(p for p in RETAINED if p in conditions)
+    """The profiles whose gap retention is reported for a model that replays ``conditions``: the headline one
+    first, then the others in report order."""
+    retained = sorted((c for c in registered() if c.retention), key=lambda c: not c.headline)
+    return tuple(c.name for c in retained if c.name in conditions)
 
 
 def conditions_epilog() -> str:
     """The conditions and what each assigns, as ``fca audit --help`` lists them."""
-    width = max(len(name) for name in ALL_CONDITIONS)
-    return "conditions (audit.json 'conditions'):\n" + "\n".join(f"  {c.name:{width}s}  {c.help}" for c in VOCABULARY)
+    conditions = registered()
+    width = max(len(c.name) for c in conditions)
+    lines = [f"  {c.name:{width}s}  {c.help}" for c in conditions]
+    return "conditions (audit.json 'conditions'):\n" + "\n".join(lines)

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 from fca_workbench.foundation.lazy import lazy_exports
 
 __all__ = [
-    "CONDITION_HELP",
     "MAX_PASTE_CHARS",
-    "SEEDED",
+    "condition_named",
     "Analysis",
     "DashboardSession",
     "SharedModel",
@@ -43,7 +42,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from fca_workbench.results.conditions import CONDITION_HELP, SEEDED
+    from fca_workbench.results.conditions import condition_named
     from fca_workbench.viewmodel.inputs import MAX_PASTE_CHARS, TextInput, pasted_input, window_input
     from fca_workbench.viewmodel.live import Analysis, DashboardSession, SharedModel
     from fca_workbench.viewmodel.pool import (
@@ -74,6 +73,6 @@ else:
                 "unload_idle_models",
             ],
             "fca_workbench.viewmodel.serving": ["DEFAULT_MAX_SESSIONS", "DEFAULT_MODEL_IDLE_SECONDS"],
-            "fca_workbench.results.conditions": ["CONDITION_HELP", "SEEDED"],
+            "fca_workbench.results.conditions": ["condition_named"],
         },
     )

@@ -10,6 +10,7 @@ shows and downloads them as it does every other table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING
@@ -164,7 +165,7 @@ def condition_comparison(first: dict, second: dict, names: tuple[str, str]) -> p
         Column("nll_second", f"NLL {names[1]}", "float"),
     ]
     rows = []
-    for name in ALL_CONDITIONS:
+    for name in shared_names(ALL_CONDITIONS, first["conditions"], second["conditions"]):
         a, b = first["conditions"].get(name), second["conditions"].get(name)
         if a is None or b is None:
             continue
@@ -188,13 +189,17 @@ def condition_comparison(first: dict, second: dict, names: tuple[str, str]) -> p
     )
 
 
+def shared_names(built_in: Sequence[str], first: dict, second: dict) -> list[str]:
+    """The names both audits hold: the built-in ones in report order, then any registered condition's."""
+    return [name for name in dict.fromkeys([*built_in, *first]) if name in first and name in second]
+
+
 def retention_comparison(first: dict, second: dict, names: tuple[str, str]) -> pd.DataFrame:
     """Gap retention of each static profile both audits have."""
     rows = []
-    for profile in RETAINED:
+    for profile in shared_names(RETAINED, first["retention"], second["retention"]):
         a, b = (_dig(audit, f"retention.{profile}.value") for audit in (first, second))
-        if profile in first["retention"] and profile in second["retention"]:
-            rows.append({"profile": profile, "first": a, "second": b, "difference": _difference(a, b)})
+        rows.append({"profile": profile, "first": a, "second": b, "difference": _difference(a, b)})
     return make_table(
         "compare_retention",
         "Static profiles: share of the Correct-to-GlobalMean gap retained in both audits",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.results.conditions import CONDITION_HELP, SEEDED, TOKEN_SHUFFLE, condition_named
+from fca_workbench.results.conditions import TOKEN_SHUFFLE, condition_named
 from fca_workbench.viewmodel.inputs import TextInput, pasted_input, window_input
 from fca_workbench.viewmodel.live import SharedModel
 from fca_workbench.viewmodel.query import (
@@ -128,9 +128,9 @@ def fitted(
         window_disabled=source != WINDOW_SOURCE,
         conditions=conditions,
         condition=condition,
-        seed_disabled=condition not in SEEDED,
+        seed_disabled=not condition_named(condition).seeded,
         donor_disabled=not condition_named(condition).needs_donor,
-        condition_help=CONDITION_HELP[condition],
+        condition_help=condition_named(condition).help,
     )
 
 

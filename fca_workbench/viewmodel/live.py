@@ -37,7 +37,7 @@ from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
-from fca_workbench.results.conditions import CONDITIONS, LIVE_RUN, LOW, REFERENCE, condition_named
+from fca_workbench.results.conditions import LIVE_RUN, LOW, REFERENCE, condition_named, model_conditions
 from fca_workbench.viewmodel.inputs import TextInput, window_input
 from fca_workbench.viewmodel.results_folder import ResultsFolder, saved_profiles
 
@@ -94,7 +94,7 @@ class SharedModel:
         self.eval_windows = self.session.windows(EVAL)
         self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
         # a model without a controller shows every condition as the live run, with a note that says so
-        self.conditions = self.session.conditions if self.has_coefficients else CONDITIONS
+        self.conditions = self.session.conditions if self.has_coefficients else model_conditions(routed=False)
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
         self.serial = next(_LOADS)

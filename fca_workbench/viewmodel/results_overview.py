@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from fca_workbench.foundation.errors import first_line
 from fca_workbench.notebooks import tables
 from fca_workbench.results.audit_tables import assignment_seed_table, by_arch, seed_summary, with_controller
-from fca_workbench.results.conditions import INTERVENTIONS, retention_profiles
+from fca_workbench.results.conditions import BASELINES, retention_profiles
 from fca_workbench.results.overview import OVERVIEW_COLUMNS, overview_row, overview_table
 from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.query import choose
@@ -94,7 +94,7 @@ class Overview:
         table = assignment_seed_table(self.seed_audits)
         bars = []
         for arch, group in table.groupby("arch", sort=False):
-            rows = group[group["condition"].isin(INTERVENTIONS)]
+            rows = group[~group["condition"].isin(BASELINES)]  # every other condition intervenes
             bars.append(
                 Bars(
                     str(arch),
