@@ -10,11 +10,9 @@ from typing import Any, cast
 import torch
 
 from fca_workbench.audit.capture import MANIFEST
+from fca_workbench.audit.settings import CPU_BATCH_SIZE
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import read_json
-
-CPU_BATCH_SIZE = 16
-
 
 MAX_BATCH_SIZE = 64
 

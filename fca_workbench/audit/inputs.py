@@ -10,7 +10,7 @@ from fca_workbench.adapters.controlled import open_checkpoint
 from fca_workbench.adapters.placement import check_device
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
-from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.audit.settings import DEFAULT_WINDOW, AuditSettings
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.windows import load_windows
 from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
@@ -46,8 +46,9 @@ def load_audit_model(
 
 
 def window_length(settings: AuditSettings, model: ControlledModel) -> int:
-    """Tokens per window: the settings' own, else min(256, the model's context); longer than the context is refused."""
-    window = settings.window or min(256, model.context_length)
+    """Tokens per window: the settings' own, else ``DEFAULT_WINDOW`` or the model's context if shorter; longer
+    than the context is refused."""
+    window = settings.window or min(DEFAULT_WINDOW, model.context_length)
     if window > model.context_length:
         raise UserError(f"window of {window} tokens is longer than the model's context of {model.context_length}")
     return window

@@ -1,11 +1,15 @@
 """What one audit is run with: the settings every surface (``fca audit``, ``fca eval``, ``fca export``, the
-notebooks' ``NotebookRun``, the explorer, the mini-audit) hands to the replay session.
+notebooks' ``NotebookRun``, ``fca reproduce``, the explorer, the dashboard, the mini-audit) hands to the replay
+session, declared once. Every surface's defaults are read from here (``default``); the paper run's two
+departures from them (``PAPER_RUN``) too.
 
 Plain data, no torch: the command line builds and range-checks it before anything heavy is imported, so a bad
 flag is refused in a blink.
 """
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from fca_workbench.foundation.errors import UserError
 
@@ -13,6 +17,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model is loaded
 
 # may differ between nodes; contents are compared
 PATH_SETTINGS = ("checkpoint", "eval", "calibration", "cache", "offload_folder")
+
+DEFAULT_WINDOW = 256  # tokens per window when none is given (or the model's context, if shorter)
+CPU_BATCH_SIZE = 16  # windows per batch on CPU when none is given (on CUDA: fitted to free memory)
 
 SETTINGS_MINIMA = {"window": 2, "max_windows": 1, "batch_size": 1, "seed": 0, "resamples": 1, "latency_repeats": 1}
 
@@ -27,7 +34,7 @@ class AuditSettings:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
-    batch_size: int | None = None  # None: 16 on CPU, fitted to free memory on CUDA (budget.audit_batch_size)
+    batch_size: int | None = None  # None: CPU_BATCH_SIZE on CPU, fitted to free memory on CUDA (budget)
     resamples: int = 1000
     latency_repeats: int = 10
     cache: str | None = None
@@ -48,3 +55,22 @@ class AuditSettings:
                 raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
         if self.dtype not in DTYPE_NAMES:
             raise UserError(f"unknown dtype '{self.dtype}'; choose from {sorted(DTYPE_NAMES)}")
+
+
+# What ``fca reproduce`` and the paper notebooks run with where the audit's own defaults would take too long or
+# show too little: 64 evenly spread windows of each set (a full FeatureGate audit of 727 windows takes 3-4 min on
+# the 2-core reference machine, and the run audits eleven checkpoints), with the per-layer sweep.
+PAPER_RUN = {"max_windows": 64, "per_layer": True}
+
+
+def default(name: str) -> Any:
+    """The declared default of setting ``name``: what every surface offers when the user gives none."""
+    found = {f.name: f.default for f in dataclasses.fields(AuditSettings)}
+    if name not in found or found[name] is dataclasses.MISSING:
+        raise KeyError(f"AuditSettings declares no default for {name!r}")
+    return found[name]
+
+
+def paper_default(name: str) -> Any:
+    """The default of ``name`` in the paper run (``PAPER_RUN``, else the audit's own)."""
+    return PAPER_RUN[name] if name in PAPER_RUN else default(name)

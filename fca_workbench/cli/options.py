@@ -5,6 +5,7 @@ stays fast."""
 import argparse
 from typing import NoReturn
 
+from fca_workbench.audit.settings import CPU_BATCH_SIZE, DEFAULT_WINDOW, DTYPE_NAMES, default
 from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import condition_names
 from fca_workbench.training.train_settings import NORMED, ROUTER_INPUTS
@@ -14,12 +15,15 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval", help='eval text: UTF-8 .txt or JSONL {"text": ...} (default: shipped eval split)')
     parser.add_argument("--calib", help="calibration text for the static profiles (default: shipped split)")
     parser.add_argument(
-        "--window", type=flags.window_size, default=None, help="tokens per window (default: min(256, context))"
+        "--window",
+        type=flags.window_size,
+        default=default("window"),
+        help=f"tokens per window (default: min({DEFAULT_WINDOW}, context))",
     )
     parser.add_argument(
         "--max-windows",
         type=flags.positive_int,
-        default=None,
+        default=default("max_windows"),
         help="use N windows of each set, spread evenly over it (default: all)",
     )
     parser.add_argument(
@@ -27,24 +31,28 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also apply every condition at each layer alone (audit.json per_layer; prefix reuse)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    parser.add_argument("--seed", type=flags.seed, default=0, help="seeds the derangement, shuffles and bootstrap")
+    add_model_options(parser)
+    parser.add_argument(
+        "--seed", type=flags.seed, default=default("seed"), help="seeds the derangement, shuffles and bootstrap"
+    )
     parser.add_argument(
         "--batch-size",
         type=flags.positive_int,
-        default=None,
-        help="windows per batch (default: 16 on CPU; on CUDA as many as fit in free GPU memory)",
+        default=default("batch_size"),
+        help=f"windows per batch (default: {CPU_BATCH_SIZE} on CPU; on CUDA as many as fit in free GPU memory)",
     )
     parser.add_argument("--out", default=None, help="output folder (default: results/audit-<checkpoint>)")
     parser.add_argument(
-        "--resamples", type=flags.positive_int, default=1000, help="bootstrap resamples of the intervals (default 1000)"
+        "--resamples",
+        type=flags.positive_int,
+        default=default("resamples"),
+        help=f"bootstrap resamples of the intervals (default {default('resamples')})",
     )
     parser.add_argument(
         "--latency-repeats",
         type=flags.positive_int,
-        default=10,
-        help="timed forwards of the model and of its baseline (default 10; 1 for a quick check)",
+        default=default("latency_repeats"),
+        help=f"timed forwards of the model and of its baseline (default {default('latency_repeats')}; 1 for a quick check)",
     )
     controllers = parser.add_mutually_exclusive_group()
     controllers.add_argument(
@@ -74,6 +82,14 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         help="wait this long for another audit using the same cache or output folder (default 0: stop at once)",
     )
     add_placement_options(parser)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Where the model runs and in which dtype, as every command that loads one for an audit takes them."""
+    parser.add_argument("--device", default=default("device"), help=f"cpu or cuda (default {default('device')})")
+    parser.add_argument(
+        "--dtype", default=default("dtype"), help=f"{', '.join(DTYPE_NAMES)} (default {default('dtype')})"
+    )
 
 
 class Parser(argparse.ArgumentParser):
@@ -277,15 +293,18 @@ def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.Argument
     parser.add_argument(
         "--window",
         type=flags.window_size,
-        default=None,
-        help="tokens per calibration window, and the longest input a task gets (default: min(256, context))",
+        default=default("window"),
+        help="tokens per calibration window, and the longest input a task gets "
+        f"(default: min({DEFAULT_WINDOW}, context))",
     )
     parser.add_argument(
-        "--max-windows", type=flags.positive_int, default=None, help="calibration windows, spread evenly (default: all)"
+        "--max-windows",
+        type=flags.positive_int,
+        default=default("max_windows"),
+        help="calibration windows, spread evenly (default: all)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    parser.add_argument("--seed", type=flags.seed, default=0, help="lm-eval's seeds (few-shot sampling)")
+    add_model_options(parser)
+    parser.add_argument("--seed", type=flags.seed, default=default("seed"), help="lm-eval's seeds (few-shot sampling)")
     parser.add_argument("--batch-size", type=flags.positive_int, default=None, help="texts per forward")
     parser.add_argument(
         "--trust-remote-code", action="store_true", help="run the code a foreign checkpoint folder ships"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fca_workbench.audit.capture import read_manifest
 from fca_workbench.audit.run import run_audit
-from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.audit.settings import PAPER_RUN, AuditSettings, paper_default
 from fca_workbench.data.corpus import split_path
 from fca_workbench.explore import Explorer
 from fca_workbench.foundation.checkpoint import (
@@ -44,10 +44,7 @@ if TYPE_CHECKING:  # the notebooks' libraries, imported by the notebooks themsel
     from pandas.io.formats.style import Styler
 
 SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0", "moe-s0", "ssm-s0"]
-# Windows per eval and calibration set in the default run. One full audit of a shipped FeatureGate seed
-# (727 eval windows of 256 tokens) takes 3-4 min on the 2-core reference machine; the default run audits
-# eleven checkpoints and runs five notebooks, and must stay under 10 minutes in all (README, issue 5).
-DEFAULT_MAX_WINDOWS = 64
+DEFAULT_MAX_WINDOWS = PAPER_RUN["max_windows"]  # the paper run's windows of each set, as the notebooks show it
 PATH_PARAMETERS = ("eval_data", "calibration_data")
 AUDIT_NAMES = {"eval_data": "eval", "calibration_data": "calibration"}  # a parameter's name → the audit setting's
 
@@ -147,15 +144,15 @@ class NotebookRun:
     """
 
     checkpoints: Any = None  # folders or hub names (or one); a list[str] of checkpoint_key after __post_init__
-    eval_data: str | None = None
-    calibration_data: str | None = None
-    window: int | None = None
-    max_windows: int | None = DEFAULT_MAX_WINDOWS
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    batch_size: int | None = None
-    per_layer: bool = True
+    eval_data: str | None = paper_default("eval")
+    calibration_data: str | None = paper_default("calibration")
+    window: int | None = paper_default("window")
+    max_windows: int | None = paper_default("max_windows")
+    device: str = paper_default("device")
+    dtype: str = paper_default("dtype")
+    seed: int = paper_default("seed")
+    batch_size: int | None = paper_default("batch_size")
+    per_layer: bool = paper_default("per_layer")
     out: Any = None  # str or None as given; a resolved Path after __post_init__, as audits and cache
     audits: Any = None
     cache: Any = None

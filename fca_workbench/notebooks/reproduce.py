@@ -43,7 +43,9 @@ from fca_workbench.notebooks.notebook_execution import (
     run_notebook,
 )
 from fca_workbench.notebooks.notebook_run import (
-    DEFAULT_MAX_WINDOWS,
+    DEFAULT_MAX_WINDOWS as DEFAULT_MAX_WINDOWS,
+)
+from fca_workbench.notebooks.notebook_run import (
     PATH_PARAMETERS,
     NotebookRun,
     ensure_audit,
@@ -76,17 +78,10 @@ PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK
 EXPLORE_NOTEBOOK = "explore"
 DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
-DEFAULT_PARAMETERS = {
-    "checkpoints": None,
-    "eval_data": None,
-    "calibration_data": None,
-    "window": None,
-    "max_windows": DEFAULT_MAX_WINDOWS,
-    "device": "cpu",
-    "dtype": "float32",
-    "seed": 0,
-    "batch_size": None,
-    "per_layer": True,
+AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size")
+# the parameters cell's audit settings as NotebookRun declares them (the paper run's defaults, audit/settings.py)
+DEFAULT_PARAMETERS = {"checkpoints": None} | {
+    name: getattr(NotebookRun, name) for name in (*AUDIT_PARAMETERS, "per_layer")
 }
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
 PROCESSES = "processes"  # the config key: how many audits, then notebooks, run at once

@@ -32,6 +32,7 @@ from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.metrics import gap_retention
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import DEFAULT_WINDOW
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
@@ -40,9 +41,6 @@ from fca_workbench.foundation.fingerprints import fingerprint_tensor
 from fca_workbench.results.conditions import LIVE_RUN, LOW, REFERENCE, condition_named, model_conditions
 from fca_workbench.viewmodel.inputs import TextInput, window_input
 from fca_workbench.viewmodel.results_folder import ResultsFolder, saved_profiles
-
-DEFAULT_WINDOW = 256  # tokens per eval window (or the model's context, if shorter); pasted text is cut to it
-
 
 # ------------------------------------------------------------------------------------------------------
 # one checkpoint, shared read-only by every session of the process
