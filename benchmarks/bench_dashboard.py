@@ -107,7 +107,7 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
     session = DashboardSession()
     conditions = ("cross_input", "token_shuffle", "layer_mean")
     intervened = {
-        c: session.condition_values(name, shared, text, prefix, c, 0, shared.donor_for(0, 0)) for c in conditions
+        c: session.condition_values(shared, text, c, 0, shared.donor_for(0, 0), None) for c in conditions
     }
     full: list[float] = []
     cached: list[float] = []
@@ -549,7 +549,7 @@ def seed_memory(name: str, folder: Path, seeds: int, analysed: int, calibration_
         "analysed_seeds": analysed,
         "rss_mib": {"before": before, "after_seeds": after_seeds, "after_analysed": after_analysed},
         "derangements_kept": shared.session.derangement.cache_info().currsize,
-        "prefix_caches_kept": len(session.prefixes),
+        "prefix_caches_kept": len(session.replays),
         "results_kept": len(session.results),
     }
 

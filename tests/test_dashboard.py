@@ -248,10 +248,10 @@ def test_session_memory_is_bounded_and_freed(shared_models):
     session = DashboardSession(max_windows=2, max_results=3)
     for index in range(5):
         session.analyse("fg", model, window_input(model, index), "token_shuffle", layer=0, seed=index)
-    assert len(session.prefixes) == 2 and len(session.results) == 3
-    assert session.prefixes.nbytes > 0
+    assert len(session.replays) == 2 and len(session.results) == 3
+    assert session.replays.nbytes > 0
     session.close()
-    assert len(session.prefixes) == 0 and not session.results
+    assert len(session.replays) == 0 and not session.results
 
 
 def test_derangements_are_kept_for_a_bounded_number_of_seeds(shared_models):
@@ -277,7 +277,7 @@ def test_model_pool_unloads_idle_models_never_one_in_use(tiny_checkpoints):
     session = DashboardSession()
     pool.attach(session)
     session.analyse("fg", shared, window_input(shared, 0), "token_shuffle", layer=1)
-    assert len(session.prefixes) == 1
+    assert len(session.replays) == 1
     now[0] = 100.0
     assert pool.unload_idle() == [] and pool.loaded == [folder]  # in use (one acquire not released yet)
     pool.release(shared)
@@ -285,14 +285,14 @@ def test_model_pool_unloads_idle_models_never_one_in_use(tiny_checkpoints):
     assert pool.unload_idle() == []  # released 5 s ago: not idle long enough
     now[0] = 110.0
     assert pool.unload_idle() == [folder] and pool.loaded == []
-    assert len(session.prefixes) == 0  # the session dropped its caches, which held the model
+    assert len(session.replays) == 0  # the session dropped its caches, which held the model
     model = weakref.ref(shared.model)
     del shared
     gc.collect()
     assert model() is None  # nothing keeps the unloaded model alive
     again = pool.acquire(folder, calibration_windows=4, eval_windows=4)  # loaded anew on the next use
     analysis = session.analyse("fg", again, window_input(again, 0), "token_shuffle", layer=1)
-    assert analysis.start_layer == again.model.resume_layer(1) and len(session.prefixes) == 1
+    assert analysis.start_layer == again.model.resume_layer(1) and len(session.replays) == 1
     never = ModelPool(idle_seconds=0, clock=lambda: now[0])
     never.release(never.acquire(folder, calibration_windows=4, eval_windows=4))
     now[0] = 1e9

@@ -68,6 +68,23 @@ def sources() -> list[tuple[str, Path]]:
     return package + [(f"dashboards/{p.name}", p) for p in sorted(DASHBOARDS.glob("*.py"))]
 
 
+ENGINE_NAMES = ("PrefixCache", "PrefixStore", "replay_nll", "replay_nll_many", "replay_run", "forward_nll")
+
+
+def test_no_module_outside_the_engine_replays_or_holds_a_prefix_cache():
+    """The frozen replay (full, per layer, one text) lives in ``audit/``, over the models' own seam (``models/``,
+    ``adapters/``): a surface that built a prefix cache or ran a frozen forward itself would be a fourth engine."""
+    offenders = []
+    for name, path in sources():
+        if name.split("/")[0] in ("audit", "adapters", "models"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+            if named in ENGINE_NAMES:
+                offenders.append(f"{name}:{node.lineno} {named}")
+    assert not offenders, offenders
+
+
 def test_only_the_session_runs_the_methods_steps():
     """A surface (run_audit, the mini-audit, the explorer, the dashboard, fca eval, fca export, ...) that
     captured, estimated profiles or replayed by itself would be a second copy of the method."""

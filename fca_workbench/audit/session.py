@@ -15,6 +15,7 @@ profiles batch by batch in memory, holding no cache at all.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -55,6 +56,7 @@ Split = tuple[Path | None, torch.Tensor]  # a split's text file (None: windows h
 DERANGEMENTS_KEPT = 64  # the cross_input derangements of the most recently used seeds (the dashboard's seed box)
 VARIANCE_KEYS = ("r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window")
 VARIATION_KEYS = ("within_std", "cv", "within_std_per_layer")
+SERIALS = itertools.count()  # a process's sessions numbered, so state kept of one is never taken for a later one's
 LOADING_SETTINGS = ("dtype", "controllers", "only_controllers", "trust_remote_code")  # what the weights loaded hang on
 
 
@@ -86,6 +88,7 @@ class ReplaySession:
         self.model, self._tokenizer, self.checkpoint, self.settings = model, tokenizer, checkpoint, settings
         self.cache_root, self.seed, self.device, self.ranks = cache_root, seed, device, ranks
         self.lock = lock or threading.Lock()
+        self.serial = next(SERIALS)
         self._known_fingerprint: str | None = None  # ``open``'s, for a model loaded straight from its folder
         self._splits = splits
         self._read: dict[str, Split] = {}

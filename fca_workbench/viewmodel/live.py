@@ -1,16 +1,15 @@
 """The live replay view's model: one checkpoint loaded once per process (``SharedModel``: model, tokenizer,
 eval windows, a lock around every forward, static profiles read from a matching audit or computed lazily from
 the calibration split), and one query (an ``inputs.TextInput`` with layer, condition, seed, donor) answered
-with per-token NLL, ΔNLL and the original and intervened coefficients, using the core's interventions, the
-prefix cache (an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
-``DashboardSession`` is one browser session's state: a bounded prefix store and a bounded result cache, freed
-by ``close``; every per-seed or per-text result is kept in a cache of fixed size.
+with per-token NLL, ΔNLL and the original and intervened coefficients, replayed by the engine
+(``audit.text_replay``: an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
+``DashboardSession`` is one browser session's state: its texts' replays (a bounded prefix store) and a bounded
+result cache, freed by ``close``; every per-seed or per-text result is kept in a cache of fixed size.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -27,12 +26,11 @@ from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.assignment import Values
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
-from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.inputs import CALIBRATION, EVAL
 from fca_workbench.audit.metrics import gap_retention
-from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import DEFAULT_WINDOW
+from fca_workbench.audit.text_replay import Text, TextReplays
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
@@ -44,9 +42,6 @@ from fca_workbench.viewmodel.results_folder import ResultsFolder, saved_profiles
 
 # ------------------------------------------------------------------------------------------------------
 # one checkpoint, shared read-only by every session of the process
-
-
-_LOADS = itertools.count()
 
 
 class SharedModel:
@@ -95,7 +90,7 @@ class SharedModel:
         self.conditions = self.session.conditions if self.has_coefficients else model_conditions(routed=False)
         # where an intervention can go: a controller (one per layer for the native families), else a block
         self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
-        self.serial = next(_LOADS)
+        self.serial = self.session.serial
         self._profiles_lock = threading.Lock()
 
     def _split(self, split: str, count: int | None) -> tuple[Path, torch.Tensor]:
@@ -248,6 +243,11 @@ class Analysis:
         return original, intervened, intervened - original
 
 
+def engine_text(text: TextInput) -> Text:
+    """A query's tokens as the engine replays them."""
+    return Text(text.ids, text.window_index)
+
+
 def decode_tokens(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> list[str]:
     return [cast(str, tokenizer.decode([i])) for i in ids[0].tolist()]  # one sequence decodes to one string
 
@@ -257,75 +257,59 @@ def _flat(coefficients: list[torch.Tensor]) -> list[np.ndarray]:
 
 
 class DashboardSession:
-    """One browser session: a bounded prefix store and a bounded cache of replay NLLs, freed by ``close``."""
+    """One browser session: its texts' frozen replays (``text_replay.TextReplays``, a bounded prefix store) and a
+    bounded cache of their NLLs, freed by ``close``."""
 
     def __init__(
         self, max_windows: int = PREFIX_STORE_WINDOWS, max_bytes: int = PREFIX_STORE_BYTES, max_results: int = 32
     ):
-        self.prefixes = PrefixStore(max_entries=max_windows, max_bytes=max_bytes)
+        self.replays = TextReplays(max_windows, max_bytes)
         self.results: OrderedDict = OrderedDict()
         self.max_results = max_results
         self._mutex = threading.Lock()
 
     def close(self) -> None:
-        self.prefixes.clear()
+        self.replays.clear()
         with self._mutex:
             self.results.clear()
 
-    def prefix(self, name: str, shared: SharedModel, text: TextInput) -> PrefixCache:
-        key = (shared.serial, text.key)
-        return self.prefixes.get(key, lambda: PrefixCache(shared.model, text.ids, lock=shared.lock))
-
     def forget(self, shared: SharedModel) -> None:
         """Drop the prefix caches of ``shared`` (being unloaded), which hold its model."""
-        self.prefixes.discard(lambda key: key[0] == shared.serial)
+        self.replays.forget(shared.session)
 
     def condition_values(
-        self,
-        name: str,
-        shared: SharedModel,
-        text: TextInput,
-        prefix: PrefixCache,
-        condition: str,
-        seed: int,
-        donor: int | None,
-        layer: int | None = None,
+        self, shared: SharedModel, text: TextInput, condition: str, seed: int, donor: int | None, layer: int | None
     ) -> Values:
-        """Per controller, the values ``condition`` assigns to this window (``ReplaySession.assigned``, as the
-        audit assigns them) at ``layer`` only or everywhere, in the model's dtype."""
+        """Per controller, the values ``condition`` assigns to this text at ``layer`` only or everywhere, as the
+        audit assigns them (``TextReplays.values``); the static profiles first, an audit's saved ones when one
+        matches."""
         shared.check_condition(condition)
-        donor_values = None
-        if condition_named(condition).needs_donor:
-            donor_values = self.prefix(name, shared, window_input(shared, donor)).values
         if condition_named(condition).static:
-            shared.profiles()  # an audit's saved ones, when one matches
-        return shared.session.assigned(condition, prefix.values, donor_values, text.window_index, seed, layer)
+            shared.profiles()
+        given = None if donor is None else engine_text(window_input(shared, donor))
+        return self.replays.values(shared.session, engine_text(text), condition, seed, given, layer)
 
     def replay(
         self,
         name: str,
         shared: SharedModel,
         text: TextInput,
-        prefix: PrefixCache,
         condition: str,
         layer: int | None,
         seed: int,
         donor: int | None,
     ) -> np.ndarray:
         """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session; a NaN or
-        inf is a UserError naming the condition and the window (``audit.guard.require_finite``)."""
+        inf is a UserError naming the condition and the window (``TextReplays.nll``)."""
         key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
         with self._mutex:
             if key in self.results:
                 self.results.move_to_end(key)
                 return self.results[key]
-        rows = prefix.nll
-        if not condition_named(condition).live and shared.has_coefficients:
-            values = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
-            rows = prefix.replay_nll(values, layer)
-        where = (None, "the pasted text") if text.window_index is None else ([text.window_index], "eval")
-        require_finite(rows, "NLL", at_layer(condition, layer), *where)
-        nll = rows[0].numpy()
+        if condition_named(condition).static and shared.has_coefficients:
+            shared.profiles()
+        given = None if donor is None else engine_text(window_input(shared, donor))
+        nll = self.replays.nll(shared.session, engine_text(text), condition, layer, seed, given).numpy()
         with self._mutex:
             self.results[key] = nll
             while len(self.results) > self.max_results:
@@ -365,16 +349,16 @@ class DashboardSession:
             seed = 0
         if not shared.has_coefficients:
             notes.append(f"{shared.arch} has no controller: there are no coefficients to intervene on")
-        prefix = self.prefix(name, shared, text)
-        nll_correct = self.replay(name, shared, text, prefix, LIVE_RUN, None, 0, None).astype(np.float64)
-        nll = self.replay(name, shared, text, prefix, condition, layer, seed, donor).astype(np.float64)
+        prefix = self.replays.prefix(shared.session, engine_text(text))
+        nll_correct = self.replay(name, shared, text, LIVE_RUN, None, 0, None).astype(np.float64)
+        nll = self.replay(name, shared, text, condition, layer, seed, donor).astype(np.float64)
         if shared.has_coefficients and not named.baseline:
-            intervened = self.condition_values(name, shared, text, prefix, condition, seed, donor, layer)
+            intervened = self.condition_values(shared, text, condition, seed, donor, layer)
         else:
             intervened = prefix.values
         retention = nll_gm = None
         if named.static and shared.has_coefficients:
-            gm = self.replay(name, shared, text, prefix, LOW, layer, 0, None).astype(np.float64)
+            gm = self.replay(name, shared, text, LOW, layer, 0, None).astype(np.float64)
             nll_gm = float(gm.mean())
             per_window = {
                 LOW: torch.tensor([gm.mean()], dtype=torch.float64),

@@ -1,0 +1,83 @@
+"""One text at a time: the frozen replays a live view asks for (the dashboard's eval window or pasted text), on the
+engine's own pieces: the prefix cache (``prefix.PrefixCache``: the states before every layer, so a one-layer
+replay starts there), what a condition assigns (``ReplaySession.assigned``, placed per controller as every replay
+places values) and the audit's guard (``guard.require_finite``). Beside the full replay (``replay.py``) and the
+per-layer sweep (``sweep.py``), it is the third way into the same engine, never a second one.
+
+``TextReplays`` keeps the texts' prefix caches of any sessions in one store bounded by windows and bytes (one
+browser session's share of memory); ``forget`` drops a session's, ``clear`` all.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from fca_workbench.audit.assignment import Values
+from fca_workbench.audit.guard import at_layer, require_finite
+from fca_workbench.audit.prefix import PrefixCache, PrefixStore
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.results.conditions import condition_named
+
+
+@dataclass(frozen=True)
+class Text:
+    """The tokens one replay runs on: an eval window of the session (``window``) or pasted text (None)."""
+
+    ids: torch.Tensor  # [1, T]
+    window: int | None
+
+    @property
+    def key(self) -> tuple[str, int | tuple[int, ...]]:
+        return ("window", self.window) if self.window is not None else ("text", tuple(self.ids[0].tolist()))
+
+
+class TextReplays:
+    """Frozen replays of single texts on any sessions, their prefix caches kept in one bounded store."""
+
+    def __init__(self, max_windows: int, max_bytes: int) -> None:
+        self.store = PrefixStore(max_entries=max_windows, max_bytes=max_bytes)
+
+    def prefix(self, session: ReplaySession, text: Text) -> PrefixCache:
+        """The text's unperturbed run (its own values and NLL, the states before every layer), kept."""
+        build = functools.partial(PrefixCache, session.model, text.ids, lock=session.lock)
+        return self.store.get((session.serial, text.key), build)
+
+    def values(
+        self, session: ReplaySession, text: Text, condition: str, seed: int, donor: Text | None, layer: int | None
+    ) -> Values:
+        """Per controller, what ``condition`` assigns to the text (``donor``'s values for a donor condition) at
+        ``layer`` only or everywhere, as the audit assigns them, placed where the model replays them."""
+        own = self.prefix(session, text).values
+        donor_values = None if donor is None else self.prefix(session, donor).values
+        return session.assigned(condition, own, donor_values, text.window, seed, layer)
+
+    def nll(
+        self, session: ReplaySession, text: Text, condition: str, layer: int | None, seed: int, donor: Text | None
+    ) -> torch.Tensor:
+        """Per-token NLL ``[T-1]`` of the text under ``condition`` at ``layer`` (None: every layer); the live run
+        (and any condition of a model without a controller) is the prefix's own. A NaN or inf is one line naming
+        the condition and the text."""
+        prefix = self.prefix(session, text)
+        rows = prefix.nll
+        if not condition_named(condition).live and session.has_controller:
+            rows = prefix.replay_nll(self.values(session, text, condition, seed, donor, layer), layer)
+        where = (None, "the pasted text") if text.window is None else ([text.window], "eval")
+        require_finite(rows, "NLL", at_layer(condition, layer), *where)
+        return rows[0]
+
+    def forget(self, session: ReplaySession) -> None:
+        """Drop the prefix caches of ``session`` (its model being unloaded), which hold its model."""
+        self.store.discard(lambda key: key[0] == session.serial)
+
+    def clear(self) -> None:
+        self.store.clear()
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def nbytes(self) -> int:
+        return self.store.nbytes
