@@ -271,10 +271,9 @@ class ReplaySession:
         return self.profiles if any(condition_named(c).static for c in conditions) else None
 
     def _live_batches(self, windows: torch.Tensor) -> Iterable[list[torch.Tensor]]:
-        device = next(self.model.parameters()).device
         for start in range(0, len(windows), self.batch_size):
             with self.lock, torch.no_grad():
-                _, values = forward_nll(self.model, windows[start : start + self.batch_size].to(device))
+                _, values = forward_nll(self.model, windows[start : start + self.batch_size].to(self.device))
             yield [value[COEFFICIENT] for value in values]
             if self.on_profile_batch is not None:
                 self.on_profile_batch(min(start + self.batch_size, len(windows)), len(windows))
@@ -286,9 +285,8 @@ class ReplaySession:
         if EVAL in self._caches:
             return routing_top_k(self._caches[EVAL].values(torch.arange(1)))
         split = next((s for s in (EVAL, CALIBRATION) if s in self._read), EVAL)  # windows already read, if any
-        device = next(self.model.parameters()).device
         with self.lock, torch.no_grad():
-            return routing_top_k(forward_nll(self.model, self.windows(split)[:1, :2].to(device))[1])
+            return routing_top_k(forward_nll(self.model, self.windows(split)[:1, :2].to(self.device))[1])
 
     @functools.cached_property
     def conditions(self) -> tuple[str, ...]:
@@ -349,7 +347,7 @@ class ReplaySession:
         slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
         given: Callable[[], Values] | None = None if donor is None else functools.partial(list, donor)
         values = assigned_values(condition, own, given, profiles, slot_shapes, torch.tensor([window or 0]), seed, layer)
-        return placed(self.model, values, next(self.model.parameters()).device)
+        return placed(self.model, values, self.device)
 
     # -- replay ---------------------------------------------------------------------------------------
 
