@@ -24,6 +24,7 @@ from fca_workbench.cli.flag_settings import (
 )
 from fca_workbench.cli.options import (
     Parser,
+    VersionAction,
     add_audit_options,
     add_dashboard_options,
     add_eval_parser,
@@ -66,6 +67,7 @@ DISTRIBUTED_COMMANDS = ("audit", "audit-many", "eval")  # the commands that run 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fca", description="Frozen-Controller Auditing workbench")
+    parser.add_argument("--version", action=VersionAction, help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     data = commands.add_parser("data", help="build the shipped corpus splits and tokenizer")

@@ -3,7 +3,7 @@ from the commands that run them (``fca_workbench.cli.COMMANDS``). Nothing here i
 stays fast."""
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import PROFILE_CONDITIONS
@@ -74,6 +74,30 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
         help="wait this long for another audit using the same cache or output folder (default 0: stop at once)",
     )
     add_placement_options(parser)
+
+
+def installed_version() -> str:
+    """The installed distribution's version (what a bug report needs); a checkout run uninstalled has only the
+    source's ``__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fca-workbench")
+    except PackageNotFoundError:
+        from fca_workbench import __version__
+
+        return __version__
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for, so building the parser stays a blink."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(f"{parser.prog} {installed_version()}")
+        parser.exit()
 
 
 class Parser(argparse.ArgumentParser):
