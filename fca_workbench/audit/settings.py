@@ -5,7 +5,7 @@ Plain data, no torch: the command line builds and range-checks it before anythin
 flag is refused in a blink.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from fca_workbench.foundation.errors import UserError
 
@@ -48,3 +48,7 @@ class AuditSettings:
                 raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
         if self.dtype not in DTYPE_NAMES:
             raise UserError(f"unknown dtype '{self.dtype}'; choose from {sorted(DTYPE_NAMES)}")
+
+    def without_paths(self) -> dict:
+        """The settings that must agree between the processes or nodes of one run (``PATH_SETTINGS`` aside)."""
+        return {k: v for k, v in asdict(self).items() if k not in PATH_SETTINGS}

@@ -29,6 +29,7 @@ from fca_workbench.cli.options import (
     add_dashboard_options,
     add_eval_parser,
     add_export_parser,
+    add_shard_options,
     add_train_options,
 )
 from fca_workbench.downstream import require_lm_eval
@@ -109,10 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("checkpoint")
     add_audit_options(audit)
     audit.add_argument("--cache", default=None, help="coefficient cache folder (default: OUT/cache)")
+    audit.add_argument(
+        "--capture-only",
+        action="store_true",
+        help="capture the coefficient caches and stop; an audit given the same --cache (copied to another node, "
+        "say) replays from them",
+    )
 
     many = commands.add_parser("audit-many", help="audit several seeds and report mean ± sd")
     many.add_argument("checkpoints", nargs="+")
     add_audit_options(many)
+    add_shard_options(many, "audit_many.json")
 
     add_eval_parser(commands)
 
@@ -136,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write into an --out that already holds results (its current audits are reused)",
     )
+    add_shard_options(reproduce, "the notebooks, tables and index")
     return parser
 
 

@@ -76,6 +76,24 @@ def add_audit_options(parser: argparse.ArgumentParser) -> None:
     add_placement_options(parser)
 
 
+def add_shard_options(parser: argparse.ArgumentParser, assembled: str) -> None:
+    """``--shard K/N`` and ``--assemble``: a run's audits split over N nodes, then ``assembled`` from them."""
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument(
+        "--shard",
+        type=flags.shard,
+        default=None,
+        metavar="K/N",
+        help="run only every N-th audit of the plan from the K-th (0-based) into --out, and record it there "
+        "(docs/guides/cluster.md)",
+    )
+    split.add_argument(
+        "--assemble",
+        action="store_true",
+        help=f"once every --shard K/N of the same command has finished into --out: check them, then write {assembled}",
+    )
+
+
 def installed_version() -> str:
     """The installed distribution's version (what a bug report needs); a checkout run uninstalled has only the
     source's ``__version__``."""

@@ -30,6 +30,7 @@ from fca_workbench.audit.run import AuditSettings
 from fca_workbench.foundation.checkpoint import checkpoint_key, checkpoint_name
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import read_json, reading, write_atomic, write_json
+from fca_workbench.foundation.flags import Shard
 from fca_workbench.foundation.progress import progress as progress_bar
 from fca_workbench.foundation.resources import shipped
 
@@ -54,6 +55,7 @@ from fca_workbench.notebooks.notebook_run import (
 from fca_workbench.results import layout
 from fca_workbench.results.design_study import read_design_study
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
+from fca_workbench.results.shards import check_shards, shard_plan, write_shard_record
 from fca_workbench.results.study_kinds import CONTROLLER_STUDY, ROUTER_STUDY
 
 NOTEBOOK_DIR = shipped("notebooks")
@@ -438,12 +440,48 @@ def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float
 
 
 def reproduce(
-    config_path: str | Path | None = None, out: str | Path | None = None, overwrite: bool = False, progress: bool = True
+    config_path: str | Path | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    assemble: bool = False,
 ) -> tuple[Plan, list[NotebookResult]]:
-    """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
+    """``fca reproduce``: plan the run from its config (everything checked first), then execute it. With
+    ``assemble``, ``out`` holds the audits of every ``--shard K/N`` of this config (``reproduce_shard``),
+    checked against this plan before the notebooks run on them."""
     config = load_config(config_path) if config_path else {}
-    plan_ = plan(config, out, overwrite, config_path)
+    plan_ = plan(config, split_out(out, assemble), overwrite or assemble, config_path)
+    if assemble:
+        check_shards(plan_.out, shard_work(plan_))
     with folder_lock(
         plan_.out, "results folder", holder="fca reproduce", hint="let it finish, or choose another --out"
     ):
         return plan_, execute(plan_, progress)
+
+
+def reproduce_shard(
+    config_path: str | Path | None, out: str | Path | None, shard: Shard, progress: bool = True
+) -> Path:
+    """``fca reproduce --shard K/N``: this shard's audits of the plan into ``out`` (shared by every shard, or
+    gathered into one folder afterwards), then its record; ``reproduce(..., assemble=True)`` runs the
+    notebooks once every shard has finished. Returns the record's path."""
+    config = load_config(config_path) if config_path else {}
+    plan_ = plan(config, split_out(out, True), True, config_path)
+    plan_.out.mkdir(parents=True, exist_ok=True)
+    mark_results(plan_.out)
+    mine = dict(shard.take(plan_.audits.items()))
+    run_audits(mine, plan_.out / layout.AUDITS_DIR, plan_.processes, progress)
+    return write_shard_record(plan_.out, shard, shard_work(plan_))
+
+
+def split_out(out: str | Path | None, split: bool) -> str | Path | None:
+    """A split run's folder: named, as every shard and the assembly must name the same one."""
+    if split and out is None:
+        raise UserError("--shard and --assemble need --out: the folder every shard of the run writes into")
+    return out
+
+
+def shard_work(plan_: Plan) -> dict:
+    """The plan every shard of one ``fca reproduce`` agrees on (``results.shards``): its audits, in order."""
+    audits = ((checkpoint_name(c), s.without_paths()) for c, s in plan_.audits.items())
+    return shard_plan("fca reproduce", audits)
