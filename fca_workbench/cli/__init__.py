@@ -36,6 +36,7 @@ from fca_workbench.downstream import require_lm_eval
 from fca_workbench.foundation import flags
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
+from fca_workbench.results.layout import AUDIT_MANY_FILE
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     many = commands.add_parser("audit-many", help="audit several seeds and report mean ± sd")
     many.add_argument("checkpoints", nargs="+")
     add_audit_options(many)
-    add_shard_options(many, "audit_many.json")
+    add_shard_options(many, AUDIT_MANY_FILE)
 
     add_eval_parser(commands)
 

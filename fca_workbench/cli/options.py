@@ -5,6 +5,7 @@ stays fast."""
 import argparse
 from typing import Any, NoReturn
 
+import fca_workbench
 from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import PROFILE_CONDITIONS
 from fca_workbench.training.train_settings import NORMED, ROUTER_INPUTS
@@ -102,9 +103,7 @@ def installed_version() -> str:
     try:
         return version("fca-workbench")
     except PackageNotFoundError:
-        from fca_workbench import __version__
-
-        return __version__
+        return fca_workbench.__version__
 
 
 class VersionAction(argparse.Action):

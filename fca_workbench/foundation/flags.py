@@ -1,5 +1,5 @@
-"""The command lines' number types: every numeric flag of ``fca`` and ``panel serve ... --args`` is parsed by
-one of these, so a value out of range is one line naming the flag before any work (never a
+"""The command lines' number types (and ``--shard K/N``): every numeric flag of ``fca`` and ``panel serve ...
+--args`` is parsed by one of these, so a value out of range is one line naming the flag before any work (never a
 ``ZeroDivisionError`` from ``--batch-size 0`` or a silent default for ``--window 0``); every size of memory
 (``--max-memory cpu=200MB``) by ``byte_size`` (never an ``OverflowError`` from ``infGB``)."""
 

@@ -7,13 +7,12 @@ The assembly recomputes the plan from its own command line, so a shard run with 
 shard count, or one not finished, is refused in one line before anything is written.
 """
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
 
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.foundation.files import dumps_json, read_json, write_json
+from fca_workbench.foundation.files import dumps_json, parse_json, read_json, write_json
 from fca_workbench.foundation.flags import Shard
 from fca_workbench.results.layout import SHARDS_DIR, shard_record_file
 
@@ -24,7 +23,7 @@ def shard_plan(command: str, work: Iterable[tuple[str, dict]]) -> dict:
     """What every shard of one run agrees on: ``command`` and ``work``, each audit's folder name and settings
     in the plan's order, as JSON holds them (so a record read back compares equal)."""
     items = [{"audit": name, "settings": settings} for name, settings in work]
-    return json.loads(dumps_json({"command": command, "work": items}))
+    return cast(dict, parse_json(dumps_json({"command": command, "work": items}), "a shard plan"))
 
 
 def write_shard_record(out: Path, shard: Shard, plan: dict) -> Path:
