@@ -106,9 +106,7 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
     result["static_profiles_first_use_s"] = timed_ms(shared.profiles) / 1000
     session = DashboardSession()
     conditions = ("cross_input", "token_shuffle", "layer_mean")
-    intervened = {
-        c: session.condition_values(shared, text, c, 0, shared.donor_for(0, 0), None) for c in conditions
-    }
+    intervened = {c: session.condition_values(shared, text, c, 0, shared.donor_for(0, 0), None) for c in conditions}
     full: list[float] = []
     cached: list[float] = []
     per_layer: dict[int, dict[str, list[float]]] = {l: {"full": [], "prefix": []} for l in range(shared.num_layers)}

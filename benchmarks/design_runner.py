@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from fca_workbench.foundation import flags
 from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE, TRAIN_LOG_FILE, TRAIN_STATE_FILE
 from fca_workbench.foundation.files import read_json, write_atomic, write_json
 from fca_workbench.results.layout import AUDIT_FILE, STUDY_SUMMARY_FILE
@@ -104,13 +105,6 @@ def study(runs: Sequence[Run], work: Path, out: Path, run_one: Callable[[Run, Pa
     return failed
 
 
-def shard(text: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
-    return int(index), int(count)
-
-
 def seed_range(text: str) -> tuple[int, ...]:
     """``3-7`` (both ends included) or ``0,2,5``."""
     first, dash, last = text.partition("-")
@@ -150,8 +144,8 @@ def study_parser(
     parser.add_argument("--table", action="store_true", help="print the committed summaries as Markdown, then stop")
     parser.add_argument(
         "--shard",
-        type=shard,
-        default=(0, 1),
+        type=flags.shard,
+        default=flags.Shard(0, 1),
         metavar="K/N",
         help="run only every N-th run of the plan from the K-th (0-based), so N processes can share --work",
     )
@@ -166,8 +160,7 @@ def run_study(
 ) -> None:
     """``--table``, ``--list``, or this shard's runs of ``plan`` not done yet, then the listing; exits non-zero
     naming the runs fca refused."""
-    index, count = args.shard
-    runs = list(plan)[index::count]
+    runs = args.shard.take(plan)
     if args.table:
         print(findings_table(args.out))
         return

@@ -22,7 +22,7 @@ def test_help_lists_the_commands():
     result = fca("--help")
     assert result.returncode == 0
     listed = (
-        re.search(r"usage: fca \[-h\]\s+\{([^}]*)\}", result.stdout)
+        re.search(r"usage: fca \[-h\] \[--version\]\s+\{([^}]*)\}", result.stdout)
         .group(1)
         .replace("\n", "")
         .replace(" ", "")

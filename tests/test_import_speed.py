@@ -8,6 +8,7 @@ Each check runs in a fresh interpreter: this one has torch imported long ago.
 import argparse
 import ast
 import importlib
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -62,6 +63,12 @@ def test_help_imports_no_torch(args):
     code, imported, result = fca_in_fresh_python(*args)
     assert code == 0 and imported == [], result.stderr
     assert "usage: fca" in result.stdout
+
+
+def test_version_is_the_installed_distributions_and_imports_no_torch():
+    code, imported, result = fca_in_fresh_python("--version")
+    assert code == 0 and imported == [], result.stderr
+    assert result.stdout.splitlines()[0] == f"fca {importlib.metadata.version('fca-workbench')}"
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def test_the_transformers_bound_is_the_major_version_whose_apis_the_code_calls()
 
 
 def test_the_checks_are_configured_once_and_run_by_the_test_script():
-    """Lint, format and type settings live in pyproject.toml alone; pre-commit runs the dev extra's pinned tools
+    """Lint, format, type and dependency settings live in pyproject.toml alone; pre-commit runs the dev extra's pinned tools
     from .venv (a hook repository's own pin would drift from them); scripts/test.sh fails on each check."""
     assert [
         n for n in ("mypy.ini", ".mypy.ini", "setup.cfg", "ruff.toml", ".ruff.toml", ".flake8") if (REPO / n).exists()
@@ -98,7 +98,22 @@ def test_the_checks_are_configured_once_and_run_by_the_test_script():
     assert all(f"entry: .venv/bin/{tool}" in hooks for tool in ("ruff check", "ruff format --check", "mypy"))
     script = (REPO / "scripts" / "test.sh").read_text()
     assert "set -euo pipefail" in script
-    checks = ["ruff check", "ruff format --check", "bin/mypy", "mkdocs build --strict", "-m pytest"]
+    checks = ["ruff check", "ruff format --check", "bin/mypy", "bin/deptry", "mkdocs build --strict", "-m pytest"]
     assert sorted(checks, key=script.index) == checks  # every check before the tests
     dev = {Requirement(r).name: Requirement(r) for r in PROJECT["optional-dependencies"]["dev"]}
-    assert all(str(dev[tool].specifier).startswith("==") for tool in ("ruff", "mypy"))  # one verdict everywhere
+    assert all(str(dev[tool].specifier).startswith("==") for tool in ("ruff", "mypy", "deptry"))
+    deptry = next(line for line in script.splitlines() if "bin/deptry" in line)
+    assert (
+        deptry.split("#")[0].split("deptry", 1)[1].strip() in hooks
+    )  # the hook checks the same roots  # one verdict everywhere
+
+
+def test_the_citation_names_this_version_and_license():
+    """CITATION.cff (YAML, read here line by line: its top-level scalars) agrees with the package's metadata."""
+    lines = (REPO / "CITATION.cff").read_text().splitlines()
+    fields = dict(line.split(": ", 1) for line in lines if line[:1].isalpha() and ": " in line)
+    import fca_workbench
+
+    assert fields["cff-version"] == "1.2.0"
+    assert fields["version"] == fca_workbench.__version__
+    assert fields["license"] == PROJECT["license"]

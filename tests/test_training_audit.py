@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from test_train import TINY_HF_CONFIGS, hf_settings, small_text, tiny_settings, write_config  # noqa: F401 (small_text is a fixture)
 from transformers import AutoModelForCausalLM
@@ -71,6 +72,20 @@ def whole_run(small_text, tmp_path_factory):  # noqa: F811  (small_text: the fix
     settings = tiny_settings("featuregate", small_text, **AUDIT)
     folder = tmp_path_factory.mktemp("training_audit") / "run"
     return settings, folder, train(settings, folder)
+
+
+def test_the_readme_is_a_hub_model_card_with_the_eval_nll_and_the_last_mini_audit_as_eval_results(whole_run):
+    _, run, card = whole_run
+    hub_card = ModelCard.load(run / "README.md")
+    results = {r.metric_type: r for r in hub_card.data.eval_results}
+    last = figures_of(audit_rows(run)[-1])
+    assert results["eval_nll"].metric_value == card["eval_nll"]
+    assert results["mini_audit_nll_correct"].metric_value == last["nll_correct"]
+    assert results["mini_audit_retention_layer_mean"].metric_value == last["retention_layer_mean"]
+    assert not any(name.endswith(("_lo", "_hi")) for name in results)  # the intervals stay in audit_log.csv
+    assert {r.dataset_split for r in results.values()} == {"eval"}
+    assert "fca-trained" in hub_card.data.tags and hub_card.data.library_name == "transformers"
+    assert f"| {card['eval_nll']} |" in hub_card.text  # the Markdown card below the front matter
 
 
 def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, tmp_path):

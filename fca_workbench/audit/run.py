@@ -22,7 +22,7 @@ from fca_workbench.audit.execution import execution_audit, expert_execution
 from fca_workbench.audit.inputs import CALIBRATION, DTYPES, EVAL
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.session import ReplaySession
-from fca_workbench.audit.settings import PATH_SETTINGS, AuditSettings
+from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
 from fca_workbench.data.windows import window_sampling
 from fca_workbench.foundation.checkpoint import checkpoint_name, resolve_checkpoint
@@ -58,7 +58,13 @@ def check_audit_out(out: str | Path) -> Path:
     return check_output(out, AUDIT_COMMAND, adopt=lambda folder: (folder / AUDIT_FILE).is_file())
 
 
-def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, lock_wait: float = 0.0) -> dict | None:
+def run_audit(
+    settings: AuditSettings,
+    out: str | Path,
+    ranks: Ranks = SINGLE,
+    lock_wait: float = 0.0,
+    capture_only: bool = False,
+) -> dict | None:
     """Run the full audit and write ``audit.json``, ``per_token_nll.csv.gz`` and the static profiles.
 
     The line, step by step, each asked of one replay session (``session.ReplaySession``): capture the eval and
@@ -72,11 +78,13 @@ def run_audit(settings: AuditSettings, out: str | Path, ranks: Ranks = SINGLE, l
     ``ranks`` (``distributed.process_group``, under torchrun): each rank captures and replays its share of the
     shards; rank 0 gathers per-window results, computes the figures, writes the outputs and returns the audit
     (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
+    ``capture_only`` stops after the capture and returns None: the caches are complete, so a later audit with
+    the same settings (on another node, given a copy of the cache) goes straight to replay.
     """
     out = checked_out(settings, out)
     checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
     session = ReplaySession.open(settings, out, ranks, checkpoint)
-    return audit_session(session, out, checkpoint.record(), lock_wait)
+    return audit_session(session, out, checkpoint.record(), lock_wait, capture_only)
 
 
 def audit_model(
@@ -117,7 +125,9 @@ def checked_out(settings: AuditSettings, out: str | Path) -> Path:
     return out
 
 
-def audit_session(session: ReplaySession, out: Path, source: dict, lock_wait: float) -> dict | None:
+def audit_session(
+    session: ReplaySession, out: Path, source: dict, lock_wait: float, capture_only: bool = False
+) -> dict | None:
     """The audit's line (``run_audit``) on an open session writing into ``out`` (``checked_out``); ``source``:
     where its model came from (``audit.json``'s ``model.path`` and ``model.hub``)."""
     ranks = session.ranks
@@ -131,6 +141,8 @@ def audit_session(session: ReplaySession, out: Path, source: dict, lock_wait: fl
         if ranks.lead:
             mark_output(out, AUDIT_COMMAND)
         session.capture_all()
+        if capture_only:
+            return None
         eval_cache, profiles = session.eval_cache, session.profiles if session.has_controller else None
         share = ranks.share(eval_cache.num_shards())
         per_token = ranks.gather(session.replay(progress(session.conditions, desc="replay", unit="condition"), share))
@@ -181,7 +193,7 @@ def check_ranks(session: ReplaySession) -> None:
             "model": session.fingerprint,
             "eval windows": fingerprint_tensor(eval_windows),
             "calibration windows": fingerprint_tensor(calib_windows) if captured else None,
-            "settings": {k: v for k, v in asdict(session.fitted_settings).items() if k not in PATH_SETTINGS},
+            "settings": session.fitted_settings.without_paths(),
         }
     )
     sets = {EVAL: eval_windows, CALIBRATION: calib_windows if captured else None}

@@ -8,7 +8,7 @@ flag is refused in a blink.
 """
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fca_workbench.foundation.errors import UserError
@@ -55,6 +55,10 @@ class AuditSettings:
                 raise UserError(f"{name} must be a whole number of at least {least}, got {value!r}")
         if self.dtype not in DTYPE_NAMES:
             raise UserError(f"unknown dtype '{self.dtype}'; choose from {sorted(DTYPE_NAMES)}")
+
+    def without_paths(self) -> dict:
+        """The settings that must agree between the processes or nodes of one run (``PATH_SETTINGS`` aside)."""
+        return {k: v for k, v in asdict(self).items() if k not in PATH_SETTINGS}
 
 
 # What ``fca reproduce`` and the paper notebooks run with where the audit's own defaults would take too long or

@@ -24,16 +24,19 @@ from fca_workbench.cli.flag_settings import (
 )
 from fca_workbench.cli.options import (
     Parser,
+    VersionAction,
     add_audit_options,
     add_dashboard_options,
     add_eval_parser,
     add_export_parser,
+    add_shard_options,
     add_train_options,
 )
 from fca_workbench.downstream import require_lm_eval
 from fca_workbench.foundation import flags
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import conditions_epilog
+from fca_workbench.results.layout import AUDIT_MANY_FILE
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ DISTRIBUTED_COMMANDS = ("audit", "audit-many", "eval")  # the commands that run 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fca", description="Frozen-Controller Auditing workbench")
+    parser.add_argument("--version", action=VersionAction, help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     data = commands.add_parser("data", help="build the shipped corpus splits and tokenizer")
@@ -107,10 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("checkpoint")
     add_audit_options(audit)
     audit.add_argument("--cache", default=None, help="coefficient cache folder (default: OUT/cache)")
+    audit.add_argument(
+        "--capture-only",
+        action="store_true",
+        help="capture the coefficient caches and stop; an audit given the same --cache (copied to another node, "
+        "say) replays from them",
+    )
 
     many = commands.add_parser("audit-many", help="audit several seeds and report mean ± sd")
     many.add_argument("checkpoints", nargs="+")
     add_audit_options(many)
+    add_shard_options(many, AUDIT_MANY_FILE)
 
     add_eval_parser(commands)
 
@@ -134,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write into an --out that already holds results (its current audits are reused)",
     )
+    add_shard_options(reproduce, "the notebooks, tables and index")
     return parser
 
 

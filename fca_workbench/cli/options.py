@@ -3,8 +3,9 @@ from the commands that run them (``fca_workbench.cli.COMMANDS``). Nothing here i
 stays fast."""
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
+import fca_workbench
 from fca_workbench.audit.settings import CPU_BATCH_SIZE, DEFAULT_WINDOW, DTYPE_NAMES, default
 from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import condition_names
@@ -90,6 +91,46 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default=default("dtype"), help=f"{', '.join(DTYPE_NAMES)} (default {default('dtype')})"
     )
+
+
+def add_shard_options(parser: argparse.ArgumentParser, assembled: str) -> None:
+    """``--shard K/N`` and ``--assemble``: a run's audits split over N nodes, then ``assembled`` from them."""
+    split = parser.add_mutually_exclusive_group()
+    split.add_argument(
+        "--shard",
+        type=flags.shard,
+        default=None,
+        metavar="K/N",
+        help="run only every N-th audit of the plan from the K-th (0-based) into --out, and record it there "
+        "(docs/guides/cluster.md)",
+    )
+    split.add_argument(
+        "--assemble",
+        action="store_true",
+        help=f"once every --shard K/N of the same command has finished into --out: check them, then write {assembled}",
+    )
+
+
+def installed_version() -> str:
+    """The installed distribution's version (what a bug report needs); a checkout run uninstalled has only the
+    source's ``__version__``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fca-workbench")
+    except PackageNotFoundError:
+        return fca_workbench.__version__
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for, so building the parser stays a blink."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(f"{parser.prog} {installed_version()}")
+        parser.exit()
 
 
 class Parser(argparse.ArgumentParser):

@@ -4,13 +4,17 @@ import argparse
 import sys
 
 from fca_workbench.cli.quiet import quiet_transformers
-from fca_workbench.notebooks.reproduce import reproduce
+from fca_workbench.notebooks.reproduce import reproduce, reproduce_shard
 from fca_workbench.results.layout import INDEX_FILE
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     quiet_transformers()
-    plan, results = reproduce(args.config, args.out, overwrite=args.overwrite)
+    if args.shard is not None:
+        record = reproduce_shard(args.config, args.out, args.shard)
+        print(f"wrote shard {args.shard}'s audits ({record}); once every shard has finished, assemble with --assemble")
+        return 0
+    plan, results = reproduce(args.config, args.out, overwrite=args.overwrite, assemble=args.assemble)
     failed = [r for r in results if not r.ok]
     for r in results:
         print(

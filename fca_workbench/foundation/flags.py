@@ -1,11 +1,14 @@
-"""The command lines' number types: every numeric flag of ``fca`` and ``panel serve ... --args`` is parsed by
-one of these, so a value out of range is one line naming the flag before any work (never a
+"""The command lines' number types (and ``--shard K/N``): every numeric flag of ``fca`` and ``panel serve ...
+--args`` is parsed by one of these, so a value out of range is one line naming the flag before any work (never a
 ``ZeroDivisionError`` from ``--batch-size 0`` or a silent default for ``--window 0``); every size of memory
 (``--max-memory cpu=200MB``) by ``byte_size`` (never an ``OverflowError`` from ``infGB``)."""
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, TypeVar
+
+Item = TypeVar("Item")
 
 SEED_MAX = 2**32 - 1  # numpy's and torch's generators both take it
 BYTES_MAX = 1 << 50  # 1 PiB: more memory than any one device or machine has
@@ -47,6 +50,28 @@ non_negative_float = bounded(float, 0.0)  # seconds
 window_size = bounded(int, 2)  # tokens per window: a next-token NLL needs two
 seed = bounded(int, 0, SEED_MAX)
 port = bounded(int, 1, 65535)
+
+
+class Shard(NamedTuple):
+    """``--shard K/N``: the K-th (0-based) of N processes sharing a plan of work, each taking every N-th item
+    from its K-th, so N nodes split it without talking to one another (the same plan gives the same split)."""
+
+    position: int
+    total: int
+
+    def take(self, items: Iterable[Item]) -> list[Item]:
+        return list(items)[self.position :: self.total]
+
+    def __str__(self) -> str:
+        return f"{self.position}/{self.total}"
+
+
+def shard(text: str) -> Shard:
+    """An argparse ``type``: ``K/N`` with ``0 <= K < N`` (``Shard``)."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return Shard(int(index), int(count))
 
 
 def byte_size(text: str) -> int:

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -29,14 +28,17 @@ from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
 from fca_workbench.foundation.checkpoint import checkpoint_key, checkpoint_name
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.foundation.files import read_json, reading, write_atomic, write_json
+from fca_workbench.foundation.files import read_json, reading, write_json
+from fca_workbench.foundation.flags import Shard
 from fca_workbench.foundation.progress import progress as progress_bar
 from fca_workbench.foundation.resources import shipped
 
 # NotebookRun, shipped_checkpoints, DEFAULT_MAX_WINDOWS, KERNEL_NAME, ensure_audit, ensure_kernel: the notebooks,
 # README and tests import them from here
 from fca_workbench.notebooks.notebook_execution import (
-    KERNEL_NAME,
+    KERNEL_NAME as KERNEL_NAME,
+)
+from fca_workbench.notebooks.notebook_execution import (
     NotebookJob,
     NotebookResult,
     ensure_kernel,
@@ -50,12 +52,13 @@ from fca_workbench.notebooks.notebook_run import (
     NotebookRun,
     ensure_audit,
     input_bytes,
-    read_finished,
     shipped_checkpoints,
 )
+from fca_workbench.notebooks.run_plan import DEFAULT_PROCESSES, PROCESSES, Plan, plan_summary, write_index
 from fca_workbench.results import layout
 from fca_workbench.results.design_study import read_design_study
 from fca_workbench.results.outputs import is_results, mark_results, output_folder
+from fca_workbench.results.shards import check_shards, shard_plan, write_shard_record
 from fca_workbench.results.study_kinds import CONTROLLER_STUDY, ROUTER_STUDY
 
 NOTEBOOK_DIR = shipped("notebooks")
@@ -84,9 +87,7 @@ DEFAULT_PARAMETERS = {"checkpoints": None} | {
     name: getattr(NotebookRun, name) for name in (*AUDIT_PARAMETERS, "per_layer")
 }
 RESERVED = ("out", "audits", "cache")  # set by fca reproduce itself
-PROCESSES = "processes"  # the config key: how many audits, then notebooks, run at once
 CONFIG_KEYS = ("notebooks", "cache", PROCESSES, "parameters", "notebook")
-DEFAULT_PROCESSES = 2  # the reference machine's two cores, one audit or notebook kernel each
 # Torch threads of every audit, however many run at once: the thread count changes the order of float
 # reductions (moe-s0's figures moved in the 10th digit between 1 and 2 threads), so it is the same in every
 # process and the figures are bit-identical to a run of one audit at a time.
@@ -117,17 +118,6 @@ def load_config(path: str | Path) -> dict:
             "notebook parameters go under [parameters])"
         )
     return config
-
-
-@dataclass
-class Plan:
-    out: Path
-    jobs: list[NotebookJob]
-    audits: dict[str, AuditSettings]  # checkpoint -> settings, shared by every notebook that reads it
-    cache: Path
-    config_path: str | None
-    overwrite: bool
-    processes: int = DEFAULT_PROCESSES
 
 
 def notebook_parameters(source: Path) -> dict:
@@ -339,106 +329,49 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def plan_summary(plan_: Plan) -> dict:
-    return {
-        "config": plan_.config_path,
-        "out": str(plan_.out),
-        "cache": str(plan_.cache),
-        PROCESSES: plan_.processes,
-        "kernel": KERNEL_NAME,
-        "notebooks": {job.name: job.parameters for job in plan_.jobs},
-        "audits": {Path(c).name: asdict(s) for c, s in plan_.audits.items()},
-    }
-
-
-def write_index(plan_: Plan, results: list[NotebookResult], audit_seconds: float, total_seconds: float) -> Path:
-    """``DIR/README.md``: what ran on which models, data and settings, and where every output lies."""
-    out = plan_.out
-    audits = [
-        (Path(c).name, read_finished(out / layout.AUDITS_DIR / Path(c).name / layout.AUDIT_FILE)) for c in plan_.audits
-    ]
-    passed = sum(r.ok for r in results)
-    lines = [
-        "# fca reproduce",
-        "",
-        f"Run on {datetime.datetime.now().isoformat(timespec='seconds')} with `fca reproduce"
-        + (f" --config {plan_.config_path}" if plan_.config_path else "")
-        + f" --out {out}`"
-        + f" (Jupyter kernel `{KERNEL_NAME}`, Python {sys.version.split()[0]}).",
-        "",
-        f"**{passed} of {len(results)} notebooks passed.** Wall time {total_seconds:.0f} s "
-        f"(audits {audit_seconds:.0f} s, notebooks {total_seconds - audit_seconds:.0f} s, {plan_.processes} at a time).",
-        "",
-        "## Notebooks",
-        "",
-        "| notebook | status | seconds | executed notebook |",
-        "|---|---|---:|---|",
-    ]
-    for r in results:
-        status = "passed" if r.ok else f"**FAILED**: {r.error}".replace("|", "\\|")
-        lines.append(f"| {r.name} | {status} | {r.seconds:.1f} | [{r.output.name}]({r.output.relative_to(out)}) |")
-    lines += ["", "## Models", "", "| model | arch | params | fingerprint | path |", "|---|---|---:|---|---|"]
-    for name, audit in audits:
-        if audit:
-            m = audit["model"]
-            lines.append(f"| {name} | {m['arch']} | {m['params']:,} | `{m['fingerprint'][:12]}` | `{m['path']}` |")
-        else:
-            lines.append(f"| {name} | (audit missing) | | | |")
-    first = next((a for _, a in audits if a), None)
-    if first:
-        lines += ["", "## Data", ""]
-        for split in ("eval", "calibration"):
-            d = first["data"][split]
-            lines.append(
-                f"- {split}: `{d['source']}`, {d['windows']} windows × {d['window']} tokens "
-                f"({d['tokens']:,} tokens), fingerprint `{d['fingerprint'][:12]}`"
-            )
-        s = first["settings"]
-        lines += [
-            "",
-            "## Settings",
-            "",
-            f"device {s['device']}, dtype {s['dtype']}, seed {s['seed']}, window {first['data']['eval']['window']}, "
-            f"max windows {s['max_windows']}, batch size {s['batch_size']}, bootstrap resamples {s['resamples']}, "
-            f"latency repeats {s['latency_repeats']}; coefficient caches in `{plan_.cache}`; audits in "
-            "[audits/](audits/). Every notebook's parameters are in "
-            "[reproduce_config.json](reproduce_config.json).",
-        ]
-    lines += ["", "## Tables and figures", ""]
-    for r in results:
-        tables = sorted({p.with_suffix("") for p in r.files if p.parent == out / layout.TABLES_DIR})
-        figures = sorted(p for p in r.files if p.parent == out / layout.FIGURES_DIR and p.suffix == ".html")
-        if not tables and not figures:
-            continue
-        lines += [f"### {r.name}", ""]
-        for stem in tables:
-            rel = stem.relative_to(out)
-            links = ", ".join(
-                f"[{ext}]({rel}.{ext})" for ext in ("csv", "md", "tex") if stem.with_suffix(f".{ext}").exists()
-            )
-            lines.append(f"Table `{stem.name}` ({links}):")
-            lines.append("")
-            md = stem.with_suffix(".md")
-            if md.exists():
-                lines += [md.read_text().rstrip(), ""]
-        if figures:
-            lines.append(
-                "Figures (interactive HTML, offline): "
-                + ", ".join(f"[{p.stem}]({p.relative_to(out)})" for p in figures)
-            )
-            lines.append("")
-    path = out / layout.INDEX_FILE
-    write_atomic(path, ("\n".join(lines).rstrip() + "\n").encode())
-    return path
-
-
 def reproduce(
-    config_path: str | Path | None = None, out: str | Path | None = None, overwrite: bool = False, progress: bool = True
+    config_path: str | Path | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    assemble: bool = False,
 ) -> tuple[Plan, list[NotebookResult]]:
-    """``fca reproduce``: plan the run from its config (everything checked first), then execute it."""
+    """``fca reproduce``: plan the run from its config (everything checked first), then execute it. With
+    ``assemble``, ``out`` holds the audits of every ``--shard K/N`` of this config (``reproduce_shard``),
+    checked against this plan before the notebooks run on them."""
     config = load_config(config_path) if config_path else {}
-    plan_ = plan(config, out, overwrite, config_path)
+    plan_ = plan(config, split_out(out, assemble), overwrite or assemble, config_path)
+    if assemble:
+        check_shards(plan_.out, shard_work(plan_))
     with folder_lock(
         plan_.out, "results folder", holder="fca reproduce", hint="let it finish, or choose another --out"
     ):
         return plan_, execute(plan_, progress)
+
+
+def reproduce_shard(
+    config_path: str | Path | None, out: str | Path | None, shard: Shard, progress: bool = True
+) -> Path:
+    """``fca reproduce --shard K/N``: this shard's audits of the plan into ``out`` (shared by every shard, or
+    gathered into one folder afterwards), then its record; ``reproduce(..., assemble=True)`` runs the
+    notebooks once every shard has finished. Returns the record's path."""
+    config = load_config(config_path) if config_path else {}
+    plan_ = plan(config, split_out(out, True), True, config_path)
+    plan_.out.mkdir(parents=True, exist_ok=True)
+    mark_results(plan_.out)
+    mine = dict(shard.take(plan_.audits.items()))
+    run_audits(mine, plan_.out / layout.AUDITS_DIR, plan_.processes, progress)
+    return write_shard_record(plan_.out, shard, shard_work(plan_))
+
+
+def split_out(out: str | Path | None, split: bool) -> str | Path | None:
+    """A split run's folder: named, as every shard and the assembly must name the same one."""
+    if split and out is None:
+        raise UserError("--shard and --assemble need --out: the folder every shard of the run writes into")
+    return out
+
+
+def shard_work(plan_: Plan) -> dict:
+    """The plan every shard of one ``fca reproduce`` agrees on (``results.shards``): its audits, in order."""
+    audits = ((checkpoint_name(c), s.without_paths()) for c, s in plan_.audits.items())
+    return shard_plan("fca reproduce", audits)

@@ -5,7 +5,8 @@ only a folder the workbench made is ever written over), its lock, ``audit.json``
 unless ``--cache`` points elsewhere, the coefficient caches under ``cache/<split>``. ``fca audit-many`` adds
 its marker and ``audit_many.json`` beside its audit folders. A results folder of ``fca reproduce`` carries the marker file,
 its config and index, the audits under ``audits/`` (each with its ``provenance.json``), and the notebooks'
-``notebooks/``, ``tables/`` and ``figures/``. The coefficient cache's own files (manifest, shards) are
+``notebooks/``, ``tables/`` and ``figures/``; a run split with ``--shard K/N`` (either command) adds one record
+per finished shard under ``shards/``. The coefficient cache's own files (manifest, shards) are
 ``audit.capture``'s; its lock, like an output folder's, is ``LOCK_FILE``; the cache root also remembers the
 fingerprints of the checkpoints audited there (``FINGERPRINT_MEMO``, ``audit.fingerprint_memo``).
 A study folder (``benchmarks/controller_design.py --out``) holds one folder per run: its summary and the model
@@ -38,6 +39,14 @@ NOTEBOOKS_DIR = "notebooks"
 TABLES_DIR = "tables"
 FIGURES_DIR = "figures"
 STAGING_DIR = ".notebook-files"  # <name>/ in it: one running notebook's tables and figures, moved up when it ends
+
+SHARDS_DIR = "shards"  # in an audit-many or reproduce folder: one record per finished --shard K/N
+
+
+def shard_record_file(index: int, count: int) -> str:
+    """The record of shard ``index`` of ``count`` in ``SHARDS_DIR``."""
+    return f"{index}-of-{count}.json"
+
 
 STUDY_SUMMARY_FILE = "audit_summary.json"  # in each run folder of a study (benchmarks/controller_design.py)
 

@@ -45,7 +45,7 @@ from fca_workbench.models.limits import (
 )
 from fca_workbench.training.hf_config import build_hf_model, check_training_memory, load_initial
 from fca_workbench.training.routing import prepare_routers, router_z_loss
-from fca_workbench.training.train_card import model_card_markdown
+from fca_workbench.training.train_card import training_model_card
 from fca_workbench.training.train_settings import TrainSettings
 from fca_workbench.training.train_state import (
     CHECKPOINT_FILES,
@@ -324,7 +324,8 @@ def finish(
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     write_json(staging / TRAIN_CARD_FILE, card)
-    (staging / CARD_FILE).write_text(model_card_markdown(card))
+    final_audit = audit.log.rows[-1] if audit and audit.log.rows else None
+    (staging / CARD_FILE).write_text(str(training_model_card(card, final_audit)))
     shutil.copy(out / TRAIN_LOG_FILE, staging / TRAIN_LOG_FILE)
     staged = sorted(staging.iterdir())
     clashes = [p.name for p in staged if p.name not in CHECKPOINT_FILES and (out / p.name).exists()]

@@ -1,9 +1,55 @@
 """A trained checkpoint's model card (``README.md``): what was trained, how to train it again (the exact
-command, the controller-design flags included) and what it reached."""
+command, the controller-design flags included) and what it reached.
+
+The README is a Hugging Face model card (``huggingface_hub.ModelCard``) whose front matter lists the eval NLL
+and, with ``--audit-every``, the last mini-audit's figures as eval results, so the hub shows them beside the
+model; ``model_card.json`` keeps the same facts for the workbench's readers."""
+
+import math
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from fca_workbench.data.corpus import CORPUS_DIR
 from fca_workbench.foundation.files import dumps_json
 from fca_workbench.training.train_settings import DETACHED, NORMED, TrainSettings
+
+TRAIN_TAG = "fca-trained"  # every fca train checkpoint's tag on the hub, beside its arch's
+
+
+def training_model_card(card: dict, final_audit: dict | None = None) -> ModelCard:
+    """The README of a trained checkpoint: ``model_card_markdown`` under the hub's front matter;
+    ``final_audit``: the last row of ``audit_log.csv`` (the mini-audit of the saved weights), if any."""
+    data = ModelCardData(
+        model_name=f"{card['arch']} (seed {card['settings']['seed']})",
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=[TRAIN_TAG, card["arch"]],
+        eval_results=eval_results(card, final_audit or {}),
+    )
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{model_card_markdown(card)}")
+
+
+def eval_results(card: dict, final_audit: dict) -> list[EvalResult]:
+    """The eval NLL and the mini-audit's figures (``audit.mini.log_row``'s columns, their CI ends left to
+    ``audit_log.csv``), each on the eval split; a figure the audit could not compute (NaN) is left out."""
+    figures = {"eval_nll": card["eval_nll"]}
+    figures.update(
+        (f"mini_audit_{name}", float(value))
+        for name, value in final_audit.items()
+        if name not in ("step", "audit_seconds") and not name.endswith(("_lo", "_hi"))
+    )
+    return [
+        EvalResult(
+            task_type="text-generation",
+            dataset_type="shakespeare",  # the corpus's source, split by work (data/README.md)
+            dataset_name=f"Shakespeare ({eval_windows_text(card)})",
+            dataset_split="eval",
+            metric_type=name,
+            metric_value=value,
+        )
+        for name, value in figures.items()
+        if math.isfinite(value)
+    ]
 
 
 def model_card_markdown(card: dict) -> str:
