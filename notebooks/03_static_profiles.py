@@ -15,33 +15,43 @@
 
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
-checkpoints = None       # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0
-eval_data = None         # eval text (.txt, or JSONL of {"text": ...}); None: the shipped eval split
+checkpoints = None  # checkpoint folders; None: the shipped featuregate-s0..s6, dense-s0, muddpythia-s0, moe-s0, ssm-s0
+eval_data = None  # eval text (.txt, or JSONL of {"text": ...}); None: the shipped eval split
 calibration_data = None  # calibration text for the static profiles; None: the shipped calibration split
-window = None            # tokens per window; None: min(256, the model's context)
-max_windows = 64         # at most this many windows of each set; None: all of them
-device = "cpu"           # cpu or cuda
-dtype = "float32"        # float32, bfloat16 or float16
-seed = 0                 # seeds the derangement, the shuffles and the bootstrap
-batch_size = None        # windows per batch; None: 16 on CPU, fitted to free memory on CUDA
-per_layer = True         # also every condition at each layer alone (audit.json per_layer; 06_per_layer)
-out = None               # tables/ and figures/ are written here; None: results/notebooks
-audits = None            # audit folders, shared by every notebook; None: <out>/audits
-cache = None             # coefficient caches, shared across runs; None: results/cache
+window = None  # tokens per window; None: min(256, the model's context)
+max_windows = 64  # at most this many windows of each set; None: all of them
+device = "cpu"  # cpu or cuda
+dtype = "float32"  # float32, bfloat16 or float16
+seed = 0  # seeds the derangement, the shuffles and the bootstrap
+batch_size = None  # windows per batch; None: 16 on CPU, fitted to free memory on CUDA
+per_layer = True  # also every condition at each layer alone (audit.json per_layer; 06_per_layer)
+out = None  # tables/ and figures/ are written here; None: results/notebooks
+audits = None  # audit folders, shared by every notebook; None: <out>/audits
+cache = None  # coefficient caches, shared across runs; None: results/cache
 
 # %%
-import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 from IPython.display import Markdown, display
-from plotly.subplots import make_subplots
 
 from fca_workbench.notebooks import tables
 from fca_workbench.notebooks.reproduce import NotebookRun
 
-run = NotebookRun(checkpoints=checkpoints, eval_data=eval_data, calibration_data=calibration_data, window=window,
-                  max_windows=max_windows, device=device, dtype=dtype, seed=seed, batch_size=batch_size,
-                  per_layer=per_layer, out=out, audits=audits, cache=cache)
+tables.use_paper_style()  # Okabe-Ito colours on white, for every figure below
+run = NotebookRun(
+    checkpoints=checkpoints,
+    eval_data=eval_data,
+    calibration_data=calibration_data,
+    window=window,
+    max_windows=max_windows,
+    device=device,
+    dtype=dtype,
+    seed=seed,
+    batch_size=batch_size,
+    per_layer=per_layer,
+    out=out,
+    audits=audits,
+    cache=cache,
+)
 audited = run.load_audits()  # run_audit per checkpoint, or the audit.json already there for these settings
 display(Markdown("Models: " + ", ".join(f"`{tables.model_name(a)}` ({a['model']['arch']})" for a in audited)))
 
@@ -53,10 +63,18 @@ main = tables.retention_seed_table(audited)
 run.write_table(main)
 
 # %%
-bars = pd.concat([main.assign(profile=p, mean=main[f"{p}_mean"], sd=main[f"{p}_sd"]) for p in tables.RETENTION_PROFILES])
-bars["arch"] = bars["arch"] + " (n=" + bars["n"].astype(str) + ")"
-fig = px.bar(bars, x="profile", y="mean", error_y="sd", color="arch", barmode="group",
-             title="Gap retention of static profiles (mean ± sd over seeds)")
+bars = tables.retention_points(audited)
+fig = px.bar(
+    bars,
+    x="profile",
+    y="value",
+    error_y="error_plus",
+    error_y_minus="error_minus",
+    color="arch",
+    barmode="group",
+    hover_data=["error"],
+    title="Gap retention of static profiles (mean ± sd over seeds; one seed: its 95% CI)",
+    labels={"value": "gap retained (share of NLL gap)", "profile": "static profile"},
+)
 fig.update_layout(yaxis_tickformat=".1%")
-run.write_figure(fig, "retention")
-tables.show(fig)
+run.figure(fig, "retention")

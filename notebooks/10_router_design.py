@@ -16,26 +16,27 @@
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
 study = None  # the study folder (benchmarks/router_design.py --out); None: the shipped data/router_design
-out = None    # tables/ and figures/ are written here; None: results/notebooks
+out = None  # tables/ and figures/ are written here; None: results/notebooks
 
 # %%
 import plotly.graph_objects as go
 from IPython.display import Markdown, display
-from plotly.subplots import make_subplots
 
 from fca_workbench.notebooks import tables
 from fca_workbench.notebooks.reproduce import NotebookRun
+from fca_workbench.results.conditions import CROSS_INPUT, LAYER_MEAN_TOPK, REFERENCE
 
+tables.use_paper_style()  # Okabe-Ito colours on white, for every figure below
 run = NotebookRun(out=out)
 study_ = tables.read_design_study(study, tables.ROUTER_STUDY)
+caption = f"{len(study_.runs)} runs in {study_.folder.name}/ (audit_summary.json and model_card.json of each)"
 display(Markdown(f"{len(study_.runs)} runs in `{study_.folder}`"))
 for line in study_.skipped:
     print("left out:", line)
 
 # %%
 seeds = tables.design_seed_table(study_.runs, study_.kind)
-display(Markdown("Seeds per variant: " + ", ".join(
-    f"`{r.variant}` {r.n} ({r.seeds})" for r in seeds.itertuples())))
+display(Markdown("Seeds per variant: " + ", ".join(f"`{r.variant}` {r.n} ({r.seeds})" for r in seeds.itertuples())))
 run.write_table(seeds)
 
 # %%
@@ -46,51 +47,15 @@ run.write_table(tables.design_runs_table(study_.runs, study_.kind))
 
 # %%
 points = tables.design_points(study_.runs, study_.kind)
-axes = [a for a in dict.fromkeys(points.axis) if a != "default"]
-COLS = 4
-
-
-def by_axis(figure, title, percent=False):
-    p = points[points.figure == figure]
-    default = p[p.axis == "default"]
-    rows = -(-len(axes) // COLS)
-    fig = make_subplots(rows=rows, cols=COLS, subplot_titles=axes, shared_yaxes="all", vertical_spacing=0.3 / rows)
-    for i, axis in enumerate(axes):
-        row, col = i // COLS + 1, i % COLS + 1
-        q = p[p.axis == axis]
-        fig.add_trace(go.Scatter(
-            x=q.label, y=q.value, mode="markers", marker={"size": 10, "color": "#1f77b4"}, name="variant",
-            legendgroup="variant", showlegend=i == 0, customdata=q[["variant", "error"]],
-            error_y={"type": "data", "symmetric": False, "array": q.error_plus, "arrayminus": q.error_minus},
-            hovertemplate="%{customdata[0]}: %{y}<br>error bar: %{customdata[1]}<extra></extra>"), row, col)
-        spread = q[q.n > 1].explode("values")
-        fig.add_trace(go.Scatter(
-            x=spread.label, y=spread["values"], mode="markers", marker={"size": 5, "color": "grey"},
-            name="one seed", legendgroup="seed", showlegend=i == 0), row, col)
-        for d in default.itertuples():
-            fig.add_hline(y=d.value, line_dash="dash", line_color="black", row=row, col=col)
-            if d.error_minus or d.error_plus:
-                fig.add_hrect(y0=d.value - d.error_minus, y1=d.value + d.error_plus, fillcolor="grey", opacity=0.2,
-                              line_width=0, row=row, col=col)
-    where = f"dashed: the default (n={default.n.iloc[0]})" if len(default) else "no default run"
-    fig.update_layout(title=f"{title} by design axis ({where}; error bars: 95% CI for one seed, sd over seeds)",
-                      height=330 * rows)
-    if percent:
-        fig.update_yaxes(tickformat=".0%")
-    return fig
-
-
 for figure, title, name, percent in [
-    ("retention_layer_mean_topk", "Gap retention of layer_mean_topk", "router_design_retention_topk", True),
-    ("delta_cross_input", "ΔNLL cross_input (nats)", "router_design_cross_input", False),
+    (f"retention_{LAYER_MEAN_TOPK}", f"Gap retention of {LAYER_MEAN_TOPK}", "router_design_retention_topk", True),
+    (f"delta_{CROSS_INPUT}", f"ΔNLL {CROSS_INPUT} (nats)", "router_design_cross_input", False),
     ("eval_nll", "Eval NLL (nats, model card)", "router_design_eval_nll", False),
     ("export_eval_nll", "Eval NLL of the static top-k export (nats)", "router_design_export_nll", False),
     ("export_cost", "Export − model eval NLL (nats)", "router_design_export_cost", False),
     ("expert_entropy", "Expert-use entropy (share of log experts)", "router_design_expert_entropy", True),
 ]:
-    fig = by_axis(figure, title, percent)
-    run.write_figure(fig, name)
-    tables.show(fig)
+    run.figure(tables.design_axis_figure(points, figure, title, percent), name, caption)
 
 # %% [markdown]
 # ## Can the router be dropped?
@@ -103,12 +68,20 @@ if (study_.folder / tables.FINETUNE_FOLDER).is_dir():
     recovered = tables.finetune_seed_table(finetunes)
     run.write_table(recovered)
     run.write_table(tables.finetune_runs_table(finetunes))
-    fig = go.Figure(go.Bar(
-        x=[f"{r.role}: {r.model} (n={r.n})" for r in recovered.itertuples()], y=recovered.recovered_mean,
-        error_y=dict(type="data", array=recovered.recovered_sd)))
-    fig.update_layout(title="Share of the correct → layer_mean_topk gap a fine-tune of the export recovers "
-                      "(mean ± sd over seeds)", yaxis_tickformat=".0%", height=420)
-    run.write_figure(fig, "router_design_finetune")
-    tables.show(fig)
+    fig = go.Figure(
+        go.Bar(
+            x=[f"{r.role}: {r.model} (n={r.n})" for r in recovered.itertuples()],
+            y=recovered.recovered_mean,
+            error_y=dict(type="data", array=recovered.recovered_sd),
+        )
+    )
+    fig.update_layout(
+        title=f"Share of the {REFERENCE} → {LAYER_MEAN_TOPK} gap a fine-tune of the export recovers "
+        "(mean ± sd over seeds)",
+        yaxis_title="share of the NLL gap recovered",
+        yaxis_tickformat=".0%",
+        height=420,
+    )
+    run.figure(fig, "router_design_finetune", f"{len(finetunes)} fine-tunes in {study_.folder.name}/finetune/")
 else:
     print(f"no fine-tune stage in {study_.folder} (benchmarks/router_design.py --finetune)")
