@@ -28,7 +28,6 @@ class DesignRun(Protocol):
     @property
     def name(self) -> str: ...
 
-
     def train_args(self, work: Path) -> list[str]: ...
 
 
@@ -130,7 +129,10 @@ def study_parser(
     """The command line every runner takes; a runner adds its own flags to it."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
-        "--seeds", type=seed_range, default=tuple(seeds), help=f"seeds, as 3-7 or 0,2,5 (default {seeds[0]}-{seeds[-1]})"
+        "--seeds",
+        type=seed_range,
+        default=tuple(seeds),
+        help=f"seeds, as 3-7 or 0,2,5 (default {seeds[0]}-{seeds[-1]})",
     )
 
     def variant_list(text: str) -> tuple[str, ...]:

@@ -425,7 +425,12 @@ def finetune_table(out: Path) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = study_parser(
-        __doc__.splitlines()[0], Path("/tmp/router_design"), ROOT / "data" / "router_design", "weights, audits, exports", tuple(VARIANTS), SEEDS
+        __doc__.splitlines()[0],
+        Path("/tmp/router_design"),
+        ROOT / "data" / "router_design",
+        "weights, audits, exports",
+        tuple(VARIANTS),
+        SEEDS,
     )
     parser.add_argument(
         "--finetune",

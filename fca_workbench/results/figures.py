@@ -38,6 +38,7 @@ def layer_position_matrix(means: list[torch.Tensor]) -> torch.Tensor:
 
 STATIC_FORMATS = ("pdf", "svg", "png")  # for a paper (vector), for the web, for slides
 PNG_SCALE = 2  # slides and screens with twice the pixels
+STATIC_WIDTH, STATIC_HEIGHT = 900, 500  # CSS pixels of a figure that sets no size (the exporter's default is 700 wide)
 # Okabe & Ito (2008): distinguishable with every common colour-vision deficiency, and in greyscale by lightness
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 PAPER_TEMPLATE = "fca_paper"
@@ -67,7 +68,7 @@ def static_exporter() -> bool:
         print("figures: HTML only; PDF, SVG and PNG need kaleido>=1 (the notebooks extra)", file=sys.stderr)
         return False
     browser = Chromium.find_browser(skip_local=True)  # BROWSER_PATH or PATH: never a downloaded browser
-    if browser is None:
+    if browser is None or not os.access(browser, os.X_OK):
         print(
             "figures: HTML only; PDF, SVG and PNG need Chrome or Chromium (install chromium, or set BROWSER_PATH)",
             file=sys.stderr,
@@ -116,7 +117,14 @@ def write_figure(fig: go.Figure, out: str | Path, name: str, caption: str | None
         scales = [PNG_SCALE if fmt == "png" else 1 for fmt in static]
         with warnings.catch_warnings():  # plotly passes its page options, which the running browser already has
             warnings.filterwarnings("ignore", "The kopts argument is ignored", UserWarning)
-            pio.write_images([fig] * len(static), list(static.values()), scale=scales, validate=False)
+            pio.write_images(
+                [fig] * len(static),
+                list(static.values()),
+                scale=scales,
+                width=fig.layout.width or STATIC_WIDTH,
+                height=fig.layout.height or STATIC_HEIGHT,
+                validate=False,
+            )
         paths.update(static)
     return paths
 
