@@ -1,4 +1,5 @@
-"""One checkpoint opened for interactive exploration (``explore.ipynb``), with only the work its view needs.
+"""One checkpoint opened for interactive exploration (the explorer notebook, ``notebooks/explore.py``), with only
+the work its view needs.
 
 A full audit replays every condition over every window, sweeps every layer and times the model: minutes
 on a CPU. Exploring one window at a time needs far less: the eval capture (the window's own and its donor's
