@@ -55,7 +55,7 @@ evaluated = [c for c in run.checkpoints if load_controlled(c).controllers]  # no
 display(Markdown("Models: " + ", ".join(f"`{c.split('/')[-1]}`" for c in evaluated)))
 
 # %%
-chosen = {"conditions": comma_names(conditions)} if conditions else {}
+chosen: dict[str, list[str]] = {"conditions": comma_names(conditions)} if conditions else {}
 downstreams = []
 for c in evaluated:
     calibration = AuditSettings(
