@@ -1,4 +1,4 @@
-"""Time to the first figure of explore.ipynb from a cold cache, on the notebook's default settings.
+"""Time to the first figure of the explorer notebook (notebooks/explore.py) from a cold cache, on the notebook's default settings.
 
     .venv/bin/python benchmarks/bench_explore.py [--repeats 1]
 
@@ -19,13 +19,14 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from fca_workbench.notebooks.notebook_execution import read_notebook
 from fca_workbench.notebooks.reproduce import KERNEL_NAME, NOTEBOOK_DIR
 
 WIDGET_CELL = "display(widgets.VBox("  # the cell whose last statement draws the first figure
 
 
 def time_notebook(folder: Path) -> dict:
-    nb = nbformat.read(NOTEBOOK_DIR / "explore.ipynb", as_version=4)
+    nb = read_notebook(NOTEBOOK_DIR / "explore.py")
     parameters = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(
         parameters + 1,

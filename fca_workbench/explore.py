@@ -1,4 +1,5 @@
-"""One checkpoint opened for interactive exploration (``explore.ipynb``), with only the work its view needs.
+"""One checkpoint opened for interactive exploration (the explorer notebook, ``notebooks/explore.py``), with only
+the work its view needs.
 
 A full audit replays every condition over every window, sweeps every layer and times the model: minutes
 on a CPU. Exploring one window at a time needs far less: the eval capture (the window's own and its donor's
@@ -10,13 +11,14 @@ each other's caches; ``capture`` checks their fingerprints either way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
 from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.data.tokenizer import decode_tokens
 from fca_workbench.foundation.checkpoint import checkpoint_name
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import REFERENCE
@@ -55,8 +57,7 @@ class Explorer:
         return self.session.profiles
 
     def tokens(self, window: int) -> list[str]:
-        # a list of ids in, a list of tokens out
-        return cast(list[str], self.tokenizer.convert_ids_to_tokens(self.windows[window].tolist()))
+        return decode_tokens(self.tokenizer, self.windows[window].tolist())
 
     def coefficients(self, condition: str, window: int, layer: int | None = None) -> list[torch.Tensor]:
         """Per layer ``[T, *slot]``: what ``condition`` (at ``layer`` only, or everywhere) assigns to ``window``."""
@@ -95,7 +96,7 @@ class Explorer:
         ]
         return make_table(
             "explore_window",
-            f"{self.name}, window {window}: per-token NLL under {condition} ({where}) against correct",
+            f"{self.name}, window {window}: per-token NLL under {condition} ({where}) against {REFERENCE}",
             columns,
             rows,
         )

@@ -15,13 +15,15 @@ python=${PYTHON:-python3}
     --display-name "Python (fca-workbench)" >/dev/null
 
 # The dashboard's browser test drives Debian's Chromium through Playwright (never `playwright install`, which
-# downloads a browser build of its own). Installed only when missing; FCA_SKIP_BROWSER=1 skips it.
-if [[ ! -x /usr/bin/chromium && "${FCA_SKIP_BROWSER:-0}" != 1 ]]; then
+# downloads a browser build of its own), and plotly's exporter (kaleido) draws the PDF, SVG and PNG figures with
+# it; poppler-utils' pdftoppm lets the figure test look inside a PDF. Installed only when missing;
+# FCA_SKIP_BROWSER=1 skips them.
+if [[ (! -x /usr/bin/chromium || ! -x /usr/bin/pdftoppm) && "${FCA_SKIP_BROWSER:-0}" != 1 ]]; then
     if [[ $(id -u) == 0 ]]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium poppler-utils >/dev/null
     elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium poppler-utils >/dev/null
     else
-        echo "setup: /usr/bin/chromium is missing and apt-get needs root: the dashboard browser test will be skipped" >&2
+        echo "setup: /usr/bin/chromium or pdftoppm is missing and apt-get needs root: the browser and figure tests will be skipped" >&2
     fi
 fi

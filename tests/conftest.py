@@ -160,7 +160,7 @@ def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
     config.write_text(
         json.dumps(
             {
-                "notebooks": sorted(p.stem for p in reproduce.NOTEBOOK_DIR.glob("*.ipynb")),
+                "notebooks": sorted(p.stem for p in reproduce.NOTEBOOK_DIR.glob("*.py")),
                 "cache": str(root / "cache"),
                 "parameters": {"checkpoints": [str(folders[name]) for name in order], **TINY_REPRODUCE_SETTINGS},
                 "notebook": {"explore": {"window_index": 1}},

@@ -1,4 +1,4 @@
-"""explore.ipynb's lazy explorer: a model is opened when first asked for, with its eval capture only (the
+"""The explorer notebook's lazy explorer: a model is opened when first asked for, with its eval capture only (the
 calibration capture waits for a static condition), kept once opened, sharing captures with a full audit of
 the same settings, and giving the audit's own numbers."""
 

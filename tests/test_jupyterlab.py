@@ -1,4 +1,5 @@
-"""explore.ipynb in JupyterLab, in a real browser: Run All, then the model, layer and condition widgets.
+"""The explorer notebook (notebooks/explore.py) in JupyterLab, in a real browser: Run All, then the model, layer and
+condition widgets.
 
 Starts ``jupyter lab`` (no browser, a token, a free loopback port) on a temporary copy of the notebook whose
 parameters point at three tiny checkpoints (one without a controller) and temporary ``out`` / ``audits`` / ``cache`` folders (nothing is
@@ -23,9 +24,10 @@ import pytest
 from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 from test_dashboard import ROOT, SCREENSHOTS
 
+from fca_workbench.notebooks.notebook_execution import read_notebook
 from fca_workbench.notebooks.reproduce import KERNEL_NAME, ensure_kernel
 
-NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "explore.py"
 # server extensions the notebook does not use (Panel's takes ~9 s to import on the loaded reference machine)
 UNUSED_SERVER_EXTENSIONS = ("panel.io.jupyter_server_extension", "jupyter_lsp", "jupyter_server_terminals")
 STDERR = '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'
@@ -35,12 +37,14 @@ FIGURES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => (
 
 
 def working_copy(folder: Path, checkpoints: dict) -> Path:
-    """explore.ipynb with its parameters overridden as papermill injects them: tiny models, temporary outputs."""
-    from papermill.iorw import load_notebook_node
+    """explore.py as a notebook with its parameters overridden as papermill injects them: tiny models, temporary
+    outputs."""
     from papermill.parameterize import parameterize_notebook
 
+    source = read_notebook(NOTEBOOK)
+    source.metadata["papermill"] = {}  # what papermill's own reader adds, and parameterize_notebook fills
     nb = parameterize_notebook(
-        load_notebook_node(str(NOTEBOOK)),
+        source,
         {
             "checkpoints": [str(c) for c in checkpoints.values()],
             "max_windows": 4,
@@ -94,7 +98,7 @@ def jupyter_lab(folder: Path, root_dir: Path):
 @pytest.fixture
 def lab(tiny_checkpoints, tmp_path):
     require_browser()
-    ensure_kernel()  # explore.ipynb names the kernel fca-workbench
+    ensure_kernel()  # the explorer notebook names the kernel fca-workbench
     models = {
         "featuregate-tiny": tiny_checkpoints["featuregate"],
         "dense-tiny": tiny_checkpoints["dense"],

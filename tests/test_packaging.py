@@ -263,7 +263,7 @@ def shipped_checkpoints() -> set[str]:
 
 def test_wheel_carries_the_shipped_files_and_the_checkpoints(dist):
     names = set(zipfile.ZipFile(dist.wheel).namelist())
-    expected = {f"fca_workbench/shipped/notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.ipynb")}
+    expected = {f"fca_workbench/shipped/notebooks/{p.name}" for p in (REPO / "notebooks").glob("*.py")}
     expected |= {f"fca_workbench/shipped/dashboards/{p.name}" for p in (REPO / "dashboards").glob("*.py")}
     expected |= {
         f"fca_workbench/shipped/data/{p.relative_to(REPO / 'data')}"

@@ -95,7 +95,7 @@ def test_default_config_is_the_shipped_checkpoints_on_cpu(tmp_path):
         "10_router_design",
     )
     for stem in reproduce.AUDIT_NOTEBOOKS:
-        declared = reproduce.notebook_parameters(reproduce.NOTEBOOK_DIR / f"{stem}.ipynb")
+        declared = reproduce.notebook_parameters(reproduce.NOTEBOOK_DIR / f"{stem}.py")
         jobs[stem] = declared
         assert set(reproduce.DEFAULT_PARAMETERS) | set(reproduce.RESERVED) <= set(declared)
         assert declared["max_windows"]["default"] == str(reproduce.DEFAULT_MAX_WINDOWS)

@@ -1,6 +1,7 @@
 """The byte-level BPE tokenizer, trained with ``tokenizers`` on the train split only."""
 
 from pathlib import Path
+from typing import cast
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -39,3 +40,8 @@ def load_tokenizer(folder: str | Path = TOKENIZER_DIR) -> PreTrainedTokenizerBas
     check_links_inside(folder)
     with reading(f"unreadable tokenizer in {folder}"):  # tokenizers and transformers: their own types
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+
+
+def decode_tokens(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
+    """Each token as the text it stands for (`` P``, not byte-level BPE's ``ĠP``), as a reader wants it shown."""
+    return [cast(str, tokenizer.decode([i])) for i in ids]

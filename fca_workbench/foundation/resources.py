@@ -47,12 +47,6 @@ def in_checkout() -> bool:
     return not files("fca_workbench").joinpath("shipped").is_dir()
 
 
-def results_root() -> Path:
-    """Default parent of results: the checkout's ``results/``, or ``results/`` in the current folder (never
-    inside site-packages)."""
-    return CHECKOUT / "results" if in_checkout() else Path.cwd() / "results"
-
-
 def checkpoints_dir() -> Path:
     """The shipped checkpoints: ``$FCA_CHECKPOINTS`` if set, else ``data/checkpoints`` of the wheel or of the
     checkout; a package installed without them says in one line where to get them."""

@@ -1,5 +1,8 @@
 """The project's Jupyter kernel and the execution of one notebook through papermill.
 
+A notebook's source is percent-format Python (jupytext: ``# %%`` cells), which editors, ruff and mypy read as
+code; it is converted to a notebook when it runs, so no second copy can drift from it.
+
 Every notebook of ``fca reproduce`` runs on the kernel ``fca-workbench`` (installed by ``scripts/setup.sh``,
 or here when absent), which must run this very Python; a failing notebook is reported in one line and the
 files it wrote are listed for the run's index. A notebook writes its tables and figures into a folder of its
@@ -16,16 +19,42 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import move_files
 from fca_workbench.results.layout import NOTEBOOKS_DIR, STAGING_DIR
 
 if TYPE_CHECKING:
+    from nbformat import NotebookNode
     from traitlets.config import Config
 
 KERNEL_NAME = "fca-workbench"
+SOURCE_SUFFIX = ".py"
+NOTEBOOK_SUFFIX = ".ipynb"
+
+
+def notebook_stem(name: str) -> str:
+    """A notebook's name as a config gives it: bare, or with its source's or its notebook's suffix."""
+    return str(name).removesuffix(SOURCE_SUFFIX).removesuffix(NOTEBOOK_SUFFIX)
+
+
+def read_notebook(source: Path) -> NotebookNode:
+    """A notebook source (percent-format ``.py``, or an ``.ipynb``) as the notebook papermill executes."""
+    import jupytext
+
+    return jupytext.read(source)
+
+
+def notebook_parameters(source: Path) -> dict:
+    """The parameters a notebook declares (``papermill.inspect_notebook``, which reads a notebook file)."""
+    import nbformat
+    import papermill
+
+    with tempfile.TemporaryDirectory(prefix="fca-notebook-") as folder:
+        path = Path(folder) / f"{source.stem}{NOTEBOOK_SUFFIX}"
+        nbformat.write(read_notebook(source), path)
+        return cast(dict, papermill.inspect_notebook(str(path)))
 
 
 @dataclass
@@ -93,7 +122,7 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
     are moved into ``out`` whether it passed or failed."""
     import papermill
 
-    output = out / NOTEBOOKS_DIR / f"{job.name}.ipynb"
+    output = out / NOTEBOOKS_DIR / f"{job.name}{NOTEBOOK_SUFFIX}"
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = out / STAGING_DIR / job.name
     shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's leftovers are not this run's files
@@ -103,7 +132,7 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
     try:
         with tempfile.TemporaryDirectory(prefix="fca-kernel-") as sockets:
             papermill.execute_notebook(
-                str(job.source),
+                read_notebook(job.source),
                 str(output),
                 parameters=parameters,
                 kernel_name=KERNEL_NAME,

@@ -5,7 +5,9 @@ same ones before any notebook starts. An audit lies in ``<audits>/<checkpoint>/`
 notebook of the run and by any rerun into the same folder: a ``provenance.json`` beside its ``audit.json``
 records the settings and the size and mtime of every input file, and only an exact match is reused.
 Coefficient caches live in one shared folder (default ``results/cache/``), keyed by checkpoint, data and
-settings, so they are reused across runs too; ``capture`` still checks their fingerprints.
+settings, so they are reused across runs too; ``capture`` still checks their fingerprints. Default folders are
+relative to where the notebook runs, so a notebook copied into a user's folder writes there, not into the
+workbench's checkout.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from fca_workbench.foundation.checkpoint import (
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import read_json, write_json
 from fca_workbench.foundation.progress import progress as progress_bar
-from fca_workbench.foundation.resources import checkpoints_dir, results_root
-from fca_workbench.results.figures import write_figure
+from fca_workbench.foundation.resources import checkpoints_dir
+from fca_workbench.results.figures import audit_caption, show, write_figure
 from fca_workbench.results.layout import AUDIT_FILE, AUDITS_DIR, CACHE_DIR, NOTEBOOKS_DIR, PROVENANCE_FILE, split_cache
 from fca_workbench.results.tabular import styled, write_table
 
@@ -47,6 +49,8 @@ SHIPPED = [f"featuregate-s{s}" for s in range(7)] + ["dense-s0", "muddpythia-s0"
 DEFAULT_MAX_WINDOWS = PAPER_RUN["max_windows"]  # the paper run's windows of each set, as the notebooks show it
 PATH_PARAMETERS = ("eval_data", "calibration_data")
 AUDIT_NAMES = {"eval_data": "eval", "calibration_data": "calibration"}  # a parameter's name → the audit setting's
+RESULTS = Path("results")  # under the folder a notebook or fca reproduce runs in
+DEFAULT_CACHE = RESULTS / CACHE_DIR
 
 
 def shipped_checkpoints(names: list[str] = SHIPPED) -> list[str]:
@@ -140,7 +144,8 @@ class NotebookRun:
     """What a notebook's parameters cell says, turned into audits: the one object every notebook builds.
 
     ``checkpoints=None`` means the shipped checkpoints; ``out=None`` means ``results/notebooks``;
-    ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache``.
+    ``audits=None`` means ``<out>/audits``; ``cache=None`` means the shared ``results/cache`` (both ``results/``
+    in the folder the notebook runs in).
     """
 
     checkpoints: Any = None  # folders or hub names (or one); a list[str] of checkpoint_key after __post_init__
@@ -168,9 +173,9 @@ class NotebookRun:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise UserError(f"two checkpoints share the folder name {duplicates[0]}; audits are filed by that name")
-        self.out = Path(self.out).resolve() if self.out else (results_root() / NOTEBOOKS_DIR)
+        self.out = Path(self.out or RESULTS / NOTEBOOKS_DIR).resolve()
         self.audits = Path(self.audits).resolve() if self.audits else self.out / AUDITS_DIR
-        self.cache = Path(self.cache).resolve() if self.cache else (results_root() / CACHE_DIR)
+        self.cache = Path(self.cache or DEFAULT_CACHE).resolve()
 
     def settings(self, checkpoint: str | Path) -> AuditSettings:
         """The audit settings of ``checkpoint`` in this run: every audit setting the parameters cell names
@@ -228,6 +233,15 @@ class NotebookRun:
         write_table(table, self.out)
         return styled(table)
 
-    def write_figure(self, fig: go.Figure, name: str) -> Path:
-        """Write a figure as offline HTML under ``<out>/figures``."""
-        return write_figure(fig, self.out, name)
+    def caption(self) -> str:
+        """What this run's figures were drawn from (``audit_caption`` of its audits, once they are loaded)."""
+        return audit_caption(self._audits or [])
+
+    def write_figure(self, fig: go.Figure, name: str, caption: str | None = None) -> dict[str, Path]:
+        """Write a figure under ``<out>/figures`` (``figures.write_figure``), captioned with ``caption`` or what
+        this run audited."""
+        return write_figure(fig, self.out, name, caption if caption is not None else self.caption())
+
+    def figure(self, fig: go.Figure, name: str, caption: str | None = None) -> None:
+        """Write a figure (``write_figure``) and display it, its PNG kept beside it for readers without plotly."""
+        show(fig, self.write_figure(fig, name, caption).get("png"))

@@ -39,20 +39,25 @@ from fca_workbench.notebooks.notebook_execution import (
     KERNEL_NAME as KERNEL_NAME,
 )
 from fca_workbench.notebooks.notebook_execution import (
+    SOURCE_SUFFIX,
     NotebookJob,
     NotebookResult,
     ensure_kernel,
+    notebook_parameters,
+    notebook_stem,
     run_notebook,
 )
 from fca_workbench.notebooks.notebook_run import (
-    DEFAULT_MAX_WINDOWS as DEFAULT_MAX_WINDOWS,
-)
-from fca_workbench.notebooks.notebook_run import (
+    DEFAULT_CACHE,
     PATH_PARAMETERS,
+    RESULTS,
     NotebookRun,
     ensure_audit,
     input_bytes,
     shipped_checkpoints,
+)
+from fca_workbench.notebooks.notebook_run import (
+    DEFAULT_MAX_WINDOWS as DEFAULT_MAX_WINDOWS,
 )
 from fca_workbench.notebooks.run_plan import DEFAULT_PROCESSES, PROCESSES, Plan, plan_summary, write_index
 from fca_workbench.results import layout
@@ -79,7 +84,6 @@ STUDY_NOTEBOOKS = {"09_controller_design": CONTROLLER_STUDY, "10_router_design":
 STUDY_PARAMETER = "study"  # a study notebook's folder, checked before any notebook starts
 PAPER_NOTEBOOKS = (*AUDIT_NOTEBOOKS, "07_training_dynamics", DOWNSTREAM_NOTEBOOK, *STUDY_NOTEBOOKS)
 EXPLORE_NOTEBOOK = "explore"
-DEFAULT_CACHE = Path("results") / layout.CACHE_DIR
 # Parameters every audit-reading notebook declares, with their embedded defaults (None: the core's default).
 AUDIT_PARAMETERS = ("eval_data", "calibration_data", "window", "max_windows", "device", "dtype", "seed", "batch_size")
 # the parameters cell's audit settings as NotebookRun declares them (the paper run's defaults, audit/settings.py)
@@ -120,18 +124,12 @@ def load_config(path: str | Path) -> dict:
     return config
 
 
-def notebook_parameters(source: Path) -> dict:
-    import papermill
-
-    return papermill.inspect_notebook(str(source))
-
-
 def default_out() -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out, n = Path("results") / stamp, 1
+    out, n = RESULTS / stamp, 1
     while out.exists():
         n += 1
-        out = Path("results") / f"{stamp}-{n}"
+        out = RESULTS / f"{stamp}-{n}"
     return out
 
 
@@ -156,7 +154,7 @@ def plan(
 ) -> Plan:
     """Check everything that can be checked before a notebook starts; raise a one-line ``UserError`` else."""
     config = dict(config or {})
-    missing = [name for name in ("ipykernel", "papermill") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("ipykernel", "papermill", "jupytext") if importlib.util.find_spec(name) is None]
     if missing:
         raise UserError(
             f"fca reproduce needs the notebooks extra ({missing[0]} is missing): "
@@ -167,23 +165,23 @@ def plan(
     names = config.get("notebooks", default)
     if isinstance(names, str) or not isinstance(names, list) or not names:
         raise UserError("config 'notebooks' must be a non-empty list of notebook names")
-    if not has_lm_eval and DOWNSTREAM_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
+    if not has_lm_eval and DOWNSTREAM_NOTEBOOK in [notebook_stem(n) for n in names]:
         raise UserError(f"notebook {DOWNSTREAM_NOTEBOOK} needs the eval extra: pip install 'fca-workbench[eval]'")
     parameters = config.get("parameters")
     if isinstance(parameters, dict) and parameters.get("per_layer") is False:  # no sweep: nothing for 06 to show
-        if "notebooks" in config and PER_LAYER_NOTEBOOK in [str(n).removesuffix(".ipynb") for n in names]:
+        if "notebooks" in config and PER_LAYER_NOTEBOOK in [notebook_stem(n) for n in names]:
             raise UserError(
                 f"notebook {PER_LAYER_NOTEBOOK} shows the per-layer sweep, which per_layer = false "
                 "leaves out: drop one of the two"
             )
         names = [n for n in names if n != PER_LAYER_NOTEBOOK]
-    available = sorted(p.stem for p in Path(notebook_dir).glob("*.ipynb"))
+    available = sorted(p.stem for p in Path(notebook_dir).glob(f"*{SOURCE_SUFFIX}"))
     sources = {}
     for name in names:
-        stem = str(name).removesuffix(".ipynb")
+        stem = notebook_stem(name)
         if stem not in available:
             raise UserError(f"unknown notebook '{name}' (available: {', '.join(available)})")
-        sources[stem] = Path(notebook_dir) / f"{stem}.ipynb"
+        sources[stem] = Path(notebook_dir) / f"{stem}{SOURCE_SUFFIX}"
     declared = {name: notebook_parameters(path) for name, path in sources.items()}
 
     shared = config.get("parameters", {}) or {}
@@ -201,7 +199,7 @@ def plan(
                 f"unknown parameter '{name}': no notebook of this run declares it (known: {', '.join(known)})"
             )
     for stem, params in overrides.items():
-        stem = str(stem).removesuffix(".ipynb")
+        stem = notebook_stem(stem)
         if stem not in declared:
             raise UserError(f"[notebook.{stem}]: no such notebook in this run ({', '.join(declared)})")
         if not isinstance(params, dict):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from fca_workbench.foundation.checkpoint import recorded_name
 from fca_workbench.results.conditions import (
@@ -21,6 +21,7 @@ from fca_workbench.results.conditions import (
     CONDITIONS,
     HEADLINE_CONDITIONS,
     LAYER_MEAN_TOPK,
+    RETAINED,
     RETENTION_PROFILES,
 )
 from fca_workbench.results.report import nll_label
@@ -208,6 +209,35 @@ def retention_seed_table(audits: list[dict]) -> pd.DataFrame:
     ]
     rows = seed_rows(with_controller(audits), {p: f"retention.{p}.value" for p in RETENTION_PROFILES})
     return make_table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
+
+
+def retention_points(audits: list[dict]) -> pd.DataFrame:
+    """What the retention figure plots, one row per architecture and profile it has (a router's
+    ``layer_mean_topk`` too): the value (one seed's, or the mean) and its error bar (one seed: the audit's 95%
+    CI; several: ± the sd over seeds), under a label that says how many seeds the point has."""
+    import pandas as pd
+
+    rows = []
+    for arch, group in by_arch(with_controller(audits)).items():
+        profiles = [p for p in RETAINED if all((a["retention"].get(p) or {}).get("value") is not None for a in group)]
+        summary = seed_summary(group, [f"retention.{p}.value" for p in profiles])
+        for p in profiles:
+            figure = cast(dict, summary[f"retention.{p}.value"])
+            low, high = figure["mean"] - figure["sd"], figure["mean"] + figure["sd"]
+            ci = group[0]["retention"][p].get("ci95")
+            if len(group) == 1 and ci and None not in ci:
+                low, high = ci
+            rows.append(
+                {
+                    "arch": f"{arch} (n={len(group)})",
+                    "profile": p,
+                    "value": figure["mean"],
+                    "error_minus": figure["mean"] - low,
+                    "error_plus": high - figure["mean"],
+                    "error": f"± sd over {len(group)} seeds" if len(group) > 1 else "95% CI" if ci else "no CI",
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 EXECUTION_COLUMNS = [

@@ -16,11 +16,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.controlled import load_controlled
@@ -32,7 +30,7 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import DEFAULT_WINDOW
 from fca_workbench.audit.text_replay import Text, TextReplays
 from fca_workbench.data.corpus import split_path
-from fca_workbench.data.tokenizer import load_tokenizer
+from fca_workbench.data.tokenizer import decode_tokens, load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
@@ -248,10 +246,6 @@ def engine_text(text: TextInput) -> Text:
     return Text(text.ids, text.window_index)
 
 
-def decode_tokens(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> list[str]:
-    return [cast(str, tokenizer.decode([i])) for i in ids[0].tolist()]  # one sequence decodes to one string
-
-
 def _flat(coefficients: list[torch.Tensor]) -> list[np.ndarray]:
     return [c[0].reshape(c.shape[1], -1).float().numpy() for c in coefficients]
 
@@ -378,7 +372,7 @@ class DashboardSession:
             layer=layer,
             seed=seed,
             donor=donor,
-            tokens=decode_tokens(shared.tokenizer, text.ids),
+            tokens=decode_tokens(shared.tokenizer, text.ids[0].tolist()),
             nll_correct=nll_correct,
             nll_condition=nll,
             coefficients_correct=_flat(prefix.coefficients),
