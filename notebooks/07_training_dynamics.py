@@ -44,7 +44,8 @@ for r in runs_:
 # %%
 for r in runs_:
     a = r["audit"]
-    conditions = [c for c in condition_names(lambda c: c.intervention) if f"delta_{c}" in a]  # what this run's audits replayed
+    replayed = condition_names(lambda c: c.intervention)
+    conditions = [c for c in replayed if f"delta_{c}" in a]  # what this run's audits replayed
     fig = make_subplots(
         rows=2,
         cols=2,
