@@ -139,9 +139,9 @@ def test_only_the_one_function_assembles_what_a_condition_assigns():
 
 
 def test_assigned_values_of_each_kind():
-    import fca_workbench.audit.session as session
+    import fca_workbench.audit.text_replay as text_replay
 
-    assert session.assigned_values is assignment.assigned_values  # what the dashboard's live view replays
+    assert text_replay.assigned_values is assignment.assigned_values  # what the dashboard's live view replays
     real = assignment.assigned_values
     own = [{COEFFICIENT: torch.arange(12.0).view(1, 6, 2)}]
     donor = [{COEFFICIENT: -torch.arange(16.0).view(1, 8, 2)}]

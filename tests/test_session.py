@@ -43,7 +43,7 @@ STEPS = {
     "per_layer_window_nll": {"audit/session.py", "audit/sweep.py"},
     "per_layer_sweep": set(),
     "ConditionCoefficients": {"audit/session.py", "audit/replay.py", "audit/sweep.py"},
-    "assigned_values": {"audit/session.py", "audit/assignment.py"},
+    "assigned_values": {"audit/session.py", "audit/assignment.py", "audit/text_replay.py"},
     "static_values": {"audit/session.py", "audit/assignment.py"},
     "routing_top_k": {"audit/session.py", "audit/assignment.py"},
 }

@@ -29,7 +29,6 @@ from fca_workbench.audit.assignment import (
     ConditionCoefficients,
     Profiles,
     Values,
-    assigned_values,
     calibration_profiles,
     placed,
     profiles_of,
@@ -330,24 +329,6 @@ class ReplaySession:
     def coefficients(self, condition: str, indices: torch.Tensor, layer: int | None = None) -> list[torch.Tensor]:
         """Per layer ``[B, T, *slot]``: the coefficients ``condition`` assigns to eval windows ``indices``."""
         return [value[COEFFICIENT] for value in self.values(condition, indices, layer)]
-
-    def assigned(
-        self,
-        condition: str,
-        own: Values,
-        donor: Values | None,
-        window: int | None,
-        seed: int,
-        layer: int | None = None,
-    ) -> Values:
-        """Per controller, what ``condition`` assigns to one text whose own values are ``own`` (an eval window,
-        or pasted text: ``window`` None), with ``donor``'s values for a donor condition, in the model's dtype on
-        its device: what a live view replays from its own prefix caches."""
-        profiles = self.profiles_for([condition])
-        slot_shapes = [tuple(s) for s in self.model.coefficient_slot_shapes]
-        given: Callable[[], Values] | None = None if donor is None else functools.partial(list, donor)
-        values = assigned_values(condition, own, given, profiles, slot_shapes, torch.tensor([window or 0]), seed, layer)
-        return placed(self.model, values, self.device)
 
     # -- replay ---------------------------------------------------------------------------------------
 

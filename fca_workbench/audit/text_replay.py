@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fca_workbench.audit.assignment import Values
+from fca_workbench.audit.assignment import Values, assigned_values, placed
 from fca_workbench.audit.guard import at_layer, require_finite
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 from fca_workbench.audit.session import ReplaySession
@@ -48,11 +48,16 @@ class TextReplays:
     def values(
         self, session: ReplaySession, text: Text, condition: str, seed: int, donor: Text | None, layer: int | None
     ) -> Values:
-        """Per controller, what ``condition`` assigns to the text (``donor``'s values for a donor condition) at
-        ``layer`` only or everywhere, as the audit assigns them, placed where the model replays them."""
+        """Per controller, what ``condition`` assigns to the text (``donor``'s values, read when the condition asks
+        for them) at ``layer`` only or everywhere, as the audit assigns them (``assigned_values``, the session's
+        profiles), placed where the model replays them."""
         own = self.prefix(session, text).values
-        donor_values = None if donor is None else self.prefix(session, donor).values
-        return session.assigned(condition, own, donor_values, text.window, seed, layer)
+        given = None if donor is None else functools.partial(lambda donor: self.prefix(session, donor).values, donor)
+        profiles = session.profiles_for([condition])
+        slot_shapes = [tuple(s) for s in session.model.coefficient_slot_shapes]
+        window = torch.tensor([text.window or 0])
+        values = assigned_values(condition, own, given, profiles, slot_shapes, window, seed, layer)
+        return placed(session.model, values, session.device)
 
     def nll(
         self, session: ReplaySession, text: Text, condition: str, layer: int | None, seed: int, donor: Text | None
