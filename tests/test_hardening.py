@@ -418,9 +418,31 @@ def test_foreign_model_beyond_available_memory_is_refused(tiny_mixtral, monkeypa
     needed = sum(p.numel() for p in model.parameters()) * 4
     monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
     with pytest.raises(
-        UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters, 0.0 GiB in float32"
+        UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters and 0.0 GiB of buffers, 0.0 GiB"
     ):
         load_controlled(tiny_mixtral)
+
+
+def test_buffers_count_with_parameters_before_loading(tmp_path, monkeypatch):
+    """gpt_neo keeps a causal mask of the context squared per layer (a buffer, not persistent, in no weight
+    file): at 8,192 positions 64 MiB a layer against 4 MiB of weights. The check before loading counts it."""
+    import transformers
+
+    import fca_workbench.models.limits as limits
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.data.tokenizer import load_tokenizer
+    from tests.zoo import build_any, save
+
+    folder = save(build_any("gpt_neo"), tmp_path / "gpt_neo", load_tokenizer())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    built = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**{**config, "max_position_embeddings": 8192}))
+    parameters = sum(p.numel() for p in built.parameters())
+    masks = 2 * 8192**2  # bool, one a layer
+    assert parameters * 4 < 16 << 20 < masks  # the weights alone would fit
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 64 << 20})())
+    with pytest.raises(UserError, match=f"{parameters:,} parameters and 0.1 GiB of buffers, 0.1 GiB in float32, more"):
+        load_controlled(folder)
 
 
 def test_train_refuses_absurd_sizes_of_an_hf_config_before_building(tmp_path):
@@ -439,7 +461,7 @@ def test_parameters_beyond_available_memory_are_refused(tiny_checkpoints, monkey
     model = load_model(tiny_checkpoints["featuregate"])  # fits: loads
     needed = sum(p.numel() for p in model.parameters()) * 4
     monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
-    with pytest.raises(UserError, match="parameters, 0.0 GiB in float32, more than the 0.0 GiB of memory available"):
+    with pytest.raises(UserError, match="parameters and 0.0 GiB of buffers, 0.0 GiB in float32, more than the 0.0 GiB"):
         load_model(tiny_checkpoints["featuregate"])
 
 

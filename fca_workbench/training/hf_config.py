@@ -31,7 +31,7 @@ from fca_workbench.models.limits import (
     check_fields,
     check_memory,
     check_sizes,
-    parameters_on_meta,
+    on_meta,
 )
 
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
@@ -180,9 +180,9 @@ def check_causal(model: PreTrainedModel, tokens: int) -> None:
 
 def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
     """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
-    runs on the meta device, which only counts the parameters."""
+    runs on the meta device, which only counts its parameters and buffers."""
     check_memory(
-        parameters_on_meta(build),
+        on_meta(build),
         TRAINING_BYTES_PER_PARAMETER,
         "fca train's model config",
         "for fp32 weights, gradients and AdamW",
