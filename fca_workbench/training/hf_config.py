@@ -23,7 +23,13 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from fca_workbench.adapters.controlled import NATIVE_MODEL_TYPES, load_transformers
 from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.foundation.checkpoint import CONFIG_FILE, check_checkpoint, config_fields, model_type_of
+from fca_workbench.foundation.checkpoint import (
+    CONFIG_FILE,
+    check_checkpoint,
+    config_fields,
+    hub_requests,
+    model_type_of,
+)
 from fca_workbench.foundation.errors import UserError, one_line
 from fca_workbench.foundation.files import read_json
 from fca_workbench.models.limits import (
@@ -44,7 +50,9 @@ CAUSAL_TOLERANCE = 1e-5  # logits of a causal model do not move at all; an encod
 
 
 def read_hf_config(path: str | Path) -> dict:
-    """The fields of a transformers config JSON file; one that names remote code is refused."""
+    """The fields of a transformers config JSON file; one that names remote code is refused. Training from a
+    local file makes no request (``hub_requests``)."""
+    hub_requests(False)
     path = Path(path)
     if not path.exists():
         raise UserError(f"no config file {path}")
