@@ -259,7 +259,7 @@ def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {key: tuple(value.shape) for key, value in state.items()}
 
 
-def expected_shapes(model: PreTrainedModel, config: PretrainedConfig) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+def expected_shapes(model: torch.nn.Module, config: PretrainedConfig) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     """Every state-dict key ``model`` (built on the meta device) has, with its shape, and the keys a checkpoint
     may leave out (tied)."""
     shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
