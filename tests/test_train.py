@@ -186,6 +186,7 @@ def test_hf_training_loss_is_the_nll_plus_the_weighted_router_loss_as_transforme
         ('{"model_type": "mixtral", "dtype": "float16"}', "dtype 'float16': fca train trains float32 or bfloat16"),
         ('{"model_type": "mixtral", "torch_dtype": "float64"}', "fca train trains float32 or bfloat16"),
         (json.dumps({"model_type": "bert", **TINY_BERT}), "bert model built from this config is not causal"),
+        (json.dumps({"model_type": "roberta", **TINY_BERT}), "cannot run the causal probe's forward"),
     ],
 )
 def test_bad_hf_config_is_one_line_error(content, fragment, small_text, tmp_path, capsys):

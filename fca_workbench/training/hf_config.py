@@ -31,7 +31,7 @@ from fca_workbench.foundation.checkpoint import (
     model_type_of,
 )
 from fca_workbench.foundation.errors import UserError, one_line
-from fca_workbench.foundation.files import read_json
+from fca_workbench.foundation.files import read_json, reading
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
     check_fields,
@@ -175,7 +175,8 @@ def check_causal(model: PreTrainedModel, tokens: int) -> None:
     changed[0, -1] = (probe[0, -1] + 1) % model.config.vocab_size
     training = model.training
     model.eval()
-    with torch.no_grad():
+    what = f"a {model.config.model_type} model built from this config cannot run the causal probe's forward"
+    with torch.no_grad(), reading(what, "fca train trains causal language models"):  # its own exception types
         moved = (model(probe).logits[0, :-1] - model(changed).logits[0, :-1]).abs().max().item()
     model.train(training)
     if not moved <= CAUSAL_TOLERANCE:  # NaN included
