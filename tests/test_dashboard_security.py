@@ -527,3 +527,23 @@ def test_plain_gets_take_no_place_and_one_over_the_cap_gets_a_polite_page(tiny_c
             finally:
                 browser.close()
         assert_quiet(log)
+
+
+@pytest.mark.parametrize("flag", ["--basic-auth-password-file", "--cookie-secret-file"])
+def test_a_secret_file_is_read_with_a_cap(flag, tmp_path, monkeypatch):
+    """``/dev/zero`` as a secret file: one line, never an endless read."""
+    (tmp_path / "secret").write_text("s" * 64)
+    other = "--cookie-secret-file" if flag != "--cookie-secret-file" else "--basic-auth-password-file"
+    with pytest.raises(UserError, match=f"{flag}: /dev/zero is larger than 65536 bytes") as error:
+        _auth(monkeypatch, flag, "/dev/zero", other, str(tmp_path / "secret"))
+    assert "\n" not in str(error.value)
+
+
+def test_fca_basic_auth_naming_a_missing_file_is_an_error_not_a_password(tmp_path, monkeypatch):
+    monkeypatch.setenv("FCA_COOKIE_SECRET", "c" * 64)
+    for missing in (str(tmp_path / "users.json"), str(tmp_path / "users"), "./users.json"):
+        monkeypatch.setenv("FCA_BASIC_AUTH", missing)
+        with pytest.raises(UserError, match="cannot read"):
+            serving_auth(build_parser().parse_args(["dashboard"]))
+    monkeypatch.setenv("FCA_BASIC_AUTH", "hunter2")  # a password
+    assert serving_auth(build_parser().parse_args(["dashboard"]))["basic_auth"] == "hunter2"

@@ -5,9 +5,11 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from fca_workbench.adapters import placement
@@ -18,6 +20,7 @@ from fca_workbench.audit.fingerprint_memo import (
     MEMO_FORMAT,
     MEMO_MAX_BYTES,
     checkpoint_identity,
+    identity_key,
     read_memo,
     remembered_fingerprint,
 )
@@ -120,12 +123,19 @@ def resaved(folder: Path) -> None:
     save_file(tensors, folder / WEIGHTS, metadata={"format": "pt", "note": "x" * 64})
 
 
+def chmodded(folder: Path) -> None:
+    """Only the change time moves: what an in-place edit that restores the size and times leaves behind."""
+    time.sleep(0.02)  # past the file system's clock tick
+    os.chmod(folder / WEIGHTS, (folder / WEIGHTS).stat().st_mode)
+
+
 def config_reformatted(folder: Path) -> None:
     config = folder / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text()), indent=4))
 
 
 CHANGES = {  # how each changes the file identity, and which field says so
+    "ctime_ns": chmodded,
     "mtime_ns": touched,
     "inode": copied_over,
     "size": resaved,
@@ -141,6 +151,7 @@ def test_each_weight_file_field_is_part_of_the_identity(folder, field):
     CHANGES[field](folder)
     after = checkpoint_identity(folder, loading)
     assert after is not None and after["weights"][0][field] != before["weights"][0][field]
+    assert identity_key(after) != identity_key(before)
 
 
 def test_the_path_config_and_loading_are_part_of_the_identity(folder, tmp_path):
@@ -155,7 +166,7 @@ def test_the_path_config_and_loading_are_part_of_the_identity(folder, tmp_path):
     assert after is not None and after["digests"]["config.json"] != before["digests"]["config.json"]
 
 
-@pytest.mark.parametrize("change", [touched, copied_over, resaved, config_reformatted, rewrite_in_place])
+@pytest.mark.parametrize("change", [touched, chmodded, copied_over, resaved, config_reformatted, rewrite_in_place])
 def test_any_change_to_the_checkpoint_hashes_again(folder, tmp_path, fingerprint_calls, change):
     first = opened(folder, tmp_path / "cache")
     change(folder)
@@ -280,3 +291,69 @@ def test_an_export_from_an_audit_takes_the_fingerprint_the_audit_remembered(fold
     card = json.loads((out / CARD_JSON).read_text())
     assert card["source"]["fingerprint"] == audit["model"]["fingerprint"] == serial_fingerprint(load_model(folder))
     assert fingerprint_calls == ["FeatureGateForCausalLM"]
+
+
+def sharded_into_a_subfolder(folder: Path) -> Path:
+    """``folder``'s weights moved to a shard ``sub/a.safetensors`` its index names, beside a larger top-level
+    safetensors file no loader reads; the shard's path."""
+    shard = folder / "sub" / "a.safetensors"
+    shard.parent.mkdir()
+    tensors = load_file(folder / WEIGHTS)
+    (folder / WEIGHTS).replace(shard)
+    index = {"metadata": {}, "weight_map": {name: "sub/a.safetensors" for name in tensors}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    save_file({"unused": torch.zeros(1 << 16)}, folder / "unused.safetensors")
+    return shard
+
+
+def edited_in_place(shard: Path) -> None:
+    """One weight's bytes changed in place, the size and both times put back: only the change time tells."""
+    stat = shard.stat()
+    header = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+    with open(shard, "r+b") as handle:
+        handle.seek(header)
+        first = handle.read(4)
+        handle.seek(header)
+        handle.write(bytes(b ^ 0x01 for b in first))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    time.sleep(0.02)
+    os.chmod(shard, stat.st_mode)
+
+
+def test_a_shard_in_a_subfolder_is_part_of_the_identity(folder, tmp_path, fingerprint_calls):
+    """The loader reads the shards the index names, wherever in the folder: a weight of one edited in place
+    (size and times kept) is hashed again, not given the pre-edit fingerprint."""
+    shard = sharded_into_a_subfolder(folder)
+    first = opened(folder, tmp_path / "cache")
+    identity = checkpoint_identity(folder, {key: None for key in LOADING_SETTINGS})
+    assert identity is not None and str(shard.resolve()) in [f["path"] for f in identity["weights"]]
+    edited_in_place(shard)
+    again = opened(folder, tmp_path / "cache")
+    assert len(fingerprint_calls) == 2 and again != first and again == serial_fingerprint(load_model(folder))
+
+
+def test_an_index_naming_a_shard_outside_the_folder_is_not_remembered(folder, tmp_path):
+    sharded_into_a_subfolder(folder)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../elsewhere.safetensors"}}))
+    assert checkpoint_identity(folder, {key: None for key in LOADING_SETTINGS}) is None
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link])
+def test_a_memo_that_is_a_link_is_not_read(folder, tmp_path, fingerprint_calls, capsys, link):
+    """A memo planted elsewhere and linked into the cache root, claiming another fingerprint for this very
+    identity, is ignored with one line: the true fingerprint is hashed."""
+    truth = opened(folder, tmp_path / "cache")
+    path = tmp_path / "cache" / FINGERPRINT_MEMO
+    planted = json.loads(path.read_text())
+    for entry in planted["checkpoints"].values():
+        entry["fingerprint"] = "e" * 64
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(planted))
+    path.unlink()
+    link(elsewhere, path)
+    capsys.readouterr()
+    assert read_memo(path) == {}
+    assert opened(folder, tmp_path / "cache") == truth and len(fingerprint_calls) == 2
+    warned = [line for line in capsys.readouterr().err.splitlines() if "fingerprint memo" in line]
+    assert warned and all("a link" in line for line in warned)
+    assert json.loads(elsewhere.read_text()) == planted  # never written through the link either

@@ -418,9 +418,31 @@ def test_foreign_model_beyond_available_memory_is_refused(tiny_mixtral, monkeypa
     needed = sum(p.numel() for p in model.parameters()) * 4
     monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
     with pytest.raises(
-        UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters, 0.0 GiB in float32"
+        UserError, match=f"{sum(p.numel() for p in model.parameters()):,} parameters and 0.0 GiB of buffers, 0.0 GiB"
     ):
         load_controlled(tiny_mixtral)
+
+
+def test_buffers_count_with_parameters_before_loading(tmp_path, monkeypatch):
+    """gpt_neo keeps a causal mask of the context squared per layer (a buffer, not persistent, in no weight
+    file): at 8,192 positions 64 MiB a layer against 4 MiB of weights. The check before loading counts it."""
+    import transformers
+
+    import fca_workbench.models.limits as limits
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.data.tokenizer import load_tokenizer
+    from tests.zoo import build_any, save
+
+    folder = save(build_any("gpt_neo"), tmp_path / "gpt_neo", load_tokenizer())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    built = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**{**config, "max_position_embeddings": 8192}))
+    parameters = sum(p.numel() for p in built.parameters())
+    masks = 2 * 8192**2  # bool, one a layer
+    assert parameters * 4 < 16 << 20 < masks  # the weights alone would fit
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": 64 << 20})())
+    with pytest.raises(UserError, match=f"{parameters:,} parameters and 0.1 GiB of buffers, 0.1 GiB in float32, more"):
+        load_controlled(folder)
 
 
 def test_train_refuses_absurd_sizes_of_an_hf_config_before_building(tmp_path):
@@ -439,7 +461,7 @@ def test_parameters_beyond_available_memory_are_refused(tiny_checkpoints, monkey
     model = load_model(tiny_checkpoints["featuregate"])  # fits: loads
     needed = sum(p.numel() for p in model.parameters()) * 4
     monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": needed // 2})())
-    with pytest.raises(UserError, match="parameters, 0.0 GiB in float32, more than the 0.0 GiB of memory available"):
+    with pytest.raises(UserError, match="parameters and 0.0 GiB of buffers, 0.0 GiB in float32, more than the 0.0 GiB"):
         load_model(tiny_checkpoints["featuregate"])
 
 
@@ -772,3 +794,79 @@ def test_resuming_with_a_garbage_audit_log_is_one_line(log, small_text, tmp_path
     with pytest.raises(UserError, match="audit_log.csv is not a log fca train wrote") as error:
         train(settings, tmp_path / "run")
     assert "\n" not in str(error.value)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a forged cache: re-sealed consistently (hash in the manifest, binding in the shard), values out of range
+
+FORGED_INDICES = {
+    "an expert past the count": lambda index: torch.full_like(index, 200),
+    "2**40 as int64": lambda index: torch.full_like(index, 2**40, dtype=torch.int64),
+    "-1 as int16": lambda index: torch.full_like(index, -1, dtype=torch.int16),
+    "a float": lambda index: index.float(),
+    "another shape": lambda index: index[..., :1].repeat(1, 1, 3)[:, :-1],
+}
+
+
+def resealed(folder: Path, key: str, change) -> None:
+    """Shard 0 of the cache in ``folder`` with ``key`` changed, written as capture writes a shard (its binding
+    in its metadata) and claimed in the manifest with its true hash and size: only the values are forged."""
+    from safetensors.torch import load_file
+
+    from fca_workbench.audit.capture import shard_binding, write_shard
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    path = folder / "shard_00000.safetensors"
+    tensors = load_file(path)
+    tensors[key] = change(tensors[key]).contiguous()
+    manifest["shards"][path.name] = write_shard(tensors, path, shard_binding(manifest, 0))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_INDICES))
+def test_a_forged_router_index_is_one_line_in_the_sweep(forgery, tiny_mixtral, tmp_path):
+    from fca_workbench.adapters.controlled import load_controlled
+    from fca_workbench.audit.capture import capture
+    from fca_workbench.audit.sweep import per_layer_sweep
+
+    model, windows = (
+        load_controlled(tiny_mixtral),
+        torch.randint(0, 4096, (4, 16), generator=torch.Generator().manual_seed(0)),
+    )
+    capture(model, windows, tmp_path / "cache", batch_size=2)
+    resealed(tmp_path / "cache", "layer_0.top_k_index", FORGED_INDICES[forgery])
+    cache = capture(model, windows, tmp_path / "cache", batch_size=2)  # verified: hashes and bindings hold
+    with pytest.raises(UserError, match="shard_00000.safetensors holds layer_0.top_k_index") as error:
+        per_layer_sweep(model, windows, cache, ["correct"], None, 0, torch.ones(1, len(windows)))
+    assert "\n" not in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def moe_audit(tmp_path_factory):
+    """A finished audit of the shipped MoE checkpoint (top-2 of 8 experts) on 2 windows."""
+    from fca_workbench.cli import main
+    from fca_workbench.data.corpus import DATA_DIR
+
+    out = tmp_path_factory.mktemp("moe") / "audit"
+    argv = ["audit", str(DATA_DIR / "checkpoints" / "moe-s0"), "--max-windows", "2", "--batch-size", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    return argv, out
+
+
+@pytest.mark.parametrize(
+    "key, forgery",
+    [("layer_0.top_k_index", "an expert past the count"), ("layer_1.top_k_index", "-1 as int16"), ("nll", "a float")],
+)
+def test_a_forged_cache_is_one_line_in_the_audit(moe_audit, key, forgery, tmp_path, capsys):
+    import shutil
+
+    from fca_workbench.cli import main
+
+    argv, audit = moe_audit
+    out = Path(shutil.copytree(audit, tmp_path / "audit"))
+    change = FORGED_INDICES[forgery] if key != "nll" else (lambda nll: nll.double())
+    resealed(out / "cache" / "eval", key, change)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fca: error: ") and f"holds {key}" in lines[0], lines

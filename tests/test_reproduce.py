@@ -4,6 +4,7 @@ with its cell while the others still run, and audits / coefficient caches reused
 import gzip
 import json
 import os
+import re
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -299,3 +300,33 @@ def test_notebooks_run_side_by_side_in_their_own_folder_and_leave_this_process_w
     assert [r.error for r in results] == [None, None]
     for out in outs:
         assert (out / "cwd.txt").read_text() == str(out / "notebooks")
+
+
+def test_config_values_are_held_to_the_flags_types(tmp_path):
+    """What ``fca audit``'s flags refuse, a config's parameters refuse too, in one line naming them; a cache
+    folder nobody can write in is refused before any audit."""
+    notebooks = {"notebooks": ["05_muddpythia"]}
+    for parameters, message in [
+        ({"seed": 1e20}, "parameter 'seed': expected a whole number, got 1e+20"),
+        ({"seed": 2**40}, "parameter 'seed': must be at most"),
+        ({"window": 1}, "parameter 'window': must be at least 2"),
+        ({"max_windows": 2.5}, "parameter 'max_windows': expected a whole number"),
+        ({"batch_size": True}, "parameter 'batch_size': expected a whole number, got True"),
+        ({"per_layer": "yes"}, "parameter 'per_layer' must be true or false, got 'yes'"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(message)) as error:
+            reproduce.plan({**notebooks, "parameters": parameters}, tmp_path / "out")
+        assert "\n" not in str(error.value)
+    for cache, message in [("/proc/self", "is no folder one can write in"), (3, "got 3")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            reproduce.plan({**notebooks, "cache": cache}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_toml_config_is_read_with_the_json_cap(tmp_path, monkeypatch):
+    config = tmp_path / "c.toml"
+    config.write_text('notebooks = ["05_muddpythia"]\n' + "# padding\n" * 20)
+    assert reproduce.load_config(config) == {"notebooks": ["05_muddpythia"]}
+    monkeypatch.setattr(reproduce, "JSON_MAX_BYTES", 100)
+    with pytest.raises(UserError, match="is larger than 100 bytes; refusing to read it as a TOML file"):
+        reproduce.load_config(config)

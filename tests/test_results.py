@@ -346,3 +346,21 @@ def test_profiles_that_are_one_tensor_save_and_load(tmp_path):
     save_profiles(tmp_path / "p.safetensors", {"layer_mean": [shared], "layer_mean_topk": [shared]}, BOUND)
     loaded = profiles_from_tensors(load_file(tmp_path / "p.safetensors"))
     assert torch.equal(loaded["layer_mean"][0], shared) and torch.equal(loaded["layer_mean_topk"][0], shared)
+
+
+def test_notebook_tables_are_safe_in_a_spreadsheet_and_keep_their_rows(tmp_path):
+    """``tables/*.csv`` as the dashboard's downloads: a model named like a formula is shown as text, a line
+    break in a name neither splits the CSV row nor adds a Markdown row."""
+    import csv as csv_module
+
+    from fca_workbench.results.tabular import Column, make_table, write_table
+
+    names = ["@SUM(1)", "\t=1+1", "two\nlines", "-0.5"]
+    columns = [Column("model", "model", "text"), Column("nll", "NLL")]
+    table = make_table("names", "Names", columns, [{"model": n, "nll": float(i)} for i, n in enumerate(names)])
+    paths = write_table(table, tmp_path)
+    rows = list(csv_module.reader(paths["csv"].read_text().splitlines(keepends=True)))
+    assert [row[0] for row in rows[1:]] == ["'@SUM(1)", "'\t=1+1", "two\nlines", "-0.5"]
+    assert [row[1] for row in rows[1:]] == ["0.0", "1.0", "2.0", "3.0"]
+    markdown = [line for line in paths["md"].read_text().splitlines() if line.startswith("|")]
+    assert len(markdown) == 2 + len(names) and "two lines" in markdown[4]

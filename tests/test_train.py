@@ -186,6 +186,7 @@ def test_hf_training_loss_is_the_nll_plus_the_weighted_router_loss_as_transforme
         ('{"model_type": "mixtral", "dtype": "float16"}', "dtype 'float16': fca train trains float32 or bfloat16"),
         ('{"model_type": "mixtral", "torch_dtype": "float64"}', "fca train trains float32 or bfloat16"),
         (json.dumps({"model_type": "bert", **TINY_BERT}), "bert model built from this config is not causal"),
+        (json.dumps({"model_type": "roberta", **TINY_BERT}), "cannot run the causal probe's forward"),
     ],
 )
 def test_bad_hf_config_is_one_line_error(content, fragment, small_text, tmp_path, capsys):
@@ -226,17 +227,19 @@ def test_hf_config_beyond_available_memory_is_refused_before_it_is_built(small_t
     import fca_workbench.models.limits as limits
 
     fields = read_hf_config(write_config(tmp_path, model_type="mixtral", **TINY_HF_CONFIGS["mixtral"]))
-    parameters = sum(p.numel() for p in build_hf_model(fields, load_tokenizer(), window=32).parameters())
+    built = build_hf_model(fields, load_tokenizer(), window=32)
+    parameters = sum(p.numel() for p in built.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in built.buffers())  # the rotary frequencies
 
     def available(nbytes):
         monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: type("Memory", (), {"available": nbytes})())
 
-    available(16 * parameters)  # exactly enough: built
+    available(16 * parameters + buffers)  # exactly enough: built
     build_hf_model(fields, load_tokenizer(), window=32)
-    available(16 * parameters - 1)
+    available(16 * parameters + buffers - 1)
     with pytest.raises(
         train_module.UserError,
-        match=f"imply {parameters:,} parameters, .* GiB for fp32 weights, gradients and AdamW, more than the",
+        match=f"imply {parameters:,} parameters and .* GiB of buffers, .* GiB for fp32 weights, gradients and AdamW",
     ):
         build_hf_model(fields, load_tokenizer(), window=32)
     monkeypatch.undo()

@@ -42,7 +42,7 @@ from fca_workbench.models.limits import (
     check_map_names,
     check_memory,
     check_sizes,
-    parameters_on_meta,
+    on_meta,
 )
 from fca_workbench.models.loading import quiet_weight_loading, stored_shapes
 
@@ -200,9 +200,9 @@ def load_transformers(
         model_class: Any = AutoModelForCausalLM if raw.get("auto_map") else causal_lm_class(config, folder)
         remote = {"trust_remote_code": trust_remote_code} if hasattr(model_class, "from_config") else {}
         build = getattr(model_class, "from_config", None) or model_class._from_config
-        parameters = parameters_on_meta(lambda: build(config, **remote))
+        skeleton = on_meta(lambda: build(config, **remote))
         if placing is None:
-            check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+            check_memory(skeleton, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}", dtype)
         check_map_names(placing, lambda: build(config, **remote))
         with quiet_weight_loading():
             return model_class.from_pretrained(

@@ -68,9 +68,12 @@ def _tensor_output(values, lead):
     return coefficient.reshape(*lead, *coefficient.shape[2:])
 
 
+INDEX_DTYPES = (torch.uint8, torch.int16, torch.int32)  # what a cache stores top-k indices in
+
+
 def index_dtype(classes: int) -> torch.dtype:
     """The smallest integer type that holds every index of ``classes`` routing classes."""
-    return next(dtype for dtype in (torch.uint8, torch.int16, torch.int32) if classes <= torch.iinfo(dtype).max + 1)
+    return next(dtype for dtype in INDEX_DTYPES if classes <= torch.iinfo(dtype).max + 1)
 
 
 def dtype_only(tensor: torch.Tensor) -> torch.Tensor:

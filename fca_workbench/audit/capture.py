@@ -31,6 +31,7 @@ from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from fca_workbench.adapters.kinds import INDEX_DTYPES, TOP_K_INDEX
 from fca_workbench.adapters.placement import tensor_fingerprints
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.distributed import SINGLE, Ranks
@@ -190,11 +191,40 @@ class CoefficientCache:
                     rows = handle.get_tensor(key)[indices[positions] - shard * self.shard_size]
             except (OSError, SafetensorError, IndexError) as exc:
                 raise self.damaged(shard, f"is unreadable ({first_line(exc)})") from None
+            problem = self.stored_problem(key, rows)
+            if problem is not None:
+                raise self.damaged(shard, f"holds {key} {problem}")
             if out is None:
                 out = rows.new_empty((len(indices), *rows.shape[1:]))
             out[positions] = rows
         assert out is not None, "no rows asked for"
         return out
+
+    def stored_problem(self, key: str, rows: torch.Tensor) -> str | None:
+        """What is wrong with ``rows`` of the stored tensor ``key`` for this capture (None: nothing): a shard
+        re-sealed with its hash and binding still holds only what capture writes, the NLL and coefficients in
+        float32 at their shapes (the model's, ``check_manifest``), every other value ``[B, T, ...]``, and a
+        router's top-k index in an index type within its coefficient's experts: anything else would index
+        out of range or allocate by a forged number where replay uses it."""
+        window, shape, dtype = self.manifest["window"], tuple(rows.shape[1:]), rows.dtype
+        layer, _, name = key.partition(".")
+        if key == "nll":
+            expected: tuple[int, ...] | None = (window - 1,)
+        elif not name:
+            expected = (window, *self.manifest["slot_shapes"][int(layer.removeprefix("layer_"))])
+        else:
+            expected = None
+        if expected is not None and (dtype != torch.float32 or shape != expected):
+            return f"as {str(dtype).removeprefix('torch.')} {list(shape)}, not float32 {list(expected)}"
+        if name and shape[:1] != (window,):
+            return f"with {list(shape[:1])} tokens a window, not {window}"
+        if name == TOP_K_INDEX:
+            experts = self.manifest["slot_shapes"][int(layer.removeprefix("layer_"))][-1]
+            if dtype not in INDEX_DTYPES or len(shape) != 2:
+                return f"as {str(dtype).removeprefix('torch.')} {list(shape)}, not expert indices"
+            if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < experts:
+                return f"naming experts {int(rows.min())} to {int(rows.max())}, of {experts}"
+        return None
 
     def coefficients(self, indices: Indices) -> list[torch.Tensor]:
         indices = torch.as_tensor(indices, dtype=torch.long)
@@ -331,7 +361,7 @@ def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
                 f"coefficient cache {folder} was captured from another {what} "
                 f"({key} {str(manifest.get(key))[:12]} != {expected[key][:12]}); delete that folder to capture again"
             )
-    for key in ("window", "shard_size", "dtype"):
+    for key in ("window", "shard_size", "dtype", "slot_shapes"):
         if manifest.get(key) != expected[key]:
             raise UserError(f"coefficient cache {folder} has {key}={manifest.get(key)}, this run needs {expected[key]}")
 

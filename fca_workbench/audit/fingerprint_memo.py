@@ -3,12 +3,14 @@
 ``capture.model_fingerprint`` hashes every weight: seconds at real sizes, and every audit, sweep, ``fca eval``,
 ``fca export`` and explorer of one checkpoint would take it again. A session whose model was loaded straight
 from a checkpoint folder of safetensors files (``ReplaySession.open``) looks it up instead by the folder's file
-identity (``checkpoint_identity``): for each weight file its path, size, modification and change times, inode
-and the digest of its safetensors header; the digests of the config, the shard index and any code file; how it
-was loaded (dtype, controllers) and the libraries that loaded it. The identity is taken before the load and
+identity (``checkpoint_identity``): for each weight file a loader may read (every safetensors file at any depth, and
+every shard the index names) its path, size, modification and change times, inode and the digest of its
+safetensors header; the digests of the config, the shard index and any code file; how it was loaded (dtype,
+controllers) and the libraries that loaded it. The identity is taken before the load and
 again after it, and a folder that changed in between is not remembered. Any change is a miss, hashed again.
 
-The memo is read capped and schema-checked, each entry filed under the digest of its own identity; one that
+The memo is read only when it is a plain file inside the cache root (a link, or a path resolving elsewhere, is
+ignored with one line), capped and schema-checked, each entry filed under the digest of its own identity; one that
 fails any check is ignored (and rewritten by the next hash), never trusted. It is written atomically under a
 lock of its own, since audits sharing a cache root take their fingerprints before they take the cache's lock.
 An in-memory model (a mini-audit's, a dashboard's, one handed in from Python) is always hashed.
@@ -16,8 +18,10 @@ An in-memory model (a mini-audit's, a dashboard's, one handed in from Python) is
 
 import contextlib
 import hashlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from stat import S_ISREG
 from typing import TypeVar, cast
 
 from filelock import FileLock
@@ -33,6 +37,7 @@ from fca_workbench.foundation.files import (
     schema_problem,
     write_json,
 )
+from fca_workbench.models.loading import index_shards
 from fca_workbench.results.layout import FINGERPRINT_MEMO
 
 Loaded = TypeVar("Loaded")
@@ -76,14 +81,22 @@ def file_identity(path: Path) -> dict:
     }
 
 
+def weight_files(folder: Path) -> list[Path]:
+    """Every file a loader may read weights from: each safetensors file at any depth and each shard the index
+    names (whatever its name); a shard named outside the folder or missing is a ``UserError``."""
+    index = folder / SAFETENSORS_INDEX
+    shards = index_shards(index).values() if index.is_file() else ()
+    return sorted({*folder.rglob("*.safetensors"), *shards})
+
+
 def checkpoint_identity(folder: Path, loading: dict) -> dict | None:
     """The file identity of the checkpoint in ``folder`` as loaded with ``loading`` (dtype, controllers); None
-    for a folder the memo does not cover (no safetensors files, pickled weights beside them, or weights too
+    for a folder the memo does not cover (no safetensors files, pickled weights anywhere in it, or weights too
     small to be worth it) or whose weights cannot be read (the load says why)."""
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights or any(folder.glob("*.bin")):
-        return None
     try:
+        weights = weight_files(folder)
+        if not weights or any(folder.rglob("*.bin")):
+            return None
         if sum(path.stat().st_size for path in weights) < MEMO_MIN_BYTES:
             return None
         files = [file_identity(path) for path in weights]
@@ -103,7 +116,15 @@ def identity_key(identity: dict) -> str:
 
 def read_memo(path: Path) -> dict[str, dict]:
     """The memo's entries whose key is the digest of their identity; nothing from a memo that is missing,
-    too large, malformed or of another format."""
+    too large, malformed or of another format; nor from one that is not a plain file of the cache root's own
+    (a symbolic or hard link: reading it would read a file from elsewhere), which one line names, unread."""
+    try:
+        stat = path.lstat()
+    except OSError:  # none yet
+        return {}
+    if not S_ISREG(stat.st_mode) or stat.st_nlink != 1:
+        print(f"fca: warning: ignoring the fingerprint memo {path}: a link, not a file of its own", file=sys.stderr)
+        return {}
     try:
         memo = read_json(path, max_bytes=MEMO_MAX_BYTES)
     except UserError:

@@ -14,6 +14,7 @@ is never shipped) and ``data.tokenizer`` (a folder's tokenizer files) need the n
 """
 
 import difflib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -142,10 +143,48 @@ def _hub_label(repo_id: str, revision: str | None) -> str:
     return repo_id.replace("/", "--") + (f"@{revision.replace('/', '--')}" if revision else "")
 
 
+# What keeps huggingface_hub, transformers and the kernels package from the network: offline mode (every
+# request through huggingface_hub refused before it is sent: the kernels' publisher checks when a modelling
+# module is imported, the agent-harness registry), no telemetry, no hub kernels.
+NO_REQUESTS = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "USE_HUB_KERNELS": "NO"}
+KERNELS_LOG = logging.getLogger("kernels")
+_replaced: dict | None = None  # what ``hub_requests(False)`` replaced, put back by ``hub_requests(True)``
+
+
+def hub_requests(allowed: bool) -> None:
+    """Allow requests to the Hugging Face hub (a hub id was asked for: the user's own settings) or not (a
+    local folder or file: no request to any host). Both the environment (read by the libraries at each call,
+    and by subprocesses) and huggingface_hub's constants (read once, when it was imported) are set; allowing
+    puts back only what still holds the value set here (a setting changed since is the caller's)."""
+    global _replaced
+    if not allowed and _replaced is None:
+        _replaced = {name: os.environ.get(name) for name in NO_REQUESTS}
+        _replaced.update(offline=constants.HF_HUB_OFFLINE, telemetry=constants.HF_HUB_DISABLE_TELEMETRY)
+        _replaced.update(kernels=KERNELS_LOG.level)
+        os.environ.update(NO_REQUESTS)
+        constants.HF_HUB_OFFLINE = constants.HF_HUB_DISABLE_TELEMETRY = True
+        KERNELS_LOG.setLevel(logging.ERROR)  # each kernel transformers looks for: "skipping ... offline mode"
+    elif allowed and _replaced is not None:
+        for name, value in NO_REQUESTS.items():
+            if os.environ.get(name) == value and _replaced[name] is None:
+                del os.environ[name]
+            elif os.environ.get(name) == value:
+                os.environ[name] = _replaced[name]
+        if constants.HF_HUB_OFFLINE is True:
+            constants.HF_HUB_OFFLINE = _replaced["offline"]
+        if constants.HF_HUB_DISABLE_TELEMETRY is True:
+            constants.HF_HUB_DISABLE_TELEMETRY = _replaced["telemetry"]
+        if KERNELS_LOG.level == logging.ERROR:
+            KERNELS_LOG.setLevel(_replaced["kernels"])
+        _replaced = None
+
+
 def resolve_checkpoint(name: str | Path, trust_remote_code: bool = False) -> Checkpoint:
     """The checkpoint ``name`` names, checked (``check_checkpoint``: no link leading out of it, a hub snapshot's
-    links into its own ``blobs/`` aside); every way it cannot be found is one ``UserError`` line."""
+    links into its own ``blobs/`` aside); every way it cannot be found is one ``UserError`` line. A folder turns
+    requests to the hub off (``hub_requests``), a hub name back on as the environment has them."""
     parsed = hub_name(name)
+    hub_requests(parsed is not None)
     if parsed is None:
         return Checkpoint(check_checkpoint(name))
     repo_id, revision = parsed

@@ -278,6 +278,19 @@ def check_folder_path(path: Path, what: str) -> Path:
     return path
 
 
+def check_writable_folder(path: Path, what: str) -> Path:
+    """``path`` made a folder (``check_folder_path`` first) and proved writable by making and removing a folder in
+    it, or one ``UserError`` line (``what``: the flag or setting it is): ``/proc/self`` is a folder nobody can
+    write in, and a run would find out only at its first write."""
+    check_folder_path(path, what)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tempfile.mkdtemp(prefix=".fca-write-check-", dir=path))
+    except OSError as exc:
+        raise UserError(f"{what} {path} is no folder one can write in: {exc.strerror or first_line(exc)}") from None
+    return path
+
+
 def check_links_inside(folder: Path) -> None:
     """Refuse a folder holding a symlink (at any depth) that leads outside it: every loader (the workbench's,
     transformers', the tokenizers') opens the files of a folder by their names, so one link would read a file

@@ -3,8 +3,8 @@
 A ``config.json`` (or ``fca train``'s flags) can ask for a million layers or a context of a billion tokens;
 building that hangs or exhausts memory long before any useful error. The limits below lie far above
 every model of these families (MUDDPythia-2.8B: 32 layers, width 2560, context 2048) and refuse only the
-absurd; then the parameter count the sizes imply (counted on a model built on the meta device, which
-allocates nothing) is checked against the memory this machine has available.
+absurd; then the memory the sizes imply, parameters and buffers (counted on a model built on the meta device,
+which allocates nothing), is checked against the memory this machine has available.
 
 A limit is keyed by the name transformers resolves (``num_hidden_layers``); a config class's
 ``attribute_map`` says under which name a family stores it (GPT-2 and Bloom: ``n_layer``, MPT:
@@ -137,10 +137,11 @@ def _check(name: str, value: object, limit: int, source: str, none_allowed: bool
             )
 
 
-def parameters_on_meta(build: Callable[[], torch.nn.Module]) -> int:
-    """The parameter count of the module ``build()`` makes, built on the meta device (allocating nothing)."""
+def on_meta(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The module ``build()`` makes, built on the meta device: its parameters and buffers have shapes and
+    dtypes but no memory."""
     with torch.device("meta"):
-        return sum(p.numel() for p in build().parameters())
+        return build()
 
 
 MAP_NAMES_SHOWN = 5
@@ -167,11 +168,22 @@ def check_map_names(placing: Mapping[str, Any] | None, build: Callable[[], torch
         )
 
 
-def check_memory(parameters: int, bytes_per_parameter: float, source: str, purpose: str) -> None:
-    """Refuse sizes whose parameters alone would not fit in the memory available now."""
-    needed, available = parameters * bytes_per_parameter, psutil.virtual_memory().available
+def check_memory(
+    skeleton: torch.nn.Module, bytes_per_parameter: float, source: str, purpose: str, dtype: torch.dtype | None = None
+) -> None:
+    """Refuse a model (``skeleton``, built on the meta device) whose parameters, at ``bytes_per_parameter``,
+    and buffers, persistent or not (a causal mask the size of the context squared: gpt_neo's is 16 GiB a layer
+    at 131,072 positions), would not fit in the memory available now. ``dtype``: what floating buffers are
+    loaded in (default: as built)."""
+    parameters = sum(p.numel() for p in skeleton.parameters())
+    buffers = sum(
+        b.numel() * (dtype.itemsize if dtype is not None and b.is_floating_point() else b.element_size())
+        for b in skeleton.buffers()
+    )
+    needed, available = parameters * bytes_per_parameter + buffers, psutil.virtual_memory().available
     if needed > available:
         raise UserError(
-            f"{source}: the config's sizes imply {parameters:,} parameters, {needed / 2**30:,.1f} GiB {purpose}, "
-            f"more than the {available / 2**30:,.1f} GiB of memory available"
+            f"{source}: the config's sizes imply {parameters:,} parameters and {buffers / 2**30:,.1f} GiB of "
+            f"buffers, {needed / 2**30:,.1f} GiB {purpose}, more than the {available / 2**30:,.1f} GiB of memory "
+            "available"
         )

@@ -47,7 +47,7 @@ from fca_workbench.foundation.checkpoint import (
 )
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import inside_folder, read_json, reading, safetensors_shapes
-from fca_workbench.models.limits import check_map_names, check_memory, check_sizes
+from fca_workbench.models.limits import check_map_names, check_memory, check_sizes, on_meta
 
 Model = TypeVar("Model", bound=PreTrainedModel)
 
@@ -259,12 +259,9 @@ def _file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return {key: tuple(value.shape) for key, value in state.items()}
 
 
-def expected_shapes(
-    model_class: type[PreTrainedModel], config: PretrainedConfig
-) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-    """Every state-dict key the model has, with its shape, and the keys a checkpoint may leave out (tied)."""
-    with torch.device("meta"):
-        model = model_class(config)
+def expected_shapes(model: torch.nn.Module, config: PretrainedConfig) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """Every state-dict key ``model`` (built on the meta device) has, with its shape, and the keys a checkpoint
+    may leave out (tied)."""
     shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
     optional = set()
     if getattr(config, "tie_word_embeddings", False):
@@ -284,10 +281,10 @@ def check_weights(
     False), then compare the stored names and shapes with the model's, strictly; returns the weight file to load."""
     path = weights_file(folder)
     with reading(f"{folder / CONFIG_FILE} describes no {config.model_type} model that can be built"):
-        expected, optional = expected_shapes(model_class, config)  # a size of the wrong type, say
-    parameters = sum(math.prod(shape) for shape in expected.values())
+        skeleton = on_meta(lambda: model_class(config))  # a size of the wrong type, say
+    expected, optional = expected_shapes(skeleton, config)
     if fits_in_memory:
-        check_memory(parameters, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}")
+        check_memory(skeleton, dtype.itemsize, str(folder), f"in {str(dtype).removeprefix('torch.')}", dtype)
     stored = stored_shapes(path)
     allowed_extra = MUDDPYTHIA_CACHE_KEYS if config.model_type == "muddpythia" else None
     missing = [k for k in expected if k not in stored and k not in optional]

@@ -12,6 +12,7 @@ project's Jupyter kernel (``fca-workbench``, installed by ``scripts/setup.sh``, 
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import multiprocessing
@@ -26,9 +27,17 @@ import torch
 
 from fca_workbench.audit.cache_lock import folder_lock
 from fca_workbench.audit.run import AuditSettings
+from fca_workbench.foundation import flags
 from fca_workbench.foundation.checkpoint import checkpoint_key, checkpoint_name
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.foundation.files import read_json, reading, write_json
+from fca_workbench.foundation.files import (
+    JSON_MAX_BYTES,
+    check_writable_folder,
+    read_json,
+    read_text,
+    reading,
+    write_json,
+)
 from fca_workbench.foundation.flags import Shard
 from fca_workbench.foundation.progress import progress as progress_bar
 from fca_workbench.foundation.resources import shipped
@@ -111,8 +120,9 @@ def load_config(path: str | Path) -> dict:
             import tomllib
         else:
             import tomli as tomllib
+        text = read_text(path, JSON_MAX_BYTES, "a TOML file")
         with reading(f"{path} is not valid TOML"):
-            config = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+            config = tomllib.loads(text)
     if not isinstance(config, dict):
         raise UserError(f"{path} must hold a table of settings")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -223,7 +233,10 @@ def plan(
                 f"output folder {out} already holds results; choose another --out, or pass --overwrite "
                 "to write this run over them (current audits are reused)"
             )
-    cache = Path(config.get("cache") or DEFAULT_CACHE).resolve()
+    cache = config.get("cache") or DEFAULT_CACHE
+    if not isinstance(cache, (str, Path)):
+        raise UserError(f"config 'cache' must be a folder name, got {cache!r}")
+    cache = check_writable_folder(Path(cache).resolve(), "config 'cache'")
     processes = config.get(PROCESSES, DEFAULT_PROCESSES)
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise UserError(f"config '{PROCESSES}' must be a whole number of at least 1, got {processes!r}")
@@ -237,6 +250,7 @@ def plan(
         params.update({k: v for k, v in overrides.get(stem, {}).items()})
         if params.get("max_windows") == "all":  # TOML has no null: "all" means every window
             params["max_windows"] = None
+        check_parameter_types(params, stem)
         for key in (*PATH_PARAMETERS, STUDY_PARAMETER):
             if params.get(key):
                 params[key] = str(Path(params[key]).resolve())
@@ -263,6 +277,34 @@ def plan(
         jobs.append(NotebookJob(stem, source, params))
     ensure_kernel()
     return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite, processes)
+
+
+# the audit parameters a config sets, held to the types of the command lines' flags (None: the default)
+PARAMETER_TYPES = {
+    "seed": flags.seed,
+    "window": flags.window_size,
+    "max_windows": flags.positive_int,
+    "batch_size": flags.positive_int,
+}
+
+
+def check_parameter_types(params: dict, notebook: str) -> None:
+    """Refuse a parameter of notebook ``notebook`` that its flag would refuse (``seed = 1e20``, a window of
+    0), and a ``per_layer`` that is no boolean (``"yes"`` is not true): one line naming it."""
+    for name, parse in PARAMETER_TYPES.items():
+        value = params.get(name)
+        if value is None:
+            continue
+        try:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}")
+            parse(str(value))
+        except argparse.ArgumentTypeError as exc:
+            raise UserError(f"notebook {notebook}: parameter '{name}': {exc}") from None
+    if not isinstance(params.get("per_layer", True), bool):
+        raise UserError(
+            f"notebook {notebook}: parameter 'per_layer' must be true or false, got {params['per_layer']!r}"
+        )
 
 
 def execute(plan_: Plan, progress: bool = True) -> list[NotebookResult]:

@@ -4,10 +4,22 @@ A 95% CI is kept as ``<key>_lo`` / ``<key>_hi``, a mean ± sd over seeds as ``<k
 ``<key>_n``; the DataFrame's ``attrs`` carry its name, caption and ``Column``s, which ``readable`` uses to show
 CIs as ``[lo, hi]``, shares as percentages and ΔNLL with its sign. The CSV keeps full precision; Markdown
 and LaTeX are rounded for reading.
+
+Every CSV (``fca reproduce``'s ``tables/*.csv`` and the dashboard's downloads alike) is safe to open in a
+spreadsheet. A spreadsheet reads a cell that begins with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return
+as a formula (``=HYPERLINK(...)`` in a folder name or a model's ``arch`` would run when a lab member opens the
+file). Such a cell gets a leading single quote (the OWASP CSV-injection rule), which spreadsheets show as text.
+A cell that is a plain decimal number (``-0.5``, ``+3``, ``1e-05``) is left as it is: a spreadsheet reads it as
+that number, never as a formula, so numeric columns stay usable for sums and charts. Every text cell is quoted
+and every number left bare (``csv.QUOTE_NONNUMERIC``), so a line break inside a cell never splits its row. In
+Markdown a pipe is escaped and a line break becomes a space, so a cell never adds a column or a row.
 """
 
 from __future__ import annotations
 
+import csv
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +93,7 @@ def styled(table: pd.DataFrame) -> Styler:
 def to_markdown(table: pd.DataFrame) -> str:
     """The caption in bold, then a pipe table (``DataFrame.to_markdown``; numbers right-aligned)."""
     align = ["left" if c.kind == "text" else "right" for c in table.attrs["columns"]]
-    cells = readable(table).map(lambda text: text.replace("|", "\\|"))  # a token may hold a pipe
+    cells = readable(table).map(lambda text: " ".join(text.replace("|", "\\|").splitlines()))
     body = cells.to_markdown(index=False, tablefmt="pipe", colalign=align, disable_numparse=True)
     return f"**{table.attrs['caption']}**\n\n{body}\n"
 
@@ -124,9 +136,32 @@ def _escape_tex(text: str) -> str:
     return "".join(special.get(char, char) for char in text)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def spreadsheet_cell(value: object) -> object:
+    """``value`` as a cell a spreadsheet shows and never evaluates: text beginning like a formula gets a
+    leading ``'``, unless it is a plain number; a number stays a number (``-inf`` is no number to a spreadsheet:
+    it becomes the text ``'-inf``)."""
+    if isinstance(value, float) and math.isinf(value) and value < 0:
+        return "'-inf"
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def to_csv(table: pd.DataFrame) -> str:
-    """The table's exact values as CSV (full precision; a CI as ``<key>_lo`` / ``<key>_hi``)."""
-    return table.to_csv(index=False, lineterminator="\n")
+    """The table's exact values as CSV (full precision; a CI as ``<key>_lo`` / ``<key>_hi``), safe to open in a
+    spreadsheet: every cell through ``spreadsheet_cell`` (numeric columns without ``-inf`` are written
+    untouched), text quoted, so a line break inside a cell never splits its row."""
+    safe = table.copy()
+    for column in safe.columns:
+        values = safe[column]
+        if values.dtype.kind in "iufb" and not (values.dtype.kind == "f" and (values == -math.inf).any()):
+            continue
+        safe[column] = values.astype(object).map(spreadsheet_cell)
+    return safe.to_csv(index=False, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
 
 
 def write_table(table: pd.DataFrame, out: str | Path) -> dict[str, Path]:

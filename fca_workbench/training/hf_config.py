@@ -23,15 +23,21 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from fca_workbench.adapters.controlled import NATIVE_MODEL_TYPES, load_transformers
 from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.foundation.checkpoint import CONFIG_FILE, check_checkpoint, config_fields, model_type_of
+from fca_workbench.foundation.checkpoint import (
+    CONFIG_FILE,
+    check_checkpoint,
+    config_fields,
+    hub_requests,
+    model_type_of,
+)
 from fca_workbench.foundation.errors import UserError, one_line
-from fca_workbench.foundation.files import read_json
+from fca_workbench.foundation.files import read_json, reading
 from fca_workbench.models.limits import (
     HF_SIZE_LIMITS,
     check_fields,
     check_memory,
     check_sizes,
-    parameters_on_meta,
+    on_meta,
 )
 
 TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
@@ -44,7 +50,9 @@ CAUSAL_TOLERANCE = 1e-5  # logits of a causal model do not move at all; an encod
 
 
 def read_hf_config(path: str | Path) -> dict:
-    """The fields of a transformers config JSON file; one that names remote code is refused."""
+    """The fields of a transformers config JSON file; one that names remote code is refused. Training from a
+    local file makes no request (``hub_requests``)."""
+    hub_requests(False)
     path = Path(path)
     if not path.exists():
         raise UserError(f"no config file {path}")
@@ -167,7 +175,8 @@ def check_causal(model: PreTrainedModel, tokens: int) -> None:
     changed[0, -1] = (probe[0, -1] + 1) % model.config.vocab_size
     training = model.training
     model.eval()
-    with torch.no_grad():
+    what = f"a {model.config.model_type} model built from this config cannot run the causal probe's forward"
+    with torch.no_grad(), reading(what, "fca train trains causal language models"):  # its own exception types
         moved = (model(probe).logits[0, :-1] - model(changed).logits[0, :-1]).abs().max().item()
     model.train(training)
     if not moved <= CAUSAL_TOLERANCE:  # NaN included
@@ -180,9 +189,9 @@ def check_causal(model: PreTrainedModel, tokens: int) -> None:
 
 def check_training_memory(build: Callable[[], torch.nn.Module]) -> None:
     """Refuse a model whose training state would not fit in memory, before allocating any of it: ``build()``
-    runs on the meta device, which only counts the parameters."""
+    runs on the meta device, which only counts its parameters and buffers."""
     check_memory(
-        parameters_on_meta(build),
+        on_meta(build),
         TRAINING_BYTES_PER_PARAMETER,
         "fca train's model config",
         "for fp32 weights, gradients and AdamW",

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fca_workbench.foundation import flags
-from fca_workbench.foundation.errors import UserError, first_line
-from fca_workbench.foundation.files import read_json
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.files import read_json, read_text
 
 DEFAULT_MAX_SESSIONS = 16  # open browser sessions per server process
 DEFAULT_MODEL_IDLE_SECONDS = 600.0  # a checkpoint no session has used for this long is unloaded
@@ -156,13 +156,15 @@ def dashboard_secret(value: str | None, file: str | None, variable: str, flag: s
     return os.environ.get(variable) or None
 
 
+SECRET_MAX_BYTES = 64 << 10  # a password or cookie secret is tens of bytes; /dev/zero is endless
+
+
 def secret_file(file: str, flag: str) -> str:
-    """The one secret a file holds (surrounding whitespace dropped)."""
+    """The one secret a file holds (surrounding whitespace dropped), read with a size cap."""
     try:
-        value = Path(file).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
-        raise UserError(f"{flag} {file} cannot be read: {reason}") from None
+        value = read_text(Path(file), SECRET_MAX_BYTES, "a secret").strip()
+    except UserError as exc:
+        raise UserError(f"{flag}: {exc}") from None
     if not value:
         raise UserError(f"{flag} {file} is empty")
     return value
@@ -200,9 +202,15 @@ def basic_auth_option(args: argparse.Namespace) -> str | None:
     if args.basic_auth_password_file:
         return secret_file(args.basic_auth_password_file, "--basic-auth-password-file")
     value = os.environ.get("FCA_BASIC_AUTH") or None
-    if value and Path(value).is_file():
+    if value and (Path(value).is_file() or names_a_file(value)):
         return credentials_file(value, "FCA_BASIC_AUTH")
     return value
+
+
+def names_a_file(value: str) -> bool:
+    """Whether ``FCA_BASIC_AUTH`` names a credentials file (a ``.json`` name, or a path from ``/``, ``./``,
+    or ``../``) rather than holding a password: one that is missing is an error, never a password."""
+    return value.endswith(".json") or value.startswith(("/", "./", "../"))
 
 
 def is_loopback(address: str) -> bool:
