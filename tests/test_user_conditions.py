@@ -154,14 +154,14 @@ def test_registration_mistakes_are_one_line(user_conditions, tiny_checkpoints, t
 
 
 def test_a_packages_entry_point_brings_its_conditions_to_the_fca_command(tiny_checkpoints, tmp_path, monkeypatch):
-    """Installed the way a package is (a dist-info with an ``fca_workbench.conditions`` entry point), the module's
+    """Installed the way a package is (a dist-info with an ``fca_workbench_conditions`` entry point), the module's
     conditions are in ``fca audit --help`` and in every audit the command writes."""
     site = tmp_path / "site"
     info = site / "lab_conditions-0.1.dist-info"
     info.mkdir(parents=True)
     (site / "lab_conditions.py").write_text(USER_MODULE)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-conditions\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[fca_workbench.conditions]\nlab = lab_conditions\n")
+    (info / "entry_points.txt").write_text("[fca_workbench_conditions]\nlab = lab_conditions\n")
     monkeypatch.setenv("PYTHONPATH", str(site))
     helped = fca("audit", "--help")
     assert "reversed_positions" in helped.stdout and "half the static layerwise profile" in helped.stdout

@@ -3,7 +3,7 @@
 A condition is a name, its role in the figures and a function that builds the values a batch of eval windows
 gets from what an ``Assignment`` offers: the windows' own cached values, a donor window's, their positions
 shuffled, or a static profile of the calibration set. The built-in ones are declared below, once; a user adds
-one with ``register_condition`` (from Python, or from a package's ``fca_workbench.conditions`` entry point), and
+one with ``register_condition`` (from Python, or from a package's ``fca_workbench_conditions`` entry point), and
 it then runs through the audit, the sweep, the explorer, the dashboard, ``fca eval`` and ``fca export`` like a
 built-in one, written to ``audit.json`` under its name.
 
@@ -33,7 +33,7 @@ Values = list[dict[str, "torch.Tensor"]]  # per controller, its outputs by name 
 LIVE, OWN, REASSIGNMENT, PROFILE = "live", "own", "reassignment", "profile"
 USER_KINDS = (REASSIGNMENT, PROFILE)  # what a registered condition may be: the live run and its replay are built in
 TOP, BOTTOM = "top", "bottom"  # the two ends of the gap a retention is over (``retention_end``)
-ENTRY_POINT_GROUP = "fca_workbench.conditions"  # a package's conditions, registered when the registry is first read
+ENTRY_POINT_GROUP = "fca_workbench_conditions"  # a package's conditions, registered when the registry is first read
 NAME_PATTERN = r"[a-z][a-z0-9_]{0,47}"  # a condition's name: a column, a file field and a flag value alike
 
 
@@ -260,7 +260,7 @@ _entry_points_loaded = False
 
 def register_condition(condition: Condition) -> Condition:
     """Add a user's condition to the registry: every surface replays and lists it from then on (in this process;
-    a package's ``fca_workbench.conditions`` entry point registers it in every process, the CLI's and the
+    a package's ``fca_workbench_conditions`` entry point registers it in every process, the CLI's and the
     dashboard's too). Its name, kind and function are checked here, in one line; registering the same condition
     again is harmless."""
     if not re.fullmatch(NAME_PATTERN, condition.name):
