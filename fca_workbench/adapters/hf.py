@@ -243,6 +243,10 @@ class TransformersControlled(LayerStepping, nn.Module):
         """None known: a foreign decoder layer says nothing of which submodules it could skip per token."""
         return []
 
+    def controller_record(self) -> dict:
+        """Each controller's kind and what was found input-dependent and is not replayed, one line each."""
+        return {"controller_kinds": [kind.name for kind in self.kinds], "left_out": list(self.left_out)}
+
     def slot_labels(self, index: int) -> list[str]:
         return self.kinds[index].slot_labels(self.coefficient_slot_shapes[index])
 

@@ -12,7 +12,6 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from fca_workbench.adapters.controlled import controlled_model
-from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.assignment import Profiles
 from fca_workbench.audit.cache_lock import cache_lock, folder_lock
@@ -161,7 +160,7 @@ def audit_session(
                 "fingerprint": eval_cache.manifest["model_fingerprint"],
                 "controllers": list(model.controller_names),
                 "slot_labels": [model.slot_labels(i) for i in range(len(model.controller_names))],
-                **controller_kinds(model),
+                **model.controller_record(),
             },
             "data": {"eval": session.data_summary(EVAL), "calibration": session.data_summary(CALIBRATION)},
             "settings": {**asdict(settings), "world_size": ranks.world_size},
@@ -223,15 +222,6 @@ def execution_figures(
         figures = execution_audit(control.model, counted, batch_size, latency_repeats)
         execution["positive_control"] = {**figures, **control.settings}
     return execution
-
-
-def controller_kinds(model: ControlledModel) -> dict:
-    """``{"controller_kinds": [...], "left_out": [...]}``: a foreign model's controller kind per controller
-    (what the report's words about static profiles go by) and the input-dependent computation it found and
-    does not replay, one line each; {} for a workbench family, whose controllers its ``arch`` names."""
-    if isinstance(model, TransformersControlled):
-        return {"controller_kinds": [kind.name for kind in model.kinds], "left_out": list(model.left_out)}
-    return {}
 
 
 def write_outputs(out: Path, audit: dict, per_token: dict, windows: torch.Tensor, profiles: Profiles | None) -> None:

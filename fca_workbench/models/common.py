@@ -180,6 +180,10 @@ class CoefficientModel(PreTrainedModel):
         """The family's names of a coefficient's flattened slots (one per entry, in ``flatten`` order)."""
         return index_slot_labels(slot_shape)
 
+    def controller_record(self) -> dict:
+        """{}: a workbench family's ``arch`` names its controllers (``ControlledModel.controller_record``)."""
+        return {}
+
     def slot_labels(self, index: int) -> list[str]:
         """Names of controller ``index``'s flattened slots (``audit.json`` ``model.slot_labels``)."""
         return self.slot_labels_for(self.coefficient_slot_shapes[index])
