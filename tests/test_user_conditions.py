@@ -205,3 +205,30 @@ def test_only_static_conditions_apply_to_any_text(user_conditions):
         static_values("reversed_positions", {}, [(2,)], 1, 4)
     values = static_values("half_layer_mean", {"layer_mean": [torch.tensor([2.0, 4.0])]}, [(2,)], 3, 5)
     assert values[0]["coefficient"].shape == (3, 5, 2) and values[0]["coefficient"][2, 4].tolist() == [1.0, 2.0]
+
+
+def test_a_user_condition_in_the_explorer_and_on_any_text(user_conditions, tiny_checkpoints, tmp_path):
+    """The explorer offers and replays a registered condition as the audit does; a registered static condition
+    applies to any text (what ``fca eval`` replays on a task's texts) as the model's own forward with it."""
+    from fca_workbench.downstream.frozen import ConditionLogits
+    from fca_workbench.explore import Explorer
+
+    folder = tiny_checkpoints["featuregate"]
+    settings = AuditSettings(checkpoint=str(folder), cache=str(tmp_path / "cache"), **SETTINGS)
+    explorer = Explorer(settings)
+    assert set(USER_CONDITIONS) <= set(explorer.conditions)
+    model = load_model(folder).eval()
+    window = explorer.session.windows("eval")[2:3]
+    with torch.no_grad():
+        own = model(window, return_coefficients=True).coefficients
+        logits = model(window, coefficients=[c.flip(1) for c in own]).logits
+    expected = F.cross_entropy(logits[0, :-1].float(), window[0, 1:], reduction="none")
+    torch.testing.assert_close(explorer.token_nll("reversed_positions", 2).float(), expected, rtol=0, atol=1e-5)
+
+    text = torch.tensor([[5, 17, 3, 99, 42, 8]])
+    half = [0.5 * p.expand(1, 6, *p.shape) for p in explorer.session.profiles["layer_mean"]]
+    with torch.no_grad():
+        expected_logits = model(text, coefficients=half).logits
+    torch.testing.assert_close(
+        ConditionLogits(explorer.session, "half_layer_mean")(text), expected_logits, rtol=0, atol=1e-5
+    )
