@@ -15,7 +15,7 @@ from conftest import assert_one_line_error, fca, refused_before_anything
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.many import audit_names
 from fca_workbench.audit.run import default_out
-from fca_workbench.foundation.checkpoint import checkpoint_name, recorded_name, resolve_checkpoint
+from fca_workbench.foundation.checkpoint import checkpoint_name, hub_requests, recorded_name, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks.notebook_run import NotebookRun
 from fca_workbench.results.schema import validate_audit
@@ -58,7 +58,10 @@ def write_tree(snapshot: Path, names: list[str]) -> Path:
 
 @pytest.fixture
 def offline_cache(tmp_path, monkeypatch):
-    """An empty hub cache under a temporary ``HF_HOME``, offline, for this process and the ``fca`` it starts."""
+    """An empty hub cache under a temporary ``HF_HOME``, offline, for this process and the ``fca`` it starts: the
+    user's environment as a process starts with it, so the hub settings an earlier test's local folder turned off
+    are put back first (``hub_requests``)."""
+    hub_requests(True)
     home = tmp_path / "hf"
     cache = home / "hub"
     cache.mkdir(parents=True)

@@ -31,9 +31,9 @@ from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from fca_workbench.adapters.kinds import INDEX_DTYPES, TOP_K_INDEX
 from fca_workbench.adapters.placement import tensor_fingerprints
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
+from fca_workbench.audit.cache_checks import check_manifest, stored_problem
 from fca_workbench.audit.distributed import SINGLE, Ranks
 from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import require_finite
@@ -191,7 +191,7 @@ class CoefficientCache:
                     rows = handle.get_tensor(key)[indices[positions] - shard * self.shard_size]
             except (OSError, SafetensorError, IndexError) as exc:
                 raise self.damaged(shard, f"is unreadable ({first_line(exc)})") from None
-            problem = self.stored_problem(key, rows)
+            problem = stored_problem(self.manifest, key, rows)
             if problem is not None:
                 raise self.damaged(shard, f"holds {key} {problem}")
             if out is None:
@@ -199,32 +199,6 @@ class CoefficientCache:
             out[positions] = rows
         assert out is not None, "no rows asked for"
         return out
-
-    def stored_problem(self, key: str, rows: torch.Tensor) -> str | None:
-        """What is wrong with ``rows`` of the stored tensor ``key`` for this capture (None: nothing): a shard
-        re-sealed with its hash and binding still holds only what capture writes, the NLL and coefficients in
-        float32 at their shapes (the model's, ``check_manifest``), every other value ``[B, T, ...]``, and a
-        router's top-k index in an index type within its coefficient's experts: anything else would index
-        out of range or allocate by a forged number where replay uses it."""
-        window, shape, dtype = self.manifest["window"], tuple(rows.shape[1:]), rows.dtype
-        layer, _, name = key.partition(".")
-        if key == "nll":
-            expected: tuple[int, ...] | None = (window - 1,)
-        elif not name:
-            expected = (window, *self.manifest["slot_shapes"][int(layer.removeprefix("layer_"))])
-        else:
-            expected = None
-        if expected is not None and (dtype != torch.float32 or shape != expected):
-            return f"as {str(dtype).removeprefix('torch.')} {list(shape)}, not float32 {list(expected)}"
-        if name and shape[:1] != (window,):
-            return f"with {list(shape[:1])} tokens a window, not {window}"
-        if name == TOP_K_INDEX:
-            experts = self.manifest["slot_shapes"][int(layer.removeprefix("layer_"))][-1]
-            if dtype not in INDEX_DTYPES or len(shape) != 2:
-                return f"as {str(dtype).removeprefix('torch.')} {list(shape)}, not expert indices"
-            if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < experts:
-                return f"naming experts {int(rows.min())} to {int(rows.max())}, of {experts}"
-        return None
 
     def coefficients(self, indices: Indices) -> list[torch.Tensor]:
         indices = torch.as_tensor(indices, dtype=torch.long)
@@ -351,19 +325,6 @@ def record_claim(manifest_path: Path, name: str, claim: dict) -> None:
         manifest = cast(dict, read_json(manifest_path))
         manifest["shards"] = dict(sorted({**manifest["shards"], name: claim}.items()))  # the same file for any ranks
         write_json(manifest_path, manifest)
-
-
-def check_manifest(manifest: dict, expected: dict, folder: Path) -> None:
-    """Refuse a cache made for another model or other windows, naming which fingerprint differs."""
-    for key, what in (("model_fingerprint", "model"), ("data_fingerprint", "data")):
-        if manifest.get(key) != expected[key]:
-            raise UserError(
-                f"coefficient cache {folder} was captured from another {what} "
-                f"({key} {str(manifest.get(key))[:12]} != {expected[key][:12]}); delete that folder to capture again"
-            )
-    for key in ("window", "shard_size", "dtype", "slot_shapes"):
-        if manifest.get(key) != expected[key]:
-            raise UserError(f"coefficient cache {folder} has {key}={manifest.get(key)}, this run needs {expected[key]}")
 
 
 @torch.no_grad()
