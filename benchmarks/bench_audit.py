@@ -13,6 +13,7 @@ model fingerprint taken at ``open`` from the memo, as for every audit of a check
 """
 
 import argparse
+import functools
 import json
 import resource
 import subprocess
@@ -91,7 +92,7 @@ def main() -> None:
         forward = timed(lambda: plain_forward(model, windows, args.batch_size))
         capture_seconds = timed(lambda: session.cache(EVAL))
         session.profiles  # noqa: B018 (the calibration capture, before the replays are timed)
-        replay = {condition: timed(lambda c=condition: session.nll(c)) for condition in session.conditions}
+        replay = {condition: timed(functools.partial(session.nll, condition)) for condition in session.conditions}
         audit_seconds = timed(lambda: run_audit(settings, tmp / "audit"))
     memory = [peak_rss_of_capture(args.checkpoint, n, args.batch_size) for n in (100, 1000)]
     results = {
