@@ -66,7 +66,7 @@ def committed_files(root: Path) -> set[str] | None:
 
 class CommittedSdist(sdist):
     """An sdist whose every file, in a git checkout, is a committed one (or setuptools' own egg-info): the folders
-    MANIFEST.in grafts whole (tests, benchmarks, scripts, docs) would otherwise take an untracked token or
+    MANIFEST.in grafts whole (tests, benchmarks, studies, scripts, docs) would otherwise take an untracked token or
     scratch file lying among them."""
 
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:

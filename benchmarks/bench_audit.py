@@ -5,6 +5,9 @@
 Writes benchmarks/results/bench_audit.json and .md:
 - capture time / plain forward time on the same windows (goal <= 1.10);
 - replay time per condition / plain forward time (goal <= 1.0: the controller is skipped);
+
+each step timed as the replay session users run does it (``ReplaySession``: ``cache("eval")``, ``nll``), the
+model fingerprint taken at ``open`` from the memo, as for every audit of a checkpoint after its first;
 - full audit (all conditions) / (number of conditions x plain forward) (goal <= 1.15);
 - peak memory (RSS) of capture at 100 vs 1,000 windows, each in a fresh process (goal: ratio <= 1.2).
 """
@@ -19,18 +22,16 @@ import tempfile
 from pathlib import Path
 
 import torch
+from bench_session import handed_in
 from results_file import write_results
 from timing import timed
 
-from fca_workbench.audit.capture import capture
-from fca_workbench.audit.interventions import static_profiles
-from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.run import AuditSettings, run_audit
-from fca_workbench.data.corpus import split_path
-from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.data.windows import load_windows
+from fca_workbench.audit.session import ReplaySession
 from fca_workbench.models import load_model
-from fca_workbench.results.conditions import CONDITIONS
+
+WINDOW = 256
 
 
 @torch.no_grad()
@@ -61,10 +62,10 @@ def peak_rss_of_capture(checkpoint: str, windows: int, batch_size: int) -> dict:
 
 def memory_probe(checkpoint: str, windows: int, batch_size: int) -> None:
     model = load_model(checkpoint)
-    ids = torch.randint(0, model.config.vocab_size, (windows, 256), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model.config.vocab_size, (windows, WINDOW), generator=torch.Generator().manual_seed(0))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with tempfile.TemporaryDirectory() as tmp:
-        capture(model, ids, Path(tmp) / "cache", batch_size=batch_size)
+        handed_in(model, ids, cache_root=Path(tmp), batch_size=batch_size).cache(EVAL)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"windows": windows, "rss_before_mib": before, "rss_peak_mib": peak}))
 
@@ -80,34 +81,30 @@ def main() -> None:
     if args.memory_probe:
         return memory_probe(args.checkpoint, args.memory_probe, args.batch_size)
 
-    model = load_model(args.checkpoint)
-    tokenizer = load_tokenizer(args.checkpoint)
-    windows = load_windows(split_path("eval"), tokenizer, 256, args.windows)
-    calib = load_windows(split_path("calibration"), tokenizer, 256, args.windows)
+    settings = AuditSettings(
+        checkpoint=args.checkpoint, window=WINDOW, max_windows=args.windows, batch_size=args.batch_size
+    )
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        session = ReplaySession.open(settings, tmp / "session")
+        model, windows = session.model, session.windows(EVAL)
         plain_forward(model, windows[: args.batch_size], args.batch_size)  # warm-up
         forward = timed(lambda: plain_forward(model, windows, args.batch_size))
-        capture_seconds = timed(lambda: capture(model, windows, tmp / "eval", batch_size=args.batch_size))
-        cache = capture(model, windows, tmp / "eval", batch_size=args.batch_size)
-        profiles = static_profiles(capture(model, calib, tmp / "calib", batch_size=args.batch_size).batches())
-        replay = {
-            condition: timed(functools.partial(replay_nll, model, windows, cache, condition, profiles, seed=0))
-            for condition in CONDITIONS
-        }
-        settings = AuditSettings(checkpoint=args.checkpoint, max_windows=args.windows, batch_size=args.batch_size)
+        capture_seconds = timed(lambda: session.cache(EVAL))
+        session.profiles  # noqa: B018 (the calibration capture, before the replays are timed)
+        replay = {condition: timed(functools.partial(session.nll, condition)) for condition in session.conditions}
         audit_seconds = timed(lambda: run_audit(settings, tmp / "audit"))
     memory = [peak_rss_of_capture(args.checkpoint, n, args.batch_size) for n in (100, 1000)]
     results = {
         "checkpoint": args.checkpoint,
         "windows": args.windows,
-        "window": 256,
+        "window": WINDOW,
         "batch_size": args.batch_size,
         "threads": torch.get_num_threads(),
         "plain_forward_seconds": forward,
         "capture_over_forward": capture_seconds / forward,
         "replay_over_forward": {c: t / forward for c, t in replay.items()},
-        "full_audit_over_conditions_x_forward": audit_seconds / (len(CONDITIONS) * forward),
+        "full_audit_over_conditions_x_forward": audit_seconds / (len(replay) * forward),
         "capture_peak_rss_mib": {str(m["windows"]): m["rss_peak_mib"] for m in memory},
         "capture_peak_rss_ratio_1000_vs_100": memory[1]["rss_peak_mib"] / memory[0]["rss_peak_mib"],
     }

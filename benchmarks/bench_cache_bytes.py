@@ -14,11 +14,9 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from fca_workbench.adapters.controlled import load_controlled
-from fca_workbench.audit.capture import capture
-from fca_workbench.data.corpus import split_path
-from fca_workbench.data.tokenizer import load_tokenizer
-from fca_workbench.data.windows import load_windows
+from fca_workbench.audit.inputs import EVAL
+from fca_workbench.audit.session import ReplaySession
+from fca_workbench.audit.settings import AuditSettings
 
 
 def main() -> None:
@@ -28,10 +26,12 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=64)
     args = parser.parse_args()
 
-    model = load_controlled(args.checkpoint)
-    windows = load_windows(split_path("eval"), load_tokenizer(args.checkpoint), args.window, args.windows)
+    settings = AuditSettings(
+        checkpoint=args.checkpoint, window=args.window, max_windows=args.windows, batch_size=args.windows
+    )
     with tempfile.TemporaryDirectory() as folder:
-        cache = capture(model, windows, Path(folder), batch_size=len(windows))
+        session = ReplaySession.open(settings, Path(folder), read_now=(EVAL,))
+        windows, cache = session.windows(EVAL), session.cache(EVAL)
         stored = sum(cache.shard_path(shard).stat().st_size for shard in range(cache.num_shards()))
         coefficients = sum(c.numel() * c.element_size() for c in cache.coefficients(range(len(windows))))
         with safe_open(cache.shard_path(0), framework="pt") as handle:

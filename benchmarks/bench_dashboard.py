@@ -7,8 +7,8 @@
 Writes benchmarks/results/bench_dashboard.json and .md (a section skipped keeps its last figures):
 
 1. Update latency (in process, torch with 1 thread, one 256-token eval window): a single-layer intervention
-   replayed through the prefix cache (from layer l on) against a full frozen forward of the same window and
-   coefficients, for every layer and the conditions cross_input, token_shuffle and layer_mean: p50 / p95 ms
+   replayed through the view model's own prefix cache of the window (``DashboardSession``: from layer l on)
+   against a full frozen forward of the same window and the values the view assigns, for every layer and the conditions cross_input, token_shuffle and layer_mean: p50 / p95 ms
    of each and their ratio; plus the whole server-side update (``DashboardSession.analyse``, result cache
    cleared each time). Goal: update p95 <= 300 ms.
 2. Load on loopback: ``fca dashboard`` in a subprocess, then N concurrent browser-less sessions (Bokeh's
@@ -51,8 +51,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from fca_workbench.audit.interventions import restrict_to_layer
-from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.viewmodel import (
     DEFAULT_MAX_SESSIONS,
     DashboardSession,
@@ -62,6 +60,7 @@ from fca_workbench.viewmodel import (
     release_memory,
     window_input,
 )
+from fca_workbench.viewmodel.live import engine_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,18 +101,23 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
         result["full_forward"] = percentiles([timed_ms(lambda: model(ids)) for _ in range(repeats)])
         result["note"] = "no controller: nothing to intervene on"
         return result
-    prefix = PrefixCache(model, ids, lock=shared.lock)
     result["static_profiles_first_use_s"] = timed_ms(shared.profiles) / 1000
     session = DashboardSession()
+    prefix = session.replays.prefix(shared.session, engine_text(text))  # what every update of this window reuses
     conditions = ("cross_input", "token_shuffle", "layer_mean")
-    intervened = {c: session.condition_values(shared, text, c, 0, shared.donor_for(0, 0), None) for c in conditions}
+    donor = shared.donor_for(0, 0)
+    intervened = {
+        (c, l): session.condition_values(shared, text, c, 0, donor, l)
+        for c in conditions
+        for l in range(shared.num_layers)
+    }
     full: list[float] = []
     cached: list[float] = []
     per_layer: dict[int, dict[str, list[float]]] = {l: {"full": [], "prefix": []} for l in range(shared.num_layers)}
     for repeat in range(repeats):
         for layer in range(shared.num_layers):
             condition = conditions[(repeat + layer) % len(conditions)]
-            values = restrict_to_layer(intervened[condition], prefix.values, layer)
+            values = intervened[(condition, layer)]
             if repeat == 0:  # exactness, once per layer
                 assert torch.equal(prefix.logits(values, layer), model.replay_run(ids, values))
             t_full = timed_ms(functools.partial(model.replay_run, ids, values))

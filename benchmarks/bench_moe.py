@@ -9,26 +9,27 @@ forward (``capture_run``: the routers' whole outputs recorded), the frozen repla
 ``cross_input`` (cached router outputs, no router runs), of ``layer_mean`` (a static mixture: every expert
 weighted by its calibration mean gate) and ``layer_mean_topk`` (each layer's top-k experts by mean gate), and
 the latency baseline of the execution audit (the static mixture with a uniform gate, every expert for every
-token). The ratio of each to the plain forward of the same round is taken, then the median over rounds.
-Also: the on-disk capture of all the windows (``capture.capture``, safetensors shards) against plain forwards
-of the same windows, alternated.
+token). Each replay is the replay session's (``ReplaySession.window_nll``, as users run it: the cached values
+read and placed, the frozen forward and its NLL). The ratio of each to the plain forward of the same round is
+taken, then the median over rounds. Also: the session's on-disk capture of all the windows
+(``ReplaySession.cache``, safetensors shards) against plain forwards of the same windows, alternated.
 
 Writes benchmarks/results/bench_moe.json and .md.
 """
 
 import argparse
+import functools
 import statistics
 import tempfile
 from pathlib import Path
 
 import torch
+from bench_session import handed_in
 from results_file import write_results
 from timing import timed
 
-from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.controlled import load_controlled
-from fca_workbench.audit.capture import capture
-from fca_workbench.audit.interventions import broadcast_profile, routing_top_k, static_profiles, with_routing_profiles
+from fca_workbench.audit.inputs import EVAL
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
@@ -50,42 +51,37 @@ def main() -> None:
     tokenizer = load_tokenizer(args.checkpoint)
     windows = load_windows(split_path("eval"), tokenizer, WINDOW, max(args.capture_windows, args.batch_size))
     calibration = load_windows(split_path("calibration"), tokenizer, WINDOW, args.calibration_windows)
-    batch = windows[: args.batch_size]
-    _, values = model.capture_run(batch)
-    _, calibration_values = model.capture_run(calibration)
-    profiles = with_routing_profiles(
-        static_profiles([[v[COEFFICIENT] for v in calibration_values]]), routing_top_k(calibration_values)
-    )
-    donors = [{name: t.roll(1, dims=0) for name, t in value.items()} for value in values]
-
-    def static(name):
-        profile = broadcast_profile(profiles[name], model.coefficient_slot_shapes, *batch.shape)
-        return [{COEFFICIENT: p} for p in profile]
-
-    baseline_name, baseline = model.latency_baseline()
-    layer_mean, layer_mean_topk = static("layer_mean"), static("layer_mean_topk")
-    operations = {
-        "plain forward": lambda: model(batch),
-        "capture (capture_run)": lambda: model.capture_run(batch),
-        "replay correct": lambda: model.replay_run(batch, values),
-        "replay cross_input": lambda: model.replay_run(batch, donors),
-        "replay layer_mean (static mixture of the profile)": lambda: model.replay_run(batch, layer_mean),
-        "replay layer_mean_topk": lambda: model.replay_run(batch, layer_mean_topk),
-        f"{baseline_name} (execution baseline: every expert for every token)": lambda: baseline(batch),
-    }
-    for operation in operations.values():  # warm-up
-        operation()
-    seconds: dict[str, list[float]] = {name: [] for name in operations}
-    for _ in range(args.repeats):
-        for name, operation in operations.items():
-            seconds[name].append(timed(operation))
+    indices = torch.arange(args.batch_size)
+    batch = windows[indices]
+    with tempfile.TemporaryDirectory() as tmp:
+        session = handed_in(model, windows, calibration, Path(tmp), args.batch_size)
+        session.cache(EVAL)
+        session.profiles  # noqa: B018 (captured and estimated before anything is timed)
+        top_k = session.router_top_k
+        baseline_name, baseline = model.latency_baseline()
+        operations = {
+            "plain forward": lambda: model(batch),
+            "capture (capture_run)": lambda: model.capture_run(batch),
+            "replay correct": lambda: session.window_nll("correct", indices),
+            "replay cross_input": lambda: session.window_nll("cross_input", indices),
+            "replay layer_mean (static mixture of the profile)": lambda: session.window_nll("layer_mean", indices),
+            "replay layer_mean_topk": lambda: session.window_nll("layer_mean_topk", indices),
+            f"{baseline_name} (execution baseline: every expert for every token)": lambda: baseline(batch),
+        }
+        for operation in operations.values():  # warm-up
+            operation()
+        seconds: dict[str, list[float]] = {name: [] for name in operations}
+        for _ in range(args.repeats):
+            for name, operation in operations.items():
+                seconds[name].append(timed(operation))
     forward = seconds["plain forward"]
     ratios = {name: statistics.median(t / f for t, f in zip(times, forward)) for name, times in seconds.items()}
 
     disk, plain = [], []
     for _ in range(3):
         with tempfile.TemporaryDirectory() as tmp:
-            disk.append(timed(lambda: capture(model, windows, Path(tmp) / "cache", batch_size=args.batch_size)))
+            fresh = handed_in(model, windows, cache_root=Path(tmp), batch_size=args.batch_size)
+            disk.append(timed(functools.partial(fresh.cache, EVAL)))
         plain.append(timed(lambda: [model(b) for b in windows.split(args.batch_size)]))
     baseline_key = next(name for name in operations if name.startswith(baseline_name))
     results = {
@@ -93,7 +89,7 @@ def main() -> None:
         "arch": model.arch,
         "controllers": len(model.controller_names),
         "experts": [list(s) for s in model.coefficient_slot_shapes],
-        "top_k": routing_top_k(values),
+        "top_k": top_k,
         "batch": list(batch.shape),
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),

@@ -10,9 +10,10 @@ The shapes (``SHAPES``): MUDDPythia-1.4B (the native model at the official size,
 (transformers configs at the real widths, ``num_hidden_layers=2``), each wrapped as ``fca audit`` wraps it,
 at 2,048 tokens (``--window``: fewer). Each round times, in turn on the same windows: forward + NLL as a user
 runs the model (its default kernels: for the MoE slices the experts implementation transformers uses by default,
-``grouped_mm`` where it is), the denominator of every ratio; the on-disk capture (``audit.capture.capture``, into
-a fresh folder, the fingerprint known as the memo gives it to every audit of a checkpoint after its first,
-``audit.fingerprint_memo``); the ``correct`` replay of that cache (``audit.replay.replay_nll``) and, for the MoE
+``grouped_mm`` where it is), the denominator of every ratio; the replay session's on-disk capture
+(``ReplaySession.cache``, into a fresh folder, the fingerprint known as the memo gives it to every audit of a
+checkpoint after its first, ``audit.fingerprint_memo``); the session's ``correct`` replay of that cache
+(``ReplaySession.nll``) and, for the MoE
 slices, forward + NLL with eager experts (capture and replay run the default kernel, as ``adapters/hf.py`` leaves it). The model fingerprint (every
 weight hashed, in threads) is timed once apart: what a checkpoint's first audit adds to its capture. One warm-up
 round, then the median over ``--repeats`` rounds of each round's ratios.
@@ -44,16 +45,16 @@ from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import torch
+from bench_session import handed_in
 from filelock import FileLock
 from gpu_check import TINY_OVERRIDES, build_model
 from results_file import RESULTS
 
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.placement import HASH_THREADS
-from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.budget import window_bytes
-from fca_workbench.audit.capture import capture, model_fingerprint
-from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.inputs import EVAL
+from fca_workbench.audit.session import ReplaySession
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import read_json, write_atomic
 from fca_workbench.models import next_token_nll
@@ -252,21 +253,18 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
         with experts_implementation(hf, "eager", default_experts):
             return forward_nll()
 
-    fingerprint_s, fingerprint = timed(lambda: model_fingerprint(model), "fingerprint")
+    fingerprint_s, fingerprint = timed(lambda: handed_in(model, windows, device=device).fingerprint, "fingerprint")
     seconds: dict[str, list[float]] = {"forward_nll": [], "capture": [], "replay_correct": []}
     if default_experts is not None:
         seconds["forward_nll_eager_experts"] = []
-    cache, rss_after = None, {}
+    session, rss_after = None, {}
     try:
         for round_ in range(1 + args.repeats):
             times = {"forward_nll": timed(forward_nll, "forward_nll")[0]}
-            folder = tmp / f"cache_{round_}"  # a fresh capture each round, never a reuse
-            times["capture"], cache = timed(
-                lambda f=folder: capture(model, windows, f, args.windows, device, fingerprint=fingerprint), "capture"
-            )
-            times["replay_correct"], correct = timed(
-                lambda c=cache: replay_nll(model, windows, c, "correct", device=device), "replay_correct"
-            )
+            # a fresh session and capture each round, never a reuse; profiles from the same windows
+            session = handed_in(model, windows, windows, tmp / f"cache_{round_}", args.windows, device, fingerprint)
+            times["capture"], cache = timed(lambda s=session: s.cache(EVAL), "capture")
+            times["replay_correct"], correct = timed(lambda s=session: s.nll("correct"), "replay_correct")
             if default_experts is not None:
                 times["forward_nll_eager_experts"] = timed(eager_forward_nll, "forward_nll_eager_experts")[0]
             print(f"{shape} {dtype_name} round {round_}: " + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()))
@@ -275,11 +273,12 @@ def measure(shape: str, dtype_name: str, args: argparse.Namespace) -> dict:
             else:
                 for name, value in times.items():
                     seconds[name].append(value)
-        assert cache is not None  # captured in every round, the warm-up included
+        assert session is not None  # captured in every round, the warm-up included
+        cache = session.cache(EVAL)
         unperturbed = cache.nll(torch.arange(len(windows)))
         sizes = stored_bytes(cache.folder)
         coefficient_bytes = windows.numel() * sum(torch.Size(s).numel() for s in model.coefficient_slot_shapes) * 4
-        exactness = static_exactness(model, hf, windows, cache, default_experts, device) if default_experts else None
+        exactness = static_exactness(session, hf, default_experts) if default_experts else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -350,16 +349,15 @@ def experts_implementation(hf, kind: str, default_experts: str) -> Iterator[None
         hf.set_experts_implementation(default_experts)
 
 
-def static_exactness(model, hf, windows, cache, default_experts: str, device: torch.device) -> dict:
+def static_exactness(session: ReplaySession, hf, default_experts: str) -> dict:
     """Per static condition: NLL under ``default_experts`` bit-identical to eager's, and the largest difference."""
-    profiles = calibration_profiles(cache)
     found = {}
     for condition in STATIC:
-        if condition not in profiles:
+        if condition not in session.conditions:
             continue
-        other = replay_nll(model, windows, cache, condition, profiles, device=device)
+        other = session.nll(condition)
         with experts_implementation(hf, "eager", default_experts):
-            eager = replay_nll(model, windows, cache, condition, profiles, device=device)
+            eager = session.nll(condition)
         found[condition] = {
             "bit_identical": bool(torch.equal(eager, other)),
             "max_abs_diff": (eager.double() - other.double()).abs().max().item(),

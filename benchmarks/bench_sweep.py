@@ -6,9 +6,11 @@ absolute times are noise on a shared machine).
 
 One thread. Per checkpoint, on the same evenly sampled eval windows (profiles from as many calibration ones):
 
-- **sweep**: prefix reuse (``sweep.per_layer_sweep``) against the L x K full frozen forwards
-  (``sweep.full_forward_window_nll``, what a sweep costs without prefix reuse), timed in turns;
-- **limit**: the same kernels without any bookkeeping, on one batch: one prefix pass plus, for each layer l,
+- **sweep**: the replay session's per-layer sweep (``ReplaySession.sweep``: prefix reuse) against its L x K
+  full frozen replays (``ReplaySession.nll`` at each layer, what a sweep costs without prefix reuse), timed in
+  turns;
+- **limit**: the same kernels without any bookkeeping, on one batch: one prefix pass (the model's own layer
+  stepping, ``run_blocks`` keeping the states, then head + NLL) plus, for each layer l,
   the blocks from ``resume_layer(l)`` and the head + NLL (``head_nll``), K times, over L x K frozen forwards
   + NLL as the audit runs them (``audit.forward.forward_nll``: the head + NLL chunked too). The issue's limit
   counts the blocks only: mean over l of (L - resume_layer(l)) / L, plus one prefix pass per batch (1 / LK);
@@ -26,24 +28,19 @@ import tempfile
 from pathlib import Path
 
 import torch
+from bench_session import handed_in
 from results_file import write_results
 from timing import best_of_each
 from torch.profiler import ProfilerActivity, profile
 
 from fca_workbench.adapters.protocol import as_values
-from fca_workbench.audit.capture import capture
 from fca_workbench.audit.forward import forward_nll
-from fca_workbench.audit.interventions import static_profiles
-from fca_workbench.audit.metrics import bootstrap_counts
-from fca_workbench.audit.prefix import PrefixCache
-from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep
+from fca_workbench.audit.inputs import EVAL
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.models import head_nll, load_model, next_token_nll
-from fca_workbench.results.conditions import CONDITIONS
-
-SWEPT = [c for c in CONDITIONS if c not in ("unperturbed", "correct")]
+from fca_workbench.results.conditions import BASELINES, REFERENCE
 
 
 @torch.no_grad()
@@ -52,10 +49,14 @@ def sweep_limit(
 ) -> dict:
     """The prefix-reuse limit of a sweep of ``conditions`` per layer, from the kernels' own times on ``batch``."""
     layers = len(coefficients)
-    prefix = PrefixCache(model, batch, coefficients=coefficients)
-    output, _, _ = model.run_blocks(model.embed(batch), 0, coefficients)
+
+    def prefix_pass():
+        output, _, states = model.run_blocks(model.embed(batch), 0, coefficients, keep_states=True)
+        head_nll(model, output, batch)
+        return output, states
+
+    output, states = prefix_pass()
     starts = [model.resume_layer(layer) for layer in range(layers)]
-    states = prefix.states
     assert states is not None  # kept for every model that steps layer by layer
 
     def resumed():
@@ -67,7 +68,7 @@ def sweep_limit(
         {
             "forward": lambda: forward_nll(model, batch, as_values(coefficients)),
             "forward_whole_logits": lambda: next_token_nll(model(batch, coefficients=coefficients).logits, batch),
-            "prefix_pass": lambda: PrefixCache(model, batch, coefficients=coefficients),
+            "prefix_pass": prefix_pass,
             "resumed": resumed,
             "head_logits": lambda: next_token_nll(model.head(output), batch),
             "head_nll": lambda: head_nll(model, output, batch),
@@ -97,19 +98,20 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
     tokenizer = load_tokenizer(checkpoint)
     windows = load_windows(split_path("eval"), tokenizer, 256, n)
     calib = load_windows(split_path("calibration"), tokenizer, 256, n)
-    cache = capture(model, windows, tmp / "eval", batch_size=batch_size)
-    profiles = static_profiles(capture(model, calib, tmp / "calib", batch_size=batch_size).batches())
-    counts = bootstrap_counts(len(windows), 100, 0)
-    layers = cache.num_layers
-    seconds, _ = best_of_each(
-        repeats,
-        {
-            "prefix": lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts),
-            "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
-        },
-    )
-    indices = next(cache.shard_indices())
-    limit = sweep_limit(model, windows[indices], cache.coefficients(indices), len(SWEPT))
+    session = handed_in(model, windows, calib, tmp, batch_size)
+    layers = session.cache(EVAL).num_layers
+    swept = [c for c in session.conditions if c not in BASELINES]
+    session.profiles  # noqa: B018 (captured and estimated before anything is timed)
+
+    def full_forwards():
+        for layer in range(layers):
+            for condition in swept:
+                session.nll(condition, layer)
+        session.nll(REFERENCE)  # the sweep's reference, which it checks against the live run
+
+    seconds, _ = best_of_each(repeats, {"prefix": lambda: session.sweep(swept), "full_forward": full_forwards})
+    indices = next(session.eval_cache.shard_indices())
+    limit = sweep_limit(model, windows[indices], session.coefficients(REFERENCE, indices), len(swept))
     ratio = seconds["prefix"] / seconds["full_forward"]
     return {
         "checkpoint": checkpoint,
@@ -117,15 +119,13 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
         "windows": len(windows),
         "window": windows.shape[1],
         "layers": layers,
-        "conditions": len(SWEPT),
+        "conditions": len(swept),
         "resume_layers": [model.resume_layer(l) for l in range(layers)],
         "sweep_seconds": seconds,
         "prefix_over_full_forward": ratio,
         **limit,
         "prefix_over_limit": ratio / limit["limit"],
-        "profile_prefix_sweep": operator_profile(
-            lambda: per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts)
-        ),
+        "profile_prefix_sweep": operator_profile(lambda: session.sweep(swept)),
     }
 
 

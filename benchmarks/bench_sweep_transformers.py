@@ -9,9 +9,9 @@ other processes on a shared machine stretch far less than wall time.
 One thread. On evenly sampled eval windows (profiles from as many calibration ones), every condition the
 audit replays for the model (``layer_mean_topk`` too):
 
-- **sweep**: prefix reuse (``sweep.per_layer_sweep``: a transformers model steps by layer,
-  ``adapters.stepping``) and the L x K full frozen forwards (``sweep.full_forward_window_nll``, what the sweep
-  cost before), taking turns;
+- **sweep**: the replay session's per-layer sweep (``ReplaySession.sweep``: prefix reuse, a transformers model
+  steps by layer, ``adapters.stepping``) and its L x K full frozen replays (``ReplaySession.nll`` at each
+  layer, what the sweep cost before), taking turns;
 - **limit**: what the sweep would cost if the layers before each replay's first cost nothing: per swept
   (controller, condition), the time its replay spends from the start of its first decoder layer that runs
   (``resume_layer``) to the LM head's call (layers l..L-1, the final norm), plus its LM head and NLL
@@ -29,19 +29,18 @@ import time
 from pathlib import Path
 
 import torch
+from bench_session import handed_in
 from results_file import write_results
 
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit import prefix
-from fca_workbench.audit.assignment import calibration_profiles
-from fca_workbench.audit.capture import capture
-from fca_workbench.audit.metrics import bootstrap_counts
-from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep, sweep_mode
+from fca_workbench.audit.inputs import EVAL
+from fca_workbench.audit.sweep import sweep_mode
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.models import head_nll
-from fca_workbench.results.conditions import BASELINES, model_conditions
+from fca_workbench.results.conditions import BASELINES, REFERENCE
 
 
 def cpu_seconds(fn) -> float:
@@ -105,20 +104,23 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
     tokenizer = load_tokenizer(checkpoint)
     windows = load_windows(split_path("eval"), tokenizer, 256, n)
     calib = load_windows(split_path("calibration"), tokenizer, 256, n)
-    cache = capture(model, windows, tmp / "eval", batch_size=batch_size)
-    profiles = calibration_profiles(capture(model, calib, tmp / "calib", batch_size=batch_size))
-    swept = [c for c in model_conditions("layer_mean_topk" in profiles) if c not in BASELINES]
-    counts = bootstrap_counts(len(windows), 100, 0)
+    session = handed_in(model, windows, calib, tmp, batch_size)
+    cache = session.cache(EVAL)
+    swept = [c for c in session.conditions if c not in BASELINES]
+    session.profiles  # noqa: B018 (captured and estimated before anything is timed)
     rounds: list[tuple[float, list[list]]] = []  # per round: the prefix sweep's seconds, its kernel spans
     full_forward: list[float] = []
     for _ in range(repeats):  # the two sides take turns, so load that drifts falls on both alike
         spans: list[list] = []
         with kernel_clock(model, spans):
             start = time.process_time()
-            per_layer_sweep(model, windows, cache, swept, profiles, 0, counts)
+            session.sweep(swept)
             rounds.append((time.process_time() - start, spans))
         start = time.process_time()
-        full_forward_window_nll(model, windows, cache, swept, profiles, 0, "cpu")
+        for layer in range(cache.num_layers):
+            for condition in swept:
+                session.nll(condition, layer)
+        session.nll(REFERENCE)  # the sweep's reference, which it checks against the live run
         full_forward.append(time.process_time() - start)
     seconds = {"prefix": min(rounds)[0], "full_forward": min(full_forward)}
     sweep_seconds, spans = min(rounds)  # the fastest round, with the kernel times measured in it

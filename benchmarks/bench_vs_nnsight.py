@@ -10,14 +10,16 @@ same evenly sampled eval and calibration windows (FeatureGate: its controllers a
 output is the whole coefficient, so nnsight can capture and replace them):
 
 - **full audit** (capture eval and calibration, static profiles, frozen replay of every condition): the
-  workbench's ``capture`` / ``static_profiles`` / ``replay_nll``, the model fingerprint taken once from the memo
-  in the cache root (``audit.fingerprint_memo``: hashed in the first round, remembered after) against nnsight (``.output.save()`` on every
-  controller to capture, ``.skip(value)`` on every controller to replay), goal <= 1.0. The workbench's capture
+  workbench's replay session as users run it (``ReplaySession``: ``cache``, ``profiles``, ``nll``), the model
+  fingerprint taken once from the memo in the cache root (``audit.fingerprint_memo``: hashed in the first
+  round, remembered after) against nnsight (``.output.save()`` on every controller to capture, the profiles
+  written out, ``.skip(value)`` on every controller to replay), goal <= 1.0. The workbench's capture
   and replays need each token's NLL only, so they run the head and the softmax a chunk of rows at a time
   (``audit.forward.forward_nll``); the nnsight side takes the whole logits its trace gives
   (``.output.logits.save()``), as the plain forward + NLL does;
-- **per-layer sweep** (every condition at each layer alone): ``sweep.per_layer_sweep`` (prefix reuse) against
-  the L x K full frozen forwards (the workbench's fallback) and against nnsight doing the same L x K forwards
+- **per-layer sweep** (every condition at each layer alone): the session's sweep (``ReplaySession.sweep``,
+  prefix reuse) against its L x K full frozen replays (``ReplaySession.nll`` at each layer, the workbench's
+  fallback) and against nnsight doing the same L x K forwards
   with every controller skipped. The issue's prefix-reuse limit is (L+1)/(2L) of the naive cost plus one
   prefix pass per batch (1/(L K)), goal within 1.1x of it; it counts the blocks only. The limit measured here
   (``bench_sweep.sweep_limit``, same run) also counts the head + NLL that every resumed replay must still run;
@@ -34,30 +36,28 @@ import tempfile
 from pathlib import Path
 
 import torch
+from bench_session import handed_in
 from bench_sweep import sweep_limit
 from results_file import write_results
 from timing import best_of_each
 
-from fca_workbench.audit.capture import capture, model_fingerprint
+from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.fingerprint_memo import checkpoint_identity, remembered_fingerprint
+from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
     restrict_to_layer,
     shuffle_positions,
-    static_profiles,
 )
-from fca_workbench.audit.metrics import bootstrap_counts
-from fca_workbench.audit.replay import replay_nll
-from fca_workbench.audit.session import LOADING_SETTINGS
+from fca_workbench.audit.session import LOADING_SETTINGS, ReplaySession
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.audit.sweep import full_forward_window_nll, per_layer_sweep
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows
 from fca_workbench.models import load_model, next_token_nll
-from fca_workbench.results.conditions import CONDITIONS, STATIC_PROFILES
+from fca_workbench.results.conditions import CONDITIONS, REFERENCE, STATIC_PROFILES
 
 FROZEN = [c for c in CONDITIONS if c != "unperturbed"]  # replayed with the controllers skipped
 SWEPT = [c for c in FROZEN if c != "correct"]
@@ -66,16 +66,21 @@ SWEPT = [c for c in FROZEN if c != "correct"]
 # ---- the workbench -------------------------------------------------------------------------------------
 
 
-def workbench_audit(model, windows, calib, batch_size, folder: Path, fingerprint):
+def workbench_audit(model, windows, calib, batch_size, folder: Path, fingerprint) -> tuple[ReplaySession, dict]:
     """As an audit of the checkpoint runs it: the model fingerprint taken once (``fingerprint()``: from the
-    memo in the cache root after the checkpoint's first audit), then both captures, profiles and replays."""
-    known = fingerprint()
-    eval_cache = capture(model, windows, folder / "eval", batch_size=batch_size, fingerprint=known)
-    profiles = static_profiles(
-        capture(model, calib, folder / "calib", batch_size=batch_size, fingerprint=known).batches()
-    )
-    nll = {c: replay_nll(model, windows, eval_cache, c, profiles, seed=0).double().mean().item() for c in FROZEN}
-    return eval_cache, profiles, nll
+    memo in the cache root after the checkpoint's first audit), then the session's captures, profiles and
+    replays."""
+    session = handed_in(model, windows, calib, folder, batch_size, fingerprint=fingerprint())
+    session.capture_all()
+    return session, {c: session.nll(c).double().mean().item() for c in FROZEN}
+
+
+def workbench_full_forwards(session: ReplaySession) -> None:
+    """The sweep without prefix reuse: every condition replayed at each layer alone, then the reference."""
+    for layer in range(len(session.model.controllers)):
+        for condition in SWEPT:
+            session.nll(condition, layer)
+    session.nll(REFERENCE)
 
 
 # ---- the same work by hand with nnsight -----------------------------------------------------------------
@@ -133,10 +138,22 @@ def nnsight_condition(condition, coefficients, profiles, indices, seed=0):
     return broadcast_profile(profiles[condition], slots, len(indices), correct[0].shape[1])
 
 
+def nnsight_profiles(coefficients: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """Section 4's static profiles, written out over the calibration coefficients held in memory."""
+    position_mean = [c.double().mean(dim=0) for c in coefficients]
+    global_mean = sum(p.sum() for p in position_mean) / sum(p.numel() for p in position_mean)
+    return {
+        "global_mean": [torch.as_tensor(global_mean).float() for _ in position_mean],
+        "layer_scalar": [p.mean().float() for p in position_mean],
+        "layer_mean": [p.mean(dim=0).float() for p in position_mean],
+        "layer_position_mean": [p.float() for p in position_mean],
+    }
+
+
 def nnsight_audit(traced, model, windows, calib, batch_size):
     coefficients, _ = nnsight_capture(traced, model, windows, batch_size)
     calib_coefficients, _ = nnsight_capture(traced, model, calib, batch_size)
-    profiles = static_profiles([[c[i] for c in calib_coefficients] for i in torch.arange(len(calib)).split(batch_size)])
+    profiles = nnsight_profiles(calib_coefficients)
     nll = {}
     for condition in FROZEN:
         rows = [
@@ -171,9 +188,10 @@ def forward_and_nll(model, windows, batch_size):
 
 
 def capture_profile(model, windows, batch_size, folder: Path) -> list[tuple[str, float]]:
-    """cProfile's cumulative seconds of capture's parts, largest first."""
+    """cProfile's cumulative seconds of the session's capture's parts, largest first."""
+    session = handed_in(model, windows, cache_root=folder, batch_size=batch_size)
     profiler = cProfile.Profile()
-    profiler.runcall(capture, model, windows, folder, batch_size=batch_size)
+    profiler.runcall(session.cache, EVAL)
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]  # undocumented, so absent from typeshed
     parts = {
         "model_fingerprint": "model fingerprint (sha256 of every weight)",
@@ -231,7 +249,9 @@ def main() -> None:
             args.repeats,
             {
                 "forward": lambda: forward_and_nll(model, windows, args.batch_size),
-                "capture": lambda: capture(model, windows, tmp / f"c{next(runs)}", batch_size=args.batch_size),
+                "capture": lambda: handed_in(
+                    model, windows, cache_root=tmp / f"c{next(runs)}", batch_size=args.batch_size
+                ).cache(EVAL),
             },
         )
         r["capture_profile_seconds"] = capture_profile(model, windows, args.batch_size, tmp / "profiled")
@@ -249,21 +269,18 @@ def main() -> None:
                 "nnsight": lambda: nnsight_audit(traced, model, windows, calib, args.batch_size),
             },
         )
-        (cache, profiles, nll_wb), (coefficients, nn_profiles, nll_nn) = audited["workbench"], audited["nnsight"]
-        counts = bootstrap_counts(len(windows), 100, 0)
-        sweep_args = (model, windows, cache, SWEPT, profiles, 0, counts)
+        (session, nll_wb), (coefficients, nn_profiles, nll_nn) = audited["workbench"], audited["nnsight"]
         sweeps, swept = best_of_each(
             args.repeats,
             {
-                "prefix": lambda: per_layer_sweep(*sweep_args),
-                "prefix_batched": lambda: per_layer_sweep(*sweep_args, group=conditions),
-                "full_forward": lambda: full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu"),
+                "prefix": lambda: session.sweep(SWEPT),
+                "full_forward": lambda: workbench_full_forwards(session),
                 "nnsight": lambda: nnsight_sweep(traced, model, windows, coefficients, nn_profiles, args.batch_size),
             },
         )
-        rows, nll_sweep_nn = swept["prefix"], swept["nnsight"]
-        indices = next(cache.shard_indices())
-        limit = sweep_limit(model, windows[indices], cache.coefficients(indices), conditions)
+        (nll_sweep_wb, _), nll_sweep_nn = swept["prefix"], swept["nnsight"]
+        indices = next(session.eval_cache.shard_indices())
+        limit = sweep_limit(model, windows[indices], session.coefficients(REFERENCE, indices), conditions)
     prefix = sweeps["prefix"]
     r.update(
         {
@@ -273,7 +290,6 @@ def main() -> None:
             "full_audit_seconds": audits,
             "sweep_seconds": sweeps,
             "sweep_prefix_over_full_forward": prefix / sweeps["full_forward"],
-            "sweep_prefix_batched_over_full_forward": sweeps["prefix_batched"] / sweeps["full_forward"],
             "sweep_prefix_over_nnsight": prefix / sweeps["nnsight"],
             "sweep_full_forward_over_nnsight": sweeps["full_forward"] / sweeps["nnsight"],
             "prefix_limit": (layers + 1) / (2 * layers) + 1 / (layers * conditions),
@@ -284,7 +300,7 @@ def main() -> None:
             "limit_kernel_seconds": limit["seconds"],
             "max_nll_difference_conditions": max(abs(nll_wb[c] - nll_nn[c]) for c in FROZEN),
             "max_nll_difference_per_layer": max(
-                abs(row["nll"] - nll_sweep_nn[(row["layer"], row["condition"])]) for row in rows
+                abs(nll.mean().item() - nll_sweep_nn[key]) for key, nll in nll_sweep_wb.items()
             ),
         }
     )
@@ -312,16 +328,13 @@ def markdown(r: dict) -> str:
         f"{r['head_share_logits']:.1%} from whole logits) | {r['prefix_limit_with_head']:.3f} | (what prefix reuse "
         f"can reach on this model) |",
         f"| per-layer sweep: prefix reuse / that limit | {r['sweep_prefix_over_limit_with_head']:.3f} | <= 1.1 |",
-        f"| per-layer sweep, K conditions of a layer as one batch: prefix / L x K full forwards | "
-        f"{r['sweep_prefix_batched_over_full_forward']:.3f} | (pays on a GPU, not on a CPU) |",
         f"| per-layer sweep: workbench prefix reuse / nnsight (L x K forwards) | {r['sweep_prefix_over_nnsight']:.3f} | "
         f"<= {1.1 * r['prefix_limit']:.3f} |",
         f"| per-layer sweep: workbench full forwards / nnsight | {r['sweep_full_forward_over_nnsight']:.3f} | ~1 |",
         f"| capture / (plain forward + NLL) | {r['capture_over_forward_and_nll']:.3f} | <= 1.10 |",
         "",
         f"Seconds: full audit workbench {r['full_audit_seconds']['workbench']:.1f}, nnsight "
-        f"{r['full_audit_seconds']['nnsight']:.1f}; sweep prefix {s['prefix']:.1f}, prefix batched "
-        f"{s['prefix_batched']:.1f}, full forwards {s['full_forward']:.1f}, nnsight {s['nnsight']:.1f}; plain "
+        f"{r['full_audit_seconds']['nnsight']:.1f}; sweep prefix {s['prefix']:.1f}, full forwards {s['full_forward']:.1f}, nnsight {s['nnsight']:.1f}; plain "
         f"forward + NLL {r['plain_forward_and_nll_seconds']:.2f}.",
         "",
         "Where capture's time goes (cProfile, cumulative seconds):",

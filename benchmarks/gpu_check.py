@@ -11,9 +11,9 @@ What it does, in the order a user's audit would:
 3. loads it back through ``fca_workbench.models.load_model`` (strict keys, ``auto_map`` ignored) and moves
    it to the device, as ``fca audit --device cuda --dtype bfloat16`` does, and checks every tensor is
    bit-identical to what was saved;
-4. on a few windows of seeded random token ids: times a plain forward, the capture (``capture``: forward
-   with coefficients, the model fingerprint, shards on disk) and the ``correct``, ``cross_input`` and
-   ``token_shuffle`` replays; prints tokens/s and peak GPU memory of each, the audit's automatic batch
+4. on a few windows of seeded random token ids, through the replay session users run (``ReplaySession``):
+   times a plain forward, the capture (``cache``: forward with coefficients, the model fingerprint, shards
+   on disk) and the ``correct``, ``cross_input`` and ``token_shuffle`` replays (``nll``); prints tokens/s and peak GPU memory of each, the audit's automatic batch
    size and its per-window memory estimate against the measured peak;
 5. checks that ``correct`` replay reproduces the unperturbed per-token NLL and that the two reassignments
    change it. Exit status 0 only when every check passes.
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+from bench_session import handed_in
 
 from fca_workbench.audit.budget import audit_batch_size, window_bytes
-from fca_workbench.audit.capture import capture, model_fingerprint
-from fca_workbench.audit.replay import replay_nll
+from fca_workbench.audit.inputs import EVAL
 from fca_workbench.models import load_model
 from fca_workbench.models.loading import CODE_FILES_NAMED_BY_AUTO_MAP, OFFICIAL_1P4B_CONFIG
 from fca_workbench.models.muddpythia import MUDDPythiaConfig, MUDDPythiaForCausalLM, MultiwayDynamicDenseBlock
@@ -202,18 +202,19 @@ def main(argv=None) -> int:
         clock = Clock(device)
         with clock:
             fingerprint_started = time.perf_counter()
-            model_fingerprint(model)
+            handed_in(model, windows, device=device).fingerprint  # noqa: B018 (timed)
             fingerprint_s = time.perf_counter() - fingerprint_started
         print(f"model fingerprint (also inside capture): {fingerprint_s:.1f} s")
+        session = handed_in(model, windows, cache_root=cache_dir, batch_size=batch_size, device=device)
         clock = Clock(device)
         with clock:
-            cache = capture(model, windows, cache_dir, batch_size=batch_size, device=device, desc="capture")
+            cache = session.cache(EVAL)
         phases["capture"] = clock
         per_token = {"unperturbed": cache.nll(torch.arange(len(windows)))}
         for condition in REPLAYS:
             clock = Clock(device)
             with clock:
-                per_token[condition] = replay_nll(model, windows, cache, condition, seed=0, device=device)
+                per_token[condition] = session.nll(condition)
             phases[condition] = clock
 
         print(f"\n{'phase':14s} {'seconds':>8s} {'tokens/s':>10s} {'peak GPU memory':>16s} {'above weights':>14s}")

@@ -11,11 +11,11 @@
 # %% [markdown]
 # # Controller design: what makes a FeatureGate static?
 #
-# Reads the controller-design study (`data/controller_design/<variant>-s<seed>/`: each run's `audit_summary.json` and `model_card.json`, written by `benchmarks/controller_design.py`; nothing is trained or audited here). Each variant changes one design choice of the default FeatureGate (gate range, gate input, gate groups, the controllers' weight decay or learning rate, width × depth) or several (`combo`). Per design axis: gap retention of `layer_mean`, R² of layer, cross-input ΔNLL and eval NLL of each variant, the default as the dashed reference line (its error band shaded). Error bars: the audit's 95% CI for a variant with one seed, ± the sd over seeds for one with several (each seed a grey dot); every x label says how many seeds its point has. A run folder that is unfinished or unreadable is named and left out.
+# Reads the controller-design study (`data/controller_design/<variant>-s<seed>/`: each run's `audit_summary.json` and `model_card.json`, written by `studies/controller_design.py`; nothing is trained or audited here). Each variant changes one design choice of the default FeatureGate (gate range, gate input, gate groups, the controllers' weight decay or learning rate, width × depth) or several (`combo`). Per design axis: gap retention of `layer_mean`, R² of layer, cross-input ΔNLL and eval NLL of each variant, the default as the dashed reference line (its error band shaded). Error bars: the audit's 95% CI for a variant with one seed, ± the sd over seeds for one with several (each seed a grey dot); every x label says how many seeds its point has. A run folder that is unfinished or unreadable is named and left out.
 
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
-study = None  # the study folder (benchmarks/controller_design.py --out); None: the shipped data/controller_design
+study = None  # the study folder (studies/controller_design.py --out); None: the shipped data/controller_design
 out = None  # tables/ and figures/ are written here; None: results/notebooks
 
 # %%

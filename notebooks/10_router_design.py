@@ -11,11 +11,11 @@
 # %% [markdown]
 # # Router design: which mixture-of-experts routers are static?
 #
-# Reads the router-design study (`data/router_design/<variant>-s<seed>/`: each run's `audit_summary.json` and `model_card.json`, written by `benchmarks/router_design.py`; nothing is trained or audited here). Each variant changes one design choice of the shipped MoE (a tiny Mixtral: 8 experts, top-2, load-balancing weight 0.01): experts, top-k, load-balancing weight, router z-loss, the router's input, a shared expert (GraniteMoeShared, beside its own control without one), width × depth. Each run is audited on 64 windows; its static top-k export (`fca export --profile layer_mean_topk`: each layer's k static experts, the router gone) is scored on the model card's 64 eval windows. Per design axis: gap retention of `layer_mean_topk`, cross-input ΔNLL, eval NLL, the export's eval NLL and its cost over the model, and expert-use entropy (1: every expert used equally), the default as the dashed reference line. Error bars: the audit's 95% CI for a variant with one seed (none for the NLLs and the entropy), ± the sd over seeds for one with several; every x label says how many seeds its point has. An unfinished or unreadable run folder is named and left out.
+# Reads the router-design study (`data/router_design/<variant>-s<seed>/`: each run's `audit_summary.json` and `model_card.json`, written by `studies/router_design.py`; nothing is trained or audited here). Each variant changes one design choice of the shipped MoE (a tiny Mixtral: 8 experts, top-2, load-balancing weight 0.01): experts, top-k, load-balancing weight, router z-loss, the router's input, a shared expert (GraniteMoeShared, beside its own control without one), width × depth. Each run is audited on 64 windows; its static top-k export (`fca export --profile layer_mean_topk`: each layer's k static experts, the router gone) is scored on the model card's 64 eval windows. Per design axis: gap retention of `layer_mean_topk`, cross-input ΔNLL, eval NLL, the export's eval NLL and its cost over the model, and expert-use entropy (1: every expert used equally), the default as the dashed reference line. Error bars: the audit's 95% CI for a variant with one seed (none for the NLLs and the entropy), ± the sd over seeds for one with several; every x label says how many seeds its point has. An unfinished or unreadable run folder is named and left out.
 
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
-study = None  # the study folder (benchmarks/router_design.py --out); None: the shipped data/router_design
+study = None  # the study folder (studies/router_design.py --out); None: the shipped data/router_design
 out = None  # tables/ and figures/ are written here; None: results/notebooks
 
 # %%
@@ -60,7 +60,7 @@ for figure, title, name, percent in [
 # %% [markdown]
 # ## Can the router be dropped?
 #
-# The static top-k export of the shipped MoE and of the study's most and least static designs (highest and lowest mean `layer_mean_topk` retention), fine-tuned on the train split for 10% of the study's steps (30, warm-up 5 and cosine: the study's schedule scaled) with its zero routers frozen, so the fine-tuned model still has no router (`benchmarks/router_design.py --finetune`: `fca train --init EXPORT --freeze-routers`). Recovered: (export NLL − fine-tuned NLL) / (export NLL − model NLL) on the model card's eval windows, mean ± sd over seeds (the shipped MoE: one checkpoint, fine-tuned with three seeds). The control: the model itself, router and all, fine-tuned alike (the model is not converged at 300 steps either).
+# The static top-k export of the shipped MoE and of the study's most and least static designs (highest and lowest mean `layer_mean_topk` retention), fine-tuned on the train split for 10% of the study's steps (30, warm-up 5 and cosine: the study's schedule scaled) with its zero routers frozen, so the fine-tuned model still has no router (`studies/router_design.py --finetune`: `fca train --init EXPORT --freeze-routers`). Recovered: (export NLL − fine-tuned NLL) / (export NLL − model NLL) on the model card's eval windows, mean ± sd over seeds (the shipped MoE: one checkpoint, fine-tuned with three seeds). The control: the model itself, router and all, fine-tuned alike (the model is not converged at 300 steps either).
 
 # %%
 if (study_.folder / tables.FINETUNE_FOLDER).is_dir():
@@ -84,4 +84,4 @@ if (study_.folder / tables.FINETUNE_FOLDER).is_dir():
     )
     run.figure(fig, "router_design_finetune", f"{len(finetunes)} fine-tunes in {study_.folder.name}/finetune/")
 else:
-    print(f"no fine-tune stage in {study_.folder} (benchmarks/router_design.py --finetune)")
+    print(f"no fine-tune stage in {study_.folder} (studies/router_design.py --finetune)")

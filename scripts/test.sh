@@ -8,7 +8,7 @@ scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
 .venv/bin/mypy  # [tool.mypy] in pyproject.toml; warm from .mypy_cache after the first run
-.venv/bin/deptry fca_workbench dashboards benchmarks notebooks data tests  # [tool.deptry]
+.venv/bin/deptry fca_workbench dashboards benchmarks studies notebooks data tests  # [tool.deptry]
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"

@@ -1,7 +1,7 @@
 """The controller-design options of ``fca train`` (issue 27), the study that runs them, and its results.
 
 Each option trains for 2 steps, saves, reloads as the same variant, and audits; the default run still gives
-the weights today's trainer gave; ``benchmarks/controller_design.py`` runs, summarises and resumes; the study's
+the weights today's trainer gave; ``studies/controller_design.py`` runs, summarises and resumes; the study's
 tables and notebook 09 equal an independent read of its committed files, and a broken run folder is one line.
 """
 
@@ -204,7 +204,7 @@ def test_the_model_card_names_the_variant(small_text, tmp_path):
 
 
 def load_study():
-    spec = importlib.util.spec_from_file_location("controller_design", ROOT / "benchmarks" / "controller_design.py")
+    spec = importlib.util.spec_from_file_location("controller_design", ROOT / "studies" / "controller_design.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

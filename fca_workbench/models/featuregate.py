@@ -4,7 +4,7 @@ For block l with input h (per token): ``a = 2·sigmoid(W_l · rmsnorm(h) + b_l)`
 ``a[0]`` gates the attention branch and ``a[1]`` the MLP branch, each group covering ``d/G`` channels.
 ``W_l, b_l`` start at zero, so every gate starts at 1 and the untrained model equals Dense.
 
-Two config fields vary that design (the controller-design study, ``benchmarks/controller_design.py``):
+Two config fields vary that design (the controller-design study, ``studies/controller_design.py``):
 ``gate_range`` (``GATE_RANGES``: ``2sigmoid`` as above, ``sigmoid`` in (0, 1), whose gates start at 0.5,
 ``1+tanh`` in (0, 2)) and ``gate_input`` (``GATE_INPUTS``: ``normed`` as above, ``raw``: the residual ``h``
 itself, ``detached``: ``rmsnorm(h)`` cut from the graph, so no gradient reaches the hidden state through

@@ -2,7 +2,7 @@
 reading, told apart by a ``StudyKind``: the controller-design study (issue 27, FeatureGate, the default) and the
 router-design study (issue 38, mixtures of experts).
 
-A study folder (``benchmarks/controller_design.py --out`` or ``benchmarks/router_design.py --out``; shipped:
+A study folder (``studies/controller_design.py --out`` or ``studies/router_design.py --out``; shipped:
 ``data/controller_design``, ``data/router_design``) holds one folder per run, ``<variant>-s<seed>/``, with the
 run's audit summary and model card. A run folder missing either, or
 holding one that is not what the study writes, is left out with one line saying why, so a study still being

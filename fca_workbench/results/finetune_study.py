@@ -1,4 +1,4 @@
-"""The router study's fine-tune stage (``benchmarks/router_design.py --finetune``) as DataFrames: each
+"""The router study's fine-tune stage (``studies/router_design.py --finetune``) as DataFrames: each
 fine-tuned static top-k export's eval NLL, and the share of the correct → ``layer_mean_topk`` gap it recovers,
 mean ± sd over seeds. Summaries are read and checked as the study's runs are (``design_study.read_checked``).
 """
@@ -18,7 +18,7 @@ from fca_workbench.results.tabular import Column, make_table
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
 
-# the fine-tune stage of the router study (``benchmarks/router_design.py --finetune``): the models it fine-tunes
+# the fine-tune stage of the router study (``studies/router_design.py --finetune``): the models it fine-tunes
 # the exports of, in the order its tables show them, and the figures of each summary
 SHIPPED, MOST_STATIC, LEAST_STATIC = "shipped", "most static", "least static"
 FINETUNE_COLUMNS = [
@@ -53,7 +53,7 @@ def read_finetunes(folder: str | Path | None = None) -> list[dict]:
     stage = Path(folder or ROUTER_STUDY.folder) / FINETUNE_FOLDER
     names = sorted(p.name for p in stage.iterdir() if p.is_dir()) if stage.is_dir() else []
     if not names:
-        raise UserError(f"no fine-tune of the router-design study in {stage} (benchmarks/router_design.py --finetune)")
+        raise UserError(f"no fine-tune of the router-design study in {stage} (studies/router_design.py --finetune)")
     return [read_checked(stage, name, FINETUNE_SUMMARY_FILE, FINETUNE_SCHEMA) for name in names]
 
 

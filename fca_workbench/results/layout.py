@@ -9,7 +9,7 @@ its config and index, the audits under ``audits/`` (each with its ``provenance.j
 per finished shard under ``shards/``. The coefficient cache's own files (manifest, shards) are
 ``audit.capture``'s; its lock, like an output folder's, is ``LOCK_FILE``; the cache root also remembers the
 fingerprints of the checkpoints audited there (``FINGERPRINT_MEMO``, ``audit.fingerprint_memo``).
-A study folder (``benchmarks/controller_design.py --out``) holds one folder per run: its summary and the model
+A study folder (``studies/controller_design.py --out``) holds one folder per run: its summary and the model
 card of its checkpoint (``checkpoint.TRAIN_CARD_FILE``).
 """
 
@@ -48,7 +48,7 @@ def shard_record_file(index: int, count: int) -> str:
     return f"{index}-of-{count}.json"
 
 
-STUDY_SUMMARY_FILE = "audit_summary.json"  # in each run folder of a study (benchmarks/controller_design.py)
+STUDY_SUMMARY_FILE = "audit_summary.json"  # in each run folder of a study (studies/controller_design.py)
 
 
 def cache_root(cache: str | Path | None, audit_dir: str | Path | None) -> Path:

@@ -1,6 +1,6 @@
 """The controller-design study (issue 27): which FeatureGate design choices make the gates static?
 
-    OMP_NUM_THREADS=1 python benchmarks/controller_design.py [--work /tmp/controller_design]
+    OMP_NUM_THREADS=1 python studies/controller_design.py [--work /tmp/controller_design]
         [--out data/controller_design] [--shard K/N] [--list | --table]
 
 Every variant is ``fca train --arch featuregate --seed S --steps 300`` plus its flags (``VARIANTS``: the

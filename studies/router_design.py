@@ -1,6 +1,6 @@
 """The router-design study (issue 38): which mixture-of-experts router designs make routing static?
 
-    OMP_NUM_THREADS=1 python benchmarks/router_design.py [--work /tmp/router_design]
+    OMP_NUM_THREADS=1 python studies/router_design.py [--work /tmp/router_design]
         [--out data/router_design] [--shard K/N] [--list | --table]
 
 Every variant is ``fca train --hf-config WORK/configs/<variant>.json --seed S --steps 300`` plus its flags: the
