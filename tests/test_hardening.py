@@ -431,7 +431,7 @@ def test_buffers_count_with_parameters_before_loading(tmp_path, monkeypatch):
     import fca_workbench.models.limits as limits
     from fca_workbench.adapters.controlled import load_controlled
     from fca_workbench.data.tokenizer import load_tokenizer
-    from tests.zoo import build_any, save
+    from zoo import build_any, save
 
     folder = save(build_any("gpt_neo"), tmp_path / "gpt_neo", load_tokenizer())
     config = json.loads((folder / "config.json").read_text())
