@@ -427,11 +427,11 @@ def test_buffers_count_with_parameters_before_loading(tmp_path, monkeypatch):
     """gpt_neo keeps a causal mask of the context squared per layer (a buffer, not persistent, in no weight
     file): at 8,192 positions 64 MiB a layer against 4 MiB of weights. The check before loading counts it."""
     import transformers
+    from zoo import build_any, save
 
     import fca_workbench.models.limits as limits
     from fca_workbench.adapters.controlled import load_controlled
     from fca_workbench.data.tokenizer import load_tokenizer
-    from zoo import build_any, save
 
     folder = save(build_any("gpt_neo"), tmp_path / "gpt_neo", load_tokenizer())
     config = json.loads((folder / "config.json").read_text())
