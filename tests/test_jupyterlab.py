@@ -194,9 +194,9 @@ def test_explore_notebook_in_jupyterlab(lab):
                 w: dropdown(page, w).locator("select").evaluate("s => s.options[s.selectedIndex].text")
                 for w in ("model", "layer", "condition")
             }
-            assert selected == {"model": "featuregate-tiny", "layer": "all", "condition": "cross_input"}
+            assert selected == {"model": "featuregate-tiny", "layer": "all layers", "condition": "cross_input"}
 
-            dropdown(page, "layer").locator("select").select_option(label="1")
+            dropdown(page, "layer").locator("select").select_option(label="layer 1")
             by_layer = changed(page, first, "featuregate-tiny, layer 1")
             dropdown(page, "condition").locator("select").select_option(label="token_shuffle")
             by_condition = changed(page, by_layer, "ΔNLL of token_shuffle (layer 1)")
