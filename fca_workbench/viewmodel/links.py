@@ -86,7 +86,7 @@ def fitted_layer(layer: int | None, num_layers: int) -> int:
 def fitted_condition(condition: str | None, offered: Sequence[str], default: str = DEFAULT_CONDITION) -> str:
     """The condition choice kept when ``offered`` has it (a checkpoint's conditions, the registry's registered
     ones among them), else ``default``."""
-    return condition if condition in offered else default
+    return condition if condition is not None and condition in offered else default
 
 
 def heat_layer_options(num_layers: int) -> dict[str, int]:
