@@ -1,7 +1,9 @@
 """The project's Jupyter kernel and the execution of one notebook through papermill.
 
 A notebook's source is percent-format Python (jupytext: ``# %%`` cells), which editors, ruff and mypy read as
-code; it is converted to a notebook when it runs, so no second copy can drift from it.
+code; it is converted to a notebook when it runs, so no second copy can drift from it. A run's notebooks are
+the shipped ones, by name, and a researcher's own, by the path of their ``.py`` or ``.ipynb``, whose kernel
+starts in its own folder so its relative paths mean what they mean in JupyterLab.
 
 Every notebook of ``fca reproduce`` runs on the kernel ``fca-workbench`` (installed by ``scripts/setup.sh``,
 or here when absent), which must run this very Python; a failing notebook is reported in one line and the
