@@ -36,19 +36,15 @@ condition = None  # condition to compare with correct; None: cross_input
 window_index = 0  # eval window to show
 
 # %%
-from pathlib import Path
-
 import ipywidgets as widgets
 import plotly.express as px
-import plotly.graph_objects as go
 from IPython.display import Markdown, display
-from plotly.subplots import make_subplots
 
 import fca_workbench
-from fca_workbench.foundation.errors import UserError
 from fca_workbench.notebooks import tables
+from fca_workbench.notebooks.explore_view import ExploreView
 from fca_workbench.notebooks.reproduce import NotebookRun
-from fca_workbench.results.conditions import CROSS_INPUT, REFERENCE
+from fca_workbench.results.conditions import REFERENCE
 
 tables.use_paper_style()  # Okabe-Ito colours on white, for every figure below
 run = NotebookRun(
@@ -67,124 +63,72 @@ run = NotebookRun(
     cache=cache,
 )
 run.check()
-checkpoints_ = {Path(c).name: c for c in run.checkpoints}  # opened when first selected, not before
-
-
-# %%
-def figures(name, layer, condition, window_):
-    e = run.explorer(checkpoints_[name])
-    correct, assigned = e.coefficients(REFERENCE, window_), e.coefficients(condition, window_, layer)
-    if layer is None:
-        z = [tables.layer_position_matrix(c).tolist() for c in (correct, assigned)]
-        y = [f"layer {l}" for l in range(e.num_layers)]
-    else:
-        z = [c[layer].flatten(1).T.tolist() for c in (correct, assigned)]
-        y = tables.slot_labels(e.slot_shapes[layer], e.arch, e.routers[layer])
-    heat = make_subplots(
-        rows=2,
-        cols=1,
-        vertical_spacing=0.12,
-        subplot_titles=[f"{REFERENCE}: window {window_}", f"{condition}: what the replay gets"],
-    )
-    for row, values in enumerate(z, start=1):
-        heat.add_trace(go.Heatmap(z=values, y=y, coloraxis="coloraxis"), row=row, col=1)
-    where = "all layers" if layer is None else f"layer {layer}"
-    heat.update_layout(
-        title=f"{name}, {where}: coefficients by position" + (" (mean over slots)" if layer is None else ""),
-        height=520,
-        coloraxis={
-            "colorscale": "Viridis",
-            "colorbar": {"title": "coefficient" + (" (slot mean)" if layer is None else "")},
-        },
-    )
-    heat.update_xaxes(title_text="position")
-    heat.update_yaxes(title_text="layer" if layer is None else "slot")
-    table = e.window_table(condition, window_, layer)
-    line = px.line(
-        table,
-        x="position",
-        y="delta",
-        hover_data=["token"],
-        markers=True,
-        height=320,
-        labels={"delta": f"ΔNLL against {REFERENCE} (nats)"},
-        title=f"{name}, window {window_}: ΔNLL of {condition} ({where}) against {REFERENCE}",
-    )
-    return heat, line, table
-
+explore = ExploreView(run, model)  # a model is opened when first selected, not before
 
 # %%
-first = model or next(iter(checkpoints_))
-if first not in checkpoints_:
-    raise ValueError(f"model {first!r} is not among the checkpoints: {', '.join(checkpoints_)}")
-
-ALL = "all"  # the layer dropdown's value for every layer at once (a None value would show an empty label)
 wide = {"description_width": "initial"}
-model_w = widgets.Dropdown(options=list(checkpoints_), value=first, description="model", style=wide)
+model_w = widgets.Dropdown(options=list(explore.checkpoints), value=explore.model, description="model", style=wide)
 layer_w = widgets.Dropdown(description="layer", style=wide)
 condition_w = widgets.Dropdown(description="condition", style=wide)
 window_w = widgets.IntSlider(min=0, description="window", continuous_update=False, style=wide)
+notes = widgets.HTML()
 view = widgets.Output()
-# the capture's progress bars show in an Output of their own, cleared once the model is open: tqdm closes a
-# finished bar's widget, and a closed widget left in ``view`` would break what ``view`` shows next
+# the status line and the capture's progress bars show in an Output of their own, cleared once the model is open:
+# tqdm closes a finished bar's widget, and a closed widget left in ``view`` would break what ``view`` shows next
 opening = widgets.Output()
-note = display(
-    Markdown(f"Opening `{first}` (its eval capture, or the one already in `{run.cache}`) ..."), display_id=True
-)
-run.explorer(checkpoints_[first])
-note.update(Markdown(""))  # gone once open: the model shown is the dropdown's
-selection = {"explorer": None, "updating": False}
+updating = [False]  # while the choices are set from the model's, their changes render nothing
 
 
-def configure(e, layer_, condition_, window_):
-    """Point the layer, condition and window widgets at explorer ``e`` (None: a model that cannot be explored),
-    keeping the given selection where ``e`` has it."""
-    selection.update(explorer=e, updating=True)
+def say(line):
+    if line:
+        tables.show_text_in(opening, line)
+    else:
+        tables.show_in(opening)  # cleared
+
+
+def choose(choices):
+    updating[0] = True
     try:
         for w in (layer_w, condition_w, window_w):
-            w.disabled = e is None
-        if e is not None:
-            layer_w.options = [(ALL, ALL)] + [(str(l), l) for l in range(e.num_layers)]
-            layer_w.value = layer_ if layer_ in range(e.num_layers) else ALL
-            condition_w.options = [c for c in e.conditions if c != REFERENCE]  # routers add layer_mean_topk
-            condition_w.value = condition_ if condition_ in condition_w.options else CROSS_INPUT
-            window_w.max = len(e.windows) - 1
-            window_w.value = min(window_, window_w.max)
+            w.disabled = not choices.enabled
+        if not choices.enabled:  # a model that cannot be explored: its message shows instead
+            return
+        layer_w.options, layer_w.value = list(choices.layers.items()), choices.layer
+        condition_w.options, condition_w.value = choices.conditions, choices.condition
+        window_w.max, window_w.value = choices.last_window, choices.window
     finally:  # a failed update must not leave every later render skipped
-        selection["updating"] = False
+        updating[0] = False
 
 
 # a callback's exception shows in ``view`` (ipywidgets would only log it); ``view`` changes only by setting its
 # outputs, never by capturing prints, so no update can arrive after a later one
 @tables.errors_shown_in(view)
 def render(*_):
-    if selection["updating"] or selection["explorer"] is None:
+    if updating[0]:
         return
-    layer_ = None if layer_w.value == ALL else layer_w.value
-    heat, line, _ = figures(model_w.value, layer_, condition_w.value, window_w.value)
-    tables.show_in(view, heat, line)
+    shown = explore.show(layer_w.value, condition_w.value, window_w.value)
+    notes.value = "; ".join(shown.notes)
+    if shown.figures:
+        tables.show_in(view, *shown.figures)
+    else:
+        tables.show_text_in(view, shown.message or "")
 
 
 @tables.errors_shown_in(view)
 def on_model(*_):
     tables.show_in(view)  # cleared
     with opening:
-        display(Markdown(f"Opening `{model_w.value}` ..."))
-        try:
-            e = run.explorer(checkpoints_[model_w.value])
-        except UserError as exc:  # e.g. a Dense model: no controller, no coefficients
-            e = None
-            tables.show_text_in(view, f"**{model_w.value}**: {exc}")
-    opening.clear_output()
-    configure(e, layer_w.value, condition_w.value, window_w.value)
+        choose(explore.open(model_w.value, layer_w.value, condition_w.value, window_w.value, say))
     render()
 
 
-configure(run.explorer(checkpoints_[first]), layer, condition, window_index)
+# the first model opens before the widgets show: its status line and progress bars under the cell
+status = display(Markdown(""), display_id=True)
+choose(explore.open(explore.model, layer, condition, window_index, lambda line: status.update(Markdown(line))))
 model_w.observe(on_model, names="value")
 for w in (layer_w, condition_w, window_w):
     w.observe(render, names="value")
-display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), opening, view]))
+display(widgets.VBox([widgets.HBox([model_w, layer_w]), widgets.HBox([condition_w, window_w]), notes, opening, view]))
 render()
 
 # %% [markdown]
@@ -212,10 +156,9 @@ else:
 # The selection the notebook was run with, written as a table and figures (for papermill runs):
 
 # %%
-heat, line, table = figures(
-    model_w.value, None if layer_w.value == ALL else layer_w.value, condition_w.value, window_w.value
-)
-caption = f"{model_w.value}, eval window {window_w.value}; seed {seed}"
-run.write_figure(heat, "explore_coefficients", caption)
-run.write_figure(line, "explore_delta_nll", caption)
-run.write_table(table)
+shown = explore.show(layer_w.value, condition_w.value, window_w.value)
+if shown.figures:
+    heat, line = shown.figures
+    run.write_figure(heat, "explore_coefficients", shown.caption)
+    run.write_figure(line, "explore_delta_nll", shown.caption)
+    run.write_table(shown.table)

@@ -31,6 +31,8 @@ NOTEBOOK = ROOT / "notebooks" / "explore.py"
 # server extensions the notebook does not use (Panel's takes ~9 s to import on the loaded reference machine)
 UNUSED_SERVER_EXTENSIONS = ("panel.io.jupyter_server_extension", "jupyter_lsp", "jupyter_server_terminals")
 STDERR = '.jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'
+# A dropdown's chosen label, its spaces as typed (ipywidgets shows them as no-break spaces)
+SELECTED_LABEL = "s => s.options[s.selectedIndex].text.replace(/\\u00a0/g, ' ')"
 # Every plotly figure on the page: its title and each trace's values (heatmap z, line y).
 FIGURES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => ({
     title: el.layout.title.text, data: JSON.stringify(el.data.map(d => d.z || d.y))}))"""
@@ -43,6 +45,8 @@ def working_copy(folder: Path, checkpoints: dict) -> Path:
 
     source = read_notebook(NOTEBOOK)
     source.metadata["papermill"] = {}  # what papermill's own reader adds, and parameterize_notebook fills
+    for cell in source.cells:
+        cell.metadata.setdefault("tags", [])  # as papermill's reader gives every cell, and parameterize_notebook reads
     nb = parameterize_notebook(
         source,
         {
@@ -54,6 +58,7 @@ def working_copy(folder: Path, checkpoints: dict) -> Path:
             "cache": str(folder / "cache"),
         },
     )
+    nb.metadata.pop("jupytext", None)  # an .ipynb of its own, not one paired with a percent-format source
     path = folder / "notebooks" / "explore.ipynb"
     path.parent.mkdir()
     nbformat.write(nb, path)
@@ -191,12 +196,11 @@ def test_explore_notebook_in_jupyterlab(lab):
             first = figures(page)
             assert any(t.startswith("featuregate-tiny, all layers") for t in first), list(first)
             selected = {
-                w: dropdown(page, w).locator("select").evaluate("s => s.options[s.selectedIndex].text")
-                for w in ("model", "layer", "condition")
+                w: dropdown(page, w).locator("select").evaluate(SELECTED_LABEL) for w in ("model", "layer", "condition")
             }
-            assert selected == {"model": "featuregate-tiny", "layer": "all", "condition": "cross_input"}
+            assert selected == {"model": "featuregate-tiny", "layer": "all layers", "condition": "cross_input"}
 
-            dropdown(page, "layer").locator("select").select_option(label="1")
+            dropdown(page, "layer").locator("select").select_option(label="layer 1")
             by_layer = changed(page, first, "featuregate-tiny, layer 1")
             dropdown(page, "condition").locator("select").select_option(label="token_shuffle")
             by_condition = changed(page, by_layer, "ΔNLL of token_shuffle (layer 1)")

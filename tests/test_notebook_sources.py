@@ -34,8 +34,8 @@ def test_the_sources_are_the_notebooks_reproduce_knows():
 def test_each_source_is_a_parameterised_notebook_of_the_project_kernel(path):
     text = path.read_text()
     assert "\n# %%" in text and text.startswith("# ---\n# jupyter:")  # percent format, with its header
+    assert jupytext.read(path).metadata.kernelspec.name == reproduce.KERNEL_NAME  # as JupyterLab opens it
     nb = read_notebook(path)
-    assert nb.metadata.kernelspec.name == reproduce.KERNEL_NAME
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
     assert sum("parameters" in cell.metadata.get("tags", []) for cell in nb.cells) == 1
     assert "out" in notebook_parameters(path)  # papermill finds the parameters cell; fca reproduce sets out

@@ -26,3 +26,8 @@ def one_line(exc: BaseException) -> str:
     """The whole message with its line breaks folded into spaces, for short messages whose detail is on
     their second line (transformers' config validation: ``Validation error for field 'x':`` then why)."""
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def internal_error(exc: BaseException) -> str:
+    """A bug's one line where a view shows it (the dashboard, the explorer): named as one, the view still working."""
+    return f"internal error ({type(exc).__name__}: {exc}); the session keeps working"

@@ -1,7 +1,9 @@
 """The project's Jupyter kernel and the execution of one notebook through papermill.
 
 A notebook's source is percent-format Python (jupytext: ``# %%`` cells), which editors, ruff and mypy read as
-code; it is converted to a notebook when it runs, so no second copy can drift from it.
+code; it is converted to a notebook when it runs, so no second copy can drift from it. A run's notebooks are
+the shipped ones, by name, and a researcher's own, by the path of their ``.py`` or ``.ipynb``, whose kernel
+starts in its own folder so its relative paths mean what they mean in JupyterLab.
 
 Every notebook of ``fca reproduce`` runs on the kernel ``fca-workbench`` (installed by ``scripts/setup.sh``,
 or here when absent), which must run this very Python; a failing notebook is reported in one line and the
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from traitlets.config import Config
 
 KERNEL_NAME = "fca-workbench"
+KERNEL_DISPLAY_NAME = "Python (fca-workbench)"
 SOURCE_SUFFIX = ".py"
 NOTEBOOK_SUFFIX = ".ipynb"
 
@@ -39,11 +42,37 @@ def notebook_stem(name: str) -> str:
     return str(name).removesuffix(SOURCE_SUFFIX).removesuffix(NOTEBOOK_SUFFIX)
 
 
+def notebook_sources(names: list[str], notebook_dir: Path) -> dict[str, Path]:
+    """Each notebook of a run by its name: a shipped one in ``notebook_dir`` by its stem, or a researcher's own
+    by its path (a percent-format ``.py`` or an ``.ipynb``, relative to the current folder); one line for a name
+    that is neither, or for two notebooks with one name (their executed notebooks and files would collide)."""
+    shipped = sorted(p.stem for p in Path(notebook_dir).glob(f"*{SOURCE_SUFFIX}"))
+    sources: dict[str, Path] = {}
+    for name in names:
+        given = Path(str(name))
+        if notebook_stem(name) in shipped and given.parent == Path("."):
+            stem, source = notebook_stem(name), Path(notebook_dir) / f"{notebook_stem(name)}{SOURCE_SUFFIX}"
+        elif given.suffix in (SOURCE_SUFFIX, NOTEBOOK_SUFFIX) and given.is_file():
+            stem, source = given.stem, given.resolve()
+        else:
+            raise UserError(
+                f"unknown notebook '{name}' (available: {', '.join(shipped)}; "
+                f"or the path of your own {SOURCE_SUFFIX} or {NOTEBOOK_SUFFIX} notebook)"
+            )
+        if stem in sources and sources[stem] != source:
+            raise UserError(f"two notebooks of this run are named {stem}: {sources[stem]} and {source}")
+        sources[stem] = source
+    return sources
+
+
 def read_notebook(source: Path) -> NotebookNode:
     """A notebook source (percent-format ``.py``, or an ``.ipynb``) as the notebook papermill executes."""
     import jupytext
 
-    return jupytext.read(source)
+    notebook = jupytext.read(source)
+    # every notebook runs on the project's kernel, so it says so (a researcher's own may name none, or another)
+    notebook.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY_NAME, "language": "python"}
+    return notebook
 
 
 def notebook_parameters(source: Path) -> dict:
@@ -62,6 +91,9 @@ class NotebookJob:
     name: str
     source: Path
     parameters: dict
+    folder: Path | None = (
+        None  # where its kernel starts: a researcher's own notebook, its folder; else beside the executed one
+    )
 
 
 def ensure_kernel(name: str = KERNEL_NAME) -> dict:
@@ -74,7 +106,7 @@ def ensure_kernel(name: str = KERNEL_NAME) -> dict:
     except NoSuchKernel:
         from ipykernel.kernelspec import install
 
-        install(kernel_name=name, display_name="Python (fca-workbench)", prefix=sys.prefix)
+        install(kernel_name=name, display_name=KERNEL_DISPLAY_NAME, prefix=sys.prefix)
         print(f"installed the Jupyter kernel '{name}' for {sys.executable} into {sys.prefix}", file=sys.stderr)
         spec = KernelSpecManager().get_kernel_spec(name)
     python = spec.argv[0]
@@ -141,7 +173,7 @@ def run_notebook(job: NotebookJob, out: Path) -> NotebookResult:
                 request_save_on_cell_execute=False,
                 # the kernel starts in the notebook's folder (nbclient's resources path); papermill's own cwd=
                 # would chdir this whole process, which notebooks running side by side in threads race on
-                resources={"metadata": {"path": str(output.parent)}},
+                resources={"metadata": {"path": str(job.folder or output.parent)}},
                 config=local_kernel(Path(sockets)),
             )
     except Exception as exc:  # a notebook's failure is reported, and the others still run

@@ -48,11 +48,11 @@ from fca_workbench.notebooks.notebook_execution import (
     KERNEL_NAME as KERNEL_NAME,
 )
 from fca_workbench.notebooks.notebook_execution import (
-    SOURCE_SUFFIX,
     NotebookJob,
     NotebookResult,
     ensure_kernel,
     notebook_parameters,
+    notebook_sources,
     notebook_stem,
     run_notebook,
 )
@@ -185,13 +185,7 @@ def plan(
                 "leaves out: drop one of the two"
             )
         names = [n for n in names if n != PER_LAYER_NOTEBOOK]
-    available = sorted(p.stem for p in Path(notebook_dir).glob(f"*{SOURCE_SUFFIX}"))
-    sources = {}
-    for name in names:
-        stem = notebook_stem(name)
-        if stem not in available:
-            raise UserError(f"unknown notebook '{name}' (available: {', '.join(available)})")
-        sources[stem] = Path(notebook_dir) / f"{stem}{SOURCE_SUFFIX}"
+    sources = notebook_sources(names, Path(notebook_dir))
     declared = {name: notebook_parameters(path) for name, path in sources.items()}
 
     shared = config.get("parameters", {}) or {}
@@ -274,7 +268,8 @@ def plan(
                 )
             audits.setdefault(checkpoint, settings)
             first_user.setdefault(checkpoint, stem)
-        jobs.append(NotebookJob(stem, source, params))
+        own = None if source.parent.resolve() == Path(notebook_dir).resolve() else source.parent
+        jobs.append(NotebookJob(stem, source, params, own))
     ensure_kernel()
     return Plan(out, jobs, audits, cache, str(config_path) if config_path else None, overwrite, processes)
 

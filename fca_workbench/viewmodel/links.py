@@ -49,8 +49,7 @@ class Selection:
 
     @property
     def replay_layer(self) -> int | None:
-        """The layer the intervention goes to (None: every layer)."""
-        return None if self.layer in (None, ALL_LAYERS) else int(self.layer)
+        return replay_layer(self.layer)
 
     @property
     def chosen_donor(self) -> int | None:
@@ -69,9 +68,25 @@ class Selection:
         return int(self.seed)
 
 
+def replay_layer(layer: int | None) -> int | None:
+    """The layer an intervention goes to from the layer choice (None: every layer)."""
+    return None if layer in (None, ALL_LAYERS) else int(layer)
+
+
 def layer_options(num_layers: int) -> dict[str, int]:
     """The layer choice: every layer at once, or one."""
     return {ALL_LAYERS_LABEL: ALL_LAYERS, **heat_layer_options(num_layers)}
+
+
+def fitted_layer(layer: int | None, num_layers: int) -> int:
+    """The layer choice kept when the model has it, else every layer (``ALL_LAYERS``)."""
+    return layer if layer is not None and layer in range(num_layers) else ALL_LAYERS
+
+
+def fitted_condition(condition: str | None, offered: Sequence[str], default: str = DEFAULT_CONDITION) -> str:
+    """The condition choice kept when ``offered`` has it (a checkpoint's conditions, the registry's registered
+    ones among them), else ``default``."""
+    return condition if condition is not None and condition in offered else default
 
 
 def heat_layer_options(num_layers: int) -> dict[str, int]:
@@ -114,11 +129,11 @@ def fitted(
         slot_options(model),
     )
     conditions = list(model.conditions)  # routers add layer_mean_topk
-    condition = condition if condition in conditions else DEFAULT_CONDITION
+    condition = fitted_condition(condition, conditions)
     last = len(model.eval_windows) - 1
     return Fitted(
         layers=layers,
-        layer=layer if layer is not None and layer in layers.values() else ALL_LAYERS,
+        layer=fitted_layer(layer, model.num_layers),
         heat_layers=heat_layers,
         heat_layer=min(max(heat_layer or 0, 0), model.num_layers - 1),
         slots=slots,

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.errors import UserError, internal_error
 from fca_workbench.viewmodel.links import Selection
 from fca_workbench.viewmodel.live import Analysis, DashboardSession, SharedModel
 from fca_workbench.viewmodel.pool import MODELS
@@ -123,8 +123,7 @@ class Updates:
             return
         except Exception as exc:  # a bug must not take the server (or this session) down: report and carry on
             log.error("dashboard update failed:\n%s", traceback.format_exc())
-            message = f"internal error ({type(exc).__name__}: {exc}); the session keeps working"
-            await self.document.call(self._finish, view, generation, started, None, message)
+            await self.document.call(self._finish, view, generation, started, None, internal_error(exc))
 
     def _finish(
         self, view: LiveView, generation: int, started: float, analysis: Analysis | None, message: str | None
