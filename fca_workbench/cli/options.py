@@ -178,10 +178,16 @@ def add_train_options(train: argparse.ArgumentParser) -> None:
         "--warmup", type=flags.positive_int, default=50, help="linear warm-up steps before the cosine (default 50)"
     )
     train.add_argument(
-        "--save-every", type=flags.positive_int, default=100, help="checkpoint every N steps, and at the end (default 100)"
+        "--save-every",
+        type=flags.positive_int,
+        default=100,
+        help="checkpoint every N steps, and at the end (default 100)",
     )
     train.add_argument(
-        "--stop-after", type=flags.positive_int, default=None, help="stop (checkpointed) after N steps of this run (default: run to --steps)"
+        "--stop-after",
+        type=flags.positive_int,
+        default=None,
+        help="stop (checkpointed) after N steps of this run (default: run to --steps)",
     )
     train.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     train.add_argument(

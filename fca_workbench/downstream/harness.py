@@ -11,7 +11,6 @@ import argparse
 import importlib.metadata
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -69,7 +68,7 @@ class FcaLM(WorkbenchLM):
             dtype=dtype or fixed.get("dtype", "float32"),
             seed=seed,
             device=lm_eval_device(device),
-            batch_size=int(batch_size) if str(batch_size).isdigit() else None,  # "auto": the audit's own fit
+            batch_size=int(str(batch_size)) if str(batch_size).isdigit() else None,  # "auto": the audit's own fit
             trust_remote_code=trust_remote_code is True or str(trust_remote_code).lower() == "true",
             cache=self._cache.name,
         )
@@ -151,4 +150,3 @@ def binding_path(results: Path) -> Path:
     if stem.startswith("results"):
         return results.with_name(BINDING_PREFIX + stem[len("results") :] + ".json")
     return results.with_name(f"{stem}.{BINDING_PREFIX}.json")
-
