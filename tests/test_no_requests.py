@@ -62,18 +62,44 @@ def gpt_neo(tmp_path_factory):
     return save(build_any("gpt_neo"), tmp_path_factory.mktemp("foreign") / "gpt_neo", load_tokenizer())
 
 
-@pytest.mark.parametrize("which", ["shipped", "foreign"])
-def test_an_audit_of_a_local_folder_sends_no_request(which, gpt_neo, tmp_path):
-    folder = DATA_DIR / "checkpoints" / "moe-s0" if which == "shipped" else gpt_neo
+def fca_logged(*args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``fca ARGS`` with the hub and every proxy at a fresh logger: its result and the requests the logger saw."""
     with request_logger() as (url, seen):
         result = subprocess.run(
-            [sys.executable, "-m", "fca_workbench", "audit", str(folder), "--max-windows", "2", "--batch-size", "2"]
-            + ["--out", str(tmp_path / "audit")],
+            [sys.executable, "-m", "fca_workbench", *args],
             capture_output=True,
             text=True,
             env=logged_environment(url),
             timeout=COMMAND_SECONDS,
         )
+    return result, seen
+
+
+def assert_no_request(result: subprocess.CompletedProcess, seen: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     assert seen == []
     assert "offline mode" not in result.stderr  # the kernels package's note on each kernel transformers looks for
+
+
+@pytest.mark.parametrize("which", ["shipped", "foreign"])
+def test_an_audit_of_a_local_folder_sends_no_request(which, gpt_neo, tmp_path):
+    folder = DATA_DIR / "checkpoints" / "moe-s0" if which == "shipped" else gpt_neo
+    audit = ["audit", str(folder), "--max-windows", "2", "--batch-size", "2", "--out", str(tmp_path / "audit")]
+    assert_no_request(*fca_logged(*audit))
+
+
+def test_an_export_of_a_local_folder_sends_no_request(tmp_path):
+    folder = DATA_DIR / "checkpoints" / "featuregate-s0"
+    export = ["export", str(folder), "--profile", "layer_mean", "--max-windows", "2", "--out", str(tmp_path / "e")]
+    assert_no_request(*fca_logged(*export))
+
+
+def test_an_eval_of_a_local_folder_on_a_shipped_task_sends_no_request(tmp_path):
+    folder = DATA_DIR / "checkpoints" / "featuregate-s0"
+    args = ["eval", str(folder), "--tasks", "fca_next_line", "--limit", "2", "--max-windows", "2"]
+    assert_no_request(*fca_logged(*args, "--out", str(tmp_path / "eval")))
+
+
+def test_training_from_a_local_folder_sends_no_request(gpt_neo, tmp_path):
+    args = ["train", "--init", str(gpt_neo), "--steps", "2", "--warmup", "1", "--window", "16", "--batch-size", "2"]
+    assert_no_request(*fca_logged(*args, "--out", str(tmp_path / "tuned")))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, BertConfig, BertLMHeadModel
 
 import fca_workbench.models  # noqa: F401  (registers the Auto classes)
-from fca_workbench.cli import main
+from fca_workbench.cli import build_parser, main
 from fca_workbench.data.corpus import split_path
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
@@ -524,3 +524,24 @@ def test_an_init_that_is_not_a_trainable_causal_lm_is_one_line(kind, extra, frag
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
     assert not (tmp_path / "o").exists()
+
+
+def test_a_warm_up_that_outlasts_the_run_is_one_warning_and_the_report_never_says_none(small_text, tmp_path, capsys):
+    args = ["train", "--arch", "dense", "--layers", "1", "--width", "8", "--heads", "1", "--window", "16"]
+    assert main([*args, "--batch-size", "2", "--steps", "3", "--train", small_text, "--out", str(tmp_path / "r")]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if line.startswith("fca: warning:")]
+    assert len(warnings) == 1 and "--warmup 50" in warnings[0] and "--steps 3" in warnings[0]
+    assert "None" not in out and "no controller coefficients (dense has no controller)" in out
+
+
+def test_a_warm_up_shorter_than_the_run_says_nothing():
+    assert TrainSettings(arch="dense", steps=51, warmup=50).warmup_warning() is None
+    assert TrainSettings(arch="dense", steps=50, warmup=50).warmup_warning() is not None
+
+
+def test_every_train_option_shows_its_default_in_help():
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
+    chosen = {"help", "arch", "hf_config", "init", "out"}  # the model is chosen, the folder named: no default
+    options = [action for action in train_parser._actions if action.dest not in chosen]
+    assert options and [a.dest for a in options if "default" not in (a.help or "")] == []

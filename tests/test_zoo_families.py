@@ -13,7 +13,7 @@ import zoo
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.classification import FAMILIES, SLOW, classification_note, family_table
+from fca_workbench.adapters.classification import FAMILIES, INDEXER, SLOW, classification_note, family_table
 from fca_workbench.foundation.errors import UserError
 
 MAPPING = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -80,6 +80,18 @@ def test_a_gate_in_a_looped_layer_is_a_controller_per_call_each_replayed_with_it
     outputs = [output for name in gates for output in seen[name]]
     assert all(torch.equal(v[COEFFICIENT], out) for v, out in zip(values, outputs, strict=True))
     assert torch.equal(replayed, live) and not torch.equal(moved, live)
+
+
+def test_deepseek_v32s_learned_indexer_is_named_in_left_out_with_its_reason():
+    controlled = TransformersControlled(zoo.build_any("deepseek_v32"))
+    assert controlled.left_out == [
+        f"model.layers.{i}.self_attn.indexer (DeepseekV32Indexer): {INDEXER}" for i in range(2)
+    ]
+    assert "learned, input-dependent attention sparsity" in INDEXER
+
+
+def test_an_indexer_without_weights_is_the_attentions_own_sparsity_not_left_out():
+    assert not TransformersControlled(zoo.build_any("kolibri1_1")).left_out
 
 
 def test_a_looped_controller_called_more_often_in_a_replay_than_at_capture_is_refused_in_one_line(ids):

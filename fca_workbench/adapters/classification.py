@@ -59,6 +59,11 @@ LANGUAGE = "attention and MLPs only; its language adapter is chosen by a languag
 WRAPPER = "audited as "
 SLOW = "its default byte-hash embeddings take over a minute to build"
 ANY_TEXT = "a multimodal wrapper around any text model (its text config is AutoConfig): audited as that family"
+# DeepSeek-V3.2's DSA indexer and its kin (``gate_probe.learned_indexers`` names each one found)
+INDEXER = (
+    "a sparse-attention indexer: learned, input-dependent attention sparsity (the keys each token attends to, "
+    "top-k indices over the sequence, not one coefficient row per token); it runs live"
+)
 AUDIO = "a text-to-audio decoder whose config needs its text and audio encoders'"
 
 
@@ -87,7 +92,7 @@ FAMILIES: dict[str, Classified] = dict([
     ("arcee", DENSE),
     moe("aria_text"),
     moe("axk1"),
-    moe("axk2", ATTENTION_OUTPUT_GATE, NORM_GATE),
+    moe("axk2", ATTENTION_OUTPUT_GATE, NORM_GATE, left_out=INDEXER),
     moe("bailing_hybrid", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE),
     ("bamba", gated(SELECTIVE_SSM)),
     ("bart", DENSE),
@@ -115,14 +120,14 @@ FAMILIES: dict[str, Classified] = dict([
     moe("dbrx"),
     moe("deepseek_v2"),
     moe("deepseek_v3"),
-    moe("deepseek_v32"),
+    moe("deepseek_v32", left_out=INDEXER),
     moe("deepseek_v4", HYPER_CONNECTION),
     ("diffllama", DENSE),
     moe("doge", DYNAMIC_MASK),
     ("dory", gated(ATTENTION_OUTPUT_GATE)),  # in looped layers: one controller per call
     moe("dots1"),
-    moe("dots3_note", ATTENTION_OUTPUT_GATE, untested=WRAPPER + "dots3_note_text; its vision tower's per-layer settings name layers a tiny tower lacks"),
-    moe("dots3_note_text", ATTENTION_OUTPUT_GATE),
+    moe("dots3_note", ATTENTION_OUTPUT_GATE, left_out=INDEXER, untested=WRAPPER + "dots3_note_text; its vision tower's per-layer settings name layers a tiny tower lacks"),
+    moe("dots3_note_text", ATTENTION_OUTPUT_GATE, left_out=INDEXER),
     ("electra", DENSE),
     ("emu3", DENSE),
     moe("ergo"),  # its residual gates are sigmoids of learned per-channel weights, the same for every token
@@ -155,7 +160,7 @@ FAMILIES: dict[str, Classified] = dict([
     ("glm4", DENSE),
     moe("glm4_moe"),
     moe("glm4_moe_lite"),
-    moe("glm_moe_dsa"),
+    moe("glm_moe_dsa", left_out=INDEXER),
     ("got_ocr2", untested(DENSE, ANY_TEXT)),
     ("gpt-sw3", DENSE),
     ("gpt2", DENSE),
@@ -176,7 +181,7 @@ FAMILIES: dict[str, Classified] = dict([
     ("hunyuan_v1_dense", DENSE),
     moe("hunyuan_v1_moe"),
     moe("hy_v3"),
-    moe("hy_v4", ATTENTION_OUTPUT_GATE, HYPER_CONNECTION),
+    moe("hy_v4", ATTENTION_OUTPUT_GATE, HYPER_CONNECTION, left_out=INDEXER),
     ("hyperclovax", DENSE),
     moe("inkling2_loop_text", ATTENTION_OUTPUT_GATE, CROSS_LAYER_MIXING, DYNAMIC_CONV),
     moe("inkling2_text", ATTENTION_OUTPUT_GATE, CROSS_LAYER_MIXING, DYNAMIC_CONV),
@@ -250,8 +255,8 @@ FAMILIES: dict[str, Classified] = dict([
     ("qwen3_5_text", gated(ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE)),
     moe("qwen3_moe"),
     moe("qwen3_next", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE, SHARED_EXPERT_GATE),
-    moe("qwen4_exp", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE, HYPER_CONNECTION, SHARED_EXPERT_GATE),
-    moe("qwen4_exp_text", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE, HYPER_CONNECTION, SHARED_EXPERT_GATE),
+    moe("qwen4_exp", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE, HYPER_CONNECTION, SHARED_EXPERT_GATE, left_out=INDEXER),
+    moe("qwen4_exp_text", ATTENTION_OUTPUT_GATE, DELTA_RULE_GATE, HYPER_CONNECTION, SHARED_EXPERT_GATE, left_out=INDEXER),
     ("recurrent_gemma", gated(SELECTIVE_GATE)),
     ("reformer", untested(Classified(static=LSH), "its LM head needs is_decoder and axial position shapes of the sequence")),
     ("rembert", DENSE),

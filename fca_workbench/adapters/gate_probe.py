@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from fca_workbench.adapters.classification import INDEXER
 from fca_workbench.adapters.depth_mixing import MIXING, mixing_gate
 from fca_workbench.adapters.families import (
     ATTENTION_OUTPUT_GATE,
@@ -328,3 +329,16 @@ def probed_controllers(
         else:
             left_out.append(f"{described} whose output is also used as content; it runs live")
     return found, left_out
+
+
+def learned_indexers(model: nn.Module, claimed: list[str]) -> list[str]:
+    """One left-out line per sparse-attention indexer with weights of its own (DeepSeek-V3.2's DSA and its kin):
+    input-dependent like a gate, yet its indices cannot be replayed as coefficients, so the audit says so. An
+    indexer without weights (a top-k of its layer's own query-key scores) is the attention's own sparsity."""
+    return [
+        f"{name} ({type(module).__name__}): {INDEXER}"
+        for name, module in model.named_modules()
+        if type(module).__name__.endswith("Indexer")
+        and any(True for _ in module.parameters())
+        and not any(name == c or name.startswith(f"{c}.") for c in claimed)
+    ]

@@ -22,7 +22,7 @@ from torch import nn
 
 from fca_workbench.adapters.classification import check_classified_kinds, classification_note
 from fca_workbench.adapters.families import family_of
-from fca_workbench.adapters.gate_probe import probed_controllers
+from fca_workbench.adapters.gate_probe import learned_indexers, probed_controllers
 from fca_workbench.adapters.kinds import KINDS, ControllerKind, tensor_kind
 from fca_workbench.adapters.patterns import MAX_PATH, safe_pattern
 from fca_workbench.adapters.protocol import COEFFICIENT, Values, frozen
@@ -76,6 +76,7 @@ def discover_controllers(
     probe = torch.arange(PROBE_SHAPE[0] * PROBE_SHAPE[1], device=execution_device(model)).view(PROBE_SHAPE)
     probed, left_out = probed_controllers(model, probe, [name for name, _, _ in found], only_controllers is None)
     found += probed
+    left_out += learned_indexers(model, [name for name, _, _ in found])
     if only_controllers is None:
         check_classified_kinds(getattr(model.config, "model_type", ""), [kind.name for _, _, kind in found])
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}  # a ParameterGate: beside its owner

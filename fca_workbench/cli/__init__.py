@@ -51,6 +51,7 @@ class Command:
     needs: Callable[[], object] | None = None
 
 
+LM_EVAL = "lm-eval"  # its flags are lm-eval's own, passed through unparsed
 COMMANDS = {
     "data prepare": Command("fca_workbench.cli.data_commands", "cmd_data_prepare"),
     "data checkpoints": Command("fca_workbench.cli.data_commands", "cmd_data_checkpoints"),
@@ -60,6 +61,7 @@ COMMANDS = {
     ),
     "audit-many": Command("fca_workbench.cli.audit_commands", "cmd_audit_many", audits_settings),
     "eval": Command("fca_workbench.cli.eval_command", "cmd_eval", eval_settings, needs=require_lm_eval),
+    LM_EVAL: Command("fca_workbench.cli.lm_eval_command", "cmd_lm_eval", needs=require_lm_eval),
     "export": Command("fca_workbench.cli.export_command", "cmd_export", check_export_flags),
     "dashboard": Command("fca_workbench.cli.dashboard_command", "cmd_dashboard", dashboard_serving),
     "reproduce": Command("fca_workbench.cli.reproduce_command", "cmd_reproduce"),
@@ -124,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_shard_options(many, AUDIT_MANY_FILE)
 
     add_eval_parser(commands)
+    commands.add_parser(
+        LM_EVAL,
+        add_help=False,  # --help is lm-eval's
+        help="lm-eval's own command line with the workbench's model as --model fca (every lm-eval flag; "
+        "docs/guides/downstream.md)",
+    )
 
     add_export_parser(commands)
 
@@ -169,7 +177,12 @@ def run_command(args: argparse.Namespace) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == LM_EVAL:
+        args.lm_eval_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         status = run_command(args)
     except UserError as exc:

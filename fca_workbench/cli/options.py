@@ -142,14 +142,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_train_options(train: argparse.ArgumentParser) -> None:
-    train.add_argument("--seed", type=flags.seed, default=0)
+    train.add_argument("--seed", type=flags.seed, default=0, help="seeds the weights and the batches (default 0)")
     train.add_argument("--out", required=True, help="checkpoint folder (rerun to resume)")
     train.add_argument("--train", default=None, help="training text (default: the shipped train split)")
     train.add_argument("--layers", type=flags.positive_int, default=None, help="--arch only (default 4)")
     train.add_argument("--width", type=flags.positive_int, default=None, help="--arch only (default 96)")
     train.add_argument("--heads", type=flags.positive_int, default=None, help="--arch only (default 4)")
     train.add_argument(
-        "--gate-groups", type=flags.positive_int, default=None, help="FeatureGate groups (default: heads)"
+        "--gate-groups", type=flags.positive_int, default=None, help="FeatureGate groups (default: --heads)"
     )
     train.add_argument(
         "--gate-range", choices=["2sigmoid", "sigmoid", "1+tanh"], default=None, help="FeatureGate (default 2sigmoid)"
@@ -170,24 +170,32 @@ def add_train_options(train: argparse.ArgumentParser) -> None:
         "--controller-lr-mult", type=flags.positive_float, default=1.0, help="controller lr = lr × this (default 1)"
     )
     add_router_options(train)
-    train.add_argument("--window", type=flags.window_size, default=256)
-    train.add_argument("--steps", type=flags.positive_int, default=300)
-    train.add_argument("--batch-size", type=flags.positive_int, default=16)
-    train.add_argument("--lr", type=flags.positive_float, default=3e-3)
+    train.add_argument("--window", type=flags.window_size, default=256, help="tokens per training window (default 256)")
+    train.add_argument("--steps", type=flags.positive_int, default=300, help="optimizer steps in all (default 300)")
+    train.add_argument("--batch-size", type=flags.positive_int, default=16, help="windows per step (default 16)")
+    train.add_argument("--lr", type=flags.positive_float, default=3e-3, help="peak learning rate (default 0.003)")
     train.add_argument(
         "--warmup", type=flags.positive_int, default=50, help="linear warm-up steps before the cosine (default 50)"
     )
-    train.add_argument("--save-every", type=flags.positive_int, default=100)
     train.add_argument(
-        "--stop-after", type=flags.positive_int, default=None, help="stop (checkpointed) after N steps of this run"
+        "--save-every",
+        type=flags.positive_int,
+        default=100,
+        help="checkpoint every N steps, and at the end (default 100)",
     )
-    train.add_argument("--device", default="cpu")
+    train.add_argument(
+        "--stop-after",
+        type=flags.positive_int,
+        default=None,
+        help="stop (checkpointed) after N steps of this run (default: run to --steps)",
+    )
+    train.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     train.add_argument(
         "--audit-every",
         type=flags.positive_int,
         default=None,
         metavar="N",
-        help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv",
+        help="mini-audit every N steps and at the end, appended to OUT/audit_log.csv (default: none)",
     )
     train.add_argument(
         "--audit-windows",
@@ -217,7 +225,8 @@ def add_router_options(train: argparse.ArgumentParser) -> None:
         "--freeze-routers",
         action="store_true",
         default=None,
-        help="keep the routers' weights as they start (an --init static export's zero routers stay zero)",
+        help="keep the routers' weights as they start (an --init static export's zero routers stay zero; default: "
+        "they train)",
     )
 
 

@@ -1,6 +1,8 @@
 """``fca train``."""
 
 import argparse
+import sys
+from pathlib import Path
 
 from fca_workbench.adapters.placement import check_device
 from fca_workbench.cli.flag_settings import train_settings
@@ -16,8 +18,24 @@ def cmd_train(args: argparse.Namespace, settings: TrainSettings | None = None) -
     if settings is None:
         fields = read_init_config(args.init) if args.init else read_hf_config(args.hf_config)
         settings = train_settings(args, fields)
+    warning = settings.warmup_warning()
+    if warning is not None:
+        print(f"fca: warning: {warning}", file=sys.stderr)
     card = train(settings, args.out, stop_after=args.stop_after)
     if card is None:
         print(f"stopped early; rerun the same command to resume from {args.out}")
     else:
-        print(f"saved {args.out}: eval NLL {card['eval_nll']}, coefficient std {card['within_layer_coefficient_std']}")
+        print(finished_line(args.out, card))
+
+
+def finished_line(out: str | Path, card: dict) -> str:
+    """What a finished run reports: its eval NLL and, where the model has controller coefficients, their spread;
+    where it has none to measure, what is true instead (never a bare None)."""
+    std = card["within_layer_coefficient_std"]
+    if std is not None:
+        spread = f"coefficient std {std}"
+    elif card["settings"]["hf_config"] is not None:
+        spread = "no coefficient std for a transformers model (fca audit finds and measures its controllers)"
+    else:
+        spread = f"no controller coefficients ({card['arch']} has no controller)"
+    return f"saved {out}: eval NLL {card['eval_nll']}, {spread}"

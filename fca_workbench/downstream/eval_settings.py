@@ -22,13 +22,16 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise UserError("--tasks names no task")
-        taken = eval_conditions()
         for condition in self.conditions:
-            if condition not in taken:
-                why = "is not a condition" if condition not in condition_names() else "needs a text's own cached values"
-                raise UserError(
-                    f"--conditions: '{condition}' {why}; fca eval takes the static ones: {', '.join(taken)}"
-                )
+            check_eval_condition(condition, "--conditions", "fca eval")
+
+
+def check_eval_condition(condition: str, flag: str, command: str) -> None:
+    """A condition a task's text can be answered under (``eval_conditions``), else one line naming those."""
+    taken = eval_conditions()
+    if condition not in taken:
+        why = "is not a condition" if condition not in condition_names() else "needs a text's own cached values"
+        raise UserError(f"{flag}: '{condition}' {why}; {command} takes the static ones: {', '.join(taken)}")
 
 
 def eval_conditions() -> tuple[str, ...]:

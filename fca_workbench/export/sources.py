@@ -30,22 +30,27 @@ class ProfileSource:
     audit: dict | None = None
 
 
-def audit_profile(session: ReplaySession, profile: str, audit: dict, folder: Path) -> ProfileSource:
-    """Profile ``profile`` as the audit in ``folder`` saved it; refused in one line when that audit is of
-    another model (its fingerprint differs), saved no profiles, or holds a file it did not write."""
+def audit_profiles(session: ReplaySession, audit: dict, folder: Path, instead: str) -> Profiles:
+    """The static profiles the audit in ``folder`` saved; refused in one line when that audit is of another
+    model (its fingerprint differs; ``instead`` says what to do), saved no profiles, or holds a file it did not
+    write."""
     if audit["model"]["fingerprint"] != session.fingerprint:
         raise UserError(
-            f"the audit in {folder} is of another model (its fingerprint differs from this checkpoint's); "
-            "export with that audit's checkpoint, or --calib"
+            f"the audit in {folder} is of another model (its fingerprint differs from this checkpoint's); {instead}"
         )
     recorded = (audit.get("static_profiles") or {}).get("sha256")
     path = inside_folder(folder, PROFILES_FILE, "the export")
     if not path.is_file():
         raise UserError(f"the audit in {folder} has no {PROFILES_FILE} (an audit of a model without a controller)")
     expected = audit_binding(audit, ["calibration"])  # its model: this checkpoint's, as just checked
-    profiles = verified_profiles(
+    return verified_profiles(
         path.read_bytes(), recorded, f"{folder}'s {PROFILES_FILE}", expected, "this checkpoint and its audit.json"
     )
+
+
+def audit_profile(session: ReplaySession, profile: str, audit: dict, folder: Path) -> ProfileSource:
+    """Profile ``profile`` as the audit in ``folder`` saved it (``audit_profiles``)."""
+    profiles = audit_profiles(session, audit, folder, "export with that audit's checkpoint, or --calib")
     if condition_named(profile).built_in and profile not in profiles:
         raise UserError(f"the audit in {folder} saved no '{profile}' profile (it has {', '.join(sorted(profiles))})")
     condition = audit["conditions"].get(profile, {})

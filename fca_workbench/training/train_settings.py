@@ -69,6 +69,16 @@ class TrainSettings:
         ):
             raise UserError(f"--controller-weight-decay must be 0 or more, got {self.controller_weight_decay}")
 
+    def warmup_warning(self) -> str | None:
+        """One line when the warm-up is not shorter than the run: its learning rate then never reaches the
+        cosine phase, which nothing else would show."""
+        if self.warmup < self.steps:
+            return None
+        return (
+            f"the warm-up (--warmup {self.warmup}) outlasts the run (--steps {self.steps}): the learning rate only "
+            f"rises and never decays; give --warmup below {self.steps}"
+        )
+
     def router_flags(self) -> dict[str, bool]:
         """Each router-design flag and whether it asks for something other than the model's own routing."""
         return {
