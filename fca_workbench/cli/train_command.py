@@ -18,10 +18,10 @@ def cmd_train(args: argparse.Namespace, settings: TrainSettings | None = None) -
     if settings is None:
         fields = read_init_config(args.init) if args.init else read_hf_config(args.hf_config)
         settings = train_settings(args, fields)
-    warning = settings.warmup_warning()
+    card = train(settings, args.out, stop_after=args.stop_after)
+    warning = settings.warmup_warning()  # said of a run that trained, so a refusal stays its one line
     if warning is not None:
         print(f"fca: warning: {warning}", file=sys.stderr)
-    card = train(settings, args.out, stop_after=args.stop_after)
     if card is None:
         print(f"stopped early; rerun the same command to resume from {args.out}")
     else:
