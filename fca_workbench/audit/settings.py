@@ -7,11 +7,11 @@ Plain data, no torch: the command line builds and range-checks it before anythin
 flag is refused in a blink.
 """
 
-import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from fca_workbench.foundation.errors import UserError
+from fca_workbench.foundation.flags import declared_default
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the dtypes a model is loaded in (session.DTYPES maps them)
 
@@ -69,10 +69,7 @@ PAPER_RUN = {"max_windows": 64, "per_layer": True}
 
 def default(name: str) -> Any:
     """The declared default of setting ``name``: what every surface offers when the user gives none."""
-    found = {f.name: f.default for f in dataclasses.fields(AuditSettings)}
-    if name not in found or found[name] is dataclasses.MISSING:
-        raise KeyError(f"AuditSettings declares no default for {name!r}")
-    return found[name]
+    return declared_default(AuditSettings, name)
 
 
 def paper_default(name: str) -> Any:

@@ -9,7 +9,12 @@ import fca_workbench
 from fca_workbench.audit.settings import CPU_BATCH_SIZE, DEFAULT_WINDOW, DTYPE_NAMES, default
 from fca_workbench.foundation import flags
 from fca_workbench.results.conditions import condition_names
-from fca_workbench.training.train_settings import NORMED, ROUTER_INPUTS
+from fca_workbench.training.train_settings import NORMED, ROUTER_INPUTS, TrainSettings
+
+
+def trained(name: str) -> object:
+    """``fca train``'s default for setting ``name``, as ``TrainSettings`` declares it."""
+    return flags.declared_default(TrainSettings, name)
 
 
 def add_audit_options(parser: argparse.ArgumentParser) -> None:
@@ -170,26 +175,25 @@ def add_train_options(train: argparse.ArgumentParser) -> None:
         "--controller-lr-mult", type=flags.positive_float, default=1.0, help="controller lr = lr × this (default 1)"
     )
     add_router_options(train)
-    train.add_argument("--window", type=flags.window_size, default=256, help="tokens per training window (default 256)")
-    train.add_argument("--steps", type=flags.positive_int, default=300, help="optimizer steps in all (default 300)")
-    train.add_argument("--batch-size", type=flags.positive_int, default=16, help="windows per step (default 16)")
-    train.add_argument("--lr", type=flags.positive_float, default=3e-3, help="peak learning rate (default 0.003)")
-    train.add_argument(
-        "--warmup", type=flags.positive_int, default=50, help="linear warm-up steps before the cosine (default 50)"
-    )
-    train.add_argument(
-        "--save-every",
-        type=flags.positive_int,
-        default=100,
-        help="checkpoint every N steps, and at the end (default 100)",
-    )
+    for flag, parse, what in (
+        ("window", flags.window_size, "tokens per training window"),
+        ("steps", flags.positive_int, "optimizer steps in all"),
+        ("batch_size", flags.positive_int, "windows per step"),
+        ("lr", flags.positive_float, "peak learning rate"),
+        ("warmup", flags.positive_int, "linear warm-up steps before the cosine"),
+        ("save_every", flags.positive_int, "checkpoint every N steps, and at the end"),
+    ):
+        declared = trained(flag)
+        train.add_argument(
+            f"--{flag.replace('_', '-')}", type=parse, default=declared, help=f"{what} (default {declared})"
+        )
     train.add_argument(
         "--stop-after",
         type=flags.positive_int,
         default=None,
         help="stop (checkpointed) after N steps of this run (default: run to --steps)",
     )
-    train.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    train.add_argument("--device", default=trained("device"), help=f"cpu or cuda (default {trained('device')})")
     train.add_argument(
         "--audit-every",
         type=flags.positive_int,

@@ -4,6 +4,7 @@
 (``--max-memory cpu=200MB``) by ``byte_size`` (never an ``OverflowError`` from ``infGB``)."""
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from typing import NamedTuple, TypeVar
@@ -91,3 +92,12 @@ def byte_size(text: str) -> int:
             f"{text[:40]!r} is more than {BYTES_MAX >> 50} PiB, more than any device holds"
         )
     return size
+
+
+def declared_default(settings: type, name: str) -> object:
+    """The default the dataclass ``settings`` declares for field ``name``: what a flag offers when none is given,
+    read from the one declaration rather than restated."""
+    found = {f.name: f.default for f in dataclasses.fields(settings)}
+    if name not in found or found[name] is dataclasses.MISSING:
+        raise KeyError(f"{settings.__name__} declares no default for {name!r}")
+    return found[name]
