@@ -80,7 +80,7 @@ class OverviewView:
         )
         self.retention.object = views.bars_figure(
             overview.retention_bars(),
-            "Static profiles: gap retention by architecture (mean ± sd over seeds)",
+            "Static profiles: gap retention by architecture (ratio of means over seeds, 95% CI; unresolved left out)",
             "retention",
             percent=True,
         )

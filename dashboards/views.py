@@ -259,6 +259,15 @@ def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
     return dict(data=data, layout=layout)
 
 
+def bar_errors(b) -> dict:
+    """A bar's whiskers: its 95% CI where it has one (``low`` / ``high``), else ± the sd over seeds (n > 1)."""
+    if b.low is not None and b.high is not None:
+        minus = [m - lo for m, lo in zip(b.mean, b.low)]
+        plus = [hi - m for m, hi in zip(b.mean, b.high)]
+        return dict(type="data", symmetric=False, array=plus, arrayminus=minus, visible=True)
+    return dict(type="data", array=b.sd, visible=b.n > 1)
+
+
 def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> dict | None:
     """Grouped bars (``dashboard.overview.Bars``): one colour per architecture, mean ± sd over its seeds."""
     if not bars:
@@ -269,7 +278,7 @@ def bars_figure(bars: list, title: str, y_title: str, percent: bool = False) -> 
             name=plotly_text(f"{b.arch} (n={b.n})"),
             x=[plotly_text(x) for x in b.x],
             y=b.mean,
-            error_y=dict(type="data", array=b.sd, visible=b.n > 1),
+            error_y=bar_errors(b),
             hovertemplate=f"%{{x}}: %{{y:{'.2%' if percent else '+.4f'}}}<extra>{plotly_text(b.arch)}</extra>",
         )
         for b in bars

@@ -165,7 +165,10 @@ def test_every_condition_with_donor_seed_and_retention(shared_models, arch):
     for profile in ("layer_scalar", "layer_mean", "layer_position_mean"):
         analysis = session.analyse(arch, model, text, profile, layer=None)
         gm, p, c = analysis.nll_global_mean, analysis.nll_condition.mean(), analysis.nll_correct.mean()
-        assert analysis.retention == pytest.approx((gm - p) / (gm - c), rel=1e-9)
+        if analysis.retention is not None:  # its gap resolves over the text's tokens
+            assert analysis.retention == pytest.approx((gm - p) / (gm - c), rel=1e-9)
+        else:  # a gap that does not resolve is no retention, and a note says so
+            assert any(n.startswith("no retention:") for n in analysis.notes)
     pasted = session.analyse(arch, model, pasted_input(model, "Good night, sweet prince."), "cross_input", layer=0)
     assert len(pasted.tokens) == len(pasted.coefficients_condition[0])
     with pytest.raises(UserError, match="unknown intervention"):

@@ -557,7 +557,8 @@ def test_a_flipped_bit_or_garbage_in_saved_profiles_gives_the_recomputed_figures
     folder, results, _ = audited
     _, computed = live_layer_mean(folder)  # no results folder: computed here
     shared, saved = live_layer_mean(folder, results)
-    assert "fingerprints match" in shared.profiles_source and not saved.notes
+    assert "fingerprints match" in shared.profiles_source
+    assert not [n for n in saved.notes if not n.startswith("no retention:")]  # only an unresolved gap may be noted
     copy = Path(shutil.copytree(results, tmp_path / "results"))
     profiles = copy / "audit" / PROFILES_FILE
     data = bytearray(profiles.read_bytes())

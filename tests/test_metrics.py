@@ -285,8 +285,32 @@ def test_gap_retention_matches_direct():
     ratios = (w @ g - w @ p) / (w @ g - w @ c)
     np.testing.assert_allclose(got["ci95"], np.percentile(ratios, [2.5, 97.5]), rtol=1e-10)
     assert got["ci95"][0] < got["value"] < got["ci95"][1] < 1
-    assert set(got) == {"value", "ci95"}
+    assert set(got) == {"value", "ci95", "resolved", "reference", "numerator", "denominator"}
+    assert got["resolved"] is True and got["reference"] == "global_mean"
+    # both ends: the reference's ΔNLL over correct and the profile's gain over the reference, each with the
+    # percentile interval of the same resamples
+    assert got["denominator"]["value"] == pytest.approx(g.mean() - c.mean(), rel=1e-12)
+    assert got["numerator"]["value"] == pytest.approx(g.mean() - p.mean(), rel=1e-12)
+    np.testing.assert_allclose(got["denominator"]["ci95"], np.percentile(w @ g - w @ c, [2.5, 97.5]), rtol=1e-10)
+    np.testing.assert_allclose(got["numerator"]["ci95"], np.percentile(w @ g - w @ p, [2.5, 97.5]), rtol=1e-10)
     json.dumps(got)
+
+
+def test_a_retention_whose_gap_does_not_resolve_is_no_figure():
+    rng = np.random.default_rng(3)
+    correct = rng.normal(5.0, 0.5, 200)
+    nll = {
+        "correct": torch.tensor(correct),
+        "global_mean": torch.tensor(correct + rng.normal(0.0, 0.05, 200)),  # a gap of noise around 0
+        "layer_mean": torch.tensor(correct + rng.normal(0.02, 0.05, 200)),
+    }
+    counts = bootstrap_counts(200, seed=1)
+    got = gap_retention(nll, "layer_mean", counts)
+    w = counts.numpy().astype(float) / 200
+    lo, hi = np.percentile(w @ nll["global_mean"].numpy() - w @ correct, [2.5, 97.5])
+    assert lo < 0 < hi  # the test's premise: the denominator's interval holds 0
+    assert got["resolved"] is False and got["value"] is None and got["ci95"] == [None, None]
+    assert got["denominator"]["ci95"] == pytest.approx([lo, hi], rel=1e-10)  # both ends still reported
 
 
 def test_gap_retention_endpoints():
@@ -297,4 +321,5 @@ def test_gap_retention_endpoints():
     assert full["value"] == pytest.approx(1.0) and full["ci95"] == pytest.approx([1.0, 1.0])
     assert none["value"] == pytest.approx(0.0) and none["ci95"] == pytest.approx([0.0, 0.0])
     no_gap = gap_retention({**nll, "global_mean": nll["correct"]}, "layer_mean", counts)
-    assert no_gap == {"value": None, "ci95": [None, None]}
+    assert (no_gap["value"], no_gap["ci95"], no_gap["resolved"]) == (None, [None, None], False)
+    assert no_gap["denominator"] == {"value": 0.0, "ci95": [0.0, 0.0]}

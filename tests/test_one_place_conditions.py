@@ -79,7 +79,7 @@ def test_the_scan_finds_a_spelled_collection(tmp_path):
 def test_every_condition_has_help_and_the_cli_lists_it():
     assert all(c.help for c in VOCABULARY) and condition_names()[: len(ALL_CONDITIONS)] == ALL_CONDITIONS
     seeded = tuple(c.name for c in VOCABULARY if c.seeded)
-    assert REASSIGNMENTS == seeded == ("cross_input", "token_shuffle")
+    assert REASSIGNMENTS == seeded == ("cross_input", "token_shuffle", "causal_shuffle")
     assert all(c.intervention for c in VOCABULARY if c.seeded)
     audit_help = build_parser()._subparsers._group_actions[0].choices["audit"].format_help()
     assert conditions_epilog() in audit_help

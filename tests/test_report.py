@@ -25,7 +25,15 @@ def audit(retention=0.5, cross=(0.2, -0.1, 0.5), shuffle=(0.1, -0.2, 0.4), fract
             "cross_input": condition(*cross),
             "token_shuffle": condition(*shuffle),
         },
-        "retention": {"layer_mean": {"value": retention, "ci95": [None, None]}},
+        "retention": {
+            "layer_mean": {
+                "value": retention,
+                "ci95": [None, None],
+                "reference": "global_mean",
+                "numerator": {"value": 0.5 * (retention or 0.0), "ci95": [0.0, 1.0]},
+                "denominator": {"value": 0.5, "ci95": [0.3, 0.7] if retention is not None else [-0.1, 0.7]},
+            }
+        },
         "variance": {
             "r2_layer": r2_layer,
             "r2_layer_slot": 0.9,
@@ -49,36 +57,59 @@ def assignment(**figures):
     return verdicts(audit(**figures))["assignment_dependence"]
 
 
-def test_static_profile_at_or_above_the_threshold_is_weak_dependence():
+def staticness(**figures):
+    return verdicts(audit(**figures))["staticness"]
+
+
+def test_assignment_dependence_reads_only_the_reassignments_intervals():
+    for retention in (0.2, 0.987, None):  # whatever the static profile retains
+        text = assignment(retention=retention, cross=(0.3, 0.2, 0.4))
+        assert text.startswith("The frozen model depends on which coefficients each input gets (cross_input: 95% CI")
+        assert "cross_input +0.3000 nats [+0.2000, +0.4000]" in text and "retain" not in text
+    for cross, shuffle in [((0.3, 0.01, 0.6), (0.1, -0.2, 0.4)), ((0.1, -0.2, 0.4), (0.3, 0.01, 0.6))]:
+        assert assignment(cross=cross, shuffle=shuffle).startswith("The frozen model depends on")
+
+
+def test_with_cis_including_zero_no_assignment_dependence_is_detected():
+    text = assignment(retention=0.99, cross=(0.1, 0.0, 0.3), shuffle=(-0.1, -0.3, 0.1))
+    assert text.startswith("No assignment dependence detected (every reassignment's 95% CI includes 0): ")
+    assert "token_shuffle -0.1000 nats [-0.3000, +0.1000]" in text
+    gains = assignment(cross=(-0.2, -0.3, -0.1), shuffle=(0.0, -0.1, 0.1))
+    assert gains.startswith("Reassigning lowers the NLL (cross_input: 95% CI below 0)")
+
+
+def test_causal_shuffle_counts_for_assignment_dependence():
+    figures = audit(cross=(0.0, -0.1, 0.1), shuffle=(0.0, -0.1, 0.1))
+    figures["conditions"]["causal_shuffle"] = {**figures["conditions"]["cross_input"], "delta": 0.2}
+    figures["conditions"]["causal_shuffle"]["delta_ci95"] = [0.1, 0.3]
+    assert verdicts(figures)["assignment_dependence"].startswith(
+        "The frozen model depends on which coefficients each input gets (causal_shuffle: 95% CI above 0)"
+    )
+
+
+def test_staticness_reads_the_retention_with_its_reference_and_both_ends():
     assert STATIC_RETENTION == 0.95
     for retention in (0.95, 0.987, 1.2):
-        text = assignment(retention=retention, cross=(0.3, 0.2, 0.4))  # even with a significant penalty
-        assert text.startswith("Weak assignment dependence (static profile ≥ 95% of the gap): ")
-        assert f"retains {retention:.2%} of the Correct-to-GlobalMean gap" in text
-    assert "cross-input reassignment changes NLL by +0.3000 nats [+0.2000, +0.4000]" in text
+        text = staticness(retention=retention, cross=(0.0, -0.1, 0.1))  # whatever reassignment costs
+        assert text.startswith("Largely static (the static profile keeps ≥ 95% of the gap): ")
+        assert f"layer_mean retains {retention:.2%} of the global_mean-to-correct gap (+0.5000 nats" in text
+    below = staticness(retention=0.9499, cross=(0.3, 0.2, 0.4))
+    assert below.startswith("Not static: the static profile keeps less than 95% of the gap")
+    assert "cross_input" not in below
 
 
-def test_below_the_threshold_a_significant_penalty_is_dependence():
-    for cross, shuffle in [((0.3, 0.01, 0.6), (0.1, -0.2, 0.4)), ((0.1, -0.2, 0.4), (0.3, 0.01, 0.6))]:
-        text = assignment(retention=0.9499, cross=cross, shuffle=shuffle)
-        assert text.startswith("The frozen model depends on which coefficients each input gets: ")
-        assert "retains 94.99% of the Correct-to-GlobalMean gap" in text
-
-
-def test_below_the_threshold_with_cis_including_zero_is_no_dependence():
-    text = assignment(retention=0.2, cross=(0.1, 0.0, 0.3), shuffle=(-0.1, -0.3, 0.1))
-    assert text.startswith("No significant assignment dependence (95% CIs include 0): ")
-    assert "token shuffling by -0.1000 [-0.3000, +0.1000]" in text
-
-
-def test_no_gap_and_no_controller_are_said_so():
-    assert assignment(retention=None).startswith("No gap to retain (global_mean scores as well as correct): ")
+def test_an_unresolved_gap_states_no_retention_and_no_controller_is_said_so():
+    text = staticness(retention=None)
+    assert text.startswith("Staticness not determined: the global_mean-to-correct gap")
+    assert "does not resolve" in text and "%" not in text
     dense = audit()
     dense["conditions"] = {"unperturbed": dense["conditions"]["correct"]}
     dense["variation"] = dense["variance"] = None
+    dense["retention"] = {}
     words = verdicts(dense)
     assert words["assignment_dependence"] == "No controller: there are no coefficients to reassign."
     assert words["coefficient_variation"] == "No controller: this model has no coefficients to vary."
+    assert words["staticness"] == "No controller: there is no static profile to compare."
 
 
 def test_variation_verdict_quotes_the_variance_shares():
@@ -102,7 +133,8 @@ def test_report_shows_the_verdicts_and_every_condition():
     report = audit(retention=0.99)
     report["verdict"] = verdicts(report)
     text = format_report(report, width=400)
-    assert "Weak assignment dependence" in text and "No conditional execution" in text
+    assert "Largely static" in text and "No conditional execution" in text
+    assert "ret. layer_mean: layer_mean retains 99.00% of the global_mean-to-correct gap" in text
     assert all(f"\n{name} " in text for name in report["conditions"])
 
 

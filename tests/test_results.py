@@ -69,10 +69,11 @@ def test_load_audit_equals_audit_json(audits, arch):
         assert [row["delta_ci95_lo"], row["delta_ci95_hi"]] == figures["delta_ci95"]
     assert results.retention["profile"].tolist() == list(audit["retention"])
     for row in results.retention.to_dict("records"):
-        assert [row["value"], row["ci95_lo"], row["ci95_hi"]] == [
-            audit["retention"][row["profile"]]["value"],
-            *audit["retention"][row["profile"]]["ci95"],
-        ]
+        retention = audit["retention"][row["profile"]]
+        expected = [retention["value"], *retention["ci95"], retention["denominator"]["value"]]
+        expected += retention["denominator"]["ci95"]
+        shown = [row[k] for k in ("value", "ci95_lo", "ci95_hi", "gap", "gap_ci95_lo", "gap_ci95_hi")]
+        assert [None if v != v else v for v in shown] == expected  # NaN: an unresolved retention's None
     if audit["variance"] is None:
         assert results.variance.empty
     else:
@@ -176,7 +177,10 @@ def test_columns_and_dtypes_are_pinned(audits):
             "delta_ci95_lo": f8,
             "delta_ci95_hi": f8,
         },
-        "retention": {"profile": "str", "value": f8, "ci95_lo": f8, "ci95_hi": f8},
+        "retention": {
+            "profile": "str",
+            **{k: f8 for k in ("value", "ci95_lo", "ci95_hi", "gap", "gap_ci95_lo", "gap_ci95_hi")},
+        },
         "variance": {
             "r2_layer": f8,
             "r2_layer_slot": f8,

@@ -203,7 +203,7 @@ def test_one_audits_retention_table_shows_every_profile_it_has(tmp_path):
     """The dashboard's detail view of a router audit shows ``layer_mean_topk`` beside the other profiles (the
     overview names it an MoE audit's best profile); the paper's table across models keeps the common ones."""
     from fca_workbench.foundation.resources import checkpoints_dir
-    from fca_workbench.results.audit_tables import retention_table
+    from fca_workbench.results.retention_tables import retention_table
     from fca_workbench.viewmodel.results_folder import audit_tables
 
     settings = AuditSettings(

@@ -95,7 +95,7 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, 
     tokenizer = load_tokenizer()
     audit = mini_audit(tokenizer)
     final = load_model(run)
-    assert figures_of(rows[-1]) == audit(final)
+    assert same_figures(figures_of(rows[-1]), audit(final))
     nll, cross = direct_figures(final, audit.eval_windows)
     assert figures_of(rows[-1])["nll_correct"] == pytest.approx(nll, abs=1e-5)
     assert figures_of(rows[-1])["delta_cross_input"] == pytest.approx(cross, abs=1e-5)
@@ -105,7 +105,7 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, 
     state = torch.load(tmp_path / "at3" / "trainer_state.pt", weights_only=False)
     at3 = build_model(settings, tokenizer)
     at3.load_state_dict(state["model"])
-    assert figures_of(rows[0]) == audit(at3)
+    assert same_figures(figures_of(rows[0]), audit(at3))
     assert card["audit"]["audits"] == 3
     assert card["audit"]["audit_seconds"] == pytest.approx(sum(float(r["audit_seconds"]) for r in rows), abs=0.1)
     assert "mini-audits" in (run / "README.md").read_text()
@@ -118,7 +118,7 @@ def test_audit_log_rows_equal_a_standalone_mini_audit_of_the_weights(whole_run, 
         ("retention_layer_mean_ci95_hi", "retention_layer_mean_hi"),
         ("r2_layer_slot", "r2_layer_slot"),
     ):
-        assert table[column].tolist() == [float(r[logged]) for r in rows]
+        assert same_figures(dict(enumerate(table[column].tolist())), dict(enumerate(float(r[logged]) for r in rows)))
 
 
 def test_resumed_run_continues_the_audit_log_without_duplicate_rows(whole_run, tmp_path):
@@ -131,7 +131,8 @@ def test_resumed_run_continues_the_audit_log_without_duplicate_rows(whole_run, t
     train(settings, tmp_path / "split")
     whole, split = audit_rows(whole_folder), audit_rows(tmp_path / "split")
     assert [r["step"] for r in split] == ["3", "6", "7"]
-    assert [figures_of(r) for r in split] == [figures_of(r) for r in whole]
+    assert len(split) == len(whole)
+    assert all(same_figures(figures_of(a), figures_of(b)) for a, b in zip(split, whole))
 
 
 @torch.no_grad()
@@ -193,7 +194,7 @@ def test_hf_config_audit_log_holds_the_routers_figures_and_equals_a_standalone_m
     assert figures_of(rows[-1])["expert_fraction_executed"] == 2 / 4  # k of E experts per token
     table = tables.training_dynamics_table(load_training_runs([tmp_path / "run"]))  # what notebook 07 shows
     for key in ROUTER_KEYS:
-        assert table[key].tolist() == [float(r[key]) for r in rows]
+        assert same_figures(dict(enumerate(table[key].tolist())), dict(enumerate(float(r[key]) for r in rows)))
     # The audits leave training as it was (train mode, the default experts implementation): the same weights.
     train(hf_settings(tmp_path, "mixtral", small_text, steps=4, save_every=10), tmp_path / "plain")
     audited, plain = (
@@ -311,3 +312,8 @@ def test_bad_audit_settings_are_refused_in_one_line_before_training(flags, messa
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("fca: error: ") and message in err
     assert not out.exists()
+
+
+def same_figures(a: dict, b: dict) -> bool:
+    """Equal figure by figure, NaN (an unresolved retention, an empty cell) equal to NaN."""
+    return a.keys() == b.keys() and all(x == y or (x != x and y != y) for x, y in ((a[k], b[k]) for k in a))

@@ -14,19 +14,21 @@ from fca_workbench.adapters.placement import value_devices
 from fca_workbench.adapters.protocol import COEFFICIENT, ControlledModel
 from fca_workbench.audit.capture import CoefficientCache
 from fca_workbench.audit.interventions import (
+    ROUTER_TOP_K,
     broadcast_profile,
     causal_positions,
     derangement,
     position_permutations,
     profile_sums,
     profiles_from_sums,
+    random_experts,
     restrict_to_layer,
     routing_top_k,
     shuffle_positions,
     with_routing_profiles,
 )
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.results.conditions import Values, condition_named
+from fca_workbench.results.conditions import RANDOM_TOPK, Values, condition_named
 
 Profiles = dict[str, list[torch.Tensor]]  # per profile name, one tensor per layer (``interventions.static_profiles``)
 Total = Callable[[torch.Tensor], torch.Tensor]  # a sum over the processes that each read part of a set
@@ -109,6 +111,10 @@ class WindowAssignment:
         profile = profile_of(name, self.profiles)
         shapes = self.slot_shapes
         return [{COEFFICIENT: c} for c in broadcast_profile(profile, shapes, len(self.windows), self.length)]
+
+    def random_experts(self) -> Values:
+        template, top_k = profile_of(RANDOM_TOPK, self.profiles), profile_of(ROUTER_TOP_K, self.profiles)
+        return [{COEFFICIENT: c} for c in random_experts(template, top_k, self.windows, self.length, self.seed)]
 
 
 def assigned_values(

@@ -10,7 +10,16 @@ from typing import TypeVar
 import torch
 
 from fca_workbench.adapters.kinds import top_k
-from fca_workbench.results.conditions import GLOBAL_MEAN, LAYER_MEAN, LAYER_MEAN_TOPK, LAYER_POSITION_MEAN, LAYER_SCALAR
+from fca_workbench.results.conditions import (
+    GLOBAL_MEAN,
+    LAYER_MEAN,
+    LAYER_MEAN_TOPK,
+    LAYER_POSITION_MEAN,
+    LAYER_SCALAR,
+    RANDOM_TOPK,
+)
+
+ROUTER_TOP_K = "router_top_k"  # a profiles entry, not a condition: per controller its k (0: routes to no experts)
 
 Layer = TypeVar("Layer")  # what one layer holds: its coefficients, or a controller's values by name
 
@@ -120,10 +129,47 @@ def routing_top_k(values: list[dict]) -> list[int | None]:
     return [top_k(value) for value in values]
 
 
+def uniform_top_k(layer_mean: list[torch.Tensor], top_k: list[int | None]) -> list[torch.Tensor]:
+    """Per router, the template ``random_topk`` draws from: the first k of its E experts at an equal share of the
+    layer mean's total gate (the routed mass ``layer_mean_topk`` keeps), the others zero; ``random_experts``
+    permutes the experts per window. Controllers that select no experts keep their ``layer_mean``."""
+    out = []
+    for mean, k in zip(layer_mean, top_k):
+        if k is None:
+            out.append(mean)
+            continue
+        template = torch.zeros_like(mean)
+        template[..., :k] = mean.sum(-1, keepdim=True) / k
+        out.append(template)
+    return out
+
+
+def random_experts(
+    template: list[torch.Tensor], top_k: list[torch.Tensor], window_indices: torch.Tensor, length: int, seed: int
+) -> list[torch.Tensor]:
+    """Per controller ``[B, T, E]``: a router's ``uniform_top_k`` template with its experts permuted by one seeded
+    permutation per (window, controller), the same at every position, so each window gets k experts drawn
+    uniformly at random (averaging over windows averages over draws); ``top_k`` 0 (no router): the template."""
+    out = []
+    for layer, (value, k) in enumerate(zip(template, top_k)):
+        if int(k) == 0:
+            out.append(value.expand(len(window_indices), length, *value.shape).contiguous())
+            continue
+        rows = []
+        for index in window_indices.tolist():
+            generator = torch.Generator().manual_seed((seed * 1_000_003 + index) * 1_009 + layer)
+            rows.append(value[..., torch.randperm(value.shape[-1], generator=generator)])
+        out.append(torch.stack(rows).unsqueeze(1).expand(-1, length, *value.shape).contiguous())
+    return out
+
+
 def with_routing_profiles(profiles: dict, top_k: list[int | None]) -> dict:
-    """``profiles`` plus ``layer_mean_topk`` when any controller is a router (``top_k`` from ``routing_top_k``)."""
+    """``profiles`` plus ``layer_mean_topk``, the ``random_topk`` template and each controller's k
+    (``ROUTER_TOP_K``) when any controller is a router (``top_k`` from ``routing_top_k``)."""
     if any(k is not None for k in top_k):
         profiles[LAYER_MEAN_TOPK] = layer_mean_topk(profiles[LAYER_MEAN], top_k)
+        profiles[RANDOM_TOPK] = uniform_top_k(profiles[LAYER_MEAN], top_k)
+        profiles[ROUTER_TOP_K] = [torch.tensor(k or 0) for k in top_k]
     return profiles
 
 

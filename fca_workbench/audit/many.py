@@ -16,7 +16,7 @@ from fca_workbench.foundation.flags import Shard
 from fca_workbench.results.layout import AUDIT_FILE, AUDIT_MANY_FILE
 from fca_workbench.results.outputs import check_output, mark_output, output_folder, refuse_foreign
 from fca_workbench.results.schema import AUDIT_MANY_SCHEMA
-from fca_workbench.results.seeds import summarise
+from fca_workbench.results.seeds import retention_summary, summarise
 from fca_workbench.results.shards import check_shards, shard_plan, write_shard_record
 
 MANY_COMMAND = "fca audit-many"  # what an audit-many folder's marker names
@@ -93,13 +93,15 @@ def many_plan(settings_list: Sequence[AuditSettings], names: Sequence[str]) -> d
 
 
 def write_summary(out: Path, names: Sequence[str], audits: list[dict]) -> dict:
-    """``out/audit_many.json``: every figure of the audits as mean ± sd over the seeds."""
+    """``out/audit_many.json``: every figure of the audits as mean ± sd over the seeds, each
+    retention as a ratio of means with its bootstrap CI over seeds."""
     summary = {
         "schema": AUDIT_MANY_SCHEMA,
         "checkpoints": [a["model"]["path"] for a in audits],
         "audits": list(names),
         "archs": [a["model"]["arch"] for a in audits],
         "figures": summarise(audits),
+        "retention": retention_summary(audits),
     }
     write_json(out / AUDIT_MANY_FILE, summary)
     return summary

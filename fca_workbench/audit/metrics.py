@@ -8,11 +8,11 @@ Everything is computed in float64 and returned as plain Python floats so it can 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
-from fca_workbench.results.conditions import LOW, REFERENCE
+from fca_workbench.results.conditions import LOW, REFERENCE, condition_named
 
 _F64 = torch.float64
 
@@ -75,18 +75,48 @@ def gap_retention(
     low: str = LOW,
     reference: str = REFERENCE,
 ) -> dict:
-    """Share of the ``low``→``reference`` NLL gap that static ``profile`` recovers:
-    ``(NLL_low − NLL_profile) / (NLL_low − NLL_reference)``; 1 = as good as the live coefficients,
-    0 = no better than one global scalar. The CI recomputes the ratio on each resample (paired); an end the
-    resamples leave unbounded (resamples without a gap: a ratio over 0) is None, never an infinity.
-    With no gap at all (e.g. an untrained model whose gates are all 1) it is undefined: None."""
+    """Share of the ``low``→``reference`` NLL gap that static ``profile`` recovers, with both ends
+    (docs/concepts.md): ``numerator`` = ΔNLL(low) − ΔNLL(profile) = NLL_low − NLL_profile, ``denominator`` =
+    ΔNLL(low) = NLL_low − NLL_reference, each with its paired 95% CI, and ``reference``, the name of ``low``.
+    ``value`` = numerator / denominator: 1 = as good as the live coefficients, 0 = no better than ``low``. Its
+    CI recomputes the ratio on each resample (the same resamples as both ends). A gap whose CI holds 0 does not
+    resolve: ``resolved`` false, ``value`` None and CI ``[None, None]`` (a ratio over noise is no figure); an end
+    of a resolved ratio's CI the resamples leave unbounded is None, never an infinity."""
     names = (low, profile, reference)
     g, p, c = (torch.as_tensor(window_nll[n], dtype=_F64).mean() for n in names)
-    if g == c:
-        return {"value": None, "ci95": [None, None]}
     bg, bp, bc = (bootstrap_means(window_nll[n], counts) for n in names)
-    ci = _ci95((bg - bp) / (bg - bc))
-    return {"value": ((g - p) / (g - c)).item(), "ci95": [end if math.isfinite(end) else None for end in ci]}
+    gap_ci = _ci95(bg - bc)
+    denominator = {"value": (g - c).item(), "ci95": gap_ci}
+    numerator = {"value": (g - p).item(), "ci95": _ci95(bg - bp)}
+    resolved = bool(g != c) and (gap_ci[0] > 0 or gap_ci[1] < 0)
+    value: float | None = None
+    ci: list[float | None] = [None, None]
+    if resolved:
+        value = ((g - p) / (g - c)).item()
+        ci = [end if math.isfinite(end) else None for end in _ci95((bg - bp) / (bg - bc))]
+    return {
+        "value": value,
+        "ci95": ci,
+        "resolved": resolved,
+        "reference": low,
+        "numerator": numerator,
+        "denominator": denominator,
+    }
+
+
+def retention_figures(window_nll: dict[str, torch.Tensor], profiles: Iterable[str], counts: torch.Tensor) -> dict:
+    """``retention`` of ``audit.json``: per profile its ``gap_retention`` against its condition's own reference
+    (a router's top-k profile: the compute-matched ``random_topk``) where it was replayed, else against ``LOW``;
+    one against another reference carries ``LOW``'s beside it, under ``other_references``."""
+    figures = {}
+    for profile in profiles:
+        low = condition_named(profile).reference or LOW
+        low = low if low in window_nll else LOW
+        entry = gap_retention(window_nll, profile, counts, low)
+        if low != LOW and LOW in window_nll:
+            entry["other_references"] = {LOW: gap_retention(window_nll, profile, counts, LOW)}
+        figures[profile] = entry
+    return figures
 
 
 def _grow(t: torch.Tensor, size: int) -> torch.Tensor:

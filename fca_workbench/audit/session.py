@@ -42,7 +42,7 @@ from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.inputs import CALIBRATION, EVAL, audit_windows, data_summary, load_audit_model
 from fca_workbench.audit.interventions import derangement, routing_top_k
-from fca_workbench.audit.metrics import VarianceAccumulator, condition_figures, gap_retention
+from fca_workbench.audit.metrics import VarianceAccumulator, condition_figures, retention_figures
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.sweep import per_layer_window_nll
@@ -427,7 +427,7 @@ def replay_figures(
     return {
         "replay_check": check,
         "conditions": condition_figures(window_nll, counts, reference=reference),
-        "retention": {p: gap_retention(window_nll, p, counts) for p in profiles},
+        "retention": retention_figures(window_nll, profiles, counts),
     }
 
 

@@ -15,9 +15,25 @@ estimated on, which a profile saved by an audit is checked against before it is 
 from huggingface_hub import ModelCard, ModelCardData
 
 from fca_workbench.results.binding import binding
+from fca_workbench.results.conditions import LOW
 
 CARD_JSON = "export_card.json"  # beside the README: the card's facts, machine-readable
 EXPORT_TAG = "fca-static-export"  # every exported folder's tag on the hub, beside its profile's
+
+
+def retention_cell(retention: dict) -> str:
+    """A retention as the card shows it: the value and its CI over its reference, or why there is none (a gap that
+    does not resolve is no figure)."""
+    reference = retention.get("reference", LOW)
+    gap = retention.get("denominator")
+    if retention.get("value") is None:
+        over = (
+            "" if gap is None else f" ({gap['value']:+.4f} nats, 95% CI {gap['ci95'][0]:+.4f} to {gap['ci95'][1]:+.4f})"
+        )
+        return f"unresolved: the {reference}-to-correct gap{over} does not resolve"
+    ci = retention.get("ci95")
+    shown = f"{retention['value']:.4f}" + (f" (95% CI {ci[0]:.4f} to {ci[1]:.4f})" if ci and None not in ci else "")
+    return f"{shown} of the {reference}-to-correct gap"
 
 
 def card_binding(card: dict) -> dict:
@@ -61,9 +77,7 @@ def export_model_card(card: dict) -> ModelCard:
             rows.append(f"| the audit's NLL for `{card['profile']}` (nats) | {audit['nll']:.6f} |")
         retention = audit.get("retention")
         if retention is not None:
-            ci = retention.get("ci95")
-            shown = f"{retention['value']:.4f}" + (f" (95% CI {ci[0]:.4f} to {ci[1]:.4f})" if ci else "")
-            rows.append(f"| the audit's gap retention for `{card['profile']}` | {shown} |")
+            rows.append(f"| the audit's gap retention for `{card['profile']}` | {retention_cell(retention)} |")
     body = "\n".join(
         [
             f"# {source['arch']} with its controller folded away (`{card['profile']}`)",

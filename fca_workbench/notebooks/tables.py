@@ -33,9 +33,6 @@ from fca_workbench.results.audit_tables import (
     per_layer_seed_table,
     per_layer_table,
     positive_control_table,
-    retention_points,
-    retention_seed_table,
-    retention_table,
     seed_rows,
     seed_summary,
     training_dynamics_table,
@@ -71,6 +68,7 @@ from fca_workbench.results.finetune_study import (
 from fca_workbench.results.layout import FINETUNE_FOLDER, cache_folder
 from fca_workbench.results.overview import overview_table
 from fca_workbench.results.profiles import load_profiles, profiles_from_tensors, save_profiles
+from fca_workbench.results.retention_tables import retention_points, retention_seed_table, retention_table
 from fca_workbench.results.slots import routers, slot_labels
 from fca_workbench.results.study_kinds import ROUTER_STUDY
 from fca_workbench.results.tabular import (

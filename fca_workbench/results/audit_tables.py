@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.checkpoint import recorded_name
 from fca_workbench.results.conditions import (
@@ -21,7 +21,6 @@ from fca_workbench.results.conditions import (
     CONDITIONS,
     HEADLINE_CONDITIONS,
     LAYER_MEAN_TOPK,
-    RETAINED,
     RETENTION_PROFILES,
 )
 from fca_workbench.results.report import nll_label
@@ -177,67 +176,6 @@ def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
     return make_table(
         "assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds", columns, rows
     )
-
-
-def retention_table(audits: list[dict], profiles: Sequence[str] = RETENTION_PROFILES) -> pd.DataFrame:
-    """Gap retention of each static profile with its 95% CI, one row per model: ``profiles``, those every
-    audit with a controller has by default (one audit's view passes all of its own)."""
-    columns = [Column("model", "model", "text"), Column("arch", "arch", "text")]
-    for p in profiles:
-        columns += [Column(p, p, "pct", digits=4), Column(f"{p}_ci95", f"{p} 95% CI", "pct", "ci", digits=4)]
-    rows = []
-    for a in with_controller(audits):
-        row = {"model": model_name(a), "arch": a["model"]["arch"]}
-        for p in profiles:
-            row[p] = a["retention"][p]["value"]
-            row[f"{p}_ci95"] = a["retention"][p]["ci95"]
-        rows.append(row)
-    return make_table(
-        "retention_per_model",
-        "Static profiles: share of the Correct-to-GlobalMean gap retained, per model",
-        columns,
-        rows,
-    )
-
-
-def retention_seed_table(audits: list[dict]) -> pd.DataFrame:
-    """The paper's table: gap retention of each static profile, mean ± sd over seeds, per architecture."""
-    columns = [
-        Column("arch", "arch", "text"),
-        Column("n", "seeds", "int"),
-        *[Column(p, p, "pct", "msd", digits=4) for p in RETENTION_PROFILES],
-    ]
-    rows = seed_rows(with_controller(audits), {p: f"retention.{p}.value" for p in RETENTION_PROFILES})
-    return make_table("retention_over_seeds", "Static profiles: gap retention, mean ± sd over seeds", columns, rows)
-
-
-def retention_points(audits: list[dict]) -> pd.DataFrame:
-    """What the retention figure plots, one row per architecture and profile it has (a router's
-    ``layer_mean_topk`` too): the value (one seed's, or the mean) and its error bar (one seed: the audit's 95%
-    CI; several: ± the sd over seeds), under a label that says how many seeds the point has."""
-    import pandas as pd
-
-    rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
-        profiles = [p for p in RETAINED if all((a["retention"].get(p) or {}).get("value") is not None for a in group)]
-        summary = seed_summary(group, [f"retention.{p}.value" for p in profiles])
-        for p in profiles:
-            figure = cast(dict, summary[f"retention.{p}.value"])
-            low, high = figure["mean"] - figure["sd"], figure["mean"] + figure["sd"]
-            ci = group[0]["retention"][p].get("ci95")
-            if len(group) == 1 and ci and None not in ci:
-                low, high = ci
-            rows.append(
-                {
-                    "arch": f"{arch} (n={len(group)})",
-                    "profile": p,
-                    "value": figure["mean"],
-                    "error_minus": figure["mean"] - low,
-                    "error_plus": high - figure["mean"],
-                    "error": f"± sd over {len(group)} seeds" if len(group) > 1 else "95% CI" if ci else "no CI",
-                }
-            )
-    return pd.DataFrame(rows)
 
 
 EXECUTION_COLUMNS = [

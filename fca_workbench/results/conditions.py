@@ -67,6 +67,11 @@ class Assignment(Protocol):
         """The calibration set's static profile ``name`` at every position: a coefficient only."""
         ...
 
+    def random_experts(self) -> Values:
+        """Per router, k of its E experts drawn uniformly at random per window and router (seeded), each at an equal
+        share of the routed mass, at every position; a controller that routes to no experts its ``layer_mean``."""
+        ...
+
 
 Assign = Callable[[Assignment], Values]
 
@@ -82,7 +87,8 @@ class Condition:
     controllers are top-k routers. ``retention``: its gap retention is reported. ``retention_end``: ``top`` for the
     reference the gap starts at (retention 1), ``bottom`` for its low end (retention 0). ``headline``: shown first
     where a summary has room for a few. ``per_position``: a profile that differs by position (no static model has
-    it). ``built_in``: declared here rather than registered by a user."""
+    it). ``built_in``: declared here rather than registered by a user. ``reference``: the condition at the low end of
+    its retention's gap when that is not ``LOW`` (a router's top-k profile: the compute-matched ``random_topk``)."""
 
     name: str
     help: str
@@ -95,6 +101,7 @@ class Condition:
     headline: bool = False
     per_position: bool = False
     built_in: bool = False
+    reference: str | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -147,6 +154,14 @@ def shuffled_positions(assignment: Assignment) -> Values:
     return assignment.shuffled()
 
 
+def causally_shuffled_positions(assignment: Assignment) -> Values:
+    return assignment.shuffled(causal=True)
+
+
+def random_experts(assignment: Assignment) -> Values:
+    return assignment.random_experts()
+
+
 def static_profile(name: str) -> Assign:
     """The assignment of the built-in profile ``name``: that profile of the calibration set, everywhere."""
 
@@ -162,11 +177,13 @@ UNPERTURBED = "unperturbed"
 CORRECT = "correct"
 CROSS_INPUT = "cross_input"
 TOKEN_SHUFFLE = "token_shuffle"
+CAUSAL_SHUFFLE = "causal_shuffle"
 GLOBAL_MEAN = "global_mean"
 LAYER_SCALAR = "layer_scalar"
 LAYER_MEAN = "layer_mean"
 LAYER_POSITION_MEAN = "layer_position_mean"
 LAYER_MEAN_TOPK = "layer_mean_topk"
+RANDOM_TOPK = "random_topk"
 
 VOCABULARY = tuple(  # the built-in conditions, in report order
     replace(c, built_in=True)
@@ -192,6 +209,13 @@ VOCABULARY = tuple(  # the built-in conditions, in report order
             "the window's own coefficients, positions permuted by one seeded permutation",
             REASSIGNMENT,
             shuffled_positions,
+            headline=True,
+        ),
+        Condition(
+            CAUSAL_SHUFFLE,
+            "the window's own coefficients, each position given a seeded random position at or before it",
+            REASSIGNMENT,
+            causally_shuffled_positions,
             headline=True,
         ),
         Condition(
@@ -232,6 +256,15 @@ VOCABULARY = tuple(  # the built-in conditions, in report order
             static_profile(LAYER_MEAN_TOPK),
             routers_only=True,
             retention=True,
+            reference=RANDOM_TOPK,
+        ),
+        Condition(
+            RANDOM_TOPK,
+            "routers: k experts per token drawn at random per window and layer (seeded), equal weights: the routed"
+            " compute without the router's choice (layer_mean_topk's retention reference)",
+            PROFILE,
+            random_experts,
+            routers_only=True,
         ),
     )
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,8 @@ from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import inside_folder, read_json, schema_problem
 from fca_workbench.results.audit_tables import seed_summary
-from fca_workbench.results.conditions import REASSIGNMENTS, REFERENCE
+from fca_workbench.results.conditions import CROSS_INPUT, REFERENCE, TOKEN_SHUFFLE
+from fca_workbench.results.inference import contrast, holm_contrasts
 from fca_workbench.results.layout import STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
 from fca_workbench.results.study_kinds import CONTROLLER_STUDY, DEFAULT_VARIANT, OTHER_AXIS, StudyKind
@@ -74,6 +76,8 @@ def _order(variant: str, kind: StudyKind) -> tuple[int, str]:
     return axes.index(design_axis(variant, kind=kind)[0]), variant
 
 
+STUDIED_REASSIGNMENTS = (CROSS_INPUT, TOKEN_SHUFFLE)  # what the committed studies' summaries replayed
+
 # a profile's retention and its CI are null when the gap they divide by is not there to divide
 RETENTION_PROPERTIES = {
     "value": {"type": ["number", "null"]},
@@ -90,7 +94,8 @@ def summary_schema(kind: StudyKind = CONTROLLER_STUDY) -> dict:
     def requiring(section: str, names: list[str]) -> dict:
         return {**audit["properties"][section], "type": "object", "required": names}
 
-    retention = {**audit["$defs"]["retention"], "properties": RETENTION_PROPERTIES}
+    retention = {**audit["$defs"]["retention"]}
+    retention["properties"] = {**retention["properties"], **RETENTION_PROPERTIES}
     return {
         "$defs": audit["$defs"],
         "type": "object",
@@ -100,7 +105,7 @@ def summary_schema(kind: StudyKind = CONTROLLER_STUDY) -> dict:
             "seed": {"type": "integer", "minimum": 0},
             "eval_nll": {"$ref": "#/$defs/number"},
             "export_eval_nll": {"$ref": "#/$defs/number"},
-            "conditions": requiring("conditions", [REFERENCE, *REASSIGNMENTS]),
+            "conditions": requiring("conditions", [REFERENCE, *STUDIED_REASSIGNMENTS]),
             "retention": {
                 **requiring("retention", list(kind.retentions)),
                 "properties": {name: retention for name in kind.retentions},
@@ -275,50 +280,75 @@ def design_seed_table(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> p
 
 
 def design_findings(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.DataFrame:
-    """What the study calls a finding: a variant's figure whose mean differs from the default's by more than
-    the two seed sds added (both with two seeds or more). Anything smaller is within the spread over seeds."""
+    """What the study calls a finding: one contrast per variant and figure against the default (both with two
+    seeds or more), Welch's t on the per-seed values with a Holm correction over the variants compared for that
+    figure (``results.inference``); a finding is a Holm-adjusted p below 0.05. Each row gives the difference with
+    its 95% CI, Welch's p, the Holm p, the exact permutation p (and the smallest it could reach) and Hedges' g
+    with its CI. What does not survive is no row: no difference detected at that many seeds."""
     groups = by_variant(runs, kind)
     columns = [
         Column("variant", "variant", "text"),
         Column("figure", "figure", "text"),
         Column("value", "variant's mean ± sd", "text"),
         Column("default", f"{DEFAULT_VARIANT}'s mean ± sd", "text"),
-        Column("difference", "difference", "text"),
-        Column("spread", "sd + sd", "text"),
+        Column("difference", "difference [95% CI]", "text"),
+        Column("p", "Welch p", "text"),
+        Column("holm_p", "Holm p", "text"),
+        Column("permutation_p", "permutation p (smallest)", "text"),
+        Column("hedges_g", "Hedges' g [95% CI]", "text"),
     ]
-    rows = []
-    if len(groups.get(DEFAULT_VARIANT, [])) >= 2:
-        base = seed_summary(groups[DEFAULT_VARIANT], kind.figures.values())
+    rows, tested = [], 0
+    base_runs = groups.get(DEFAULT_VARIANT, [])
+    for column in kind.columns if len(base_runs) >= 2 else ():
+        path = kind.figures[column.key]
+        base = [v for v in (_seed_value(r, path) for r in base_runs) if v is not None]
+        contrasts = {}
         for variant, group in groups.items():
-            if variant == DEFAULT_VARIANT or len(group) < 2:
-                continue
-            summary = seed_summary(group, kind.figures.values())
-            for column in kind.columns:
-                figure, reference = summary[kind.figures[column.key]], base[kind.figures[column.key]]
-                if figure is None or reference is None:
-                    continue
-                difference, spread = figure["mean"] - reference["mean"], figure["sd"] + reference["sd"]
-                if abs(difference) <= spread:
-                    continue
-                plain = Column(column.key, column.header, "pct" if column.kind == "pct" else "float", "value", 4)
-                msd = Column(column.key, column.header, column.kind, "msd", column.digits)
-                rows.append(
-                    {
-                        "variant": variant,
-                        "figure": column.header,
-                        "value": format_cell(msd, figure),
-                        "default": format_cell(msd, reference),
-                        "difference": ("+" if difference > 0 else "−") + format_cell(plain, abs(difference)),
-                        "spread": format_cell(plain, spread),
-                    }
-                )
+            values = [v for v in (_seed_value(r, path) for r in group) if v is not None]
+            if variant != DEFAULT_VARIANT and len(values) >= 2 and len(base) >= 2:
+                contrasts[variant] = {**contrast(values, base), "values": values}
+        tested += len(contrasts)
+        for variant, found in holm_contrasts(contrasts).items():
+            if found["finding"]:
+                rows.append(_finding_row(variant, column, found, base))
     return make_table(
         f"{kind.name}_findings",
-        f"{kind.title}: the differences from {DEFAULT_VARIANT} larger than the two seed sds added (a share's "
-        "in percentage points)",
+        f"{kind.title}: the differences from {DEFAULT_VARIANT} that survive a Holm correction (Welch's t, "
+        f"{tested} contrasts; a share's in percentage points)",
         columns,
         rows,
     )
+
+
+def _seed_value(run: dict, path: str) -> float | None:
+    """One run's figure at ``path`` (None where it has none, e.g. a null retention)."""
+    value = seed_summary([run], [path])[path]
+    return None if value is None else value["mean"]
+
+
+def _finding_row(variant: str, column: Column, found: dict, base: list[float]) -> dict:
+    plain = Column(column.key, column.header, "pct" if column.kind == "pct" else "float", "value", 4)
+    msd = Column(column.key, column.header, column.kind, "msd", column.digits)
+
+    def summary(values: list[float]) -> dict:
+        return {"mean": statistics.fmean(values), "sd": statistics.stdev(values), "n": len(values)}
+
+    def signed(value: float) -> str:
+        return ("+" if value >= 0 else "−") + format_cell(plain, abs(value))
+
+    g = found["hedges_g"]
+    lo, hi = found["ci95"]
+    return {
+        "variant": variant,
+        "figure": column.header,
+        "value": format_cell(msd, summary(found["values"])),
+        "default": format_cell(msd, summary(base)),
+        "difference": f"{signed(found['difference'])} [{signed(lo)}, {signed(hi)}]",
+        "p": f"{found['p']:.3g}",
+        "holm_p": f"{found['holm_p']:.3g}",
+        "permutation_p": f"{found['permutation_p']:.3g} ({found['smallest_permutation_p']:.3g})",
+        "hedges_g": "n/a" if g["value"] is None else f"{g['value']:+.2f} [{g['ci95'][0]:+.2f}, {g['ci95'][1]:+.2f}]",
+    }
 
 
 def design_points(runs: list[dict], kind: StudyKind = CONTROLLER_STUDY) -> pd.DataFrame:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workben
 CONDITION_COLUMNS = ["nll", "ci95_lo", "ci95_hi", "delta", "delta_ci95_lo", "delta_ci95_hi"]
 
 
-RETENTION_COLUMNS = ["value", "ci95_lo", "ci95_hi"]
+RETENTION_COLUMNS = ["value", "ci95_lo", "ci95_hi", "gap", "gap_ci95_lo", "gap_ci95_hi"]  # gap: the denominator
 
 
 VARIANCE_COLUMNS = ["r2_layer", "r2_layer_slot", "r2_layer_slot_position", "r2_layer_slot_window", "within_std", "cv"]
@@ -146,8 +146,13 @@ class AuditResults:
 
     @functools.cached_property
     def retention(self) -> pd.DataFrame:
-        """One row per static profile: share of the Correct-to-GlobalMean gap retained, with its 95% CI."""
-        rows = [(name, r["value"], *_split_ci(r["ci95"])) for name, r in self.audit["retention"].items()]
+        """One row per static profile: share of the gap between its reference and correct retained, with its 95%
+        CI (NaN: the gap does not resolve), and that gap (the denominator, nats) with its 95% CI."""
+        rows = [
+            (name, r["value"], *_split_ci(r["ci95"]), (r.get("denominator") or {}).get("value"),
+             *_split_ci((r.get("denominator") or {}).get("ci95")))
+            for name, r in self.audit["retention"].items()
+        ]  # fmt: skip
         return _frame(rows, "profile", RETENTION_COLUMNS)
 
     @functools.cached_property

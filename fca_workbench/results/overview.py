@@ -17,7 +17,12 @@ from fca_workbench.results.tabular import Column, make_table
 if TYPE_CHECKING:  # imported where a table is built, not by `import fca_workbench`
     import pandas as pd
 
-VERDICTS = ("coefficient_variation", "assignment_dependence", "conditional_execution")  # audit.json's verdict keys
+VERDICTS = (
+    "coefficient_variation",
+    "assignment_dependence",
+    "staticness",
+    "conditional_execution",
+)  # audit.json verdicts
 EXECUTED = ("fraction_executed", "expert_fraction_executed")  # the second for routers only
 
 OVERVIEW_COLUMNS = [
@@ -37,6 +42,7 @@ OVERVIEW_COLUMNS = [
     ],
     Column("best_profile", "best static profile", "text"),
     Column("best_retention", "its retention", "pct", digits=4),
+    Column("best_reference", "retention over", "text"),
     Column("r2_layer", "R² layer", "pct", digits=4),
     Column("r2_layer_slot", "R² layer×slot", "pct", digits=4),
     Column("fraction_executed", "fraction executed", "float"),
@@ -54,8 +60,9 @@ def short_verdict(sentence: str) -> str:
 
 
 def best_profile(audit: dict) -> tuple[str | None, float | None]:
-    """The static profile that retains most of the Correct-to-GlobalMean gap, and its retention (None, None for
-    a model without a controller or without a gap)."""
+    """The static profile that retains most of the gap between its reference and ``correct``, and its retention
+    (None, None for a model without a controller, or whose every retention is unresolved: no percentage from a gap
+    that does not resolve)."""
     retention = audit["retention"]
     retained = [(retention[p]["value"], p) for p in RETAINED if p in retention and retention[p]["value"] is not None]
     if not retained:
@@ -76,6 +83,7 @@ def overview_row(audit: dict, name: str) -> dict:
         "nll_correct": (conditions.get(REFERENCE) or conditions[LIVE_RUN])["nll"],  # the same without controller
         "best_profile": profile,
         "best_retention": retention,
+        "best_reference": None if profile is None else audit["retention"][profile].get("reference"),
         **{key: (audit["variance"] or {}).get(key) for key in ("r2_layer", "r2_layer_slot")},
         **{key: execution.get(key) for key in EXECUTED},
         "latency_ratio_vs_dense": execution["latency_ratio_vs_dense"],

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from fca_workbench.adapters.families import DELTA_RULE_GATE, LSTM_GATE, SELECTIVE_GATE, SELECTIVE_SSM
 from fca_workbench.results.conditions import REFERENCE
+from fca_workbench.results.verdicts import retention_phrase
 
 # What a static profile (global_mean ... layer_position_mean) makes of a controller kind, where it is more
 # than "the controller without its input".
@@ -65,7 +66,22 @@ def format_report(audit: dict, width: int = 38) -> str:
     lines.append("")
     for row in itertools.zip_longest(*blocks, fillvalue=""):
         lines.append("  ".join(cell.ljust(width) for cell in row).rstrip())
-    return "\n".join(lines)
+    return "\n".join(lines + staticness_section(audit, width * 3))
+
+
+def staticness_section(audit: dict, width: int) -> list[str]:
+    """Each retention with both ends and its reference (an unresolved one is no percentage), then the staticness
+    verdict (audits written before it had none)."""
+    if not audit["retention"]:
+        return []
+    title = "4. Staticness (gap retention against its reference; nats, 95% CIs)"
+    lines = ["", title, "-" * len(title)]
+    for name, r in audit["retention"].items():
+        lines += textwrap.wrap(f"ret. {name}: {retention_phrase(name, r)}", width, subsequent_indent="    ")
+        for other, beside in (r.get("other_references") or {}).items():
+            lines += textwrap.wrap(f"     against {other}: {retention_phrase(name, beside)}", width)
+    verdict = audit["verdict"].get("staticness")
+    return lines + (["", *textwrap.wrap(verdict, width)] if verdict else [])
 
 
 def left_out_notes(left_out: list[str], width: int) -> list[str]:
@@ -112,13 +128,7 @@ def variation_figures(audit: dict) -> list[str]:
 
 
 def assignment_figures(audit: dict) -> list[str]:
-    rows = [f"Δ{name:23s}{c['delta']:+10.4f}" for name, c in audit["conditions"].items() if name != REFERENCE]
-
-    rows += [
-        f"ret. {name:19s}" + ("       n/a" if r["value"] is None else f"{r['value']:>10.2%}")
-        for name, r in audit["retention"].items()
-    ]
-    return rows
+    return [f"Δ{name:23s}{c['delta']:+10.4f}" for name, c in audit["conditions"].items() if name != REFERENCE]
 
 
 def execution_figures(audit: dict) -> list[str]:

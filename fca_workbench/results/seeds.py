@@ -1,13 +1,14 @@
-"""Figures over independently trained seeds: every number several audits share, as mean ± sd."""
+"""Figures over independently trained seeds: every number several audits share, as mean ± sd, and each retention
+as a ratio of means with its bootstrap CI over seeds (``inference.retention_over_seeds``)."""
 
 import statistics
 
 from fca_workbench.results.conditions import HEADLINE_CONDITIONS, RETENTION_PROFILES
+from fca_workbench.results.inference import retention_over_seeds
 
 HEADLINE = (
     ("NLL correct", "conditions.correct.nll"),
     *((f"ΔNLL {c}", f"conditions.{c}.delta") for c in HEADLINE_CONDITIONS),
-    *((f"retention {p}", f"retention.{p}.value") for p in RETENTION_PROFILES),
     ("R² layer", "variance.r2_layer"),
     ("R² layer×slot", "variance.r2_layer_slot"),
     ("within-layer std", "variation.within_std"),
@@ -60,6 +61,12 @@ def summarise(audits: list[dict]) -> dict[str, dict]:
     }
 
 
+def retention_summary(audits: list[dict]) -> dict[str, dict]:
+    """Per retention profile every audit has: the ratio of means over the seeds (``retention_over_seeds``)."""
+    shared = set.intersection(*(set(a.get("retention") or {}) for a in audits)) if audits else set()
+    return {p: retention_over_seeds([a["retention"][p] for a in audits]) for p in RETENTION_PROFILES if p in shared}
+
+
 def format_aggregate(summary: dict) -> str:
     figures = summary["figures"]
     lines = [
@@ -69,7 +76,13 @@ def format_aggregate(summary: dict) -> str:
     for label, path in HEADLINE:
         if path in figures:
             f = figures[path]
-            pct = path.startswith("retention") or path.startswith("variance")
+            pct = path.startswith("variance")
             value = f"{f['mean']:.2%} ± {f['sd']:.2%}" if pct else f"{f['mean']:.4f} ± {f['sd']:.4f}"
             lines.append(f"{label:32s} {value}")
+    for profile, r in (summary.get("retention") or {}).items():
+        lo, hi = r["ci95"]
+        shown = "unresolved (its gap's 95% CI holds 0)" if r["value"] is None else f"{r['value']:.2%}"
+        if r["value"] is not None and lo is not None and hi is not None:
+            shown += f" [{lo:.2%}, {hi:.2%}] (ratio of means)"
+        lines.append(f"{'retention ' + profile:32s} {shown}")
     return "\n".join(lines)

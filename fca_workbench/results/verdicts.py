@@ -1,4 +1,9 @@
-"""Plain-language verdicts of an ``audit.json``: the three properties, each turned from figures into a sentence.
+"""Plain-language verdicts of an ``audit.json``: one sentence per property, each from its own figures only.
+
+Coefficient variation from the variance decomposition; assignment dependence from the reassignments' ΔNLL intervals
+(``cross_input``, ``token_shuffle``, ``causal_shuffle``) alone; staticness from the headline static profile's
+retention with its reference (a router's: ``layer_mean_topk`` over the compute-matched ``random_topk``); conditional
+execution from what ran. No verdict reads another property's figures.
 
 The thresholds that turn figures into words are stated in the sentences themselves, so a reader can
 disagree with a verdict using the numbers beside it. A verdict is never computed from a number that is not
@@ -8,12 +13,20 @@ finite: ``verdicts`` refuses the audit instead (``require_finite_figures``).
 import math
 
 from fca_workbench.foundation.errors import UserError
-from fca_workbench.results.conditions import CROSS_INPUT, LAYER_MEAN, TOKEN_SHUFFLE
+from fca_workbench.results.conditions import (
+    CAUSAL_SHUFFLE,
+    CROSS_INPUT,
+    GLOBAL_MEAN,
+    LAYER_MEAN,
+    LAYER_MEAN_TOPK,
+    TOKEN_SHUFFLE,
+)
 
 JUDGED = ("conditions", "retention", "variance", "variation", "execution", "per_layer")  # what the verdicts read
 
 
 STATIC_RETENTION = 0.95  # a static profile retaining this much of the gap counts as "largely static"
+REASSIGNED = (CROSS_INPUT, TOKEN_SHUFFLE, CAUSAL_SHUFFLE)  # what assignment dependence is judged from
 
 
 def verdicts(audit: dict) -> dict:
@@ -21,6 +34,7 @@ def verdicts(audit: dict) -> dict:
     return {
         "coefficient_variation": variation_verdict(audit),
         "assignment_dependence": assignment_verdict(audit),
+        "staticness": staticness_verdict(audit),
         "conditional_execution": execution_verdict(audit),
     }
 
@@ -58,26 +72,65 @@ def variation_verdict(audit: dict) -> str:
 
 
 def assignment_verdict(audit: dict) -> str:
-    conditions, retention = audit["conditions"], audit["retention"]
+    """Assignment dependence from the reassignments' paired 95% CIs alone: does the frozen model's NLL change when
+    a window gets another window's coefficients, or its own at other positions?"""
+    conditions = audit["conditions"]
     if CROSS_INPUT not in conditions:
         return "No controller: there are no coefficients to reassign."
-    cross, shuffle, static = conditions[CROSS_INPUT], conditions[TOKEN_SHUFFLE], retention[LAYER_MEAN]
-    significant = cross["delta_ci95"][0] > 0 or shuffle["delta_ci95"][0] > 0
-    penalties = (
-        f"cross-input reassignment changes NLL by {cross['delta']:+.4f} nats "
-        f"[{cross['delta_ci95'][0]:+.4f}, {cross['delta_ci95'][1]:+.4f}], token shuffling by "
-        f"{shuffle['delta']:+.4f} [{shuffle['delta_ci95'][0]:+.4f}, {shuffle['delta_ci95'][1]:+.4f}]"
+    present = [name for name in REASSIGNED if name in conditions]
+    costs = [name for name in present if conditions[name]["delta_ci95"][0] > 0]
+    gains = [name for name in present if conditions[name]["delta_ci95"][1] < 0]
+    penalties = "; ".join(
+        f"{name} {c['delta']:+.4f} nats [{c['delta_ci95'][0]:+.4f}, {c['delta_ci95'][1]:+.4f}]"
+        for name in present
+        for c in [conditions[name]]
     )
-    if static["value"] is None:
-        return f"No gap to retain (global_mean scores as well as correct): {penalties}."
-    kept = f"the static layerwise profile retains {static['value']:.2%} of the Correct-to-GlobalMean gap"
-    if static["value"] >= STATIC_RETENTION:
-        lead = "Weak assignment dependence (static profile ≥ 95% of the gap)"
-    elif significant:
-        lead = "The frozen model depends on which coefficients each input gets"
+    if costs:
+        lead = f"The frozen model depends on which coefficients each input gets ({', '.join(costs)}: 95% CI above 0)"
+    elif gains:
+        lead = f"Reassigning lowers the NLL ({', '.join(gains)}: 95% CI below 0): no cost of reassignment detected"
     else:
-        lead = "No significant assignment dependence (95% CIs include 0)"
-    return f"{lead}: {penalties}; {kept}.{per_layer_sentence(audit)}"
+        lead = "No assignment dependence detected (every reassignment's 95% CI includes 0)"
+    return f"{lead}: {penalties}.{per_layer_sentence(audit)}"
+
+
+def headline_retention(audit: dict) -> str | None:
+    """The profile staticness is judged from: a router's top-k profile (over the compute-matched reference) where
+    the audit has it, else the static layerwise profile; None without either."""
+    retention = audit.get("retention") or {}
+    return next((p for p in (LAYER_MEAN_TOPK, LAYER_MEAN) if p in retention), None)
+
+
+def retention_phrase(profile: str, retention: dict) -> str:
+    """A retention with both ends, as the verdict and the report say it; an unresolved one is no percentage."""
+    reference = retention.get("reference", GLOBAL_MEAN)
+    gap = retention.get("denominator")
+    over = "" if gap is None else f" ({gap['value']:+.4f} nats [{gap['ci95'][0]:+.4f}, {gap['ci95'][1]:+.4f}])"
+    if retention["value"] is None:
+        return f"the {reference}-to-correct gap{over} does not resolve: no retention of {profile} is stated"
+    lo, hi = retention["ci95"]
+    ci = "" if lo is None or hi is None else f" [{lo:.2%}, {hi:.2%}]"
+    return f"{profile} retains {retention['value']:.2%}{ci} of the {reference}-to-correct gap{over}"
+
+
+def staticness_verdict(audit: dict) -> str:
+    """Staticness from the headline profile's retention with its reference (and, where it is over another
+    reference, the all-expert one beside it): how much of what the live coefficients are worth a static profile
+    keeps."""
+    profile = headline_retention(audit)
+    if profile is None:
+        return "No controller: there is no static profile to compare."
+    retention = audit["retention"][profile]
+    said = retention_phrase(profile, retention)
+    beside = (retention.get("other_references") or {}).get(GLOBAL_MEAN)
+    also = "" if beside is None else f"; beside it, {retention_phrase(profile, beside)}"
+    if retention["value"] is None:
+        lead = "Staticness not determined"
+    elif retention["value"] >= STATIC_RETENTION:
+        lead = "Largely static (the static profile keeps ≥ 95% of the gap)"
+    else:
+        lead = "Not static: the static profile keeps less than 95% of the gap"
+    return f"{lead}: {said}{also}."
 
 
 def per_layer_sentence(audit: dict) -> str:

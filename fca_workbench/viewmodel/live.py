@@ -25,7 +25,7 @@ from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.audit.assignment import Values
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
 from fca_workbench.audit.inputs import CALIBRATION, EVAL
-from fca_workbench.audit.metrics import gap_retention
+from fca_workbench.audit.metrics import bootstrap_counts, gap_retention
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import DEFAULT_WINDOW
 from fca_workbench.audit.text_replay import Text, TextReplays
@@ -178,6 +178,13 @@ def distinct_labels(per_layer: Iterable[list[str]]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------------
 # one query's answer
+
+
+def token_counts(tokens: int) -> torch.Tensor:
+    """The bootstrap a live view's retention is judged with: resamples of one text's tokens (tokens of one text
+    are not independent, so this interval is narrower than a bootstrap over windows; a gap it does not resolve
+    certainly does not)."""
+    return bootstrap_counts(tokens, resamples=200) if tokens >= 2 else torch.ones(1, 1, dtype=torch.long)
 
 
 @dataclass
@@ -354,14 +361,19 @@ class DashboardSession:
         if named.static and shared.has_coefficients:
             gm = self.replay(name, shared, text, LOW, layer, 0, None).astype(np.float64)
             nll_gm = float(gm.mean())
-            per_window = {
-                LOW: torch.tensor([gm.mean()], dtype=torch.float64),
-                condition: torch.tensor([nll.mean()], dtype=torch.float64),
-                REFERENCE: torch.tensor([nll_correct.mean()], dtype=torch.float64),
+            per_token = {
+                LOW: torch.tensor(gm, dtype=torch.float64),
+                condition: torch.tensor(nll, dtype=torch.float64),
+                REFERENCE: torch.tensor(nll_correct, dtype=torch.float64),
             }
-            retention = gap_retention(per_window, condition, torch.ones(1, 1, dtype=torch.long))["value"]
+            figure = gap_retention(per_token, condition, token_counts(len(nll)))
+            retention = figure["value"]
             if retention is None:
-                notes.append("retention is undefined: global_mean and correct give the same NLL here")
+                gap = figure["denominator"]
+                notes.append(
+                    f"no retention: the {LOW}-to-correct gap on this text ({gap['value']:+.4f} nats, 95% CI over "
+                    f"tokens [{gap['ci95'][0]:+.4f}, {gap['ci95'][1]:+.4f}]) does not resolve"
+                )
             if shared.profiles_refused is not None:
                 notes.append(f"static profiles {shared.profiles_source}")
         start = 0 if layer is None or not shared.has_coefficients else prefix.start_for(layer)

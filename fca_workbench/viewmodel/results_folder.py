@@ -107,7 +107,7 @@ SUMMARY_FIELDS: dict = {
     "model": ("path", "arch", "params", "fingerprint", "hub"),
     "data": {split: ("source", "windows", "window", "tokens", "fingerprint") for split in ("eval", "calibration")},
     "conditions": {EACH: ("nll", "ci95", "delta", "delta_ci95")},
-    "retention": {EACH: ("value", "ci95")},
+    "retention": {EACH: ("value", "ci95", "resolved", "reference", "numerator", "denominator", "other_references")},
     "variance": None,
     "variation": ("within_std", "cv"),
     "execution": None,

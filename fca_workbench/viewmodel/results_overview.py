@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import first_line
 from fca_workbench.notebooks import tables
-from fca_workbench.results.audit_tables import assignment_seed_table, by_arch, seed_summary, with_controller
+from fca_workbench.results.audit_tables import assignment_seed_table, by_arch, with_controller
 from fca_workbench.results.conditions import BASELINES, retention_profiles
+from fca_workbench.results.inference import retention_over_seeds
 from fca_workbench.results.overview import OVERVIEW_COLUMNS, overview_row, overview_table
 from fca_workbench.viewmodel.downloads import download_csv
 from fca_workbench.viewmodel.query import choose
@@ -32,13 +33,16 @@ DEFAULT_SORT = "audit"
 
 @dataclass(frozen=True)
 class Bars:
-    """One architecture's bars of a figure across audits: a mean ± sd (sd 0 for one seed) over ``n`` seeds."""
+    """One architecture's bars of a figure across audits: a mean ± sd (sd 0 for one seed) over ``n`` seeds, or,
+    where ``low`` / ``high`` are given, the value with its 95% CI (a retention: the ratio of means)."""
 
     arch: str
     n: int
     x: list[str]
     mean: list[float]
     sd: list[float]
+    low: list[float] | None = None
+    high: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -72,19 +76,23 @@ class Overview:
 
     def retention_bars(self) -> list[Bars]:
         """Gap retention of every static profile the audits of an architecture all have (``layer_mean_topk``
-        for routers too), by architecture: mean ± sd over seeds (``seed_summary``, as the paper's table)."""
+        for routers too), by architecture: over seeds the ratio of the mean numerator to the mean denominator with
+        its bootstrap 95% CI (``inference.retention_over_seeds``; one seed: its audit's); a retention that does not
+        resolve is left out, never drawn."""
         bars = []
         for arch, group in by_arch(with_controller(self.seed_audits)).items():
             profiles = retention_profiles(set.intersection(*(set(audit["retention"]) for audit in group)))
-            summary = seed_summary(group, [f"retention.{p}.value" for p in profiles])
-            shown = [(p, s) for p in profiles if (s := summary[f"retention.{p}.value"]) is not None]
+            figures = [(p, retention_over_seeds([a["retention"][p] for a in group])) for p in profiles]
+            shown = [(p, f) for p, f in figures if f["value"] is not None and None not in f["ci95"]]
             bars.append(
                 Bars(
                     arch,
                     len(group),
                     [p for p, _ in shown],
-                    [float(s["mean"]) for _, s in shown],
-                    [float(s["sd"]) for _, s in shown],
+                    [float(f["value"]) for _, f in shown],
+                    [0.0 for _ in shown],
+                    [float(f["ci95"][0]) for _, f in shown],
+                    [float(f["ci95"][1]) for _, f in shown],
                 )
             )
         return bars
