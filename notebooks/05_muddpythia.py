@@ -12,6 +12,15 @@
 # # MUDDPythia: cross-input and token-shuffle penalties
 #
 # The MUDDPythia table for the checkpoints given (default: the shipped MUDDPythia-tiny; any official MUDDPythia folder works): NLL and ΔNLL against `correct` when each window gets another window's complete coefficients (`cross_input`) or its positions are shuffled (`token_shuffle`), with the static profiles for comparison (`audit.json` → `conditions`). For reference, the paper reports +1.9067 (cross-input) and +2.9637 (shuffle) nats for MUDDPythia-1.4B.
+#
+# **Those 1.4B figures are not reproduced here.** The shipped checkpoint is a tiny MUDDPythia trained on the shipped corpus, and the workbench runs without the network, so nothing below says anything about MUDDPythia-1.4B. What would: on a CUDA machine with about 8 GB of GPU memory, put the official weights in the local Hugging Face cache and audit them (`--eval` the text the comparison should be made on; the shipped eval split otherwise):
+#
+# ```
+# hf download Caiyun-AI/MUDDPythia-1.4B
+# HF_HUB_OFFLINE=1 fca audit Caiyun-AI/MUDDPythia-1.4B --device cuda --dtype bfloat16 --window 2048 --out results/mudd-1.4b
+# ```
+#
+# and read `results/mudd-1.4b/audit.json` → `conditions` (or run this notebook with `checkpoints=["Caiyun-AI/MUDDPythia-1.4B"]`, `device="cuda"`, `dtype="bfloat16"`, `window=2048`, `max_windows=None`). The paper's figures are on its own evaluation text; a comparison with them needs that text as `--eval`. The workbench's re-implementation is checked bit-exact against the reference code by `MUDDPYTHIA_REFERENCE=/path/to/MUDDFormer/pytorch/muddpythia pytest tests/test_muddpythia.py tests/test_official_layout.py` (skipped without it). See `docs/guides/official-checkpoints.md`.
 
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
