@@ -1,5 +1,5 @@
 """The results view's overview: every audit of the results folder in one sortable table, its CSV and the Python
-that gives a notebook the same DataFrame, and figures across audits by architecture.
+that gives a notebook the same DataFrame, and figures across audits by configuration (the seeds of one model config and training settings).
 
 Presentation only: the table, its order and the figures' numbers come from ``fca_workbench.viewmodel.results_overview``.
 Sorting is chosen with the two widgets above the table (so the order is in the URL); a click on a row calls
@@ -80,13 +80,13 @@ class OverviewView:
         )
         self.retention.object = views.bars_figure(
             overview.retention_bars(),
-            "Static profiles: gap retention by architecture (ratio of means over seeds, 95% CI; unresolved left out)",
+            "Static profiles: gap retention by configuration (ratio of means over the seeds of one configuration, 95% CI; unresolved left out)",
             "retention",
             percent=True,
         )
         self.delta.object = views.bars_figure(
             overview.delta_bars(),
-            "ΔNLL vs correct by condition and architecture (mean ± sd over seeds)",
+            "ΔNLL vs correct by condition and configuration (mean ± sd over the seeds of one configuration)",
             "ΔNLL (nats)",
         )
         self.retention.visible = self.retention.object is not None

@@ -24,7 +24,7 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.sweep import per_layer_rows, sweep_mode
 from fca_workbench.data.windows import window_sampling
-from fca_workbench.foundation.checkpoint import checkpoint_name, resolve_checkpoint
+from fca_workbench.foundation.checkpoint import checkpoint_name, configuration, folder_configuration, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import check_folder_path, write_atomic, write_json
 from fca_workbench.foundation.fingerprints import fingerprint_tensor
@@ -83,7 +83,8 @@ def run_audit(
     out = checked_out(settings, out)
     checkpoint = resolve_checkpoint(settings.checkpoint, settings.trust_remote_code)  # once: its commit recorded
     session = ReplaySession.open(settings, out, ranks, checkpoint)
-    return audit_session(session, out, checkpoint.record(), lock_wait, capture_only)
+    source = {**checkpoint.record(), "configuration": folder_configuration(checkpoint.folder)}
+    return audit_session(session, out, source, lock_wait, capture_only)
 
 
 def audit_model(
@@ -110,7 +111,9 @@ def audit_model(
     session = ReplaySession.of_model(
         controlled_model(model, chosen.controllers, chosen.only_controllers), tokenizer, chosen, folder
     )
-    audit = audit_session(session, folder, {"path": f"{IN_MEMORY}{name}", "hub": None}, lock_wait)
+    config_record = config.to_dict() if hasattr(config, "to_dict") else {"model_type": name}
+    source = {"path": f"{IN_MEMORY}{name}", "hub": None, "configuration": configuration(config_record)}
+    audit = audit_session(session, folder, source, lock_wait)
     assert audit is not None  # one process: it leads
     return audit
 

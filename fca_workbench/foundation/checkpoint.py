@@ -14,6 +14,7 @@ is never shipped) and ``data.tokenizer`` (a folder's tokenizer files) need the n
 """
 
 import difflib
+import hashlib
 import logging
 import os
 import re
@@ -34,6 +35,7 @@ from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import (
+    canonical_json,
     check_links_inside,
     inside_folder,
     read_json,
@@ -104,6 +106,31 @@ class Checkpoint:
         ``provenance``, the hub id and commit where it came from the hub."""
         path = str(self.folder.resolve()) if relative_to is None else relative_path(self.folder, relative_to)
         return {"path": path, "hub": self.provenance()}
+
+
+CONFIG_METADATA = ("transformers_version", "_name_or_path", "dtype", "torch_dtype")  # how a config was saved, not what
+RUN_ONLY = ("seed",)  # a training setting that makes another run of the same configuration
+
+
+def configuration(config: dict, training: dict | None = None) -> str:
+    """sha256 of what makes models seeds of one configuration: the model config less how it was saved, and the
+    training settings less the seed. Two audits with the same digest may be averaged over seeds; two without may
+    not, whatever their architecture."""
+    kept = {
+        "config": {k: v for k, v in config.items() if k not in CONFIG_METADATA},
+        "training": None if training is None else {k: v for k, v in training.items() if k not in RUN_ONLY},
+    }
+    return hashlib.sha256(canonical_json(kept).encode()).hexdigest()
+
+
+def folder_configuration(folder: Path) -> str:
+    """``configuration`` of a checkpoint folder: its config.json, and the settings of fca train's card where the
+    folder has one (a foreign checkpoint's training is unknown, so only its config counts)."""
+    config = read_json(folder / CONFIG_FILE)
+    card = read_json(folder / TRAIN_CARD_FILE) if (folder / TRAIN_CARD_FILE).is_file() else {}
+    assert isinstance(config, dict) and isinstance(card, dict)  # read_json's default: an object
+    training = card.get("settings")
+    return configuration(config, training if isinstance(training, dict) else None)
 
 
 def hub_name(name: str | Path) -> tuple[str, str | None] | None:

@@ -11,6 +11,7 @@ precision; Markdown and LaTeX are rounded for reading.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -42,11 +43,26 @@ def with_controller(audits: list[dict]) -> list[dict]:
     return [a for a in audits if a["variation"] is not None]
 
 
-def by_arch(audits: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = {}
+def by_configuration(audits: list[dict]) -> dict[str, list[dict]]:
+    """The audits that are seeds of one configuration (``model.configuration``: the config and training settings
+    less the seed), the only ones a figure may average. A group is labelled by its architecture, with its digest's
+    first 8 hex digits where the audits hold several configurations of one architecture; an audit written without
+    a digest stands alone, labelled by its model as well."""
+    keyed: dict[tuple[str, str], list[dict]] = {}
     for audit in audits:
-        groups.setdefault(audit["model"]["arch"], []).append(audit)
-    return groups
+        model = audit["model"]
+        digest = model.get("configuration") or f"{model_name(audit)} {model['fingerprint']}"
+        keyed.setdefault((model["arch"], digest), []).append(audit)
+    configurations = Counter(arch for arch, _ in keyed)
+    return {_group_label(arch, digest, group, configurations[arch]): group for (arch, digest), group in keyed.items()}
+
+
+def _group_label(arch: str, digest: str, group: list[dict], configurations: int) -> str:
+    if configurations == 1:
+        return arch
+    if group[0]["model"].get("configuration"):
+        return f"{arch} · config {digest[:8]}"
+    return f"{arch} · {model_name(group[0])}"
 
 
 def _dig(tree, path: str):
@@ -84,9 +100,9 @@ VARIANCE_PATHS = {
 
 
 def seed_rows(audits: list[dict], paths: dict[str, str]) -> list[dict]:
-    """One row per architecture: the seed count and mean ± sd of each figure at ``paths`` (column -> audit path)."""
+    """One row per configuration (``by_configuration``): the seed count and mean ± sd of each figure at ``paths`` (column -> audit path)."""
     rows = []
-    for arch, group in by_arch(audits).items():
+    for arch, group in by_configuration(audits).items():
         summary = seed_summary(group, paths.values())
         rows.append({"arch": arch, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
     return rows
@@ -105,7 +121,7 @@ def variation_table(audits: list[dict]) -> pd.DataFrame:
 
 
 def variation_seed_table(audits: list[dict]) -> pd.DataFrame:
-    """The same figures as mean ± sd over the models of each architecture (independently trained seeds)."""
+    """The same figures as mean ± sd over the seeds of each configuration (``by_configuration``)."""
     columns = [
         Column("arch", "arch", "text"),
         Column("n", "seeds", "int"),
@@ -113,7 +129,10 @@ def variation_seed_table(audits: list[dict]) -> pd.DataFrame:
     ]
     rows = seed_rows(with_controller(audits), VARIANCE_PATHS)
     return make_table(
-        "variation_over_seeds", "Coefficient variation and variance decomposition, mean ± sd over seeds", columns, rows
+        "variation_over_seeds",
+        "Coefficient variation and variance decomposition, mean ± sd over the seeds of one configuration",
+        columns,
+        rows,
     )
 
 
@@ -157,7 +176,7 @@ def assignment_table(audits: list[dict]) -> pd.DataFrame:
 
 
 def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
-    """ΔNLL of each condition, mean ± sd over the seeds of each architecture."""
+    """ΔNLL of each condition, mean ± sd over the seeds of each configuration (``by_configuration``)."""
     columns = [
         Column("arch", "arch", "text"),
         Column("condition", "condition", "text"),
@@ -166,7 +185,7 @@ def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
         Column("delta", "ΔNLL", "delta", "msd"),
     ]
     rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
+    for arch, group in by_configuration(with_controller(audits)).items():
         for name in AUDIT_CONDITIONS:
             paths = {"nll": f"conditions.{name}.nll", "delta": f"conditions.{name}.delta"}
             summary = seed_summary(group, paths.values())
@@ -174,7 +193,10 @@ def assignment_seed_table(audits: list[dict]) -> pd.DataFrame:
                 continue
             rows.append({"arch": arch, "condition": name, "n": len(group), **{k: summary[p] for k, p in paths.items()}})
     return make_table(
-        "assignment_over_seeds", "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over seeds", columns, rows
+        "assignment_over_seeds",
+        "Assignment dependence: NLL and ΔNLL vs correct, mean ± sd over the seeds of one configuration",
+        columns,
+        rows,
     )
 
 
@@ -269,7 +291,9 @@ def execution_seed_table(audits: list[dict]) -> pd.DataFrame:
         *[Column(c.key, c.header, "float" if c.kind == "int" else c.kind, "msd", c.digits) for c in EXECUTION_COLUMNS],
     ]
     rows = seed_rows(audits, paths)
-    return make_table("execution_over_seeds", "Conditional execution, mean ± sd over seeds", columns, rows)
+    return make_table(
+        "execution_over_seeds", "Conditional execution, mean ± sd over the seeds of one configuration", columns, rows
+    )
 
 
 MUDD_CONDITIONS = CONDITIONS  # section 4's conditions: MUDDPythia has no routers
@@ -310,7 +334,7 @@ def per_layer_table(audits: list[dict]) -> pd.DataFrame:
 
 
 def per_layer_seed_table(audits: list[dict]) -> pd.DataFrame:
-    """The per-layer ΔNLL as mean ± sd over the seeds of each architecture (``aggregate.summarise``)."""
+    """The per-layer ΔNLL as mean ± sd over the seeds of each configuration (``by_configuration``) (``aggregate.summarise``)."""
     columns = [
         Column("arch", "arch", "text"),
         Column("layer", "layer", "int"),
@@ -319,7 +343,7 @@ def per_layer_seed_table(audits: list[dict]) -> pd.DataFrame:
         Column("delta", "ΔNLL", "delta", "msd"),
     ]
     rows = []
-    for arch, group in by_arch([a for a in audits if a.get("per_layer")]).items():
+    for arch, group in by_configuration([a for a in audits if a.get("per_layer")]).items():
         cells = [(r["layer"], r["condition"]) for r in group[0]["per_layer"]]
         summary = seed_summary(group, [f"per_layer.{l}.{c}.delta" for l, c in cells])
         rows += [
@@ -328,7 +352,7 @@ def per_layer_seed_table(audits: list[dict]) -> pd.DataFrame:
         ]
     return make_table(
         "per_layer_over_seeds",
-        "Per layer: ΔNLL vs correct of each condition at one layer alone, mean ± sd over seeds",
+        "Per layer: ΔNLL vs correct of each condition at one layer alone, mean ± sd over the seeds of one configuration",
         columns,
         rows,
     )

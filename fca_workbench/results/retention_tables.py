@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fca_workbench.results.audit_tables import by_arch, model_name, with_controller
+from fca_workbench.results.audit_tables import by_configuration, model_name, with_controller
 from fca_workbench.results.conditions import LOW, RETAINED, RETENTION_PROFILES
 from fca_workbench.results.inference import retention_over_seeds
 from fca_workbench.results.tabular import Column, make_table
@@ -58,13 +58,13 @@ def retention_table(audits: list[dict], profiles: Sequence[str] = RETENTION_PROF
 
 
 def retention_seed_table(audits: list[dict]) -> pd.DataFrame:
-    """Gap retention of each static profile over seeds, per architecture: the ratio of the mean numerator to the
+    """Gap retention of each static profile over seeds, per configuration (``by_configuration``): the ratio of the mean numerator to the
     mean denominator with its bootstrap 95% CI over seeds (``inference.retention_over_seeds``)."""
     columns = [Column("arch", "arch", "text"), Column("n", "seeds", "int")]
     for p in RETENTION_PROFILES:
         columns += [Column(p, p, "pct", digits=4), Column(f"{p}_ci95", f"{p} 95% CI", "pct", "ci", digits=4)]
     rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
+    for arch, group in by_configuration(with_controller(audits)).items():
         row: dict = {"arch": arch, "n": len(group)}
         for p in RETENTION_PROFILES:
             figure = retention_over_seeds([a["retention"][p] for a in group])
@@ -72,20 +72,20 @@ def retention_seed_table(audits: list[dict]) -> pd.DataFrame:
         rows.append(row)
     return make_table(
         "retention_over_seeds",
-        "Static profiles: gap retention over seeds (ratio of means, bootstrap 95% CI over seeds)",
+        "Static profiles: gap retention over the seeds of one configuration (ratio of means, bootstrap 95% CI over seeds)",
         columns,
         rows,
     )
 
 
 def retention_points(audits: list[dict]) -> pd.DataFrame:
-    """What the retention figure plots, one row per architecture and profile whose retention resolves (a router's
+    """What the retention figure plots, one row per configuration and profile whose retention resolves (a router's
     ``layer_mean_topk`` too): the value (one seed's, or the ratio of means over seeds) and its 95% CI (one seed:
     the audit's; several: the bootstrap over seeds), under a label that says how many seeds the point has."""
     import pandas as pd
 
     rows = []
-    for arch, group in by_arch(with_controller(audits)).items():
+    for arch, group in by_configuration(with_controller(audits)).items():
         for p in RETAINED:
             if not all(p in a["retention"] for a in group):
                 continue

@@ -1,10 +1,10 @@
 """The results view's first screen: every audit of the results folder in one sortable table, and figures across
-audits grouped by architecture.
+audits grouped by configuration (seeds of one model config and training settings, ``by_configuration``).
 
 Every number comes from ``results``: the table is ``overview.overview_table`` (what ``load_audits(...).overview``
 gives a notebook), the figures are ``audit_tables.seed_summary`` of each profile's retention and ``assignment_seed_table`` (what
 ``fca audit-many`` and the notebooks' ``*_over_seeds`` tables give: mean ± sd where several seeds of one
-architecture are present). This module only orders, filters and names them; nothing here knows a widget.
+configuration are present). This module only orders, filters and names them; nothing here knows a widget.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from fca_workbench.foundation.errors import first_line
 from fca_workbench.notebooks import tables
-from fca_workbench.results.audit_tables import assignment_seed_table, by_arch, with_controller
+from fca_workbench.results.audit_tables import assignment_seed_table, by_configuration, with_controller
 from fca_workbench.results.conditions import BASELINES, retention_profiles
 from fca_workbench.results.inference import retention_over_seeds
 from fca_workbench.results.overview import OVERVIEW_COLUMNS, overview_row, overview_table
@@ -33,7 +33,7 @@ DEFAULT_SORT = "audit"
 
 @dataclass(frozen=True)
 class Bars:
-    """One architecture's bars of a figure across audits: a mean ± sd (sd 0 for one seed) over ``n`` seeds, or,
+    """One configuration's bars of a figure across audits: a mean ± sd (sd 0 for one seed) over ``n`` seeds, or,
     where ``low`` / ``high`` are given, the value with its 95% CI (a retention: the ratio of means)."""
 
     arch: str
@@ -75,12 +75,12 @@ class Overview:
         return download_csv(self.sorted(key, order))
 
     def retention_bars(self) -> list[Bars]:
-        """Gap retention of every static profile the audits of an architecture all have (``layer_mean_topk``
-        for routers too), by architecture: over seeds the ratio of the mean numerator to the mean denominator with
+        """Gap retention of every static profile the audits of a configuration all have (``layer_mean_topk``
+        for routers too), by configuration: over seeds the ratio of the mean numerator to the mean denominator with
         its bootstrap 95% CI (``inference.retention_over_seeds``; one seed: its audit's); a retention that does not
         resolve is left out, never drawn."""
         bars = []
-        for arch, group in by_arch(with_controller(self.seed_audits)).items():
+        for arch, group in by_configuration(with_controller(self.seed_audits)).items():
             profiles = retention_profiles(set.intersection(*(set(audit["retention"]) for audit in group)))
             figures = [(p, retention_over_seeds([a["retention"][p] for a in group])) for p in profiles]
             shown = [(p, f) for p, f in figures if f["value"] is not None and None not in f["ci95"]]
@@ -98,7 +98,7 @@ class Overview:
         return bars
 
     def delta_bars(self) -> list[Bars]:
-        """ΔNLL of each intervention against ``correct``, by architecture (``assignment_seed_table``)."""
+        """ΔNLL of each intervention against ``correct``, by configuration (``assignment_seed_table``)."""
         table = assignment_seed_table(self.seed_audits)
         bars = []
         for arch, group in table.groupby("arch", sort=False):
