@@ -94,7 +94,7 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
     model = shared.model
     text = window_input(shared, 0)
     ids = text.ids
-    result = {"checkpoint": name, "arch": shared.arch, "tokens": ids.shape[1], "layers": shared.num_layers}
+    result = {"checkpoint": name, "arch": shared.arch, "tokens": ids.shape[1], "layers": len(shared.slot_shapes)}
     for _ in range(3):  # warm-up
         model(ids)
     if not shared.has_coefficients:
@@ -109,26 +109,28 @@ def latency(name: str, folder: Path, repeats: int, calibration_windows: int | No
     intervened = {
         (c, l): session.condition_values(shared, text, c, 0, donor, l)
         for c in conditions
-        for l in range(shared.num_layers)
+        for l in range(len(shared.slot_shapes))
     }
     full: list[float] = []
     cached: list[float] = []
-    per_layer: dict[int, dict[str, list[float]]] = {l: {"full": [], "prefix": []} for l in range(shared.num_layers)}
+    per_layer: dict[int, dict[str, list[float]]] = {
+        l: {"full": [], "prefix": []} for l in range(len(shared.slot_shapes))
+    }
     for repeat in range(repeats):
-        for layer in range(shared.num_layers):
+        for layer in range(len(shared.slot_shapes)):
             condition = conditions[(repeat + layer) % len(conditions)]
             values = intervened[(condition, layer)]
             if repeat == 0:  # exactness, once per layer
-                assert torch.equal(prefix.logits(values, layer), model.replay_run(ids, values))
+                assert torch.equal(prefix.logits(values, [layer]), model.replay_run(ids, values))
             t_full = timed_ms(functools.partial(model.replay_run, ids, values))
-            t_prefix = timed_ms(functools.partial(prefix.logits, values, layer))
+            t_prefix = timed_ms(functools.partial(prefix.logits, values, [layer]))
             full.append(t_full)
             cached.append(t_prefix)
             per_layer[layer]["full"].append(t_full)
             per_layer[layer]["prefix"].append(t_prefix)
     updates = []
     for repeat in range(repeats):
-        layer = repeat % shared.num_layers
+        layer = repeat % len(shared.slot_shapes)
         condition = conditions[repeat % len(conditions)]
         session.results.clear()  # recompute, as after a widget change
         updates.append(
@@ -539,7 +541,7 @@ def seed_memory(name: str, folder: Path, seeds: int, analysed: int, calibration_
             shared,
             window_input(shared, seed % len(shared.eval_windows)),
             "cross_input",
-            layer=seed % shared.num_layers,
+            layer=seed % len(shared.slot_shapes),
             seed=seed,
         )
     after_analysed = settled_rss_mib()

@@ -34,6 +34,7 @@ from timing import best_of_each
 from torch.profiler import ProfilerActivity, profile
 
 from fca_workbench.adapters.protocol import as_values
+from fca_workbench.adapters.sites import sites
 from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.inputs import EVAL
 from fca_workbench.data.corpus import split_path
@@ -104,9 +105,9 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
     session.profiles  # noqa: B018 (captured and estimated before anything is timed)
 
     def full_forwards():
-        for layer in range(layers):
+        for site in sites(model.controller_layers):
             for condition in swept:
-                session.nll(condition, layer)
+                session.nll(condition, site.controllers)
         session.nll(REFERENCE)  # the sweep's reference, which it checks against the live run
 
     seconds, _ = best_of_each(repeats, {"prefix": lambda: session.sweep(swept), "full_forward": full_forwards})
@@ -120,7 +121,7 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
         "window": windows.shape[1],
         "layers": layers,
         "conditions": len(swept),
-        "resume_layers": [model.resume_layer(l) for l in range(layers)],
+        "resume_layers": [model.resume_layer(c) for c in range(layers)],
         "sweep_seconds": seconds,
         "prefix_over_full_forward": ratio,
         **limit,

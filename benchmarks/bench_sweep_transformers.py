@@ -33,6 +33,7 @@ from bench_session import handed_in
 from results_file import write_results
 
 from fca_workbench.adapters.controlled import load_controlled
+from fca_workbench.adapters.sites import sites
 from fca_workbench.audit import prefix
 from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.sweep import sweep_mode
@@ -117,9 +118,9 @@ def bench(checkpoint: str, n: int, batch_size: int, repeats: int, tmp: Path) -> 
             session.sweep(swept)
             rounds.append((time.process_time() - start, spans))
         start = time.process_time()
-        for layer in range(cache.num_layers):
+        for site in sites(session.model.controller_layers):
             for condition in swept:
-                session.nll(condition, layer)
+                session.nll(condition, site.controllers)
         session.nll(REFERENCE)  # the sweep's reference, which it checks against the live run
         full_forward.append(time.process_time() - start)
     seconds = {"prefix": min(rounds)[0], "full_forward": min(full_forward)}

@@ -41,6 +41,7 @@ from bench_sweep import sweep_limit
 from results_file import write_results
 from timing import best_of_each
 
+from fca_workbench.adapters.sites import sites
 from fca_workbench.audit.capture import model_fingerprint
 from fca_workbench.audit.fingerprint_memo import checkpoint_identity, remembered_fingerprint
 from fca_workbench.audit.inputs import EVAL
@@ -48,7 +49,7 @@ from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
-    restrict_to_layer,
+    restrict_to,
     shuffle_positions,
 )
 from fca_workbench.audit.session import LOADING_SETTINGS, ReplaySession
@@ -77,9 +78,9 @@ def workbench_audit(model, windows, calib, batch_size, folder: Path, fingerprint
 
 def workbench_full_forwards(session: ReplaySession) -> None:
     """The sweep without prefix reuse: every condition replayed at each layer alone, then the reference."""
-    for layer in range(len(session.model.controllers)):
+    for site in sites(session.model.controller_layers):
         for condition in SWEPT:
-            session.nll(condition, layer)
+            session.nll(condition, site.controllers)
     session.nll(REFERENCE)
 
 
@@ -172,7 +173,7 @@ def nnsight_sweep(traced, model, windows, coefficients, profiles, batch_size):
         for condition in SWEPT:
             intervened = nnsight_condition(condition, coefficients, profiles, i)
             for layer in range(len(coefficients)):
-                nll = nnsight_replay(traced, model, windows[i], restrict_to_layer(intervened, correct, layer))
+                nll = nnsight_replay(traced, model, windows[i], restrict_to(intervened, correct, [layer]))
                 sums[(layer, condition)] = sums.get((layer, condition), 0.0) + nll.double().sum().item()
     tokens = windows.shape[0] * (windows.shape[1] - 1)
     return {key: total / tokens for key, total in sums.items()}
@@ -300,7 +301,8 @@ def main() -> None:
             "limit_kernel_seconds": limit["seconds"],
             "max_nll_difference_conditions": max(abs(nll_wb[c] - nll_nn[c]) for c in FROZEN),
             "max_nll_difference_per_layer": max(
-                abs(nll.mean().item() - nll_sweep_nn[key]) for key, nll in nll_sweep_wb.items()
+                abs(nll.mean().item() - nll_sweep_nn[(site.layer, condition)])
+                for (site, condition), nll in nll_sweep_wb.items()
             ),
         }
     )

@@ -61,5 +61,7 @@ class CompareView:
             for pane, table, name in zip(
                 (self.first, self.second), comparison.per_layer, (comparison.first, comparison.second)
             ):
-                pane.object = views.per_layer_heatmap(table, f"{name}: ΔNLL vs correct, each condition at one layer")
+                pane.object = views.per_layer_heatmap(
+                    table, f"{name}: ΔNLL vs correct, each condition at one decoder layer"
+                )
             self.heatmaps.visible = True

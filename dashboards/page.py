@@ -30,6 +30,7 @@ from fca_workbench.viewmodel.links import (
     WINDOW_SOURCE,
     Selection,
     fitted,
+    heat_controller,
     link_of,
     linked,
     opening_checkpoint,
@@ -87,7 +88,10 @@ class DashboardApp:
             name="Analyse pasted text", button_type="primary", css_classes=["fca-analyse"]
         )
         self.layer = pn.widgets.Select(
-            name="Layer", options={ALL_LAYERS_LABEL: ALL_LAYERS}, value=ALL_LAYERS, css_classes=["fca-layer"]
+            name="Intervene at (layer, or one controller)",
+            options={ALL_LAYERS_LABEL: ALL_LAYERS},
+            value=ALL_LAYERS,
+            css_classes=["fca-layer"],
         )
         self.condition = pn.widgets.Select(
             name="Intervention",
@@ -116,7 +120,10 @@ class DashboardApp:
             name="Heatmap slot (layer × position)", options=[], css_classes=["fca-heat-slot"]
         )
         self.heat_layer = pn.widgets.Select(
-            name="Heatmap layer (slot × position)", options={"layer 0": 0}, value=0, css_classes=["fca-heat-layer"]
+            name="Heatmap controller (slot × position)",
+            options={"layer 0": 0},
+            value=0,
+            css_classes=["fca-heat-layer"],
         )
 
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["fca-message"])
@@ -295,9 +302,9 @@ class DashboardApp:
             self.apply_link(model)
             self.sync_widgets(model)
         if "heat_layer" in self.pending:
-            layer = self.pending.pop("heat_layer")
-            if layer in self.heat_layer.options.values():
-                self.set_quietly(self.heat_layer, "value", layer)
+            chosen = heat_controller(model, self.pending.pop("heat_layer"))
+            if chosen in self.heat_layer.options.values():
+                self.set_quietly(self.heat_layer, "value", chosen)
         return self.selection()
 
     def finish(self, started: float, analysis: Analysis | None, message: str | None) -> None:
@@ -415,7 +422,8 @@ class DashboardApp:
                 figure = views.per_layer_heatmap(
                     sweep,
                     f"Per-layer sweep of this checkpoint, from audit '{entry.name}': "
-                    "ΔNLL vs correct, each condition at one layer alone (over that audit's eval windows)",
+                    "ΔNLL vs correct, each condition at one decoder layer's controllers alone (over that audit's eval "
+                    "windows)",
                 )
         self.live_per_layer.object = figure
         self.live_per_layer.visible = figure is not None

@@ -70,7 +70,7 @@ def rendered(entry: AuditEntry, audit: dict) -> tuple[list, dict | None]:
         None
         if per_layer is None
         else views.per_layer_heatmap(
-            per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one layer alone"
+            per_layer, f"{entry.model_name}: ΔNLL vs correct, each condition at one decoder layer's controllers alone"
         )
     )
     size = sum(len(table_html) + len(csv) for _, _, table_html, csv in parts)

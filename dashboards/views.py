@@ -181,14 +181,19 @@ def _heatmaps(original, intervened, diff, y_labels, title) -> dict:
 
 
 def layer_heatmap(analysis: Analysis, slot: str) -> dict:
+    """One slot of every controller by position, a controller named ``layer L`` where it is its layer's only one,
+    else by its module path."""
     original, intervened, diff = analysis.layer_position(slot)
-    labels = [f"layer {i}" for i in range(original.shape[0])]
-    return _heatmaps(original, intervened, diff, labels, f"layer × position, slot {slot}")
+    labels = analysis.controller_labels
+    axis = "layer" if all(label.startswith("layer ") for label in labels) else "controller"
+    return _heatmaps(original, intervened, diff, labels, f"{axis} × position, slot {slot}")
 
 
-def slot_heatmap(analysis: Analysis, layer: int) -> dict:
-    original, intervened, diff = analysis.slot_position(layer)
-    return _heatmaps(original, intervened, diff, analysis.slot_labels[layer], f"slot × position, layer {layer}")
+def slot_heatmap(analysis: Analysis, index: int) -> dict:
+    """Controller ``index``'s slots by position."""
+    original, intervened, diff = analysis.slot_position(index)
+    title = f"slot × position, {analysis.controller_labels[index]}"
+    return _heatmaps(original, intervened, diff, analysis.slot_labels[index], title)
 
 
 def summary_html(analysis: Analysis) -> str:
@@ -203,7 +208,7 @@ def summary_html(analysis: Analysis) -> str:
     rows = [
         ("checkpoint", f"{analysis.checkpoint} ({analysis.arch})"),
         ("intervention", analysis.condition),
-        ("layer", "all layers" if analysis.layer is None else f"layer {analysis.layer}"),
+        ("intervened at", analysis.where),
     ]
     if analysis.donor is not None:
         rows.append(("donor window", str(analysis.donor)))
@@ -229,10 +234,12 @@ def summary_html(analysis: Analysis) -> str:
 
 
 def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
-    """The per-layer sweep (``tables.per_layer_table`` of one audit) as a layer × condition heatmap of ΔNLL."""
+    """The per-layer sweep (``tables.per_layer_table`` of one audit) as a decoder layer × condition heatmap of
+    ΔNLL; its per-controller rows (``tables.per_controller_table``) as controller (module path) × condition."""
     conditions = list(dict.fromkeys(table["condition"]))  # the audit's order
+    axis = "controller" if "controller" in table.columns else "layer"
     grids = {
-        key: table.pivot(index="layer", columns="condition", values=key)[conditions]
+        key: table.pivot(index=axis, columns="condition", values=key)[conditions]
         for key in ("delta", "delta_ci95_lo", "delta_ci95_hi")
     }
     delta, low, high = (grids[key].to_numpy(dtype=np.float64) for key in ("delta", "delta_ci95_lo", "delta_ci95_hi"))
@@ -243,7 +250,7 @@ def per_layer_heatmap(table: pd.DataFrame, title: str) -> dict:
             type="heatmap",
             z=delta,
             x=[plotly_text(condition) for condition in conditions],
-            y=[f"layer {layer}" for layer in layers],
+            y=[f"layer {layer}" if axis == "layer" else plotly_text(str(layer)) for layer in layers],
             text=text,
             colorscale=VALUE_SCALE,
             colorbar=dict(title=dict(text="ΔNLL")),

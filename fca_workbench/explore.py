@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fca_workbench.adapters.sites import Choice, choice_name, chosen_controllers, controller_labels, site_choices
 from fca_workbench.audit.inputs import EVAL
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
@@ -48,8 +49,22 @@ class Explorer:
         self.conditions = self.session.conditions
 
     @property
-    def num_layers(self) -> int:
-        return len(self.slot_shapes)
+    def choices(self) -> dict[str, int | str]:
+        """Where a condition can be applied alone: each decoder layer, and each controller alone in a layer that
+        holds several (``adapters.sites``)."""
+        return site_choices(self.model.controller_names, self.model.controller_layers)
+
+    @property
+    def controller_labels(self) -> list[str]:
+        """Per controller, its name on a figure's axis: ``layer L``, or its module path in a layer of several."""
+        return controller_labels(self.model.controller_names, self.model.controller_layers)
+
+    def controllers_at(self, at: Choice) -> list[int] | None:
+        """The controller indices ``at`` (a decoder layer, a controller's module path; None: every one) names."""
+        try:
+            return chosen_controllers(at, self.model.controller_names, self.model.controller_layers)
+        except ValueError as error:
+            raise UserError(str(error)) from None
 
     @property
     def profiles(self) -> dict[str, list[torch.Tensor]]:
@@ -59,24 +74,24 @@ class Explorer:
     def tokens(self, window: int) -> list[str]:
         return decode_tokens(self.tokenizer, self.windows[window].tolist())
 
-    def coefficients(self, condition: str, window: int, layer: int | None = None) -> list[torch.Tensor]:
-        """Per layer ``[T, *slot]``: what ``condition`` (at ``layer`` only, or everywhere) assigns to ``window``."""
-        return [
-            c[0]
-            for c in self.session.coefficients(self.session.check_condition(condition), torch.tensor([window]), layer)
-        ]
+    def coefficients(self, condition: str, window: int, at: Choice = None) -> list[torch.Tensor]:
+        """Per controller ``[T, *slot]``: what ``condition`` (at ``at`` only: a decoder layer or a controller's module
+        path; None: everywhere) assigns to ``window``."""
+        named, controllers = self.session.check_condition(condition), self.controllers_at(at)
+        return [c[0] for c in self.session.coefficients(named, torch.tensor([window]), controllers)]
 
-    def token_nll(self, condition: str, window: int, layer: int | None = None) -> torch.Tensor:
+    def token_nll(self, condition: str, window: int, at: Choice = None) -> torch.Tensor:
         """``[T-1]`` per-token NLL of ``window`` replayed under ``condition`` (the live run: its cached NLL)."""
-        nll = self.session.window_nll(self.session.check_condition(condition), torch.tensor([window]), layer)
+        named, controllers = self.session.check_condition(condition), self.controllers_at(at)
+        nll = self.session.window_nll(named, torch.tensor([window]), controllers)
         return nll[0].float().cpu()
 
-    def window_table(self, condition: str, window: int, layer: int | None = None) -> pd.DataFrame:
+    def window_table(self, condition: str, window: int, at: Choice = None) -> pd.DataFrame:
         """Per-token NLL of ``window`` under ``correct`` and ``condition``, and their difference."""
         correct = self.token_nll(REFERENCE, window)
-        other = self.token_nll(condition, window, layer)
+        other = self.token_nll(condition, window, at)
         tokens = self.tokens(window)
-        where = "all layers" if layer is None else f"layer {layer} only"
+        where = "all layers" if at is None else f"{choice_name(at)} only"
         columns = [
             Column("position", "position", "int"),
             Column("token", "token", "text"),

@@ -9,9 +9,9 @@
 # ---
 
 # %% [markdown]
-# # Per layer: which layer's assignment carries the dependence
+# # Per layer: which decoder layer's assignment carries the dependence
 #
-# Each condition applied at one layer alone, every other layer keeping its correct coefficients (`audit.json` → `per_layer`, audits run with `per_layer = True`; each replay resumes from the kept state before its layer). ΔNLL against `correct` with 95% bootstrap CIs over windows per model, then mean ± sd over seeds; the heatmap shows the seed mean per architecture, layer × condition.
+# Each condition applied at one decoder layer alone, all the controllers in that layer together, every other layer keeping its correct coefficients (`audit.json` → `per_layer`, audits run with `per_layer = True`; each replay resumes from the kept state before its layer). Where a layer holds more than one controller (a router and a shared-expert gate), each controller alone has its own rows, named by its module path (`per_controller`). ΔNLL against `correct` with 95% bootstrap CIs over windows per model, then mean ± sd over seeds; the heatmap shows the seed mean per architecture, layer × condition.
 
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
@@ -71,13 +71,17 @@ for audit in swept:
 
 # %%
 run.write_table(tables.per_layer_table(swept))
+# %%
+alone = tables.per_controller_table(swept)
+if len(alone):  # only models with decoder layers of several controllers have these rows
+    run.write_table(alone)
 
 # %%
 seeds = tables.per_layer_seed_table(swept)
 run.write_table(seeds)
 
 # %% [markdown]
-# ## ΔNLL by layer and condition (mean over seeds)
+# ## ΔNLL by decoder layer and condition (mean over seeds)
 #
 # Each architecture on its own colour scale (their ΔNLLs differ by orders of magnitude), each cell's value written in it.
 
@@ -101,7 +105,7 @@ for i, arch in enumerate(archs, start=1):
         col=1,
     )
 fig.update_layout(
-    title=f"ΔNLL against {REFERENCE}, one condition at one layer alone (mean over seeds)",
+    title=f"ΔNLL against {REFERENCE}, one condition at one decoder layer alone (mean over seeds)",
     height=320 * len(archs),
 )
 run.figure(fig, "per_layer_heatmap")

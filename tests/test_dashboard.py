@@ -25,7 +25,7 @@ import pytest
 import torch
 from browser import CHROMIUM, CHROMIUM_ARGS, free_port, require_browser, serving
 
-from fca_workbench.audit.interventions import derangement, position_permutations, restrict_to_layer, shuffle_positions
+from fca_workbench.audit.interventions import derangement, position_permutations, restrict_to, shuffle_positions
 from fca_workbench.audit.session import DERANGEMENTS_KEPT
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import next_token_nll
@@ -143,7 +143,7 @@ def test_layer_intervention_matches_a_full_frozen_forward(shared_models, arch):
     with torch.no_grad():
         own = model.model(text.ids, return_coefficients=True).coefficients
         shuffled = shuffle_positions(own, position_permutations(torch.tensor([1]), text.ids.shape[1], 3))
-        logits = model.model(text.ids, coefficients=restrict_to_layer(shuffled, own, layer)).logits
+        logits = model.model(text.ids, coefficients=restrict_to(shuffled, own, [layer])).logits
     assert np.array_equal(analysis.nll_condition, next_token_nll(logits, text.ids)[0].double().numpy())
     assert analysis.start_layer == model.model.resume_layer(layer)
     original, intervened, diff = analysis.slot_position(layer)
@@ -234,7 +234,7 @@ def test_moe_every_condition_replays_through_the_protocol(moe_model):
             assert np.isfinite(analysis.nll_condition).all() and analysis.delta.any(), (condition, layer)
             if condition not in assigned:
                 continue
-            values = assigned[condition] if layer is None else restrict_to_layer(assigned[condition], own, layer)
+            values = assigned[condition] if layer is None else restrict_to(assigned[condition], own, [layer])
             with torch.no_grad():
                 expected = next_token_nll(controlled.replay_run(text.ids, values), text.ids)[0].double().numpy()
             if condition in ("cross_input", "token_shuffle"):  # moved whole: the same forward, bit for bit

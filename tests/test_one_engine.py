@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fca_workbench.adapters.placement import is_placed
+from fca_workbench.adapters.sites import sites
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.audit.text_replay import Text, TextReplays
@@ -34,13 +35,13 @@ def test_the_sweep_and_the_one_text_replay_equal_the_full_replay(session):
     replays = TextReplays(max_windows=len(windows) * 2, max_bytes=2**30)
     texts = [Text(windows[i : i + 1], i) for i in range(len(windows))]
     tolerance = 1e-6 if session.settings.dtype == "float32" else 2e-2  # bfloat16 rounding of a batch of one
-    for layer in range(len(session.model.controllers)):
+    for site in sites(session.model.controller_layers):
         for condition in conditions:
-            full = session.nll(condition, layer=layer).double().mean(dim=1)
-            torch.testing.assert_close(swept[(layer, condition)], full, rtol=0, atol=1e-6)
+            full = session.nll(condition, site.controllers).double().mean(dim=1)
+            torch.testing.assert_close(swept[(site, condition)], full, rtol=0, atol=1e-6)
             one = torch.stack(
                 [
-                    replays.nll(session, text, condition, layer, session.seed, texts[session.donor_of(i)])
+                    replays.nll(session, text, condition, site.controllers, session.seed, texts[session.donor_of(i)])
                     for i, text in enumerate(texts)
                 ]
             )

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from fca_workbench.audit.interventions import restrict_to_layer
+from fca_workbench.audit.interventions import restrict_to
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 
 LAYERS = 3
@@ -45,10 +45,10 @@ def test_replay_from_layer_equals_full_forward(arch, window):
         return
     other = perturbed(cache.coefficients)
     for layer in range(LAYERS):
-        coefficients = restrict_to_layer(other, cache.coefficients, layer)
+        coefficients = restrict_to(other, cache.coefficients, [layer])
         with torch.no_grad():
             expected = model(window, coefficients=coefficients).logits
-        got = cache.logits(coefficients, layer=layer)
+        got = cache.logits(coefficients, [layer])
         assert torch.equal(got, expected), f"layer {layer}"
         assert not torch.equal(got, full.logits)  # the intervention really changed something
     with torch.no_grad():
@@ -72,7 +72,7 @@ def test_replay_skips_layers_before_l_and_never_runs_the_controller(arch, window
     ]
     try:
         layer = 1
-        cache.logits(restrict_to_layer(perturbed(cache.coefficients), cache.coefficients, layer), layer=layer)
+        cache.logits(restrict_to(perturbed(cache.coefficients), cache.coefficients, [layer]), [layer])
     finally:
         for hook in hooks:
             hook.remove()
@@ -85,9 +85,9 @@ def test_out_of_range_layer_and_bad_shapes(window):
     model = tiny_model("featuregate", layers=LAYERS)
     cache = PrefixCache(model, window)
     with pytest.raises(ValueError, match="out of range"):
-        cache.logits(cache.coefficients, layer=LAYERS)
+        cache.logits(cache.coefficients, [LAYERS])
     with pytest.raises(ValueError, match="shape"):
-        cache.logits([c[:, :-1] for c in cache.coefficients], layer=0)
+        cache.logits([c[:, :-1] for c in cache.coefficients], [0])
 
 
 def test_store_is_bounded_and_clears(window):
@@ -116,17 +116,17 @@ def test_a_transformers_moe_replays_from_the_layer_without_running_a_router(tiny
     model = load_controlled(tiny_mixtral)
     window = torch.randint(1, 4096, (1, 16), generator=torch.Generator().manual_seed(3))
     cache = PrefixCache(model, window)
-    assert len(cache.states) == 3 and cache.num_layers == 2 and cache.start_for(1) == 1
+    assert len(cache.states) == 3 and cache.num_controllers == 2 and cache.start_for([1]) == 1
     with torch.no_grad():
         live = model(window).logits
     assert torch.equal(cache.logits(cache.values), live)  # correct: the whole router outputs, bit-exact
     shifted = [{name: t.roll(1, dims=1) for name, t in value.items()} for value in cache.values]
-    values = restrict_to_layer(shifted, cache.values, 1)
+    values = restrict_to(shifted, cache.values, [1])
     router_class = type(model.controllers[0])
     runs, original = [], router_class.forward
     router_class.forward = lambda self, *a, **k: runs.append(1) or original(self, *a, **k)
     try:
-        got = cache.logits(values, layer=1)
+        got = cache.logits(values, [1])
     finally:
         router_class.forward = original
     with torch.no_grad():

@@ -15,10 +15,11 @@ from zoo import GATED as ZOO
 from fca_workbench.adapters import COEFFICIENT, SteppingModel, TransformersControlled
 from fca_workbench.adapters.controlled import load_controlled
 from fca_workbench.adapters.selective import ColumnKind
+from fca_workbench.adapters.sites import sites
 from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.budget import conditions_per_pass, window_bytes
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.interventions import restrict_to_layer
+from fca_workbench.audit.interventions import restrict_to
 from fca_workbench.audit.prefix import PrefixCache
 from fca_workbench.audit.sweep import PREFIX, full_forward_window_nll, prefix_window_nll, sweep_mode
 from fca_workbench.foundation.errors import UserError
@@ -96,20 +97,20 @@ def test_replay_from_the_prefix_equals_the_full_frozen_forward(model):
         logits, own = model.capture_run(window)
     prefix = PrefixCache(model, window, coefficients=own)
     assert torch.equal(prefix.nll, next_token_nll(logits, window))  # the frozen pass replays the live one
-    assert len(prefix.states) == len(model.blocks) + 1 and prefix.num_layers == len(model.controllers)
+    assert len(prefix.states) == len(model.blocks) + 1 and prefix.num_controllers == len(model.controllers)
     changed = []
     with counting(model.blocks) as calls, counting(model.controllers) as controller_calls:
-        for layer in range(prefix.num_layers):
-            values = restrict_to_layer(shifted(own), own, layer)
+        for layer in range(prefix.num_controllers):
+            values = restrict_to(shifted(own), own, [layer])
             with torch.no_grad():
                 full = next_token_nll(model.replay_run(window, values), window)
             calls[:] = [0] * len(calls)
-            got = prefix.replay_nll(values, layer)
+            got = prefix.replay_nll(values, [layer])
             assert calls == [int(b >= model.resume_layer(layer)) for b in range(len(model.blocks))], layer
             assert torch.allclose(got, full, rtol=0, atol=model.replay_tolerance), layer
             assert torch.equal(got, full), layer  # the same ops on the same tensors
             changed.append(not torch.equal(got, prefix.nll))
-            assert torch.equal(prefix.logits(values, layer), model.replay_run(window, values))
+            assert torch.equal(prefix.logits(values, [layer]), model.replay_run(window, values))
     assert sum(changed) >= len(changed) - 1  # the interventions really change something
     # no controller ran in any replay (a fused projection's runs: its control columns are overwritten)
     assert all(calls == 0 for calls, kind in zip(controller_calls, model.kinds) if not isinstance(kind, ColumnKind))
@@ -118,13 +119,13 @@ def test_replay_from_the_prefix_equals_the_full_frozen_forward(model):
 def test_batched_variants_equal_one_at_a_time(model):
     window = random_windows(2, 16, seed=4)
     prefix = PrefixCache(model, window, coefficients=model.capture_run(window)[1])
-    layer = prefix.num_layers - 1
+    layer = prefix.num_controllers - 1
     mean = [{COEFFICIENT: v[COEFFICIENT].mean(dim=(0, 1)).expand_as(v[COEFFICIENT])} for v in prefix.values]
-    variants = [restrict_to_layer(v, prefix.values, layer) for v in (shifted(prefix.values), mean, prefix.values)]
-    many = prefix.replay_nll_many(variants, layer)  # a static mixture among whole router outputs
+    variants = [restrict_to(v, prefix.values, [layer]) for v in (shifted(prefix.values), mean, prefix.values)]
+    many = prefix.replay_nll_many(variants, [layer])  # a static mixture among whole router outputs
     assert many.shape == (3, *prefix.nll.shape)
     for got, values in zip(many, variants):
-        assert torch.allclose(got, prefix.replay_nll(values, layer), rtol=0, atol=1e-5)
+        assert torch.allclose(got, prefix.replay_nll(values, [layer]), rtol=0, atol=1e-5)
     assert torch.allclose(many[2], prefix.nll, rtol=0, atol=1e-5)
     assert not torch.allclose(many[1], prefix.nll, rtol=0, atol=1e-3)
 
@@ -142,12 +143,14 @@ def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
         assert torch.allclose(prefix_nll[key], full_nll[key], rtol=0, atol=1e-6), key
     assert any((full_nll[key] - full_correct).abs().max() > 1e-4 for key in full_nll)
     batches = len(list(cache.shard_indices()))
-    layers = [model.resume_layer(i) for i in range(cache.num_layers)]
-    # per controller, the passes of 3 conditions two at a time: 3 where its values hold more than a coefficient
-    # (a router's output), so that the profile's coefficient alone runs apart
-    passes = [2 if value.keys() == {COEFFICIENT} else 3 for value in cache.values(torch.arange(1))]
-    # block b runs in each batch's prefix pass and in the passes of every controller whose layer is at or before it
-    expected = [1 + sum(p for p, layer in zip(passes, layers) if layer <= b) for b in range(len(model.blocks))]
+    swept = sites(model.controller_layers)  # each decoder layer's controllers, then each alone in a layer of several
+    starts = [min(model.resume_layer(c) for c in site.controllers) for site in swept]
+    # per site, the passes of 3 conditions two at a time: 3 where its values hold more than a coefficient (a
+    # router's output), so that the profile's coefficient alone runs apart
+    values = cache.values(torch.arange(1))
+    passes = [2 if all(values[c].keys() == {COEFFICIENT} for c in site.controllers) else 3 for site in swept]
+    # block b runs in each batch's prefix pass and in the passes of every site that resumes at or before it
+    expected = [1 + sum(p for p, start in zip(passes, starts) if start <= b) for b in range(len(model.blocks))]
     assert calls == [batches * count for count in expected]
 
 
@@ -200,11 +203,11 @@ def test_the_lm_head_runs_apart_only_where_the_logits_are_its_output():
     with torch.no_grad():
         _, own = cohere.capture_run(window)
     prefix = PrefixCache(cohere, window, coefficients=own)
-    values = restrict_to_layer(shifted(own), own, 1)
+    values = restrict_to(shifted(own), own, [1])
     with torch.no_grad():
         full = cohere.replay_run(window, values)
-    assert torch.equal(prefix.logits(values, 1), full)
-    assert torch.equal(prefix.replay_nll(values, 1), next_token_nll(full, window))
+    assert torch.equal(prefix.logits(values, [1]), full)
+    assert torch.equal(prefix.replay_nll(values, [1]), next_token_nll(full, window))
 
 
 @pytest.mark.parametrize("model_type, once", [("dory", 1), ("hrm_text", 0)])
@@ -219,11 +222,11 @@ def test_a_looped_model_steps_from_the_layers_before_its_loop(model_type, once, 
     prefix = PrefixCache(model, window, coefficients=own)
     assert model.stepping_depth == once and len(prefix.states) == once + 1
     assert [model.resume_layer(i) for i in range(len(own))] == [min(layer, once) for layer in model.controller_layers]
-    for layer in range(prefix.num_layers):
-        values = restrict_to_layer(shifted(own), own, layer)
+    for layer in range(prefix.num_controllers):
+        values = restrict_to(shifted(own), own, [layer])
         with torch.no_grad():
             full = next_token_nll(model.replay_run(window, values), window)
-        got = prefix.replay_nll(values, layer)
+        got = prefix.replay_nll(values, [layer])
         assert torch.equal(got, full) and not torch.equal(got, prefix.nll), model.controller_names[layer]
     windows = random_windows(4, 16, seed=7)
     cache = capture(model, windows, tmp_path / "eval", batch_size=2)

@@ -11,7 +11,7 @@ from fca_workbench.audit.interventions import (
     broadcast_profile,
     derangement,
     position_permutations,
-    restrict_to_layer,
+    restrict_to,
     shuffle_positions,
     static_profiles,
 )
@@ -175,13 +175,13 @@ def test_restrict_to_layer_changes_exactly_one_layer(layers, data):
     layer = data.draw(st.integers(0, layers - 1))
     correct = [torch.full((1, 2, 3), float(i)) for i in range(layers)]
     intervened = [torch.full((1, 2, 3), -1.0 - i) for i in range(layers)]
-    out = restrict_to_layer(intervened, correct, layer)
+    out = restrict_to(intervened, correct, [layer])
     assert len(out) == layers
     for i, tensor in enumerate(out):
         assert tensor is (intervened[i] if i == layer else correct[i])
     for bad in (-1, layers):
         with pytest.raises(ValueError, match="out of range"):
-            restrict_to_layer(intervened, correct, bad)
+            restrict_to(intervened, correct, [bad])
 
 
 # ------------------------------------------------------------------------------------------ metrics

@@ -57,10 +57,21 @@ class WithoutStepping(nn.Module):
     def coefficient_dtypes(self):
         return self.inner.coefficient_dtypes
 
+    @property
+    def controller_names(self):
+        return self.inner.controller_names
+
+    @property
+    def controller_layers(self):
+        return self.inner.controller_layers
+
 
 def sweep(model, windows, cache, profiles, group=None):
+    """The per-layer rows; a workbench family has one controller per block, so no per-controller rows."""
     counts = bootstrap_counts(len(windows), 200, seed=0)
-    return per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts, group=group)
+    rows = per_layer_sweep(model, windows, cache, SWEPT, profiles, 0, counts, group=group)
+    assert rows["per_controller"] == []
+    return rows["per_layer"]
 
 
 @pytest.mark.parametrize("group", [1, len(SWEPT)])
@@ -68,9 +79,10 @@ def test_every_row_equals_a_full_one_layer_replay(setup, group):
     model, windows, cache, profiles = setup
     rows = sweep(model, windows, cache, profiles, group)
     assert [(r["layer"], r["condition"]) for r in rows] == [(l, c) for l in range(LAYERS) for c in SWEPT]
+    assert all(r["controllers"] == [model.controller_names[r["layer"]]] for r in rows)
     correct = replay_nll(model, windows, cache, "correct").double().mean()
     for row in rows:
-        full = replay_nll(model, windows, cache, row["condition"], profiles, 0, layer=row["layer"]).double().mean()
+        full = replay_nll(model, windows, cache, row["condition"], profiles, 0, [row["layer"]]).double().mean()
         assert abs(row["nll"] - full.item()) <= 1e-6, row
         assert abs(row["delta"] - (full - correct).item()) <= 1e-6, row
         assert row["delta_ci95"][0] <= row["delta"] <= row["delta_ci95"][1]
@@ -133,7 +145,7 @@ def test_per_layer_audit_validates_and_names_the_carrying_layers(per_layer_audit
         f"costs most at layer {largest['layer']} ({largest['delta']:+.4f} nats)"
         in audit["verdict"]["assignment_dependence"]
     )
-    assert "ΔNLL with the condition at one layer only" in format_report(audit)
+    assert "ΔNLL with the condition at one decoder layer only (all its controllers)" in format_report(audit)
 
 
 def test_dense_audit_has_an_empty_sweep(per_layer_audits):

@@ -62,6 +62,14 @@ class ControlledModel(Protocol):
         ...
 
     @property
+    def controller_layers(self) -> list[int]:
+        """Per controller, the index of the decoder layer (``blocks``) it sits in (``audit.json``
+        ``model.controller_layers``): one controller per layer in the workbench's families (i → i), several in
+        one layer for a foreign model with more than one (a router and a shared-expert gate, a looped layer's
+        calls); 0 for a controller outside every decoder layer. What "layer" means in every per-layer figure."""
+        ...
+
+    @property
     def coefficient_slot_shapes(self) -> list[tuple[int, ...]]:
         """Per controller, the shape of one token's coefficient (FeatureGate ``[2, G]``, MUDDPythia
         ``[C, i+2]``, a router's dense gate ``[E]``)."""

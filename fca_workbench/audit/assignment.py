@@ -22,7 +22,7 @@ from fca_workbench.audit.interventions import (
     profile_sums,
     profiles_from_sums,
     random_experts,
-    restrict_to_layer,
+    restrict_to,
     routing_top_k,
     shuffle_positions,
     with_routing_profiles,
@@ -125,10 +125,10 @@ def assigned_values(
     slot_shapes: Sequence[tuple[int, ...]],
     window_indices: torch.Tensor,
     seed: int,
-    layer: int | None = None,
+    controllers: Sequence[int] | None = None,
 ) -> Values:
     """Per controller, the values ``condition`` assigns to windows ``window_indices`` (docs/concepts.md), at
-    ``layer`` only (the other layers keep their own) or everywhere (``layer`` None): what its function builds from
+    ``controllers`` only (indices; the other controllers keep their own) or everywhere (None): what its function builds from
     a ``WindowAssignment`` of the windows' cached values ``own`` ``[B, T, ...]``, ``donor`` (the donor windows'
     values, read when first asked for; a longer donor is cut to the windows' length: causal, so a prefix's values
     are its own) and the calibration ``profiles``. A value is checked against the windows' own (same controllers,
@@ -139,7 +139,7 @@ def assigned_values(
     length = own[0][COEFFICIENT].shape[1]
     assignment = WindowAssignment(condition, own, window_indices, seed, slot_shapes, length, donor, profiles)
     intervened = checked(condition, named.assign(assignment), own)
-    return intervened if layer is None else restrict_to_layer(intervened, own, layer)
+    return intervened if controllers is None else restrict_to(intervened, own, controllers)
 
 
 def checked(condition: str, values: Values, like: Values) -> Values:
@@ -195,14 +195,15 @@ class ConditionCoefficients:
         cache: CoefficientCache,
         profiles: Profiles | None = None,
         seed: int = 0,
-        layer: int | None = None,
+        controllers: Sequence[int] | None = None,
     ) -> None:
         named = condition_named(condition)
         if named.static and profiles is None:
             raise ValueError(f"condition '{condition}' needs its static profile from a calibration capture")
         if named.live:
             raise ValueError(f"'{condition}' is the live run: nothing is replayed (its NLL is the cache's)")
-        self.condition, self.cache, self.profiles, self.seed, self.layer = condition, cache, profiles, seed, layer
+        self.condition, self.cache, self.profiles, self.seed = condition, cache, profiles, seed
+        self.controllers = controllers
         self.donors = derangement(cache.num_windows, seed) if named.needs_donor else None
         self.slot_shapes = [tuple(s) for s in cache.manifest["slot_shapes"]]
 
@@ -222,7 +223,7 @@ class ConditionCoefficients:
             self.slot_shapes,
             indices,
             self.seed,
-            self.layer,
+            self.controllers,
         )
 
 

@@ -15,9 +15,12 @@ from fca_workbench.results.conditions import LIVE_RUN, REFERENCE
 Windows = Sequence[int] | torch.Tensor  # the window index of each row
 
 
-def at_layer(condition: str, layer: int | None) -> str:
-    """How a message names ``condition`` applied at ``layer`` alone (None: at every layer)."""
-    return condition if layer is None else f"{condition} at layer {layer}"
+def applied_at(condition: str, where: str | Sequence[int] | None) -> str:
+    """How a message names ``condition`` applied at ``where`` alone: a site's name (``layer 3``, a controller's
+    module path) or controller indices; None: at every controller."""
+    if where is None:
+        return condition
+    return f"{condition} at {where if isinstance(where, str) else f'controllers {list(where)}'}"
 
 
 def require_finite(

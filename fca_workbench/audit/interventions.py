@@ -187,8 +187,11 @@ def broadcast_profile(
     return out
 
 
-def restrict_to_layer(intervened: list[Layer], correct: list[Layer], layer: int) -> list[Layer]:
-    """Apply an intervention at one layer only; every other layer keeps its correct coefficients."""
-    if not 0 <= layer < len(correct):
-        raise ValueError(f"layer {layer} is out of range: the model has {len(correct)} layers")
-    return [intervened[i] if i == layer else correct[i] for i in range(len(correct))]
+def restrict_to(intervened: list[Layer], correct: list[Layer], controllers: Iterable[int]) -> list[Layer]:
+    """Apply an intervention at ``controllers`` only (controller indices: one decoder layer's, or one controller
+    alone); every other controller keeps its correct values."""
+    chosen = set(controllers)
+    outside = sorted(c for c in chosen if not 0 <= c < len(correct))
+    if not chosen or outside:
+        raise ValueError(f"controllers {outside or '[]'} are out of range: the model has {len(correct)} controllers")
+    return [intervened[i] if i in chosen else correct[i] for i in range(len(correct))]

@@ -2,11 +2,11 @@
 
 One unperturbed pass over a window keeps the state before every layer (``model.embed`` /
 ``model.run_blocks`` / ``model.head``, the protocol's layer stepping, ``SteppingModel``) together with the
-window's own controller values and NLL. A replay whose values differ from the window's own at layer l only
-starts from the kept state before ``model.resume_layer(l)`` (l for Dense and FeatureGate, l + 1 for
-MUDDPythia, whose coefficient of layer l only mixes outputs that already exist; the decoder layer holding
-the controller for a transformers model) and gives exactly the logits of a full frozen forward: the same ops
-on the same tensors.
+window's own controller values and NLL. A replay whose values differ from the window's own at some controllers
+only (one decoder layer's, or one controller) starts from the kept state before the earliest
+``model.resume_layer(c)`` among them (l for controller l of Dense and FeatureGate, l + 1 for MUDDPythia, whose
+coefficient of layer l only mixes outputs that already exist; the decoder layer holding the controller for a
+transformers model) and gives exactly the logits of a full frozen forward: the same ops on the same tensors.
 
 A model without layer stepping (a ``ControlledModel`` that is not a ``SteppingModel``) keeps no states; its
 one-layer and all-layer replays are the protocol's full frozen forward, ``model.replay_run(input_ids,
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
@@ -106,8 +106,7 @@ class PrefixCache:
         self.states = states  # states[l]: the state before layer l, l = 0 .. n_layer (None: no stepping)
         self.values = values  # per controller, the window's own (= ``correct``) values, e.g. a router's whole output
         self.nll = nll  # [B, T-1], the live run (= ``correct``, bit-exact)
-        # where an intervention can go: one place per controller, every layer of a model without any (Dense)
-        self.num_layers = len(values) if values or states is None else len(states) - 1
+        self.num_controllers = len(values)
 
     @property
     def coefficients(self) -> list[torch.Tensor]:
@@ -117,47 +116,52 @@ class PrefixCache:
     def nbytes(self) -> int:
         return tensor_bytes(self.states, self.values, self.nll, self.input_ids)
 
-    def start_for(self, layer: int | None) -> int:
-        """Where a replay of coefficients that differ from the window's own at ``layer`` only (None: at any
-        layer) must start; 0 (the embeddings) for a model without layer stepping."""
-        if layer is None:
+    def start_for(self, controllers: Collection[int] | None) -> int:
+        """The decoder layer from which a replay of values that differ from the window's own at ``controllers``
+        only (indices; None: at any) must start: the earliest any of them can alter; 0 (the embeddings) for a
+        model without layer stepping."""
+        if controllers is None:
             return 0
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer {layer} is out of range: the model has {self.num_layers} layers")
-        return 0 if self.stepper is None else self.stepper.resume_layer(layer)
+        outside = sorted(c for c in controllers if not 0 <= c < self.num_controllers)
+        if not controllers or outside:
+            raise ValueError(
+                f"controllers {outside or '[]'} are out of range: the model has {self.num_controllers} controllers"
+            )
+        stepper = self.stepper
+        return 0 if stepper is None else min(stepper.resume_layer(c) for c in controllers)
 
     @torch.no_grad()
     def logits(
-        self, values: Iterable[Values | torch.Tensor], layer: int | None = None, copies: int = 1
+        self, values: Iterable[Values | torch.Tensor], controllers: Collection[int] | None = None, copies: int = 1
     ) -> torch.Tensor:
         """Logits of the frozen replay with ``values`` (per controller: a values dict or a coefficient
         tensor, for every layer; controllers off).
 
-        ``layer``: the one layer at which ``values`` may differ from ``self.values`` (as made by
-        ``interventions.restrict_to_layer``); with layer stepping, the layers before it are not recomputed.
-        None: all layers. ``copies`` (layer stepping): how many variants of the batch ``values`` holds,
+        ``controllers``: the only controllers (indices) at which ``values`` may differ from ``self.values`` (as
+        made by ``interventions.restrict_to``); with layer stepping, the decoder layers before the earliest of
+        them are not recomputed. None: all controllers. ``copies`` (layer stepping): how many variants of the batch ``values`` holds,
         concatenated along the batch dimension (``[copies * B, T, *slot]``); they resume from the one kept
         state as one batch.
         """
-        return self._replay(values, layer, copies)
+        return self._replay(values, controllers, copies)
 
     @torch.no_grad()
     def replay_nll(
-        self, values: Iterable[Values | torch.Tensor], layer: int | None = None, copies: int = 1
+        self, values: Iterable[Values | torch.Tensor], controllers: Collection[int] | None = None, copies: int = 1
     ) -> torch.Tensor:
         """Per-token NLL ``[copies * B, T-1]`` of the frozen replay (see ``logits``). With layer stepping the
         head and the NLL run a chunk of rows at a time (``head_nll``), within float rounding of
         ``next_token_nll(self.logits(...))`` and faster, since the whole logits are never held."""
         input_ids = repeat_batch(self.input_ids, copies)
         if not self.stepping:
-            return next_token_nll(self._replay(values, layer, copies), input_ids)
-        return self._replay(values, layer, copies, lambda output: head_nll(self.model, output, input_ids))
+            return next_token_nll(self._replay(values, controllers, copies), input_ids)
+        return self._replay(values, controllers, copies, lambda output: head_nll(self.model, output, input_ids))
 
-    def _replay(self, values, layer, copies, finish=None):
+    def _replay(self, values, controllers, copies, finish=None):
         """The frozen replay's logits, or with layer stepping ``finish`` of its last state (default: the
         head's logits), under ``lock``."""
         values = as_values(values)
-        start = self.start_for(layer)
+        start = self.start_for(controllers)
         if self.stepper is None:
             if copies != 1:
                 raise ValueError("batched variants need a model with layer stepping")
@@ -171,9 +175,11 @@ class PrefixCache:
             output, _, _ = self.stepper.run_blocks(state, start, as_coefficients(values))
             return self.stepper.head(output) if finish is None else finish(output)
 
-    def replay_nll_many(self, variants: Sequence[Sequence[Values | torch.Tensor]], layer: int) -> torch.Tensor:
+    def replay_nll_many(
+        self, variants: Sequence[Sequence[Values | torch.Tensor]], controllers: Collection[int]
+    ) -> torch.Tensor:
         """Per-token NLL ``[K, B, T-1]`` of K per-controller lists (values or coefficients) that differ from the
-        window's own at ``layer`` only, run from the state before it as one batch of K x B windows; variants
+        window's own at ``controllers`` only, run from the state before them as one batch of K x B windows; variants
         whose values hold different entries (a router's whole output, a static profile's coefficient) run as
         one batch each."""
         given = [as_values(variant) for variant in variants]
@@ -185,7 +191,7 @@ class PrefixCache:
                 {name: torch.cat([given[i][index][name] for i in members]) for name in held}
                 for index, held in enumerate(names)
             ]
-            rows = self.replay_nll(values, layer, copies=len(members)).view(len(members), *self.nll.shape)
+            rows = self.replay_nll(values, controllers, copies=len(members)).view(len(members), *self.nll.shape)
             for i, row in zip(members, rows):
                 nll[i] = row
         return torch.stack(nll)

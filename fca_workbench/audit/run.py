@@ -73,7 +73,8 @@ def run_audit(
     (``spread``); execution counted on the first batches and timed (``execution_figures``,
     ``execution.expert_execution``). The mini-audit (``mini.py``) asks a session the same on fewer windows.
 
-    With ``settings.per_layer``, every condition is also replayed at each layer alone (``sweep.py``).
+    With ``settings.per_layer``, every condition is also replayed at each decoder layer alone, and at each
+    controller alone where a layer holds several (``sweep.py``).
     ``ranks`` (``distributed.process_group``, under torchrun): each rank captures and replays its share of the
     shards; rank 0 gathers per-window results, computes the figures, writes the outputs and returns the audit
     (the other ranks return None). Another audit holding the cache folder is waited for ``lock_wait`` seconds.
@@ -162,6 +163,7 @@ def audit_session(
                 "params": sum(p.numel() for p in model.parameters()),
                 "fingerprint": eval_cache.manifest["model_fingerprint"],
                 "controllers": list(model.controller_names),
+                "controller_layers": list(model.controller_layers),
                 "slot_labels": [model.slot_labels(i) for i in range(len(model.controller_names))],
                 **model.controller_record(),
             },
@@ -177,7 +179,7 @@ def audit_session(
         }
         audit["settings"]["window_sampling"] = window_sampling(settings.max_windows)
         if settings.per_layer:
-            audit["per_layer"] = per_layer_rows(sweep[0], sweep[1], counts)
+            audit.update(per_layer_rows(sweep[0], sweep[1], counts, model.controller_names))
             audit["settings"]["per_layer_mode"] = sweep_mode(model)
         audit["verdict"] = verdicts(audit)
         write_outputs(out, audit, per_token, eval_windows, profiles)

@@ -45,7 +45,7 @@ from fca_workbench.audit.interventions import derangement, routing_top_k
 from fca_workbench.audit.metrics import VarianceAccumulator, condition_figures, retention_figures
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.settings import AuditSettings
-from fca_workbench.audit.sweep import per_layer_window_nll
+from fca_workbench.audit.sweep import WindowNLL, per_layer_window_nll
 from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import LIVE_RUN, REFERENCE, condition_named, model_conditions, retention_profiles
@@ -93,7 +93,7 @@ class ReplaySession:
         self._read: dict[str, Split] = {}
         self._given_batch_size = batch_size
         self._profiles_lock = threading.Lock()
-        self._assigners: dict[tuple[str, int | None], ConditionCoefficients] = {}
+        self._assigners: dict[tuple[str, tuple[int, ...] | None], ConditionCoefficients] = {}
         self._caches: dict[str, CoefficientCache] = {}
         self.derangement = functools.lru_cache(maxsize=DERANGEMENTS_KEPT)(self._derangement)
         # told (windows done, windows in all) after each batch of profiles estimated in memory (the dashboard's
@@ -312,40 +312,46 @@ class ReplaySession:
         """The audit's donor of eval window ``window`` under ``seed`` (default: the session's)."""
         return int(self.derangement(self.seed if seed is None else seed)[window])
 
-    def _assigner(self, condition: str, layer: int | None) -> ConditionCoefficients:
-        key = (condition, layer)
+    def _assigner(self, condition: str, controllers: Sequence[int] | None) -> ConditionCoefficients:
+        key = (condition, None if controllers is None else tuple(controllers))
         if key not in self._assigners:
             profiles = self.profiles_for([condition])
-            self._assigners[key] = ConditionCoefficients(condition, self.eval_cache, profiles, self.seed, layer)
+            self._assigners[key] = ConditionCoefficients(condition, self.eval_cache, profiles, self.seed, key[1])
         return self._assigners[key]
 
-    def values(self, condition: str, indices: torch.Tensor, layer: int | None = None) -> Values:
-        """Per controller, the cached values ``condition`` assigns to eval windows ``indices`` (at ``layer``
-        only, or everywhere), on the CPU in the dtype captured."""
+    def values(self, condition: str, indices: torch.Tensor, controllers: Sequence[int] | None = None) -> Values:
+        """Per controller, the cached values ``condition`` assigns to eval windows ``indices`` (at ``controllers``
+        only, indices: one decoder layer's or one controller; None: everywhere), on the CPU in the dtype
+        captured."""
         if condition_named(condition).live:
             return self.eval_cache.values(indices)
-        return self._assigner(condition, layer).values(indices)
+        return self._assigner(condition, controllers).values(indices)
 
-    def coefficients(self, condition: str, indices: torch.Tensor, layer: int | None = None) -> list[torch.Tensor]:
-        """Per layer ``[B, T, *slot]``: the coefficients ``condition`` assigns to eval windows ``indices``."""
-        return [value[COEFFICIENT] for value in self.values(condition, indices, layer)]
+    def coefficients(
+        self, condition: str, indices: torch.Tensor, controllers: Sequence[int] | None = None
+    ) -> list[torch.Tensor]:
+        """Per controller ``[B, T, *slot]``: the coefficients ``condition`` assigns to eval windows ``indices``."""
+        return [value[COEFFICIENT] for value in self.values(condition, indices, controllers)]
 
     # -- replay ---------------------------------------------------------------------------------------
 
-    def window_nll(self, condition: str, indices: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+    def window_nll(
+        self, condition: str, indices: torch.Tensor, controllers: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Per-token NLL ``[len(indices), T-1]`` of eval windows ``indices`` replayed as one batch under
         ``condition`` (the live run: its cached NLL)."""
-        return self.nll(condition, layer, batches=[indices])
+        return self.nll(condition, controllers, batches=[indices])
 
     def nll(
         self,
         condition: str,
-        layer: int | None = None,
+        controllers: Sequence[int] | None = None,
         shards: Iterable[int] | None = None,
         batches: Sequence[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Per-token NLL ``[N, T-1]`` of every eval window (with ``shards``, one rank's share: those shards'
-        windows; with ``batches``, those windows) under ``condition``, at ``layer`` alone or everywhere
+        windows; with ``batches``, those windows) under ``condition``, at ``controllers`` alone (indices: one decoder layer's, ``layer_controllers``, or one
+        controller) or everywhere
         (``replay.replay_nll``: batches follow the cache's shards, so ``correct`` repeats capture's arithmetic
         exactly; a NaN or inf stops it)."""
         profiles = self.profiles_for([condition])
@@ -356,7 +362,7 @@ class ReplaySession:
             condition,
             profiles,
             self.seed,
-            layer,
+            controllers,
             self.device,
             shards,
             batches,
@@ -370,9 +376,9 @@ class ReplaySession:
 
     def sweep(
         self, conditions: Sequence[str], shards: Iterable[int] | None = None
-    ) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor | None]:
+    ) -> tuple[WindowNLL, torch.Tensor | None]:
         """The per-layer sweep (``sweep.per_layer_window_nll``) of the interventions among ``conditions``:
-        per-window mean NLL per (layer, condition) and that of ``correct``; ({}, None) with none."""
+        per-window mean NLL per (site, condition) and that of ``correct``; ({}, None) with none."""
         swept = [c for c in conditions if condition_named(c).intervention]
         if not swept:
             return {}, None

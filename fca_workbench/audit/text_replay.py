@@ -11,12 +11,13 @@ browser session's share of memory); ``forget`` drops a session's, ``clear`` all.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from fca_workbench.audit.assignment import Values, assigned_values, placed
-from fca_workbench.audit.guard import at_layer, require_finite
+from fca_workbench.audit.guard import applied_at, require_finite
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.results.conditions import condition_named
@@ -46,31 +47,44 @@ class TextReplays:
         return self.store.get((session.serial, text.key), build)
 
     def values(
-        self, session: ReplaySession, text: Text, condition: str, seed: int, donor: Text | None, layer: int | None
+        self,
+        session: ReplaySession,
+        text: Text,
+        condition: str,
+        seed: int,
+        donor: Text | None,
+        controllers: Sequence[int] | None,
     ) -> Values:
         """Per controller, what ``condition`` assigns to the text (``donor``'s values, read when the condition asks
-        for them) at ``layer`` only or everywhere, as the audit assigns them (``assigned_values``, the session's
+        for them) at ``controllers`` only (indices) or everywhere, as the audit assigns them (``assigned_values``, the session's
         profiles), placed where the model replays them."""
         own = self.prefix(session, text).values
         given = None if donor is None else functools.partial(lambda donor: self.prefix(session, donor).values, donor)
         profiles = session.profiles_for([condition])
         slot_shapes = [tuple(s) for s in session.model.coefficient_slot_shapes]
         window = torch.tensor([text.window or 0])
-        values = assigned_values(condition, own, given, profiles, slot_shapes, window, seed, layer)
+        values = assigned_values(condition, own, given, profiles, slot_shapes, window, seed, controllers)
         return placed(session.model, values, session.device)
 
     def nll(
-        self, session: ReplaySession, text: Text, condition: str, layer: int | None, seed: int, donor: Text | None
+        self,
+        session: ReplaySession,
+        text: Text,
+        condition: str,
+        controllers: Sequence[int] | None,
+        seed: int,
+        donor: Text | None,
     ) -> torch.Tensor:
-        """Per-token NLL ``[T-1]`` of the text under ``condition`` at ``layer`` (None: every layer); the live run
+        """Per-token NLL ``[T-1]`` of the text under ``condition`` at ``controllers`` (indices; None: every
+        controller); the live run
         (and any condition of a model without a controller) is the prefix's own. A NaN or inf is one line naming
         the condition and the text."""
         prefix = self.prefix(session, text)
         rows = prefix.nll
         if not condition_named(condition).live and session.has_controller:
-            rows = prefix.replay_nll(self.values(session, text, condition, seed, donor, layer), layer)
+            rows = prefix.replay_nll(self.values(session, text, condition, seed, donor, controllers), controllers)
         where = (None, "the pasted text") if text.window is None else ([text.window], "eval")
-        require_finite(rows, "NLL", at_layer(condition, layer), *where)
+        require_finite(rows, "NLL", applied_at(condition, controllers), *where)
         return rows[0]
 
     def forget(self, session: ReplaySession) -> None:

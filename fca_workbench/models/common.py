@@ -158,6 +158,11 @@ class CoefficientModel(PreTrainedModel):
         names = {id(module): name for name, module in self.named_modules()}
         return [names[id(module)] for module in self.controllers]
 
+    @property
+    def controller_layers(self) -> list[int]:
+        """Per controller, the block it sits in: one controller per block, controller i in block i."""
+        return list(range(len(self.controllers)))
+
     def capture_run(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Logits and per-controller values ``{"coefficient": [B, T, *slot]}`` of one unperturbed forward."""
         out = self(input_ids, return_coefficients=True)

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import plotly.express as px
 import plotly.graph_objects as go
+import torch
 from plotly.subplots import make_subplots
 
+from fca_workbench.adapters.sites import Choice, choice_name
 from fca_workbench.explore import Explorer
 from fca_workbench.foundation.checkpoint import checkpoint_name
 from fca_workbench.foundation.errors import UserError, internal_error
@@ -38,8 +40,8 @@ class Choices:
     """What the layer, condition and window choices offer for the model open, the current values fitted to them;
     ``enabled`` False for a model that cannot be explored (its message is what the view shows)."""
 
-    layers: dict[str, int]
-    layer: int
+    layers: dict[str, int | str]  # where to intervene: every layer, a decoder layer, one controller alone
+    layer: int | str
     conditions: list[str]
     condition: str
     last_window: int
@@ -83,9 +85,7 @@ class ExploreView:
     def opening_line(self, name: str) -> str:
         return f"Opening `{name}` (its eval capture, or the one already in `{self.run.cache}`) ..."
 
-    def open(
-        self, name: str, layer: int | None, condition: str | None, window: int, say: Callable[[str], None]
-    ) -> Choices:
+    def open(self, name: str, layer: Choice, condition: str | None, window: int, say: Callable[[str], None]) -> Choices:
         """Open checkpoint ``name`` (its eval capture, once per run) and fit the choices to it. ``say`` shows the
         status line: the opening line while it opens, then nothing, whether it opened or failed."""
         self.model = name
@@ -98,17 +98,17 @@ class ExploreView:
             say("")
         return self.choices(layer, condition, window)
 
-    def choices(self, layer: int | None, condition: str | None, window: int) -> Choices:
-        """The model's choices with ``layer``, ``condition`` and ``window`` kept where it has them, else all
-        layers, ``DEFAULT_CONDITION`` and its last window."""
+    def choices(self, layer: Choice, condition: str | None, window: int) -> Choices:
+        """The model's choices with ``layer`` (a decoder layer, a controller's module path), ``condition`` and
+        ``window`` kept where it has them, else all layers, ``DEFAULT_CONDITION`` and its last window."""
         e = self.explorer
         if e is None:
             return NO_CHOICES
         conditions = offered_conditions(e)
         last = len(e.windows) - 1
         return Choices(
-            layers=layer_options(e.num_layers),
-            layer=fitted_layer(layer, e.num_layers),
+            layers=layer_options(e.choices),
+            layer=fitted_layer(layer, e.choices),
             conditions=conditions,
             condition=fitted_condition(condition, conditions, DEFAULT_CONDITION),
             last_window=last,
@@ -116,7 +116,7 @@ class ExploreView:
             enabled=True,
         )
 
-    def show(self, layer: int | None, condition: str, window: int) -> Shown:
+    def show(self, layer: Choice, condition: str, window: int) -> Shown:
         """What the view shows for the model open; an error is its message, never raised."""
         if self.explorer is None:
             return Shown(message=self.message)
@@ -125,10 +125,10 @@ class ExploreView:
         except Exception as exc:  # the view says what went wrong, and the next choice works again
             return Shown(message=f"**{self.model}**: {described(exc)}")
 
-    def _shown(self, e: Explorer, layer: int | None, condition: str, window: int) -> Shown:
-        where = "all layers" if layer is None else f"layer {layer}"
+    def _shown(self, e: Explorer, layer: Choice, condition: str, window: int) -> Shown:
+        where = choice_name(layer)
         correct, assigned = e.coefficients(REFERENCE, window), e.coefficients(condition, window, layer)
-        heat = coefficient_heatmaps(e, correct, assigned, layer, condition, window)
+        heat = coefficient_heatmaps(e, correct, assigned, e.controllers_at(layer), condition, window)
         heat.update_layout(
             title=f"{self.model}, {where}: coefficients by position" + (" (mean over slots)" if layer is None else "")
         )
@@ -148,16 +148,21 @@ class ExploreView:
 
 
 def coefficient_heatmaps(
-    e: Explorer, correct: list, assigned: list, layer: int | None, condition: str, window: int
+    e: Explorer, correct: list, assigned: list, controllers: list[int] | None, condition: str, window: int
 ) -> go.Figure:
-    """The window's own coefficients over the ones ``condition`` assigns: layer by position (each layer's slot
-    mean), or one layer's slots by position; one colour scale, so the two read alike."""
-    if layer is None:
+    """The window's own coefficients over the ones ``condition`` assigns: controller by position (each one's slot
+    mean; ``layer L``, or its module path in a layer of several), or the chosen controllers' slots by position (a
+    slot named with its controller where a layer holds several); one colour scale, so the two read alike."""
+    if controllers is None:
         z = [layer_position_matrix(c).tolist() for c in (correct, assigned)]
-        y = [f"layer {l}" for l in range(e.num_layers)]
+        y = e.controller_labels
     else:
-        z = [c[layer].flatten(1).T.tolist() for c in (correct, assigned)]
-        y = slot_labels(e.slot_shapes[layer], e.arch, e.routers[layer])
+        z = [torch.cat([c[i].flatten(1) for i in controllers], dim=1).T.tolist() for c in (correct, assigned)]
+        y = [
+            label if len(controllers) == 1 else f"{e.model.controller_names[i]}: {label}"
+            for i in controllers
+            for label in slot_labels(e.slot_shapes[i], e.arch, e.routers[i])
+        ]
     heat = make_subplots(
         rows=2,
         cols=1,
@@ -170,11 +175,11 @@ def coefficient_heatmaps(
         height=520,
         coloraxis={
             "colorscale": "Viridis",
-            "colorbar": {"title": "coefficient" + (" (slot mean)" if layer is None else "")},
+            "colorbar": {"title": "coefficient" + (" (slot mean)" if controllers is None else "")},
         },
     )
     heat.update_xaxes(title_text="position")
-    heat.update_yaxes(title_text="layer" if layer is None else "slot")
+    heat.update_yaxes(title_text="controller" if controllers is None else "slot")
     return heat
 
 

@@ -312,22 +312,60 @@ def mudd_table(audits: list[dict]) -> pd.DataFrame:
     )
 
 
+def layer_controllers_of(audit: dict, layer: int) -> str:
+    """The module paths of decoder layer ``layer``'s controllers, as its sweep row names them (an audit written
+    before names none: one controller per layer, controller ``layer``)."""
+    row = next((r for r in audit.get("per_layer") or [] if r["layer"] == layer and "controllers" in r), None)
+    if row is not None:
+        return ", ".join(row["controllers"])
+    controllers = audit["model"].get("controllers") or []
+    return controllers[layer] if layer < len(controllers) else ""
+
+
 def per_layer_table(audits: list[dict]) -> pd.DataFrame:
-    """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one layer alone, ΔNLL vs correct
-    with its 95% bootstrap CI, one row per model, layer and condition."""
+    """The per-layer sweep (``audit.json`` → ``per_layer``): each condition at one decoder layer alone (all its
+    controllers together, named by module path), ΔNLL vs correct with its 95% bootstrap CI, one row per model,
+    layer and condition."""
     columns = [
         Column("model", "model", "text"),
-        Column("layer", "layer", "int"),
+        Column("layer", "decoder layer", "int"),
+        Column("controllers", "its controllers", "text"),
         Column("condition", "condition", "text"),
         Column("nll", nll_label(audits), "float"),
         Column("delta", "ΔNLL", "delta"),
         Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci"),
     ]
-    rows = [{"model": model_name(a), **row} for a in audits for row in a.get("per_layer") or []]
+    rows = [
+        {"model": model_name(a), **row, "controllers": layer_controllers_of(a, row["layer"])}
+        for a in audits
+        for row in a.get("per_layer") or []
+    ]
     return make_table(
         "per_layer",
-        "Per layer: each condition at one layer alone (others correct), ΔNLL vs correct "
+        "Per decoder layer: each condition at one layer's controllers alone (others correct), ΔNLL vs correct "
         "(95% bootstrap CIs over windows), per model",
+        columns,
+        rows,
+    )
+
+
+def per_controller_table(audits: list[dict]) -> pd.DataFrame:
+    """The sweep's rows of one controller alone (``audit.json`` → ``per_controller``), for the decoder layers that
+    hold more than one: the controller by module path, its decoder layer, ΔNLL vs correct with its 95% CI."""
+    columns = [
+        Column("model", "model", "text"),
+        Column("controller", "controller", "text"),
+        Column("layer", "decoder layer", "int"),
+        Column("condition", "condition", "text"),
+        Column("nll", nll_label(audits), "float"),
+        Column("delta", "ΔNLL", "delta"),
+        Column("delta_ci95", "ΔNLL 95% CI", "delta", "ci"),
+    ]
+    rows = [{"model": model_name(a), **row} for a in audits for row in a.get("per_controller") or []]
+    return make_table(
+        "per_controller",
+        "Per controller, in decoder layers of several: each condition at one controller alone (others correct), "
+        "ΔNLL vs correct (95% bootstrap CIs over windows), per model",
         columns,
         rows,
     )
@@ -337,7 +375,7 @@ def per_layer_seed_table(audits: list[dict]) -> pd.DataFrame:
     """The per-layer ΔNLL as mean ± sd over the seeds of each configuration (``by_configuration``) (``aggregate.summarise``)."""
     columns = [
         Column("arch", "arch", "text"),
-        Column("layer", "layer", "int"),
+        Column("layer", "decoder layer", "int"),
         Column("condition", "condition", "text"),
         Column("n", "seeds", "int"),
         Column("delta", "ΔNLL", "delta", "msd"),
@@ -352,7 +390,8 @@ def per_layer_seed_table(audits: list[dict]) -> pd.DataFrame:
         ]
     return make_table(
         "per_layer_over_seeds",
-        "Per layer: ΔNLL vs correct of each condition at one layer alone, mean ± sd over the seeds of one configuration",
+        "Per decoder layer: ΔNLL vs correct of each condition at one layer's controllers alone, mean ± sd over the "
+        "seeds of one configuration",
         columns,
         rows,
     )

@@ -53,6 +53,7 @@ def format_report(audit: dict, width: int = 38) -> str:
             f"[{c['delta_ci95'][0]:+8.4f}, {c['delta_ci95'][1]:+8.4f}]"
         )
     lines += per_layer_table(audit.get("per_layer"))
+    lines += per_controller_lines(audit.get("per_controller"))
     lines += static_profile_notes(model.get("controller_kinds", []), width * 3)
     lines += left_out_notes(model.get("left_out", []), width * 3)
     columns = [
@@ -108,14 +109,33 @@ def static_profile_notes(kinds: list[str], width: int) -> list[str]:
 
 
 def per_layer_table(rows: list[dict] | None) -> list[str]:
-    """ΔNLL of each condition applied at one layer alone: one line per layer, one column per condition."""
+    """ΔNLL of each condition applied at one decoder layer alone (all its controllers together): one line per
+    layer, one column per condition."""
     if not rows:
         return []
     conditions = list(dict.fromkeys(r["condition"] for r in rows))
     delta = {(r["layer"], r["condition"]): r["delta"] for r in rows}
-    lines = ["", "ΔNLL with the condition at one layer only:", "layer " + " ".join(f"{c:>19s}" for c in conditions)]
+    lines = [
+        "",
+        "ΔNLL with the condition at one decoder layer only (all its controllers):",
+        "layer " + " ".join(f"{c:>19s}" for c in conditions),
+    ]
     for layer in sorted({r["layer"] for r in rows}):
         lines.append(f"{layer:5d} " + " ".join(f"{delta[(layer, c)]:+19.4f}" for c in conditions))
+    return lines
+
+
+def per_controller_lines(rows: list[dict] | None) -> list[str]:
+    """ΔNLL of each condition applied at one controller alone, in the decoder layers that hold several: one
+    line per controller (its module path), one column per condition."""
+    if not rows:
+        return []
+    conditions = list(dict.fromkeys(r["condition"] for r in rows))
+    delta = {(r["controller"], r["condition"]): r["delta"] for r in rows}
+    lines = ["", "ΔNLL with the condition at one controller only (layers of several controllers):"]
+    for controller in dict.fromkeys(r["controller"] for r in rows):
+        figures = ", ".join(f"{c} {delta[(controller, c)]:+.4f}" for c in conditions if (controller, c) in delta)
+        lines.append(f"  {controller}: {figures}")
     return lines
 
 

@@ -22,7 +22,15 @@ from fca_workbench.results.conditions import (
     TOKEN_SHUFFLE,
 )
 
-JUDGED = ("conditions", "retention", "variance", "variation", "execution", "per_layer")  # what the verdicts read
+JUDGED = (
+    "conditions",
+    "retention",
+    "variance",
+    "variation",
+    "execution",
+    "per_layer",
+    "per_controller",
+)  # what the verdicts read
 
 
 STATIC_RETENTION = 0.95  # a static profile retaining this much of the gap counts as "largely static"
@@ -134,16 +142,24 @@ def staticness_verdict(audit: dict) -> str:
 
 
 def per_layer_sentence(audit: dict) -> str:
-    """Which layers carry the dependence, when the audit has a per-layer sweep (else nothing)."""
+    """Which decoder layers carry the dependence, when the audit has a per-layer sweep (else nothing); where a
+    layer holds several controllers, which one alone costs most."""
     rows = audit.get("per_layer") or []
     largest, significant = carrying_layers(rows)
     if largest is None:
         return ""
     delta = next(r["delta"] for r in rows if r["layer"] == largest and r["condition"] == CROSS_INPUT)
     listed = ", ".join(map(str, significant)) or "none"
+    alone = [r for r in audit.get("per_controller") or [] if r["condition"] == CROSS_INPUT]
+    most = max(alone, key=lambda row: row["delta"], default=None)
+    controller = (
+        ""
+        if most is None
+        else f" Of one controller alone, {most['controller']} (layer {most['layer']}) costs most ({most['delta']:+.4f} nats)."
+    )
     return (
-        f" Per layer (each alone, the others correct): cross-input reassignment costs most at layer {largest} "
-        f"({delta:+.4f} nats); layers whose cross-input 95% CI excludes 0: {listed}."
+        f" Per decoder layer (its controllers together, the other layers correct): cross-input reassignment costs "
+        f"most at layer {largest} ({delta:+.4f} nats); layers whose cross-input 95% CI excludes 0: {listed}.{controller}"
     )
 
 
@@ -174,7 +190,7 @@ def execution_verdict(audit: dict) -> str:
 
 
 def carrying_layers(rows: list[dict], condition: str = CROSS_INPUT) -> tuple[int | None, list[int]]:
-    """The layer with the largest ΔNLL under ``condition``, and the layers whose ΔNLL CI excludes 0."""
+    """The decoder layer with the largest ΔNLL under ``condition``, and the layers whose ΔNLL CI excludes 0."""
     chosen = [row for row in rows if row["condition"] == condition]
     if not chosen:
         return None, []

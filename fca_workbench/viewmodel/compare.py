@@ -224,7 +224,8 @@ def figure_comparison(first: dict, second: dict, names: tuple[str, str]) -> pd.D
 
 
 def per_layer_comparison(first: dict, second: dict, names: tuple[str, str]) -> pd.DataFrame:
-    """ΔNLL of each condition at one layer alone, in both sweeps, for the (layer, condition) cells both have."""
+    """ΔNLL of each condition at one decoder layer alone (its controllers together), in both sweeps, for the
+    (layer, condition) cells both have."""
     cells = {(r["layer"], r["condition"]): r["delta"] for r in second["per_layer"]}
     rows = [
         {
@@ -238,12 +239,12 @@ def per_layer_comparison(first: dict, second: dict, names: tuple[str, str]) -> p
         if (r["layer"], r["condition"]) in cells
     ]
     columns = [
-        Column("layer", "layer", "int"),
+        Column("layer", "decoder layer", "int"),
         *_side_by_side(names, "delta", Column("condition", "condition", "text")),
     ]
     return make_table(
         "compare_per_layer",
-        "Per layer: ΔNLL vs correct of each condition at one layer alone, in both sweeps",
+        "Per decoder layer: ΔNLL vs correct of each condition at one layer's controllers alone, in both sweeps",
         columns,
         rows,
     )

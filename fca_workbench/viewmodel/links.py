@@ -35,20 +35,20 @@ WINDOW_SOURCE, TEXT_SOURCE = SOURCES  # the two text sources, as the choice show
 
 @dataclass(frozen=True)
 class Selection:
-    """The live view's choices as the widgets hold them: ``source`` a label of ``SOURCES``, ``layer`` a layer or
-    ``ALL_LAYERS``, ``donor`` an eval window or ``AUDIT_DONOR``; ``seed`` None while its box is empty."""
+    """The live view's choices as the widgets hold them: ``source`` a label of ``SOURCES``, ``layer`` where the
+    intervention goes (a decoder layer, a controller's module path, or ``ALL_LAYERS``), ``donor`` an eval window or ``AUDIT_DONOR``; ``seed`` None while its box is empty."""
 
     checkpoint: str
     source: str = WINDOW_SOURCE
     window: int | None = 0
     text: str | None = ""  # the pasted text (checked by ``live.pasted_input``)
     condition: str = DEFAULT_CONDITION
-    layer: int | None = ALL_LAYERS
+    layer: int | str | None = ALL_LAYERS
     seed: int | None = 0
     donor: int | None = AUDIT_DONOR
 
     @property
-    def replay_layer(self) -> int | None:
+    def replay_layer(self) -> int | str | None:
         return replay_layer(self.layer)
 
     @property
@@ -68,19 +68,21 @@ class Selection:
         return int(self.seed)
 
 
-def replay_layer(layer: int | None) -> int | None:
-    """The layer an intervention goes to from the layer choice (None: every layer)."""
-    return None if layer in (None, ALL_LAYERS) else int(layer)
+def replay_layer(layer: int | str | None) -> int | str | None:
+    """Where an intervention goes from the layer choice: a decoder layer, a controller's module path, or None
+    (every layer)."""
+    return None if layer in (None, ALL_LAYERS) else layer
 
 
-def layer_options(num_layers: int) -> dict[str, int]:
-    """The layer choice: every layer at once, or one."""
-    return {ALL_LAYERS_LABEL: ALL_LAYERS, **heat_layer_options(num_layers)}
+def layer_options(choices: dict[str, int | str]) -> dict[str, int | str]:
+    """The layer choice: every layer at once, one decoder layer (its controllers together) or one controller
+    alone where a layer holds several (``choices``: ``adapters.sites.site_choices``)."""
+    return {ALL_LAYERS_LABEL: ALL_LAYERS, **choices}
 
 
-def fitted_layer(layer: int | None, num_layers: int) -> int:
-    """The layer choice kept when the model has it, else every layer (``ALL_LAYERS``)."""
-    return layer if layer is not None and layer in range(num_layers) else ALL_LAYERS
+def fitted_layer(layer: int | str | None, choices: dict[str, int | str]) -> int | str:
+    """The layer choice kept when the model offers it, else every layer (``ALL_LAYERS``)."""
+    return layer if layer is not None and layer in choices.values() else ALL_LAYERS
 
 
 def fitted_condition(condition: str | None, offered: Sequence[str], default: str = DEFAULT_CONDITION) -> str:
@@ -89,8 +91,19 @@ def fitted_condition(condition: str | None, offered: Sequence[str], default: str
     return condition if condition is not None and condition in offered else default
 
 
-def heat_layer_options(num_layers: int) -> dict[str, int]:
-    return {f"layer {i}": i for i in range(num_layers)}
+def heat_layer_options(labels: Sequence[str]) -> dict[str, int]:
+    """The slot heatmap's choice of one controller, by its label (``adapters.sites.controller_labels``)."""
+    return {label: i for i, label in enumerate(labels)}
+
+
+def heat_controller(model: SharedModel, layer: int | str) -> int | None:
+    """The controller the slot heatmap shows for a layer choice: the first of the layer's, or the one chosen
+    alone; None where the model has no such choice."""
+    try:
+        controllers = model.controllers_at(layer)
+    except UserError:
+        return None
+    return None if not controllers else controllers[0]
 
 
 def slot_options(model: SharedModel) -> list[str]:
@@ -102,8 +115,8 @@ def slot_options(model: SharedModel) -> list[str]:
 class Fitted:
     """What the live view's choices offer for one checkpoint, with the current values fitted to them."""
 
-    layers: dict[str, int]
-    layer: int
+    layers: dict[str, int | str]
+    layer: int | str
     heat_layers: dict[str, int]
     heat_layer: int
     slots: list[str]
@@ -119,13 +132,18 @@ class Fitted:
 
 
 def fitted(
-    model: SharedModel, layer: int | None, heat_layer: int | None, slot: str | None, condition: str, source: str
+    model: SharedModel,
+    layer: int | str | None,
+    heat_layer: int | None,
+    slot: str | None,
+    condition: str,
+    source: str,
 ) -> Fitted:
     """The choices ``model`` offers; a current value it cannot show becomes the default (all layers, the nearest
     layer, the first slot, ``DEFAULT_CONDITION``)."""
     layers, heat_layers, slots = (
-        layer_options(model.num_layers),
-        heat_layer_options(model.num_layers),
+        layer_options(model.site_choices),
+        heat_layer_options(model.controller_labels),
         slot_options(model),
     )
     conditions = list(model.conditions)  # routers add layer_mean_topk
@@ -133,9 +151,9 @@ def fitted(
     last = len(model.eval_windows) - 1
     return Fitted(
         layers=layers,
-        layer=fitted_layer(layer, model.num_layers),
+        layer=fitted_layer(layer, model.site_choices),
         heat_layers=heat_layers,
-        heat_layer=min(max(heat_layer or 0, 0), model.num_layers - 1),
+        heat_layer=min(max(heat_layer or 0, 0), max(len(heat_layers) - 1, 0)),
         slots=slots,
         slot=slot if slot in slots else (slots[0] if slots else None),
         last_window=last,
@@ -163,7 +181,7 @@ def linked(requested: dict, model: SharedModel, slots: Sequence[str], condition:
     """The link's live-view values checked against ``model`` (``slots``: those the heatmap offers), in the order
     to set them: ``({choice: value}, notes)``; a value that does not fit gives the default and a note.
     ``condition``: the one shown now, kept when the link names none this checkpoint has."""
-    last_window, last_layer = len(model.eval_windows) - 1, model.num_layers - 1
+    last_window, last_controller = len(model.eval_windows) - 1, max(len(model.controller_labels) - 1, 0)
     source, note = choose(
         requested,
         "source",
@@ -179,13 +197,20 @@ def linked(requested: dict, model: SharedModel, slots: Sequence[str], condition:
             requested = {k: v for k, v in requested.items() if k != key}
     chosen = {
         "window": choose_index(requested, "window", 0, last_window, 0),
-        "layer": choose_index(requested, "layer", 0, last_layer, ALL_LAYERS, ALL_LAYERS_LABEL),
+        "layer": choose(
+            requested,
+            "layer",
+            model.site_choices.values(),
+            ALL_LAYERS,
+            "is neither a decoder layer with a controller nor a controller's module path",
+            ALL_LAYERS_LABEL,
+        ),
         "condition": choose(
             requested, "condition", model.conditions, condition, "is not an intervention of this checkpoint"
         ),
         "seed": choose_index(requested, "seed", 0, MAX_SEED, 0),
         "donor": choose_index(requested, "donor", AUDIT_DONOR, last_window, AUDIT_DONOR, "the audit's donor"),
-        "heat_layer": choose_index(requested, "heat_layer", 0, last_layer, 0),
+        "heat_layer": choose_index(requested, "heat_layer", 0, last_controller, 0),
     }
     if slots:
         chosen["heat_slot"] = choose(requested, "heat_slot", slots, slots[0], "is not a slot of this checkpoint")

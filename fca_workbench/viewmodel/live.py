@@ -1,8 +1,9 @@
 """The live replay view's model: one checkpoint loaded once per process (``SharedModel``: model, tokenizer,
 eval windows, a lock around every forward, static profiles read from a matching audit or computed lazily from
-the calibration split), and one query (an ``inputs.TextInput`` with layer, condition, seed, donor) answered
-with per-token NLL, ΔNLL and the original and intervened coefficients, replayed by the engine
-(``audit.text_replay``: an intervention at layer l is replayed from layer l only) and ``metrics.gap_retention``.
+the calibration split), and one query (an ``inputs.TextInput`` with where to intervene, condition, seed, donor)
+answered with per-token NLL, ΔNLL and the original and intervened coefficients, replayed by the engine
+(``audit.text_replay``: an intervention at decoder layer l, or at one of its controllers, is replayed from layer l
+only) and ``metrics.gap_retention``.
 ``DashboardSession`` is one browser session's state: its texts' replays (a bounded prefix store) and a bounded
 result cache, freed by ``close``; every per-seed or per-text result is kept in a cache of fixed size.
 """
@@ -22,6 +23,7 @@ import torch
 
 from fca_workbench.adapters import COEFFICIENT
 from fca_workbench.adapters.controlled import load_controlled
+from fca_workbench.adapters.sites import Choice, choice_name, chosen_controllers, controller_labels, site_choices
 from fca_workbench.audit.assignment import Values
 from fca_workbench.audit.budget import PREFIX_STORE_BYTES, PREFIX_STORE_WINDOWS
 from fca_workbench.audit.inputs import CALIBRATION, EVAL
@@ -86,8 +88,10 @@ class SharedModel:
         self.top_k = self.session.router_top_k  # per controller, a router's k, which adds the routing conditions
         # a model without a controller shows every condition as the live run, with a note that says so
         self.conditions = self.session.conditions if self.has_coefficients else model_conditions(routed=False)
-        # where an intervention can go: a controller (one per layer for the native families), else a block
-        self.num_layers = len(self.slot_shapes) or len(self.model.blocks)
+        names, layers = self.model.controller_names, self.model.controller_layers
+        # where an intervention can go: a decoder layer's controllers together, or one alone in a layer of several
+        self.site_choices = site_choices(names, layers)
+        self.controller_labels = controller_labels(names, layers)  # each controller's name on a figure's axis
         self.serial = self.session.serial
         self._profiles_lock = threading.Lock()
 
@@ -161,14 +165,22 @@ class SharedModel:
         """The audit's donor: the seeded derangement's choice for this window (pasted text: window 0's)."""
         return self.session.donor_of(window_index or 0, seed)
 
-    def slot_labels(self, layer: int) -> list[str]:
-        """Names of layer ``layer``'s flattened slots, as the model declares them (``audit.json``'s
-        ``model.slot_labels``), shared across layers where the slot means the same."""
-        return self.model.slot_labels(layer)
+    def controllers_at(self, at: Choice) -> list[int] | None:
+        """The controller indices ``at`` (a decoder layer, a controller's module path; None: every one) names;
+        one line for a choice the model lacks."""
+        try:
+            return chosen_controllers(at, self.model.controller_names, self.model.controller_layers)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+
+    def slot_labels(self, index: int) -> list[str]:
+        """Names of controller ``index``'s flattened slots, as the model declares them (``audit.json``'s
+        ``model.slot_labels``), shared across controllers where the slot means the same."""
+        return self.model.slot_labels(index)
 
     def all_slot_labels(self) -> list[str]:
-        """Every layer's slot names, each once, in order of first appearance."""
-        return distinct_labels(self.slot_labels(layer) for layer in range(self.num_layers))
+        """Every controller's slot names, each once, in order of first appearance."""
+        return distinct_labels(self.slot_labels(index) for index in range(len(self.slot_shapes)))
 
 
 def distinct_labels(per_layer: Iterable[list[str]]) -> list[str]:
@@ -194,21 +206,27 @@ class Analysis:
     checkpoint: str
     arch: str
     condition: str
-    layer: int | None
+    layer: int | str | None  # where the intervention went: a decoder layer, a controller's module path, or everywhere
     seed: int
     donor: int | None
     tokens: list[str]
     nll_correct: np.ndarray  # [T-1]: position t predicts token t+1
     nll_condition: np.ndarray
-    coefficients_correct: list[np.ndarray]  # per layer [T, S_l], slots flattened
+    coefficients_correct: list[np.ndarray]  # per controller [T, S_c], slots flattened
     coefficients_condition: list[np.ndarray]
-    slot_labels: list[list[str]]  # per layer
-    start_layer: int  # where the replay started (0 = from the embeddings)
+    slot_labels: list[list[str]]  # per controller
+    start_layer: int  # the decoder layer the replay started from (0 = from the embeddings)
+    controller_labels: list[str] = field(default_factory=list)  # per controller: ``layer L``, or its module path
     retention: float | None = None
     nll_global_mean: float | None = None
     profiles_source: str | None = None  # static profiles: the audit they came from, or how they were computed
     compute_ms: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        """Where the intervention went: ``all layers``, ``layer L`` (a decoder layer), or a controller's path."""
+        return choice_name(self.layer)
 
     @property
     def delta(self) -> np.ndarray:
@@ -226,11 +244,11 @@ class Analysis:
         }
 
     def all_slot_labels(self) -> list[str]:
-        """Every slot label of any layer, once, in the order the layers name them."""
+        """Every slot label of any controller, once, in the order the controllers name them."""
         return distinct_labels(self.slot_labels)
 
     def layer_position(self, slot: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Original, intervened and difference ``[layers, T]`` of one slot (NaN where a layer lacks it)."""
+        """Original, intervened and difference ``[controllers, T]`` of one slot (NaN where a controller lacks it)."""
         length = len(self.tokens)
         rows = []
         for coefficients in (self.coefficients_correct, self.coefficients_condition):
@@ -241,10 +259,10 @@ class Analysis:
             rows.append(grid)
         return rows[0], rows[1], rows[1] - rows[0]
 
-    def slot_position(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Original, intervened and difference ``[slots, T]`` of one layer."""
-        original = self.coefficients_correct[layer].T.astype(np.float64)
-        intervened = self.coefficients_condition[layer].T.astype(np.float64)
+    def slot_position(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Original, intervened and difference ``[slots, T]`` of controller ``index``."""
+        original = self.coefficients_correct[index].T.astype(np.float64)
+        intervened = self.coefficients_condition[index].T.astype(np.float64)
         return original, intervened, intervened - original
 
 
@@ -279,16 +297,18 @@ class DashboardSession:
         self.replays.forget(shared.session)
 
     def condition_values(
-        self, shared: SharedModel, text: TextInput, condition: str, seed: int, donor: int | None, layer: int | None
+        self, shared: SharedModel, text: TextInput, condition: str, seed: int, donor: int | None, layer: Choice
     ) -> Values:
-        """Per controller, the values ``condition`` assigns to this text at ``layer`` only or everywhere, as the
+        """Per controller, the values ``condition`` assigns to this text at ``layer`` only (a decoder layer, a
+        controller's module path) or everywhere, as the
         audit assigns them (``TextReplays.values``); the static profiles first, an audit's saved ones when one
         matches."""
         shared.check_condition(condition)
         if condition_named(condition).static:
             shared.profiles()
         given = None if donor is None else engine_text(window_input(shared, donor))
-        return self.replays.values(shared.session, engine_text(text), condition, seed, given, layer)
+        at = shared.controllers_at(layer)
+        return self.replays.values(shared.session, engine_text(text), condition, seed, given, at)
 
     def replay(
         self,
@@ -296,11 +316,12 @@ class DashboardSession:
         shared: SharedModel,
         text: TextInput,
         condition: str,
-        layer: int | None,
+        layer: Choice,
         seed: int,
         donor: int | None,
     ) -> np.ndarray:
-        """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (None: all layers), cached per session; a NaN or
+        """Per-token NLL ``[T-1]`` of ``condition`` at ``layer`` (a decoder layer, a controller's module path; None:
+        all layers), cached per session; a NaN or
         inf is a UserError naming the condition and the window (``TextReplays.nll``)."""
         key = (name, str(shared.folder), text.key, condition, layer, seed, donor)
         with self._mutex:
@@ -310,7 +331,8 @@ class DashboardSession:
         if condition_named(condition).static and shared.has_coefficients:
             shared.profiles()
         given = None if donor is None else engine_text(window_input(shared, donor))
-        nll = self.replays.nll(shared.session, engine_text(text), condition, layer, seed, given).numpy()
+        at = shared.controllers_at(layer) if shared.has_coefficients else None
+        nll = self.replays.nll(shared.session, engine_text(text), condition, at, seed, given).numpy()
         with self._mutex:
             self.results[key] = nll
             while len(self.results) > self.max_results:
@@ -323,7 +345,7 @@ class DashboardSession:
         shared: SharedModel,
         text: TextInput,
         condition: str,
-        layer: int | None = None,
+        layer: Choice = None,
         seed: int = 0,
         donor: int | None = None,
     ) -> Analysis:
@@ -332,8 +354,7 @@ class DashboardSession:
         started = time.perf_counter()
         shared.check_condition(condition)
         named = condition_named(condition)
-        if layer is not None and not 0 <= layer < shared.num_layers:
-            raise UserError(f"layer {layer} does not exist: the model has {shared.num_layers} layers")
+        at = shared.controllers_at(layer) if shared.has_coefficients else None
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise UserError(f"seed must be a non-negative integer, got {seed!r}")
         notes = [text.note] if text.note else []
@@ -376,7 +397,7 @@ class DashboardSession:
                 )
             if shared.profiles_refused is not None:
                 notes.append(f"static profiles {shared.profiles_source}")
-        start = 0 if layer is None or not shared.has_coefficients else prefix.start_for(layer)
+        start = prefix.start_for(at) if at is not None else 0
         return Analysis(
             checkpoint=name,
             arch=shared.arch,
@@ -389,8 +410,9 @@ class DashboardSession:
             nll_condition=nll,
             coefficients_correct=_flat(prefix.coefficients),
             coefficients_condition=_flat([value[COEFFICIENT] for value in intervened]),
-            slot_labels=[shared.slot_labels(l) for l in range(shared.num_layers)] if shared.has_coefficients else [],
+            slot_labels=[shared.slot_labels(i) for i in range(len(shared.slot_shapes))],
             start_layer=start,
+            controller_labels=shared.controller_labels,
             retention=retention,
             nll_global_mean=nll_gm,
             profiles_source=shared.profiles_source if nll_gm is not None else None,

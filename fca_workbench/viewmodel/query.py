@@ -70,15 +70,18 @@ def _shown(key: str, value) -> str:
     return f"{QUERY_NAMES[key]}={text[:60]}"
 
 
-def choose(requested: dict, key: str, allowed: Iterable, default: Any, why: str) -> tuple[Any, str | None]:
+def choose(
+    requested: dict, key: str, allowed: Iterable, default: Any, why: str, shown: str | None = None
+) -> tuple[Any, str | None]:
     """``(value, message)``: the link's value for ``key`` when it is one of ``allowed``, else ``default`` and a
-    message naming the value, ``why`` (e.g. "is not a checkpoint of this server") and what is shown instead."""
+    message naming the value, ``why`` (e.g. "is not a checkpoint of this server") and what is shown instead
+    (``shown``, when the default's value alone would not say what it means)."""
     if key not in requested:
         return default, None
-    value = requested[key]
+    value = whole(requested[key])
     if isinstance(value, (str, int)) and not isinstance(value, bool) and value in allowed:
         return value, None
-    return default, f"the link's {_shown(key, value)} {why}; showing {default!r} instead"
+    return default, f"the link's {_shown(key, value)} {why}; showing {shown or repr(default)} instead"
 
 
 def whole(value: object) -> object:

@@ -89,6 +89,7 @@ def audit_tables(audit: dict) -> list:
         tables.execution_table([audit]),
         tables.positive_control_table([audit]),
         tables.per_layer_table([audit]),
+        tables.per_controller_table([audit]),
     )
     return [table for table in made if len(table)]
 
