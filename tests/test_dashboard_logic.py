@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fca_workbench.adapters.sites import chosen_controllers, controller_labels, site_choices
 from fca_workbench.cli import main
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.resources import checkpoints_dir
@@ -23,6 +24,7 @@ from fca_workbench.viewmodel.links import (
     WINDOW_SOURCE,
     Selection,
     fitted,
+    heat_controller,
     link_of,
     linked,
     opening_checkpoint,
@@ -120,16 +122,25 @@ def test_the_shipped_registry_opens_on_the_same_checkpoint_as_before():
 # ------------------------------------------------------------------------------------------------ links
 
 
-def fake_model(windows=6, layers=4, conditions=("correct", "token_shuffle", "cross_input", "layer_mean"), slots=3):
+def fake_model(
+    windows=6, layers=4, conditions=("correct", "token_shuffle", "cross_input", "layer_mean"), slots=3, per_layer=1
+):
+    """A checkpoint as the links see it: ``layers`` decoder layers of ``per_layer`` controllers each (none where it
+    has no slots)."""
     labels = [f"slot {i}" for i in range(slots)]
-    return SimpleNamespace(
+    names = [f"model.layers.{l}.mlp.gate{j}" for l in range(layers) for j in range(per_layer)] if slots else []
+    in_layer = [l for l in range(layers) for _ in range(per_layer)] if slots else []
+    model = SimpleNamespace(
         eval_windows=[None] * windows,
-        num_layers=layers,
         conditions=conditions,
         window=64,
         has_coefficients=bool(slots),
         all_slot_labels=lambda: labels,
+        site_choices=site_choices(names, in_layer),
+        controller_labels=controller_labels(names, in_layer),
     )
+    model.controllers_at = lambda at: chosen_controllers(at, names, in_layer)
+    return model
 
 
 def test_the_choices_fit_each_checkpoint():
@@ -146,6 +157,25 @@ def test_the_choices_fit_each_checkpoint():
         fake_model(slots=0), layer=ALL_LAYERS, heat_layer=0, slot=None, condition="correct", source=WINDOW_SOURCE
     )
     assert plain.slots == [] and plain.slot is None and plain.seed_disabled
+
+
+def test_a_layer_of_several_controllers_offers_them_together_or_one_alone():
+    model = fake_model(layers=2, per_layer=2)
+    fit = fitted(model, layer=None, heat_layer=0, slot=None, condition="correct", source=WINDOW_SOURCE)
+    assert fit.layers == {
+        "all layers": ALL_LAYERS,
+        "layer 0": 0,
+        "layer 1": 1,
+        **{f"model.layers.{l}.mlp.gate{j} alone": f"model.layers.{l}.mlp.gate{j}" for l in range(2) for j in range(2)},
+    }
+    assert list(fit.heat_layers) == [f"model.layers.{l}.mlp.gate{j}" for l in range(2) for j in range(2)]
+    values, notes = linked({"layer": "model.layers.1.mlp.gate0"}, model, [], "correct")
+    assert values["layer"] == "model.layers.1.mlp.gate0" and notes == []
+    assert linked({"layer": 1}, model, [], "correct")[0]["layer"] == 1
+    assert linked({"layer": 3}, model, [], "correct")[0]["layer"] == ALL_LAYERS  # controller 3 is not a layer
+    link = link_of("live", Selection(checkpoint="a", layer="model.layers.1.mlp.gate1"), None, 3, None)
+    assert link["layer"] == "model.layers.1.mlp.gate1"
+    assert heat_controller(model, 1) == 2 and heat_controller(model, "model.layers.1.mlp.gate1") == 3
 
 
 def test_a_link_is_checked_against_the_checkpoint():
@@ -194,7 +224,10 @@ def test_a_link_is_checked_against_the_checkpoint():
         "heat_slot": "slot 0",
     }
     assert notes[0] == "the link was to pasted text, which a link does not carry; showing an eval window instead"
-    assert "the link's layer=99 is not an integer in 0–3; showing all layers instead" in notes
+    assert (
+        "the link's layer=99 is neither a decoder layer with a controller nor a controller's module path; showing "
+        "all layers instead" in notes
+    )
     assert (
         "the link's intervention='bogus' is not an intervention of this checkpoint; showing 'layer_mean' instead"
         in notes
