@@ -104,7 +104,7 @@ def test_replay_never_calls_a_controller(tiny_checkpoints, tmp_path):
     handles = [c.register_forward_hook(lambda *_: calls.append(1)) for c in model.controllers]
     for condition in CONDITIONS[1:]:
         replay_nll(model, windows, cache, condition, profiles, seed=3)
-        replay_nll(model, windows, cache, condition, profiles, seed=3, layer=1)
+        replay_nll(model, windows, cache, condition, profiles, seed=3, controllers=[1])
     assert calls == []
     for handle in handles:
         handle.remove()

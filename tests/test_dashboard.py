@@ -173,7 +173,7 @@ def test_every_condition_with_donor_seed_and_retention(shared_models, arch):
     assert len(pasted.tokens) == len(pasted.coefficients_condition[0])
     with pytest.raises(UserError, match="unknown intervention"):
         session.analyse(arch, model, text, "bogus")
-    with pytest.raises(UserError, match="layer 9 does not exist"):
+    with pytest.raises(UserError, match="decoder layer 9 holds no controller"):
         session.analyse(arch, model, text, "correct", layer=9)
     with pytest.raises(UserError, match="does not exist"):
         session.analyse(arch, model, text, "cross_input", donor=99)
@@ -199,7 +199,7 @@ def test_moe_every_condition_replays_through_the_protocol(moe_model):
     from fca_workbench.data.windows import load_windows
 
     model, session, controlled = moe_model, DashboardSession(), moe_model.model
-    assert model.conditions[-1] == "layer_mean_topk" and model.num_layers == 2
+    assert "layer_mean_topk" in model.conditions and model.site_choices == {"layer 0": 0, "layer 1": 1}
     assert model.all_slot_labels() == ["expert 0", "expert 1", "expert 2", "expert 3"]
     text = window_input(model, 1)
     length = text.ids.shape[1]
@@ -888,7 +888,7 @@ def test_a_link_reproduces_the_view_and_a_bad_link_gives_a_message(served, brows
     )
     summary = page.locator(".fca-summary").inner_text()
     assert (
-        re.search(r"layer\s+layer 1", summary)
+        re.search(r"intervened at\s+layer 1", summary)
         and "(prefix cache)" in summary
         and re.search(r"donor window\s+2", summary)
         and re.search(r"seed\s+5", summary)
