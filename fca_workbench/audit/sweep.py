@@ -103,7 +103,7 @@ def prefix_window_nll(
 
     Batches follow the cache's shards, as in ``replay_nll``, so the arithmetic is the full forward's.
     """
-    assigners = {c: ConditionCoefficients(c, cache, profiles, seed) for c in conditions}
+    assigners = {c: ConditionCoefficients(c, cache, profiles, seed, tokens=windows) for c in conditions}
     model.eval()
     parts: dict[tuple[int, str], list[torch.Tensor]] = {
         (layer, c): [] for layer in range(cache.num_layers) for c in conditions
