@@ -56,8 +56,7 @@ class Assignment(Protocol):
 
     @property
     def tokens(self) -> torch.Tensor:
-        """The windows' token ids ``[B, T]``: position t's coefficients are computed where token ``tokens[:, t]`` is
-        read."""
+        """The windows' token ids ``[B, T]``."""
         ...
 
     def donor(self) -> Values:
@@ -79,8 +78,7 @@ class Assignment(Protocol):
         ...
 
     def token_profile(self, name: str) -> Values:
-        """The calibration set's per-token profile ``name`` looked up at each position's token id (a token the
-        calibration set never held gets its row for unseen tokens): a coefficient only."""
+        """The calibration set's per-token profile ``name`` looked up at each position's token id: a coefficient."""
         ...
 
     def random_experts(self) -> Values:
@@ -165,16 +163,9 @@ class Condition:
     @property
     def not_exportable(self) -> str:
         """Why ``fca export`` cannot fold it into one weight set (empty: it can)."""
-        if not self.static:
-            return "reads a text's own cached values: it is not static"
-        if self.per_position:
-            return "depends on the position; a static model has one set of weights for every position"
-        if self.per_token:
-            return (
-                "is a lookup by token id (for a router, a token → experts table): no plain transformers checkpoint"
-                " holds one, so it is replayed by the workbench only (fca audit, fca eval)"
-            )
-        return ""
+        if self.static and self.per_token:
+            return "is a lookup by token id (a router's: token → experts), which no plain transformers checkpoint holds"
+        return "" if self.exportable else "depends on the position or the text; a static model has one set of weights"
 
 
 def own_values(assignment: Assignment) -> Values:
@@ -201,6 +192,10 @@ def random_experts(assignment: Assignment) -> Values:
     return assignment.random_experts()
 
 
+def token_means(assignment: Assignment) -> Values:
+    return assignment.token_profile(LAYER_TOKEN_MEAN)
+
+
 def static_profile(name: str) -> Assign:
     """The assignment of the built-in profile ``name``: that profile of the calibration set, everywhere."""
 
@@ -208,16 +203,6 @@ def static_profile(name: str) -> Assign:
         return assignment.profile(name)
 
     assign.__name__ = assign.__qualname__ = f"static_profile_{name}"
-    return assign
-
-
-def token_profile(name: str) -> Assign:
-    """The assignment of the built-in per-token profile ``name``: that profile looked up at each token id."""
-
-    def assign(assignment: Assignment) -> Values:
-        return assignment.token_profile(name)
-
-    assign.__name__ = assign.__qualname__ = f"token_profile_{name}"
     return assign
 
 
@@ -331,7 +316,7 @@ VOCABULARY = tuple(  # the built-in conditions, in report order
             "per layer, slot and token id (calibration mean, shrunk toward layer_mean for rare tokens; routers: its"
             " top k experts): a lookup by the current token",
             PROFILE,
-            token_profile(LAYER_TOKEN_MEAN),
+            token_means,
             retention=True,
             reference=RANDOM_TOPK,
             per_token=True,
