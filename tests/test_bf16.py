@@ -109,6 +109,6 @@ def test_a_static_profile_equal_to_the_live_coefficients_replays_exactly_in_bflo
     model = load_controlled(tiny_checkpoints.get(name) or foreign[name], torch.bfloat16)
     window = torch.randint(0, zoo.VOCAB, (1, 32), generator=torch.Generator().manual_seed(3))
     cache = capture(model, window, tmp_path / "cache", batch_size=1)
-    profiles = calibration_profiles(cache)
+    profiles = calibration_profiles(cache, window)
     replayed = replay_nll(model, window, cache, "layer_position_mean", profiles)
     assert torch.equal(replayed, cache.nll([0]))

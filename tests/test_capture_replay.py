@@ -252,11 +252,22 @@ def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, w
             for layer, c in enumerate(own)
         ]
         for name in STATIC_PROFILES
+        if name != "layer_token_mean"
     }
     profiles["layer_position_mean"] = [c.mean(0) for c in own]
     for name, profile in profiles.items():
         expected = frozen_nll(model, windows, [p.expand_as(c) for p, c in zip(profile, own)])
         torch.testing.assert_close(replay_nll(model, windows, cache, name, profiles), expected, rtol=0, atol=1e-5)
+    ids = windows.unique()
+    rows = torch.linspace(0.5, 1.5, len(ids) + 1)  # a value per token id, then the one for unseen tokens
+    profiles["layer_token_mean"] = [rows.view(-1, *[1] * (c.dim() - 2)).expand(-1, *c.shape[2:]) for c in own]
+    profiles["token_ids"] = [ids for _ in own]
+    by_token = rows[torch.searchsorted(ids, windows)]
+    expected = frozen_nll(
+        model, windows, [by_token.view(*windows.shape, *[1] * (c.dim() - 2)).expand_as(c) for c in own]
+    )
+    replayed = replay_nll(model, windows, cache, "layer_token_mean", profiles)
+    torch.testing.assert_close(replayed, expected, rtol=0, atol=1e-5)
     one_layer = [profiles["layer_mean"][1].expand_as(c) if layer == 1 else c for layer, c in enumerate(own)]
     torch.testing.assert_close(
         replay_nll(model, windows, cache, "layer_mean", profiles, layer=1),

@@ -14,7 +14,13 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.data.windows import load_windows
 from fca_workbench.models import next_token_nll
-from fca_workbench.results.conditions import GLOBAL_MEAN, LAYER_MEAN_TOPK, RANDOM_TOPK, condition_named
+from fca_workbench.results.conditions import (
+    GLOBAL_MEAN,
+    LAYER_MEAN_TOPK,
+    LAYER_TOKEN_MEAN,
+    RANDOM_TOPK,
+    condition_named,
+)
 from fca_workbench.results.report import format_report
 from fca_workbench.results.verdicts import staticness_verdict
 
@@ -80,7 +86,7 @@ def test_every_retention_has_both_ends_and_its_reference(routed):
     window = per_token.groupby(["condition", "window"], observed=True)["nll"].mean().unstack("window")
     mean = window.mean(axis=1)
     for profile, retention in audit["retention"].items():
-        reference = RANDOM_TOPK if profile == LAYER_MEAN_TOPK else GLOBAL_MEAN
+        reference = RANDOM_TOPK if profile in (LAYER_MEAN_TOPK, LAYER_TOKEN_MEAN) else GLOBAL_MEAN
         assert retention["reference"] == reference
         gap = mean[reference] - mean["correct"]
         assert retention["denominator"]["value"] == pytest.approx(gap, abs=1e-6)

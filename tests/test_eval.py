@@ -332,9 +332,11 @@ def test_generation_is_greedy_under_the_condition(tiny_mixtral):
     for row, text in zip(out, texts):
         reference = model.model.generate(torch.tensor([text]), max_new_tokens=new, do_sample=False, min_new_tokens=new)
         assert row[width:].tolist() == reference[0, len(text) :].tolist()
+    calibration = torch.tensor([texts[1]])
     with torch.no_grad():
-        _, values = model.capture_run(torch.tensor([texts[1]]))
-    profiles = profiles_of([[v["coefficient"] for v in values]], routing_top_k(values))
+        _, values = model.capture_run(calibration)
+    batches = [(calibration, [v["coefficient"] for v in values])]
+    profiles = profiles_of(batches, routing_top_k(values), calibration.unique())
     lm.use(ConditionLogits(session_of(model, profiles), "layer_mean"))
     ids = list(texts[0])
     for _ in range(new):
@@ -372,7 +374,8 @@ def test_rolling_loglikelihood_is_the_frozen_models(tiny_mixtral):
     ids = torch.tensor([[tokenizer.eos_token_id, *tokenizer.encode(text)]])
     with torch.no_grad():
         _, values = model.capture_run(ids)
-        profiles = profiles_of([[v["coefficient"] for v in values]], routing_top_k(values))
+        batches = [(ids, [v["coefficient"] for v in values])]
+        profiles = profiles_of(batches, routing_top_k(values), ids.unique())
         slots, scalars = model.coefficient_slot_shapes, profiles["layer_scalar"]
         replayed = [{"coefficient": p.expand(1, ids.shape[1], *slot)} for p, slot in zip(scalars, slots)]
         logprobs = model.replay_run(ids, replayed)[0, :-1].double().log_softmax(-1)

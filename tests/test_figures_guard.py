@@ -81,7 +81,8 @@ def captured(tmp_path_factory):
     model = tiny_model("featuregate")
     windows = torch.randint(0, 64, (6, 16), generator=torch.Generator().manual_seed(3))
     cache = capture(model, windows, root / "eval", batch_size=2)
-    profiles = calibration_profiles(capture(model, windows.flip(0), root / "calibration", batch_size=2))
+    calibration = windows.flip(0)
+    profiles = calibration_profiles(capture(model, calibration, root / "calibration", batch_size=2), calibration)
     return model, windows, cache, profiles
 
 

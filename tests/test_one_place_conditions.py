@@ -79,7 +79,7 @@ def test_the_scan_finds_a_spelled_collection(tmp_path):
 def test_every_condition_has_help_and_the_cli_lists_it():
     assert all(c.help for c in VOCABULARY) and condition_names()[: len(ALL_CONDITIONS)] == ALL_CONDITIONS
     seeded = tuple(c.name for c in VOCABULARY if c.seeded)
-    assert REASSIGNMENTS == seeded == ("cross_input", "token_shuffle", "causal_shuffle")
+    assert REASSIGNMENTS == seeded == ("cross_input", "same_token", "token_shuffle", "causal_shuffle")
     assert all(c.intervention for c in VOCABULARY if c.seeded)
     audit_help = build_parser()._subparsers._group_actions[0].choices["audit"].format_help()
     assert conditions_epilog() in audit_help
@@ -206,7 +206,7 @@ def assert_mini_audit_equals_the_audit(folder, model, tmp_path) -> dict:
 def test_mini_audit_of_a_featuregate_equals_the_audit(tiny_checkpoints, tmp_path):
     folder = tiny_checkpoints["featuregate"]
     audit = assert_mini_audit_equals_the_audit(folder, load_model(folder), tmp_path)
-    assert list(audit["retention"]) == ["layer_mean", "layer_scalar", "layer_position_mean"]
+    assert list(audit["retention"]) == ["layer_mean", "layer_scalar", "layer_position_mean", "layer_token_mean"]
 
 
 def test_mini_audit_of_a_router_model_equals_the_audit_which_reports_layer_mean_topk(tiny_mixtral, tmp_path):

@@ -133,7 +133,8 @@ def test_batched_variants_equal_one_at_a_time(model):
 def test_sweep_rows_equal_the_full_forward_sweep(model, tmp_path):
     windows = random_windows(5, 16, seed=1)
     cache = capture(model, windows, tmp_path / "eval", batch_size=3)
-    profiles = calibration_profiles(capture(model, random_windows(4, 16, seed=2), tmp_path / "calib", batch_size=4))
+    calibration = random_windows(4, 16, seed=2)
+    profiles = calibration_profiles(capture(model, calibration, tmp_path / "calib", batch_size=4), calibration)
     with counting(model.blocks) as calls:  # two conditions per pass: a router's whole output beside a profile
         prefix_nll, prefix_correct = prefix_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu", group=2)
     full_nll, full_correct = full_forward_window_nll(model, windows, cache, SWEPT, profiles, 0, "cpu")

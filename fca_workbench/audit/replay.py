@@ -45,7 +45,7 @@ def replay_nll(
         nll = cache.nll(indices)
         require_finite(nll, "NLL", named, indices)
         return nll
-    assign = ConditionCoefficients(condition, cache, profiles, seed, controllers)
+    assign = ConditionCoefficients(condition, cache, profiles, seed, controllers, windows)
     model.eval()
     rows = []
     for indices in progress(batches, desc=condition, leave=False, disable=len(batches) < 2):

@@ -42,6 +42,7 @@ from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import check_correct_replay
 from fca_workbench.audit.inputs import CALIBRATION, EVAL, audit_windows, data_summary, load_audit_model
 from fca_workbench.audit.interventions import derangement, routing_top_k
+from fca_workbench.audit.lexical import vocabulary, with_kept_own
 from fca_workbench.audit.metrics import VarianceAccumulator, condition_figures, retention_figures
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.settings import AuditSettings
@@ -255,9 +256,11 @@ class ReplaySession:
             if "_profiles" not in self.__dict__:
                 if self.cache_root is not None:
                     cache = self.cache(CALIBRATION)
-                    self._profiles = calibration_profiles(cache, self.ranks.share(cache.num_shards()), self.ranks.sum)
+                    windows, shards = self.windows(CALIBRATION), self.ranks.share(cache.num_shards())
+                    self._profiles = calibration_profiles(cache, windows, shards, self.ranks.sum)
                 else:
-                    self._profiles = profiles_of(self._live_batches(self.windows(CALIBRATION)), self.router_top_k)
+                    windows = self.windows(CALIBRATION)
+                    self._profiles = profiles_of(self._live_batches(windows), self.router_top_k, vocabulary(windows))
             return self._profiles
 
     def use_profiles(self, profiles: Profiles) -> None:
@@ -269,11 +272,11 @@ class ReplaySession:
         """The calibration profiles when some of ``conditions`` is static (estimated then), else None."""
         return self.profiles if any(condition_named(c).static for c in conditions) else None
 
-    def _live_batches(self, windows: torch.Tensor) -> Iterable[list[torch.Tensor]]:
+    def _live_batches(self, windows: torch.Tensor) -> Iterable[tuple[torch.Tensor, list[torch.Tensor]]]:
         for start in range(0, len(windows), self.batch_size):
             with self.lock, torch.no_grad():
                 _, values = forward_nll(self.model, windows[start : start + self.batch_size].to(self.device))
-            yield [value[COEFFICIENT] for value in values]
+            yield windows[start : start + self.batch_size], [value[COEFFICIENT] for value in values]
             if self.on_profile_batch is not None:
                 self.on_profile_batch(min(start + self.batch_size, len(windows)), len(windows))
 
@@ -316,7 +319,9 @@ class ReplaySession:
         key = (condition, None if controllers is None else tuple(controllers))
         if key not in self._assigners:
             profiles = self.profiles_for([condition])
-            self._assigners[key] = ConditionCoefficients(condition, self.eval_cache, profiles, self.seed, key[1])
+            self._assigners[key] = ConditionCoefficients(
+                condition, self.eval_cache, profiles, self.seed, key[1], self.windows(EVAL)
+            )
         return self._assigners[key]
 
     def values(self, condition: str, indices: torch.Tensor, controllers: Sequence[int] | None = None) -> Values:
@@ -394,9 +399,9 @@ class ReplaySession:
         self.model.eval()
         if condition_named(condition).baseline:
             return self.model(input_ids).logits
-        values = static_values(
-            condition, self.profiles_for([condition]), self.model.coefficient_slot_shapes, *input_ids.shape
-        )
+        batch, length = input_ids.shape
+        shapes = self.model.coefficient_slot_shapes
+        values = static_values(condition, self.profiles_for([condition]), shapes, batch, length, input_ids)
         return self.model.replay_run(input_ids, placed(self.model, values, input_ids.device))
 
     # -- figures --------------------------------------------------------------------------------------
@@ -405,8 +410,10 @@ class ReplaySession:
         """``replay_check``, ``conditions`` and ``retention`` of ``audit.json`` from the per-token NLLs of every
         replayed condition (every window, in order): the frozen ``correct`` checked against the live run within
         the model's ``replay_tolerance`` (or the audit stops), NLL and ΔNLL against the reference with bootstrap
-        CIs, and the gap retention of every replayed profile the vocabulary reports."""
-        return replay_figures(per_token, counts, self.has_controller, self.model.replay_tolerance)
+        CIs, the gap retention of every replayed profile the vocabulary reports, and ``kept_own`` beside a condition
+        that reads ``same_token`` (``lexical.with_kept_own``)."""
+        figures = replay_figures(per_token, counts, self.has_controller, self.model.replay_tolerance)
+        return with_kept_own(figures, self.windows(EVAL), self.seed)
 
     def spread(self) -> dict:
         """``variance`` and ``variation`` of ``audit.json``: the decomposition and variation of the cached eval

@@ -119,7 +119,7 @@ def prefix_window_nll(
 
     Batches follow the cache's shards, as in ``replay_nll``, so the arithmetic is the full forward's.
     """
-    assigners = {c: ConditionCoefficients(c, cache, profiles, seed) for c in conditions}
+    assigners = {c: ConditionCoefficients(c, cache, profiles, seed, tokens=windows) for c in conditions}
     model.eval()
     swept = sites(model.controller_layers)
     parts: dict[tuple[Site, str], list[torch.Tensor]] = {(site, c): [] for site in swept for c in conditions}

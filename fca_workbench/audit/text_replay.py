@@ -17,7 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from fca_workbench.audit.assignment import Values, assigned_values, placed
+from fca_workbench.audit.forward import forward_nll
 from fca_workbench.audit.guard import applied_at, require_finite
+from fca_workbench.audit.inputs import EVAL
+from fca_workbench.audit.lexical import TokenPool
 from fca_workbench.audit.prefix import PrefixCache, PrefixStore
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.results.conditions import condition_named
@@ -33,6 +36,16 @@ class Text:
     @property
     def key(self) -> tuple[str, int | tuple[int, ...]]:
         return ("window", self.window) if self.window is not None else ("text", tuple(self.ids[0].tolist()))
+
+
+def eval_values(session: ReplaySession, indices: torch.Tensor) -> Values:
+    """Per controller, the values of the session's eval windows ``indices`` on the CPU: its eval cache's where it
+    keeps one, else a live run of those windows (the dashboard's session keeps no cache)."""
+    if session.cache_root is not None:
+        return session.eval_cache.values(indices)
+    with session.lock, torch.no_grad():
+        values = forward_nll(session.model, session.windows(EVAL)[indices].to(session.device))[1]
+    return [{name: t.cpu() for name, t in value.items()} for value in values]
 
 
 class TextReplays:
@@ -56,14 +69,18 @@ class TextReplays:
         controllers: Sequence[int] | None,
     ) -> Values:
         """Per controller, what ``condition`` assigns to the text (``donor``'s values, read when the condition asks
-        for them) at ``controllers`` only (indices) or everywhere, as the audit assigns them (``assigned_values``, the session's
-        profiles), placed where the model replays them."""
+        for them; ``same_token``'s donors among the session's eval windows, ``eval_values``) at ``controllers`` only
+        (indices) or everywhere, as the audit assigns them (``assigned_values``, the session's profiles), placed where
+        the model replays them."""
         own = self.prefix(session, text).values
         given = None if donor is None else functools.partial(lambda donor: self.prefix(session, donor).values, donor)
         profiles = session.profiles_for([condition])
         slot_shapes = [tuple(s) for s in session.model.coefficient_slot_shapes]
-        window = torch.tensor([text.window or 0])
-        values = assigned_values(condition, own, given, profiles, slot_shapes, window, seed, controllers)
+        window = torch.tensor([-1 if text.window is None else text.window])
+        pool = TokenPool(session.windows(EVAL), functools.partial(eval_values, session), session.batch_size)
+        values = assigned_values(
+            condition, own, given, profiles, slot_shapes, window, seed, controllers, text.ids, pool
+        )
         return placed(session.model, values, session.device)
 
     def nll(

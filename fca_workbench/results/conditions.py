@@ -54,6 +54,11 @@ class Assignment(Protocol):
         """The eval windows' indices ``[B]``."""
         ...
 
+    @property
+    def tokens(self) -> torch.Tensor:
+        """The windows' token ids ``[B, T]``."""
+        ...
+
     def donor(self) -> Values:
         """Another eval window's cached values: the audit's seeded derangement, or the donor the user picked."""
         ...
@@ -63,8 +68,17 @@ class Assignment(Protocol):
         same at every controller; ``causal``: position t gets a random position at or before it instead."""
         ...
 
+    def same_token(self) -> Values:
+        """Per position, the values another eval window computed at a position holding the same token id (a donor
+        drawn uniformly among them, seeded by window); a position whose token no other window holds keeps its own."""
+        ...
+
     def profile(self, name: str) -> Values:
         """The calibration set's static profile ``name`` at every position: a coefficient only."""
+        ...
+
+    def token_profile(self, name: str) -> Values:
+        """The calibration set's per-token profile ``name`` looked up at each position's token id: a coefficient."""
         ...
 
     def random_experts(self) -> Values:
@@ -83,11 +97,14 @@ class Condition:
     ``kind``: ``live`` (the controller running; ``assign`` None: nothing is replayed), ``own`` (each window's
     cached values), ``reassignment`` (cached values moved between windows or positions, by a seed) or ``profile``
     (built from static profiles of the calibration set only, so it applies to any text). ``uses_donor``: it reads
-    ``Assignment.donor`` (the dashboard then offers a donor). ``routers_only``: replayed only for models whose
+    ``Assignment.donor`` (the dashboard then offers a donor). ``uses_same_token``: it reads ``Assignment.same_token``
+    (the audit records how many eval positions kept their own values, their token being in no other window).
+    ``routers_only``: replayed only for models whose
     controllers are top-k routers. ``retention``: its gap retention is reported. ``retention_end``: ``top`` for the
     reference the gap starts at (retention 1), ``bottom`` for its low end (retention 0). ``headline``: shown first
     where a summary has room for a few. ``per_position``: a profile that differs by position (no static model has
-    it). ``built_in``: declared here rather than registered by a user. ``reference``: the condition at the low end of
+    it). ``per_token``: a profile looked up by each position's token id (a table, not one weight set). ``built_in``:
+    declared here rather than registered by a user. ``reference``: the condition at the low end of
     its retention's gap when that is not ``LOW`` (a router's top-k profile: the compute-matched ``random_topk``)."""
 
     name: str
@@ -102,6 +119,8 @@ class Condition:
     per_position: bool = False
     built_in: bool = False
     reference: str | None = None
+    uses_same_token: bool = False
+    per_token: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -138,8 +157,15 @@ class Condition:
 
     @property
     def exportable(self) -> bool:
-        """Whether one weight set holds it (``fca export``): static and the same at every position."""
-        return self.static and not self.per_position
+        """Whether one weight set holds it (``fca export``): static, the same at every position and for every token."""
+        return self.static and not self.per_position and not self.per_token
+
+    @property
+    def not_exportable(self) -> str:
+        """Why ``fca export`` cannot fold it into one weight set (empty: it can)."""
+        if self.static and self.per_token:
+            return "is a lookup by token id (a router's: token → experts), which no plain transformers checkpoint holds"
+        return "" if self.exportable else "depends on the position or the text; a static model has one set of weights"
 
 
 def own_values(assignment: Assignment) -> Values:
@@ -158,8 +184,16 @@ def causally_shuffled_positions(assignment: Assignment) -> Values:
     return assignment.shuffled(causal=True)
 
 
+def same_token_values(assignment: Assignment) -> Values:
+    return assignment.same_token()
+
+
 def random_experts(assignment: Assignment) -> Values:
     return assignment.random_experts()
+
+
+def token_means(assignment: Assignment) -> Values:
+    return assignment.token_profile(LAYER_TOKEN_MEAN)
 
 
 def static_profile(name: str) -> Assign:
@@ -176,6 +210,7 @@ def static_profile(name: str) -> Assign:
 UNPERTURBED = "unperturbed"
 CORRECT = "correct"
 CROSS_INPUT = "cross_input"
+SAME_TOKEN = "same_token"
 TOKEN_SHUFFLE = "token_shuffle"
 CAUSAL_SHUFFLE = "causal_shuffle"
 GLOBAL_MEAN = "global_mean"
@@ -184,6 +219,7 @@ LAYER_MEAN = "layer_mean"
 LAYER_POSITION_MEAN = "layer_position_mean"
 LAYER_MEAN_TOPK = "layer_mean_topk"
 RANDOM_TOPK = "random_topk"
+LAYER_TOKEN_MEAN = "layer_token_mean"
 
 VOCABULARY = tuple(  # the built-in conditions, in report order
     replace(c, built_in=True)
@@ -203,6 +239,15 @@ VOCABULARY = tuple(  # the built-in conditions, in report order
             donor_values,
             uses_donor=True,
             headline=True,
+        ),
+        Condition(
+            SAME_TOKEN,
+            "per position, the coefficients another eval window computed at a position holding the same token id"
+            " (seeded); a token no other window holds keeps its own",
+            REASSIGNMENT,
+            same_token_values,
+            headline=True,
+            uses_same_token=True,
         ),
         Condition(
             TOKEN_SHUFFLE,
@@ -265,6 +310,16 @@ VOCABULARY = tuple(  # the built-in conditions, in report order
             PROFILE,
             random_experts,
             routers_only=True,
+        ),
+        Condition(
+            LAYER_TOKEN_MEAN,
+            "per layer, slot and token id (calibration mean, shrunk toward layer_mean for rare tokens; routers: its"
+            " top k experts): a lookup by the current token",
+            PROFILE,
+            token_means,
+            retention=True,
+            reference=RANDOM_TOPK,
+            per_token=True,
         ),
     )
 )
