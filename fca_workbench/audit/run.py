@@ -112,7 +112,8 @@ def audit_model(
     session = ReplaySession.of_model(
         controlled_model(model, chosen.controllers, chosen.only_controllers), tokenizer, chosen, folder
     )
-    config_record = config.to_dict() if hasattr(config, "to_dict") else {"model_type": name}
+    to_dict = getattr(config, "to_dict", None)
+    config_record = to_dict() if callable(to_dict) else {"model_type": name}
     source = {"path": f"{IN_MEMORY}{name}", "hub": None, "configuration": configuration(config_record)}
     audit = audit_session(session, folder, source, lock_wait)
     assert audit is not None  # one process: it leads
