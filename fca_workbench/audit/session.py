@@ -325,9 +325,8 @@ class ReplaySession:
         return self._assigners[key]
 
     def values(self, condition: str, indices: torch.Tensor, controllers: Sequence[int] | None = None) -> Values:
-        """Per controller, the cached values ``condition`` assigns to eval windows ``indices`` (at ``controllers``
-        only, indices: one decoder layer's or one controller; None: everywhere), on the CPU in the dtype
-        captured."""
+        """Per controller, the cached values ``condition`` assigns to eval windows ``indices`` at ``controllers``
+        only (None: everywhere), on the CPU in the dtype captured."""
         if condition_named(condition).live:
             return self.eval_cache.values(indices)
         return self._assigner(condition, controllers).values(indices)
@@ -355,10 +354,9 @@ class ReplaySession:
         batches: Sequence[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Per-token NLL ``[N, T-1]`` of every eval window (with ``shards``, one rank's share: those shards'
-        windows; with ``batches``, those windows) under ``condition``, at ``controllers`` alone (indices: one decoder layer's, ``layer_controllers``, or one
-        controller) or everywhere
-        (``replay.replay_nll``: batches follow the cache's shards, so ``correct`` repeats capture's arithmetic
-        exactly; a NaN or inf stops it)."""
+        windows; with ``batches``, those windows) under ``condition``, at ``controllers`` alone (one decoder
+        layer's or one controller's indices) or everywhere (``replay.replay_nll``: batches follow the cache's
+        shards, so ``correct`` repeats capture's arithmetic exactly; a NaN or inf stops it)."""
         profiles = self.profiles_for([condition])
         return replay_nll(
             self.model,
@@ -410,8 +408,7 @@ class ReplaySession:
         """``replay_check``, ``conditions`` and ``retention`` of ``audit.json`` from the per-token NLLs of every
         replayed condition (every window, in order): the frozen ``correct`` checked against the live run within
         the model's ``replay_tolerance`` (or the audit stops), NLL and ΔNLL against the reference with bootstrap
-        CIs, the gap retention of every replayed profile the vocabulary reports, and ``kept_own`` beside a condition
-        that reads ``same_token`` (``lexical.with_kept_own``)."""
+        CIs, the retention of every replayed profile, ``kept_own`` beside ``same_token`` (``lexical.with_kept_own``)."""
         figures = replay_figures(per_token, counts, self.has_controller, self.model.replay_tolerance)
         return with_kept_own(figures, self.windows(EVAL), self.seed)
 
