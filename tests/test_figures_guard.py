@@ -131,15 +131,17 @@ def test_verdicts_refuse_a_figure_that_is_not_finite(healthy):
 
 
 def test_a_retention_ci_the_resamples_leave_unbounded_is_null_not_infinite():
-    """Two windows: every resample that draws one window twice has no gap (a ratio over 0)."""
+    """Two windows: every resample that draws one window twice has no gap (a ratio over 0), so the gap's CI holds
+    0: no ratio at all, and nothing infinite in the file."""
     window_nll = {
         "global_mean": torch.tensor([1.0, 2.0], dtype=torch.float64),
         "correct": torch.tensor([1.0, 1.0], dtype=torch.float64),
         "layer_mean": torch.tensor([2.0, 1.5], dtype=torch.float64),
     }
     retention = gap_retention(window_nll, "layer_mean", bootstrap_counts(2, 200))
-    assert retention["value"] == pytest.approx((1.5 - 1.75) / (1.5 - 1.0))
-    assert all(end is None or abs(end) < float("inf") for end in retention["ci95"])
+    assert retention["denominator"]["value"] == pytest.approx(1.5 - 1.0)
+    assert retention["denominator"]["ci95"][0] == 0.0
+    assert (retention["value"], retention["ci95"], retention["resolved"]) == (None, [None, None], False)
     json.dumps(retention, allow_nan=False)
 
 

@@ -207,11 +207,17 @@ def window_nlls(draw):
 @given(nll=window_nlls(), seed=seeds)
 def test_gap_retention_equals_the_formula_on_every_resample(nll, seed):
     g, p, c = nll["global_mean"], nll["layer_mean"], nll["correct"]
-    assume(abs(g.mean() - c.mean()) > 1e-3)
     counts = bootstrap_counts(len(c), resamples=200, seed=seed)
-    got = gap_retention({k: torch.from_numpy(v) for k, v in nll.items()}, "layer_mean", counts)
-    assert got["value"] == pytest.approx((g.mean() - p.mean()) / (g.mean() - c.mean()), rel=1e-9, abs=1e-12)
     w = counts.numpy() / len(c)
+    gap_low, gap_high = np.percentile(w @ g - w @ c, [2.5, 97.5])
+    got = gap_retention({k: torch.from_numpy(v) for k, v in nll.items()}, "layer_mean", counts)
+    assert got["denominator"]["value"] == pytest.approx(g.mean() - c.mean(), rel=1e-9, abs=1e-12)
+    assert got["numerator"]["value"] == pytest.approx(g.mean() - p.mean(), rel=1e-9, abs=1e-12)
+    assert got["resolved"] == bool(gap_low > 0 or gap_high < 0)
+    if not got["resolved"]:  # a gap whose CI holds 0: no ratio
+        assert got["value"] is None and got["ci95"] == [None, None]
+        return
+    assert got["value"] == pytest.approx((g.mean() - p.mean()) / (g.mean() - c.mean()), rel=1e-9, abs=1e-12)
     ratios = (w @ g - w @ p) / (w @ g - w @ c)
     np.testing.assert_allclose(got["ci95"], np.nanpercentile(ratios, [2.5, 97.5]), rtol=1e-9, atol=1e-12)
 
@@ -221,10 +227,9 @@ def test_gap_retention_equals_the_formula_on_every_resample(nll, seed):
 def test_gap_retention_is_undefined_without_a_gap(nll):
     nll = {**nll, "global_mean": nll["correct"].copy()}
     counts = bootstrap_counts(len(nll["correct"]), resamples=50, seed=0)
-    assert gap_retention({k: torch.from_numpy(v) for k, v in nll.items()}, "layer_mean", counts) == {
-        "value": None,
-        "ci95": [None, None],
-    }
+    got = gap_retention({k: torch.from_numpy(v) for k, v in nll.items()}, "layer_mean", counts)
+    assert (got["value"], got["ci95"], got["resolved"]) == (None, [None, None], False)
+    assert got["denominator"] == {"value": 0.0, "ci95": [0.0, 0.0]}
 
 
 @FAST
