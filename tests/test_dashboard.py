@@ -29,6 +29,7 @@ from fca_workbench.audit.interventions import derangement, position_permutations
 from fca_workbench.audit.session import DERANGEMENTS_KEPT
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import next_token_nll
+from fca_workbench.results.conditions import BASELINES
 from fca_workbench.viewmodel import (
     MAX_PASTE_CHARS,
     DashboardSession,
@@ -439,7 +440,8 @@ def test_audit_tables_are_the_audit_numbers(results_root):
     for name, figures in audit["conditions"].items():  # read back at full precision from the CSV the view offers
         assert conditions.loc[name, "delta_ci95_hi"] == figures["delta_ci95"][1]
     per_layer = made["per_layer"]
-    assert len(per_layer) == len(audit["per_layer"]) == 2 * 6  # 2 layers x the 6 reassigning conditions
+    intervening = [c for c in audit["conditions"] if c not in BASELINES]
+    assert len(per_layer) == len(audit["per_layer"]) == 2 * len(intervening)  # 2 layers x every intervention
     assert per_layer["delta"].tolist() == [row["delta"] for row in audit["per_layer"]]
     import io
 
