@@ -22,7 +22,14 @@ from fca_workbench.foundation.checkpoint import TRAIN_CARD_FILE
 from fca_workbench.foundation.errors import UserError, first_line
 from fca_workbench.foundation.files import inside_folder, read_json, schema_problem
 from fca_workbench.results.audit_tables import seed_summary
-from fca_workbench.results.conditions import CROSS_INPUT, REFERENCE, TOKEN_SHUFFLE
+from fca_workbench.results.conditions import (
+    CROSS_INPUT,
+    GLOBAL_MEAN,
+    LAYER_MEAN_TOPK,
+    RANDOM_TOPK,
+    REFERENCE,
+    TOKEN_SHUFFLE,
+)
 from fca_workbench.results.inference import contrast, holm_contrasts
 from fca_workbench.results.layout import STUDY_SUMMARY_FILE
 from fca_workbench.results.schema import audit_json_schema
@@ -150,13 +157,29 @@ def expert_entropy(execution: dict) -> float | None:
     return sum(per_layer) / len(per_layer) if per_layer else None
 
 
+def retention_against(summary: dict, profile: str, reference: str) -> float | None:
+    """``profile``'s retention against ``reference`` whichever way the run's audit recorded it (its own reference,
+    or among ``other_references``); None where the audit has none against it (audited before that reference
+    was replayed) or it does not resolve. Seeds are only ever averaged against one reference."""
+    figure = (summary.get("retention") or {}).get(profile)
+    if not figure:
+        return None
+    if figure.get("reference", GLOBAL_MEAN) != reference:
+        figure = (figure.get("other_references") or {}).get(reference) or {}
+    return figure.get("value")
+
+
 def derived_figures(summary: dict) -> dict:
     """The figures a study computes from a run's summary rather than reads (``derived.*`` in a ``StudyKind``):
-    the expert-use entropy, and the static export's cost, its eval NLL minus the model's (same eval windows)."""
+    the expert-use entropy, the static export's cost (its eval NLL minus the model's, same eval windows), and the
+    static top-k profile's retention against each reference, the all-expert mixture and the compute-matched
+    ``random_topk``."""
     export = summary.get("export_eval_nll")
     return {
         "expert_entropy": expert_entropy(summary.get("execution") or {}),
         "export_cost": None if export is None else round(export - summary["eval_nll"], 4),
+        "topk_vs_all_experts": retention_against(summary, LAYER_MEAN_TOPK, GLOBAL_MEAN),
+        "topk_vs_random_topk": retention_against(summary, LAYER_MEAN_TOPK, RANDOM_TOPK),
     }
 
 
