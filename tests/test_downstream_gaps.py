@@ -1,6 +1,7 @@
 """Downstream gaps with their errors (``downstream.clustered``, ``downstream.gaps``): the clustered standard error
 against a hand computation, the retention's interval, and no percentage from a gap that does not resolve."""
 
+import json
 import math
 
 import pytest
@@ -8,6 +9,9 @@ import pytest
 from fca_workbench.downstream.clustered import clustered_mean, clustered_ratio, critical
 from fca_workbench.downstream.gaps import gap, resolved, retention
 from fca_workbench.downstream.table import downstream_table, format_downstream, gap_table
+from fca_workbench.foundation.errors import UserError
+from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, OLDER_DOWNSTREAM_SCHEMAS, check_downstream
+from fca_workbench.results.outputs import refuse_foreign
 
 T2, T3 = 4.302652729911275, 3.182446305284263  # Student t 0.975 quantiles, 2 and 3 df (scipy.stats.t.ppf)
 
@@ -95,3 +99,17 @@ def test_an_unresolved_gap_gives_no_retention_and_prints_no_percentage():
     table = downstream_table([downstream])
     assert table.retention.isna().all() and table.reference.tolist()[2] == "global_mean"
     assert gap_table([downstream]).resolved.tolist() == ["no", "no"]
+
+
+def test_an_older_downstream_json_is_refused_in_one_line_and_fca_eval_may_replace_it(tmp_path):
+    """``fca-downstream/1`` (no clustered errors; a router's retention against global_mean) is not read as /2: one
+    line that says to rerun fca eval, which writes over it (a file of no fca schema is still refused)."""
+    path = tmp_path / "downstream.json"
+    path.write_text(json.dumps({"schema": "fca-downstream/1", "tasks": {}}))
+    with pytest.raises(UserError, match="older fca eval.*rerun fca eval") as refused:
+        check_downstream(json.loads(path.read_text()), path)
+    assert "\n" not in str(refused.value)
+    refuse_foreign(path, DOWNSTREAM_SCHEMA, older=OLDER_DOWNSTREAM_SCHEMAS)  # fca eval may replace it
+    path.write_text(json.dumps({"schema": "something-else/1"}))
+    with pytest.raises(UserError, match="is not a fca-downstream/2 file"):
+        refuse_foreign(path, DOWNSTREAM_SCHEMA, older=OLDER_DOWNSTREAM_SCHEMAS)
