@@ -9,7 +9,9 @@ each condition's log-likelihood of the true choice and of the distractors, and t
 The model, the calibration profiles and the lm-eval run are ``fca eval``'s own (``run_eval``'s session and
 ``evaluate``), so the accuracies equal the ``downstream.json`` of the same settings. Writes
 benchmarks/results/downstream_topk.json (per condition: accuracy by play and kind, mean log-likelihood per token of
-the true and the other choices, the share of items whose true choice beats the best distractor) and prints it.
+the true and the other choices, the mean margin of the true choice over the best distractor, how often the choice
+answered is the one of fewest tokens, and the accuracy difference against ``global_mean`` by kind, paired and
+clustered by play) and prints it.
 """
 
 import argparse
@@ -24,11 +26,12 @@ import lm_eval.evaluator
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
+from fca_workbench.downstream.clustered import clustered_mean
 from fca_workbench.downstream.eval_settings import EvalSettings, comma_names
 from fca_workbench.downstream.evaluation import BOOTSTRAP_ITERS, load_tasks, resolve_tasks
 from fca_workbench.downstream.frozen import ConditionLogits
 from fca_workbench.downstream.lm import WorkbenchLM
-from fca_workbench.results.conditions import LAYER_MEAN, LAYER_MEAN_TOPK
+from fca_workbench.results.conditions import GLOBAL_MEAN, LAYER_MEAN, LAYER_MEAN_TOPK
 
 RESULTS = Path(__file__).resolve().parent / "results" / "downstream_topk.json"
 
@@ -71,7 +74,26 @@ def summary(rows: list[dict]) -> dict:
         "true_nll_per_token": {k: statistics.fmean(v) for k, v in sorted(true_nll.items())},
         "other_nll_per_token": {k: statistics.fmean(v) for k, v in sorted(other_nll.items())},
         "margin": {k: statistics.fmean(v) for k, v in sorted(margin.items())},
+        "chose_fewest_tokens": statistics.fmean(chosen_fewest(row) for row in rows),
+        "true_has_fewest_tokens": statistics.fmean(row["tokens"][row["label"]] == min(row["tokens"]) for row in rows),
     }
+
+
+def chosen_fewest(row: dict) -> bool:
+    """Whether the choice answered (the largest summed log-likelihood) is one with the fewest tokens."""
+    chosen = max(range(len(row["loglik"])), key=row["loglik"].__getitem__)
+    return row["tokens"][chosen] == min(row["tokens"])
+
+
+def against(rows: list[dict], low: list[dict]) -> dict:
+    """Per kind of item and overall, the accuracy difference ``rows`` − ``low`` over the same documents, paired,
+    with its standard error clustered by play (``clustered_mean``: CR1, t on G − 1 df)."""
+    out = {}
+    for kind in sorted({r["kind"] for r in rows}) + ["all"]:
+        pairs = [(r, b) for r, b in zip(rows, low, strict=True) if kind in ("all", r["kind"])]
+        figure = clustered_mean([r["acc"] - b["acc"] for r, b in pairs], [r["play"] for r, _ in pairs])
+        out[kind] = {k: figure[k] for k in ("value", "stderr", "ci95", "clusters")}
+    return out
 
 
 def main() -> None:
@@ -94,10 +116,14 @@ def main() -> None:
             for name in (LAYER_MEAN, LAYER_MEAN_TOPK)
         }
         lm = WorkbenchLM(session.model, session.tokenizer, session.windows(CALIBRATION).shape[1], session.batch_size)
-        figures = {}
+        figures, rows = {}, {}
         for condition in conditions:
             lm.use(ConditionLogits(session, condition))
-            figures[condition] = summary(documents(lm, loaded, args.task, session.tokenizer))
+            rows[condition] = documents(lm, loaded, args.task, session.tokenizer)
+            figures[condition] = summary(rows[condition])
+        for condition in conditions:
+            if GLOBAL_MEAN in rows and condition != GLOBAL_MEAN:
+                figures[condition]["minus_global_mean"] = against(rows[condition], rows[GLOBAL_MEAN])
     out = {"checkpoint": args.checkpoint, "task": args.task, "max_windows": args.max_windows}
     out |= {"profiles": weights, "conditions": figures}
     RESULTS.parent.mkdir(exist_ok=True)

@@ -144,10 +144,17 @@ def gap_text(g: dict | None) -> str:
 
 
 def kept_text(f: dict) -> str:
-    """A retention as printed: a percentage with its interval and reference, or ``unresolved`` (no percentage)."""
+    """A retention as printed: a percentage with its interval and reference, or ``unresolved`` (no percentage); the
+    retention against another reference (``global_mean`` beside a router's ``random_topk``) after it, named."""
     kept = f["retention"]
     if kept is None:
         return ""
+    others = "".join(f"; {share_text(other)}" for other in kept.get("other_references", {}).values())
+    return share_text(kept) + others
+
+
+def share_text(kept: dict) -> str:
+    """One retention: ``51.8% [38%, 65%] of the gap to random_topk``, or ``unresolved (...)``."""
     if not kept["resolved"]:
         return f"unresolved (the gap to {kept['reference']} does not resolve)"
     lo, hi = kept["ci95"]
