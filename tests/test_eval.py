@@ -231,7 +231,7 @@ def test_fca_eval_end_to_end(which, tiny_checkpoints, tiny_mixtral, tmp_path):
     result = fca("eval", checkpoint, "--tasks", "fca_next_line", "--conditions", conditions, "--limit", 4,
                  "--max-windows", 2, "--out", tmp_path / "out")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "fca_next_line (4 documents)" in result.stdout
+    assert "fca_next_line (4 documents, 1 cluster by play)" in result.stdout  # the first 4 items: one play
     downstream = json.loads((tmp_path / "out" / DOWNSTREAM_FILE).read_text())
     figures = downstream["tasks"]["fca_next_line"]["conditions"]
     references = ["random_topk"] if which == "foreign" else []  # the top-k profile's retention reference runs too

@@ -128,10 +128,11 @@ def format_downstream(downstream: dict) -> str:
 
 
 def clusters_text(clusters: dict) -> str:
-    """``4 clusters (play)``, or ``each document its own cluster``."""
+    """``4 clusters by play``, or ``each document its own cluster``."""
     if clusters["field"] is None:
         return "each document its own cluster"
-    return f"{clusters['count']} clusters by {clusters['field']}"
+    count = clusters["count"]
+    return f"{count} cluster{'' if count == 1 else 's'} by {clusters['field']}"
 
 
 def gap_text(g: dict | None) -> str:
