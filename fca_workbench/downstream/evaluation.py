@@ -1,4 +1,5 @@
-"""``fca eval``: lm-eval tasks under FCA conditions, their accuracy and its retention, as ``downstream.json``.
+"""``fca eval``: lm-eval tasks under FCA conditions, their accuracy, each condition's gap against ``correct``
+(paired, clustered by play: ``gaps``) and a static profile's retention, as ``downstream.json``.
 
 The static profiles come from the calibration set exactly as ``fca audit`` makes them: a replay session on
 the same settings, its calibration capture in a temporary folder, so an audit's own cache in the output folder
