@@ -98,7 +98,26 @@ def test_an_unresolved_gap_gives_no_retention_and_prints_no_percentage():
     assert "unresolved" in line and "%" not in line and "4 clusters by play" in printed
     table = downstream_table([downstream])
     assert table.retention.isna().all() and table.reference.tolist()[2] == "global_mean"
-    assert gap_table([downstream]).resolved.tolist() == ["no", "no"]
+    gaps = gap_table([downstream])
+    assert gaps.resolved.tolist() == ["no", "no"]
+    assert gaps[["ci95_lo", "ci95_hi"]].values.tolist() == [gap(c, r, clusters)["ci95"], gap(c, p, clusters)["ci95"]]
+
+
+def test_the_tables_carry_each_interval():
+    c, r, p = figure([1, 1, 1, 1, 1, 1, 1, 0]), figure([0, 0, 1, 0, 0, 1, 0, 0]), figure([1, 0, 1, 1, 0, 1, 1, 0])
+    clusters = dict(enumerate("aabbccdd"))
+    kept = retention(p, c, r, "global_mean", clusters)
+    row = {"value": p["value"], "stderr": 0.1, "gap": gap(c, p, clusters), "retention": kept}
+    downstream = {
+        "model": {"path": "m", "hub": None, "arch": "featuregate", "fingerprint": "0" * 64},
+        "tasks": {
+            "t": {"samples": 8, "clusters": {"field": "play", "count": 4}, "conditions": {"layer_mean": {"acc": row}}}
+        },
+    }
+    table = downstream_table([downstream])
+    assert table[["retention_ci95_lo", "retention_ci95_hi"]].values.tolist() == [pytest.approx(kept["ci95"])]
+    assert table.reference.tolist() == ["global_mean"] and table.numerator.tolist() == [pytest.approx(3 / 8)]
+    assert gap_table([downstream])[["ci95_lo", "ci95_hi"]].values.tolist() == [pytest.approx(row["gap"]["ci95"])]
 
 
 def test_an_older_downstream_json_is_refused_in_one_line_and_fca_eval_may_replace_it(tmp_path):

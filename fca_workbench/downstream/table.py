@@ -36,7 +36,7 @@ def downstream_table(downstreams: list[dict]) -> pd.DataFrame:
             "task": task,
             "condition": condition,
             "metric": metric,
-            **downstream_row(f),
+            **table_row(f),
         }
         for d in downstreams
         for task, entry in d["tasks"].items()
@@ -52,6 +52,12 @@ def downstream_table(downstreams: list[dict]) -> pd.DataFrame:
         DOWNSTREAM_TABLE,
         rows,
     )
+
+
+def table_row(figure: dict) -> dict:
+    """``downstream_row`` with the retention's interval as one ``ci`` column's ``[lo, hi]``."""
+    row = downstream_row(figure)
+    return row | {"retention_ci95": [row["retention_ci95_lo"], row["retention_ci95_hi"]]}
 
 
 GAP_TABLE = [
@@ -79,8 +85,7 @@ def gap_table(downstreams: list[dict]) -> pd.DataFrame:
             "metric": metric,
             "gap": g["value"],
             "stderr": g["stderr"],
-            "ci95_lo": g["ci95"][0],
-            "ci95_hi": g["ci95"][1],
+            "ci95": g["ci95"],
             "clusters": g["clusters"],
             "over": over(g, entry["clusters"]),
             "resolved": "yes" if resolved(g) else "no",
