@@ -11,7 +11,7 @@
 # %% [markdown]
 # # Downstream tasks under static profiles (lm-evaluation-harness)
 #
-# Does a static profile keep the model's downstream accuracy, not only its NLL? `fca eval` runs lm-eval tasks (default: the shipped offline `fca_next_line`: after four lines of a play, pick the true next line among four versions, three with two neighbouring words swapped) with the live model (`correct`) and the frozen model under each static profile of the calibration set, and writes `downstream.json` beside each audit. Accuracy ± lm-eval's stderr, and the share of the correct → global_mean accuracy gap each profile keeps. With the default `limit` the stderr is large: raise it for a real comparison. Needs the `eval` extra.
+# Does a static profile keep the model's downstream accuracy, not only its NLL? `fca eval` runs lm-eval tasks (default: the shipped offline `fca_next_line`: after four lines of a play, pick the true next line among four versions, three with two neighbouring words swapped) with the live model (`correct`) and the frozen model under each static profile of the calibration set, and writes `downstream.json` beside each audit. Each condition's accuracy gap against `correct`, paired over the same documents, with a standard error clustered by play (the items come from 4 plays, so the interval uses Student's t on 3 degrees of freedom), and the share of the correct → reference gap each static profile keeps, with its interval (reference: `global_mean`, or `random_topk` for a router's `layer_mean_topk`); a retention whose gap does not resolve is shown as unresolved, not as a percentage. The defaults evaluate all 1,600 `fca_play_choice` items (fewer drop whole plays: the first 400 are one play, which gives no clustered error at all) with profiles from 4 calibration windows: the smallest setting that resolves the gaps the committed `data/downstream` results resolve (docs/guides/downstream.md). Needs the `eval` extra.
 
 # %% tags=["parameters"]
 # Parameters: papermill (and `fca reproduce`) inject overrides after this cell. None means the embedded default.
@@ -28,9 +28,9 @@ per_layer = True  # also every condition at each layer alone (audit.json per_lay
 out = None  # tables/ and figures/ are written here; None: results/notebooks
 audits = None  # audit folders, shared by every notebook; None: <out>/audits
 cache = None  # coefficient caches, shared across runs; None: results/cache
-tasks = "fca_next_line"  # comma-separated lm-eval tasks; fca_next_line is shipped (data/tasks/) and runs offline
-conditions = None  # comma-separated static conditions; None: fca eval's (correct and global_mean always run)
-limit = 16  # documents per task (None: all); small, so the notebook takes well under a minute
+tasks = "fca_play_choice"  # comma-separated lm-eval tasks; fca_play_choice is shipped (data/tasks/) and runs offline
+conditions = None  # comma-separated static conditions; None: every static one each model replays
+limit = None  # documents per task (None: all 1,600, all 4 plays: ~25 s per condition and model on one CPU core)
 calibration_windows = 4  # calibration windows the static profiles come from (None: all)
 
 # %%
@@ -46,7 +46,7 @@ from fca_workbench.notebooks.reproduce import NotebookRun
 
 require_lm_eval()  # one line, not a traceback, without the eval extra
 from fca_workbench.downstream.evaluation import run_eval
-from fca_workbench.downstream.table import downstream_table, gap_table
+from fca_workbench.downstream.table import downstream_table, format_downstream, gap_table
 
 tables.use_paper_style()  # Okabe-Ito colours on white, for every figure below
 run = NotebookRun(checkpoints=checkpoints, out=out, audits=audits)
@@ -55,7 +55,7 @@ evaluated = [c for c in run.checkpoints if load_controlled(c).controllers]  # no
 display(Markdown("Models: " + ", ".join(f"`{c.split('/')[-1]}`" for c in evaluated)))
 
 # %%
-chosen: dict[str, list[str]] = {"conditions": comma_names(conditions)} if conditions else {}
+chosen = comma_names(conditions) if conditions else None
 downstreams = []
 for c in evaluated:
     calibration = AuditSettings(
@@ -68,23 +68,40 @@ for c in evaluated:
         seed=seed,
         batch_size=batch_size,
     )
-    downstream = run_eval(EvalSettings(calibration, comma_names(tasks), limit=limit, **chosen), run.audit_dir(c))
+    downstream = run_eval(
+        EvalSettings(calibration, comma_names(tasks), limit=limit, conditions=chosen), run.audit_dir(c)
+    )
     assert downstream is not None  # one process: it returns what it wrote
     downstreams.append(downstream)
 table = downstream_table(downstreams)
+gaps = gap_table(downstreams)
 run.write_table(table)
-run.write_table(gap_table(downstreams))  # what each retention is a share of, and whether it is beyond its noise
+run.write_table(gaps)  # each condition's gap against correct, its clustered error and whether it resolves
+for downstream in downstreams:  # what fca eval prints: retention with its interval and reference, or unresolved
+    display(Markdown("```text\n" + format_downstream(downstream) + "\n```"))
 
 # %%
 fig = go.Figure()
-for model, rows in table[table.metric == table.metric.iloc[0]].groupby("model", sort=False):
-    fig.add_trace(go.Bar(x=rows.condition, y=rows.value, error_y=dict(type="data", array=rows.stderr), name=model))
+first = gaps[gaps.metric == gaps.metric.iloc[0]]
+for model, rows in first.groupby("model", sort=False):
+    fig.add_trace(
+        go.Bar(
+            x=rows.condition,
+            y=rows.gap,
+            error_y=dict(
+                type="data", symmetric=False, array=rows.ci95_hi - rows.gap, arrayminus=rows.gap - rows.ci95_lo
+            ),
+            name=model,
+        )
+    )
+fig.add_hline(y=0, line_dash="dot", annotation_text="correct")
 fig.update_layout(
     barmode="group",
-    title=f"{table.task.iloc[0]}: {table.metric.iloc[0]} ± lm-eval's stderr",
-    yaxis_title=f"{table.metric.iloc[0]} (share of documents)",
+    title=f"{first.task.iloc[0]}: correct − condition, {first.metric.iloc[0]}, 95% CI clustered by play (t, G − 1 df)",
+    yaxis_title=f"{first.metric.iloc[0]} lost against correct (share of documents)",
     xaxis_title="condition",
     height=450,
 )
-caption = f"{', '.join(table.model.unique())}; {limit or 'all'} documents per task; seed {seed}"
-run.figure(fig, "downstream_accuracy", caption=caption)
+plays = ", ".join(sorted({str(g) for g in first.clusters.dropna().astype(int)}))
+caption = f"{', '.join(first.model.unique())}; {limit or 'all'} documents per task in {plays} clusters; seed {seed}"
+run.figure(fig, "downstream_gaps", caption=caption)

@@ -163,7 +163,8 @@ def tiny_reproduce(tiny_checkpoints, tiny_mixtral, tmp_path_factory):
                 "notebooks": sorted(p.stem for p in reproduce.NOTEBOOK_DIR.glob("*.py")),
                 "cache": str(root / "cache"),
                 "parameters": {"checkpoints": [str(folders[name]) for name in order], **TINY_REPRODUCE_SETTINGS},
-                "notebook": {"explore": {"window_index": 1}},
+                # 08's defaults evaluate all 1,600 fca_play_choice items: a few of the small task here
+                "notebook": {"explore": {"window_index": 1}, "08_downstream": {"tasks": "fca_next_line", "limit": 16}},
             }
         )
     )

@@ -138,9 +138,9 @@ def test_the_export_card_records_the_binding_its_profile_was_checked_against(aud
 
 def downstream_of(fingerprint: str) -> dict:
     """A small valid ``downstream.json`` of the model with this fingerprint."""
-    figure = {"value": 0.5, "stderr": 0.25, "retention": None}
+    figure = {"value": 0.5, "stderr": 0.25, "gap": None, "retention": None}
     return {
-        "schema": "fca-downstream/1",
+        "schema": "fca-downstream/2",
         "model": {"path": "/elsewhere/model", "arch": "featuregate", "fingerprint": fingerprint},
         "settings": {
             "tasks": ["t"],
@@ -151,7 +151,9 @@ def downstream_of(fingerprint: str) -> dict:
             "lm_eval": "0",
         },
         "calibration": {"fingerprint": "1" * 64},
-        "tasks": {"t": {"samples": 2, "conditions": {"correct": {"acc": figure}}, "gaps": {}}},
+        "tasks": {
+            "t": {"samples": 2, "clusters": {"field": "play", "count": 1}, "conditions": {"correct": {"acc": figure}}}
+        },
     }
 
 

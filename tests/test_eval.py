@@ -29,12 +29,13 @@ from fca_workbench.data.tasks import (
 )
 from fca_workbench.data.tokenizer import load_tokenizer
 from fca_workbench.data.windows import load_windows, read_documents
-from fca_workbench.downstream.gaps import gap, retention
+from fca_workbench.downstream.evaluation import task_figures
 from fca_workbench.downstream.table import downstream_table
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.models import load_model
 from fca_workbench.notebooks import reproduce
 from fca_workbench.results import load_audit
+from fca_workbench.results.frames import DOWNSTREAM_COLUMNS
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 from fca_workbench.viewmodel.downstream import downstream_tables
 from fca_workbench.viewmodel.results_folder import ResultsFolder
@@ -167,11 +168,17 @@ def test_eval_equals_the_accuracy_computed_from_the_models_forward(shipped_eval)
     gap = accuracy["correct"] - accuracy["global_mean"]
     differences = [float(c) - float(g) for c, g in zip(right["correct"], right["global_mean"], strict=True)]
     mean = sum(differences) / LIMIT
-    paired = math.sqrt(sum((d - mean) ** 2 for d in differences) / (LIMIT - 1) / LIMIT)  # the same 12 items
-    assert task["gaps"]["acc"] == {"value": pytest.approx(gap), "stderr": pytest.approx(paired), "paired": True}
+    assert mean == pytest.approx(gap)
+    # the first 12 items are all of one play: one cluster, so no clustered error and no retention
+    assert task["clusters"] == {"field": "play", "count": 1}
+    for name in ("global_mean", "layer_mean"):
+        g = task["conditions"][name]["acc"]["gap"]
+        assert g["value"] == pytest.approx(accuracy["correct"] - accuracy[name]) and g["paired"]
+        assert g["clusters"] == 1 and g["stderr"] is None and g["ci95"] == [None, None]
+    assert task["conditions"]["correct"]["acc"]["gap"] is None
     kept = task["conditions"]["layer_mean"]["acc"]["retention"]
-    resolved = gap > 1.96 * paired  # a gap within its noise gives no retention
-    assert kept == (pytest.approx((accuracy["layer_mean"] - accuracy["global_mean"]) / gap) if resolved else None)
+    assert kept["resolved"] is False and kept["value"] is None and kept["reference"] == "global_mean"
+    assert kept["numerator"]["value"] == pytest.approx(accuracy["layer_mean"] - accuracy["global_mean"])
     assert downstream["settings"]["limit"] == LIMIT and downstream["settings"]["lm_eval"] == "0.4.13"
     assert downstream["calibration"]["windows"] == CALIBRATION_WINDOWS
 
@@ -181,7 +188,7 @@ def test_load_audit_reads_downstream_beside_audit_json(shipped_eval):
     assert fca("audit", SHIPPED, "--out", out, "--max-windows", 2, "--window", WINDOW, "--resamples", 5,
                "--latency-repeats", 1).returncode == 0  # fmt: skip
     frame = load_audit(out).downstream
-    assert list(frame.columns) == ["task", "condition", "metric", "value", "stderr", "retention"]
+    assert list(frame.columns) == ["task", "condition", "metric", *DOWNSTREAM_COLUMNS, "reference"]
     figures = downstream["tasks"]["fca_next_line"]["conditions"]
     assert frame.set_index(["condition"])["value"].to_dict() == {c: f["acc"]["value"] for c, f in figures.items()}
     audit = json.loads((out / "audit.json").read_text())
@@ -224,10 +231,11 @@ def test_fca_eval_end_to_end(which, tiny_checkpoints, tiny_mixtral, tmp_path):
     result = fca("eval", checkpoint, "--tasks", "fca_next_line", "--conditions", conditions, "--limit", 4,
                  "--max-windows", 2, "--out", tmp_path / "out")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "fca_next_line (4 documents)" in result.stdout
+    assert "fca_next_line (4 documents, 1 cluster by play)" in result.stdout  # the first 4 items: one play
     downstream = json.loads((tmp_path / "out" / DOWNSTREAM_FILE).read_text())
     figures = downstream["tasks"]["fca_next_line"]["conditions"]
-    assert list(figures) == ["correct", "global_mean", *conditions.split(",")]
+    references = ["random_topk"] if which == "foreign" else []  # the top-k profile's retention reference runs too
+    assert list(figures) == ["correct", "global_mean", *conditions.split(","), *references]
     assert all(0 <= f["acc"]["value"] <= 1 for f in figures.values())
     assert downstream["model"]["arch"] == ("featuregate" if which == "native" else "mixtral")
 
@@ -400,38 +408,47 @@ def test_notebook_08_shows_each_audits_downstream_json(tiny_reproduce):
         downstream = json.loads((plan.out / "audits" / name / DOWNSTREAM_FILE).read_text())
         for condition, metrics in downstream["tasks"]["fca_next_line"]["conditions"].items():
             expected.append([name, condition, metrics["acc"]["value"], metrics["acc"]["stderr"]])
-        gap = downstream["tasks"]["fca_next_line"]["gaps"]["acc"]
-        correct, low = (
-            downstream["tasks"]["fca_next_line"]["conditions"][c]["acc"] for c in ("correct", "global_mean")
-        )
-        assert gap["value"] == pytest.approx(correct["value"] - low["value"], abs=1e-12) and gap["paired"]
-        expected_gaps.append([name, gap["value"], gap["stderr"], "paired documents"])
+        for condition, metrics in downstream["tasks"]["fca_next_line"]["conditions"].items():
+            g = metrics["acc"]["gap"]
+            if g is not None:  # every condition but correct, paired over the same documents
+                assert g["paired"] and g["clusters"] == downstream["tasks"]["fca_next_line"]["clusters"]["count"]
+                expected_gaps.append([name, condition, g["value"], g["stderr"], "paired documents, clustered by play"])
     assert table[["model", "condition", "value", "stderr"]].values.tolist() == expected
-    assert gaps[["model", "gap", "stderr", "over"]].values.tolist() == expected_gaps
+    got = gaps[["model", "condition", "gap", "stderr", "over"]].astype(object).where(gaps.notna(), None)
+    assert got.values.tolist() == expected_gaps
     assert not (plan.out / "audits" / "dense-s0" / DOWNSTREAM_FILE).exists()  # no controller: nothing to compare
 
 
-def test_retention_needs_a_gap_beyond_its_noise():
-    """A ratio over a gap that may be noise is no figure: retention only where correct beats global_mean by
-    more than 1.96 standard errors of the difference."""
-    correct, low = {"value": 0.80, "stderr": 0.02}, {"value": 0.60, "stderr": 0.02}
-    assert retention(0.75, correct, low) == pytest.approx(0.75)
-    assert retention(0.75, {"value": 0.65, "stderr": 0.05}, {"value": 0.60, "stderr": 0.05}) is None  # within noise
-    assert retention(0.75, {"value": 0.60, "stderr": 0.0}, {"value": 0.80, "stderr": 0.0}) is None  # live is worse
-    assert retention(0.70, {"value": 0.80, "stderr": None}, {"value": 0.60, "stderr": None}) == pytest.approx(0.5)
+def test_every_condition_is_paired_against_correct_and_a_routers_retention_follows_its_reference():
+    """``task_figures``: each condition's gap against ``correct`` over the same documents, clustered by play; the
+    top-k profile's retention against ``random_topk`` where it ran (``global_mean``'s beside it), else
+    ``global_mean``."""
+    plays = {d: ("play", str(d % 4)) for d in range(40)}
+    scores = {
+        "correct": [1.0] * 36 + [0.0] * 4,
+        "global_mean": [float(d % 2) for d in range(40)],
+        "layer_mean": [float(d % 5 != 0) for d in range(40)],
+        "layer_mean_topk": [float(d % 3 != 0) for d in range(40)],
+        "random_topk": [float(d % 4 == 0) for d in range(40)],
+    }
 
+    def results(docs):
+        value = sum(docs) / len(docs)
+        entry = {"samples": 40, "metrics": {"acc": {"value": value, "stderr": 0.07}}}
+        return {"t": entry | {"documents": {"acc": dict(enumerate(docs))}, "clusters": ("play", plays)}}
 
-def test_the_gap_is_paired_over_the_same_documents_where_it_can_be():
-    """Documents right under both conditions or wrong under both carry no information about the gap: paired,
-    the gap's stderr is that of the per-document differences; unpaired (lm-eval's two stderrs) only where the
-    documents or their values are missing, or the metric is not their mean."""
-    top_docs, low_docs = {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}, {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0}
-    top = {"value": 0.75, "stderr": 0.25, "documents": top_docs}
-    low = {"value": 0.50, "stderr": 0.2887, "documents": low_docs}
-    assert gap(top, low) == {"value": 0.25, "stderr": pytest.approx(0.25), "paired": True}  # sd 0.5 / √4
-    unpaired = {"value": 0.25, "stderr": pytest.approx(math.hypot(0.25, 0.2887)), "paired": False}
-    assert gap({**top, "documents": None}, low) == unpaired
-    assert gap(top, {**low, "documents": {**low_docs, 3: None}}) == unpaired  # a value that is not a number
-    assert gap(top, {**low, "documents": {0: 1.0, 1: 0.0}}) == unpaired  # other documents
-    assert gap({**top, "value": 0.9}, low)["paired"] is False  # a metric that is not the documents' mean
-    assert retention(0.75, top, low) is None  # 0.25 is within 1.96 × 0.25
+    figures = task_figures({c: results(docs) for c, docs in scores.items()})["t"]
+    assert figures["clusters"] == {"field": "play", "count": 4}
+    for condition, docs in scores.items():
+        g = figures["conditions"][condition]["acc"]["gap"]
+        if condition == "correct":
+            assert g is None
+            continue
+        assert g["paired"] and g["clusters"] == 4 and g["df"] == 3
+        assert g["value"] == pytest.approx((sum(scores["correct"]) - sum(docs)) / 40)
+    topk = figures["conditions"]["layer_mean_topk"]["acc"]["retention"]
+    assert topk["reference"] == "random_topk" and topk["other_references"]["global_mean"]["reference"] == "global_mean"
+    assert figures["conditions"]["layer_mean"]["acc"]["retention"]["reference"] == "global_mean"
+    assert figures["conditions"]["random_topk"]["acc"]["retention"] is None  # a reference reports none
+    without = task_figures({c: results(d) for c, d in scores.items() if c != "random_topk"})["t"]
+    assert without["conditions"]["layer_mean_topk"]["acc"]["retention"]["reference"] == "global_mean"

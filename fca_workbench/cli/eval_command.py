@@ -8,7 +8,8 @@ from fca_workbench.audit.distributed import process_group
 from fca_workbench.audit.run import default_out
 from fca_workbench.cli.quiet import quiet_transformers
 from fca_workbench.downstream.eval_settings import EvalSettings
-from fca_workbench.downstream.evaluation import format_downstream, run_eval
+from fca_workbench.downstream.evaluation import run_eval
+from fca_workbench.downstream.table import format_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE
 
 

@@ -334,7 +334,7 @@ def add_eval_parser(commands: "argparse._SubParsersAction") -> argparse.Argument
         "--conditions",
         default="correct,global_mean,layer_mean",
         help=f"comma-separated static conditions: correct, {', '.join(condition_names(lambda c: c.static))} (correct and "
-        "global_mean always run: the retention's two ends)",
+        "global_mean always run: the retention's two ends; layer_mean_topk brings random_topk, its reference)",
     )
     parser.add_argument(
         "--out",

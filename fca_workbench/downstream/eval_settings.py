@@ -16,13 +16,14 @@ from fca_workbench.results.conditions import LAYER_MEAN, LOW, REFERENCE, conditi
 class EvalSettings:
     audit: AuditSettings  # the model, its calibration windows and batches, as the audit reads (and checks) them
     tasks: list[str]
-    conditions: list[str] = field(default_factory=lambda: [REFERENCE, LOW, LAYER_MEAN])
+    # None: every static condition the model replays (a router's top-k ones too: notebook 08)
+    conditions: list[str] | None = field(default_factory=lambda: [REFERENCE, LOW, LAYER_MEAN])
     limit: int | None = None  # the first N documents of each task
 
     def __post_init__(self) -> None:
         if not self.tasks:
             raise UserError("--tasks names no task")
-        for condition in self.conditions:
+        for condition in self.conditions or ():
             check_eval_condition(condition, "--conditions", "fca eval")
 
 

@@ -1,4 +1,5 @@
-"""``fca eval``: lm-eval tasks under FCA conditions, their accuracy and its retention, as ``downstream.json``.
+"""``fca eval``: lm-eval tasks under FCA conditions, their accuracy, each condition's gap against ``correct``
+(paired, clustered by play: ``gaps``) and a static profile's retention, as ``downstream.json``.
 
 The static profiles come from the calibration set exactly as ``fca audit`` makes them: a replay session on
 the same settings, its calibration capture in a temporary folder, so an audit's own cache in the output folder
@@ -29,17 +30,18 @@ from fca_workbench.audit.session import ReplaySession
 from fca_workbench.data.tasks import TASKS_DIR
 from fca_workbench.downstream.eval_settings import EvalSettings
 from fca_workbench.downstream.frozen import ConditionLogits, eval_conditions
-from fca_workbench.downstream.gaps import GAP_Z, gap, resolved, retention
+from fca_workbench.downstream.gaps import gap, retention
 from fca_workbench.downstream.lm import WorkbenchLM
 from fca_workbench.foundation.checkpoint import Checkpoint, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import reading, write_json
 from fca_workbench.results.binding import check_folder_binding
-from fca_workbench.results.conditions import LOW, REFERENCE
-from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, check_downstream
+from fca_workbench.results.conditions import LOW, REFERENCE, condition_named
+from fca_workbench.results.frames import DOWNSTREAM_SCHEMA, OLDER_DOWNSTREAM_SCHEMAS, check_downstream
 from fca_workbench.results.layout import DOWNSTREAM_FILE, cache_root
 from fca_workbench.results.outputs import mark_output, refuse_foreign
 
+CLUSTER_FIELDS = ("play",)  # a document field naming the source it shares with others (the shipped tasks' play)
 BOOTSTRAP_ITERS = 1000  # lm-eval's resamples for the stderr of a metric that is not a mean (a mean's is exact)
 
 
@@ -66,8 +68,9 @@ def resolve_tasks(names: list[str]) -> tuple[TaskManager, list[str]]:
 
 def run_eval(settings: EvalSettings, out: str | Path, ranks: Ranks = SINGLE) -> dict | None:
     """Evaluate every task under every condition and write ``downstream.json`` into ``out`` (an audit folder,
-    or a new one): per task and condition, each metric lm-eval reports with its stderr, and its retention of the
-    ``correct``-to-``global_mean`` gap; returns it.
+    or a new one): per task and condition, each metric lm-eval reports with its stderr, its gap against ``correct``
+    paired over the same documents with a standard error clustered by play, and a static profile's retention
+    against its reference with both ends and an interval (``task_figures``); returns it.
 
     ``ranks`` (``distributed.process_group``, under torchrun): lm-eval shares each task's documents among the
     ranks (``WorkbenchLM``'s rank and world size, as under accelerate) and gathers them on rank 0, which writes
@@ -75,7 +78,7 @@ def run_eval(settings: EvalSettings, out: str | Path, ranks: Ranks = SINGLE) -> 
     whole calibration set itself (the same windows and model on every rank, checked), so each answers its
     documents with the profiles one process would use."""
     out = check_audit_out(out)
-    refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA)
+    refuse_foreign(out / DOWNSTREAM_FILE, DOWNSTREAM_SCHEMA, older=OLDER_DOWNSTREAM_SCHEMAS)
     manager, tasks = resolve_tasks(settings.tasks)
     loaded = load_tasks(manager, tasks, settings.audit.seed)  # a task whose data is not on disk: one line, first
     checkpoint = resolve_checkpoint(settings.audit.checkpoint, settings.audit.trust_remote_code)
@@ -166,7 +169,8 @@ def load_tasks(manager: TaskManager, tasks: list[str], seed: int) -> dict:
 
 def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
     """lm-eval's results of every task (and group) under the condition ``lm`` uses: per task, its documents
-    evaluated (``samples``) and its metrics (``metrics``: value and stderr). ``evaluator.evaluate`` is
+    evaluated (``samples``), its metrics (``metrics``: value and stderr), each document's value (``documents``) and
+    its cluster (``clusters``: the play it comes from, ``clusters_of``). ``evaluator.evaluate`` is
     ``simple_evaluate`` without its model loading and its environment report (a ``pip list`` per call)."""
     random.seed(settings.audit.seed)
     numpy.random.seed(settings.audit.seed)
@@ -182,6 +186,7 @@ def evaluate(lm: WorkbenchLM, loaded: dict, settings: EvalSettings) -> dict:
             "samples": samples.get(task, {}).get("effective"),
             "metrics": metrics_of(entry),
             "documents": per_document(logged.get(task, [])),
+            "clusters": clusters_of(logged.get(task, [])),
         }
         for task, entry in results["results"].items()
     }
@@ -197,6 +202,16 @@ def per_document(logged: list[dict]) -> dict[str, dict]:
             name = metric if kept == "none" else f"{metric},{kept}"
             values.setdefault(name, {})[sample["doc_id"]] = finite(sample.get(metric))
     return values
+
+
+def clusters_of(logged: list[dict]) -> tuple[str | None, dict]:
+    """The field the documents name their source by (the first of ``CLUSTER_FIELDS`` every document has) and each
+    document's cluster; ``(None, each document its own)`` where they name none."""
+    docs = {sample["doc_id"]: sample.get("doc") or {} for sample in logged}
+    for field in CLUSTER_FIELDS:
+        if docs and all(isinstance(doc, dict) and field in doc for doc in docs.values()):
+            return field, {d: (field, str(doc[field])) for d, doc in docs.items()}
+    return None, {d: ("document", d) for d in docs}
 
 
 def metrics_of(entry: dict) -> dict[str, dict]:
@@ -220,47 +235,45 @@ def finite(value: object) -> float | None:
 
 
 def task_figures(by_condition: dict[str, dict]) -> dict[str, dict]:
-    """Per task: ``samples``, per condition and metric its value, stderr and retention (None where a reference
-    lacks the metric, or the model has no controller and evaluates ``correct`` alone), and per metric the
-    ``gaps`` the retention is over."""
+    """Per task: ``samples``, its ``clusters`` (the document field they come from and their number) and, per
+    condition and metric, lm-eval's value and stderr, the ``gap`` against ``correct`` (paired, clustered; None for
+    ``correct``) and the ``retention`` of a condition that reports one (``gaps.retention``, against the condition's
+    own reference where it was evaluated, else ``global_mean``, which then stays beside it under
+    ``other_references``; None where the model has no controller and evaluates ``correct`` alone)."""
     figures = {}
     for task, entry in by_condition[REFERENCE].items():
-        rows = {condition: results[task]["metrics"] for condition, results in by_condition.items()}
-        top, low = (
-            {m: {**f, "documents": by_condition[end][task]["documents"].get(m)} for m, f in rows.get(end, {}).items()}
-            for end in (REFERENCE, LOW)
-        )
-        gaps = {metric: gap(top[metric], low[metric]) for metric in top if metric in low}
-        conditions = {
+        field, clusters = entry["clusters"]
+        rows = {
             condition: {
-                metric: {
-                    **f,
-                    "retention": retention(f["value"], top[metric], low[metric], gaps[metric])
-                    if metric in gaps
-                    else None,
-                }
-                for metric, f in metrics.items()
+                m: {**f, "documents": results[task]["documents"].get(m)} for m, f in results[task]["metrics"].items()
             }
+            for condition, results in by_condition.items()
+        }
+        conditions = {
+            condition: {metric: condition_figure(condition, metric, rows, clusters) for metric in metrics}
             for condition, metrics in rows.items()
         }
-        figures[task] = {"samples": entry["samples"], "conditions": conditions, "gaps": gaps}
+        count = len(set(clusters.values()))
+        figures[task] = {
+            "samples": entry["samples"],
+            "clusters": {"field": field, "count": count},
+            "conditions": conditions,
+        }
     return figures
 
 
-def format_downstream(downstream: dict) -> str:
-    """The printed table: per task and metric, each condition's value ± stderr and its retention."""
-    model, hub = downstream["model"], downstream["model"].get("hub")
-    source = f"{hub['id']} at commit {hub['commit']}" if hub else model["path"]
-    lines = [f"{source} ({model['arch']}), lm-eval {downstream['settings']['lm_eval']}"]
-    for task, entry in downstream["tasks"].items():
-        lines.append(f"\n{task} ({entry['samples']} documents)")
-        for condition, metrics in entry["conditions"].items():
-            for metric, f in metrics.items():
-                stderr = "" if f["stderr"] is None else f" ± {f['stderr']:.4f}"
-                kept = "" if f["retention"] is None else f"   retention {f['retention']:.3f}"
-                lines.append(f"  {condition:20s} {metric:10s} {f['value']:.4f}{stderr}{kept}")
-        for metric, g in entry.get("gaps", {}).items():
-            stderr = "" if g["stderr"] is None else f" ± {g['stderr']:.4f} ({'paired' if g['paired'] else 'unpaired'})"
-            note = "" if resolved(g) else f": within {GAP_Z} stderr, no retention"
-            lines.append(f"  {'gap ' + REFERENCE + ' − ' + LOW:31s} {metric:10s} {g['value']:+.4f}{stderr}{note}")
-    return "\n".join(lines)
+def condition_figure(condition: str, metric: str, rows: dict[str, dict], clusters: dict) -> dict:
+    """One condition's figure of one metric (``task_figures``)."""
+    f, top = rows[condition][metric], rows[REFERENCE].get(metric)
+    figure = {"value": f["value"], "stderr": f["stderr"], "gap": None, "retention": None}
+    if top is None or condition == REFERENCE:
+        return figure
+    figure["gap"] = gap(top, f, clusters)
+    named = condition_named(condition)
+    ends = [end for end in (named.reference, LOW) if end is not None and metric in rows.get(end, {})]
+    if named.retention and ends:
+        kept = retention(f, top, rows[ends[0]][metric], ends[0], clusters)
+        if ends[0] != LOW and len(ends) > 1:
+            kept["other_references"] = {LOW: retention(f, top, rows[LOW][metric], LOW, clusters)}
+        figure["retention"] = kept
+    return figure

@@ -8,15 +8,20 @@ from fca_workbench.foundation.errors import UserError
 from fca_workbench.results.conditions import LOW, REFERENCE, condition_named
 
 
-def eval_conditions(asked: list[str], session: ReplaySession) -> list[str]:
+def eval_conditions(asked: list[str] | None, session: ReplaySession) -> list[str]:
     """The conditions to evaluate, ``REFERENCE`` and ``LOW`` first, then the others asked for in order (static
-    ones, ``settings.EvalSettings`` checks); one this model does not replay (a router's for a model without
-    routers), or any but the reference for a model without a controller, is one line."""
+    ones, ``settings.EvalSettings`` checks; None: every static one the model replays), then the retention
+    reference a condition asked for declares (a router's top-k profile: ``random_topk``) where the model replays
+    it; one this model does not replay (a router's for a model without routers), or any but the reference for a
+    model without a controller, is one line."""
     if not session.has_controller:
-        if set(asked) - {REFERENCE}:
+        if set(asked or ()) - {REFERENCE}:
             raise UserError(f"the model has no controller the workbench can audit: only --conditions {REFERENCE}")
         return [REFERENCE]
-    chosen = list(dict.fromkeys([REFERENCE, LOW, *asked]))
+    if asked is None:
+        asked = [c for c in session.conditions if condition_named(c).static]
+    references = [r for c in asked if (r := condition_named(c).reference) is not None and r in session.conditions]
+    chosen = list(dict.fromkeys([REFERENCE, LOW, *asked, *references]))
     for condition in chosen:
         session.check_condition(condition, "--conditions")
     return chosen

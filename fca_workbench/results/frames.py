@@ -53,13 +53,63 @@ EXECUTION_COLUMNS = list(EXECUTION_DTYPES)
 PER_LAYER_COLUMNS = ["nll", "delta", "delta_ci95_lo", "delta_ci95_hi"]
 
 
-DOWNSTREAM_SCHEMA = "fca-downstream/1"
+DOWNSTREAM_SCHEMA = "fca-downstream/2"  # /2: per condition its clustered gap against correct, retention with both ends
+OLDER_DOWNSTREAM_SCHEMAS = ("fca-downstream/1",)  # refused when read (no clustered errors), replaced by fca eval
 DOWNSTREAM_KEYS = ["task", "condition", "metric"]
-DOWNSTREAM_COLUMNS = ["value", "stderr", "retention"]
+DOWNSTREAM_COLUMNS = [  # the numbers of one figure, flat (``downstream_row``)
+    "value",
+    "stderr",
+    "gap",
+    "gap_stderr",
+    "gap_ci95_lo",
+    "gap_ci95_hi",
+    "gap_clusters",
+    "retention",
+    "retention_ci95_lo",
+    "retention_ci95_hi",
+    "numerator",
+    "denominator",
+]
 _NUMBER = {"type": ["number", "null"]}
-_FIGURE = {"type": "object", "required": DOWNSTREAM_COLUMNS, "properties": dict.fromkeys(DOWNSTREAM_COLUMNS, _NUMBER)}
+_CI = {"type": "array", "minItems": 2, "maxItems": 2, "items": _NUMBER}
+_DIFFERENCE = {  # gaps.difference: a paired difference over the same documents, clustered
+    "type": "object",
+    "required": ["value", "stderr", "ci95", "clusters", "df", "paired"],
+    "properties": {
+        "value": _NUMBER,
+        "stderr": _NUMBER,
+        "ci95": _CI,
+        "clusters": {"type": ["integer", "null"]},
+        "df": {"type": ["integer", "null"]},
+        "paired": {"type": "boolean"},
+    },
+}
+_RETENTION = {  # gaps.retention
+    "type": ["object", "null"],
+    "required": ["value", "ci95", "resolved", "reference", "numerator", "denominator"],
+    "properties": {
+        "value": _NUMBER,
+        "ci95": _CI,
+        "resolved": {"type": "boolean"},
+        "reference": {"type": "string"},
+        "numerator": _DIFFERENCE,
+        "denominator": _DIFFERENCE,
+        "other_references": {"type": "object", "additionalProperties": {"$ref": "#/$defs/retention"}},
+    },
+}
+_FIGURE = {
+    "type": "object",
+    "required": ["value", "stderr", "gap", "retention"],
+    "properties": {
+        "value": _NUMBER,
+        "stderr": _NUMBER,
+        "gap": {"oneOf": [{"type": "null"}, _DIFFERENCE]},
+        "retention": {"$ref": "#/$defs/retention"},
+    },
+}
 DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_workbench/downstream/evaluation.py)
     "type": "object",
+    "$defs": {"retention": _RETENTION},
     "required": ["schema", "model", "settings", "calibration", "tasks"],
     "properties": {
         "schema": {"const": DOWNSTREAM_SCHEMA},
@@ -77,16 +127,13 @@ DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_wor
             "type": "object",
             "additionalProperties": {
                 "type": "object",
-                "required": ["samples", "conditions"],
+                "required": ["samples", "clusters", "conditions"],
                 "properties": {
                     "samples": {"type": ["integer", "null"]},
-                    "gaps": {
+                    "clusters": {
                         "type": "object",
-                        "additionalProperties": {
-                            "type": "object",
-                            "required": ["value", "stderr", "paired"],
-                            "properties": {"value": _NUMBER, "stderr": _NUMBER, "paired": {"type": "boolean"}},
-                        },
+                        "required": ["field", "count"],
+                        "properties": {"field": {"type": ["string", "null"]}, "count": {"type": "integer"}},
                     },
                     "conditions": {
                         "type": "object",
@@ -100,15 +147,46 @@ DOWNSTREAM_JSON_SCHEMA = {  # what fca eval writes and load_audit reads (fca_wor
 
 
 def check_downstream(downstream: object, path: Path) -> None:
-    """Refuse, in one line, a ``downstream.json`` (read, or about to be written) that is not ``fca-downstream/1``."""
+    """Refuse, in one line, a ``downstream.json`` (read, or about to be written) that is not ``fca-downstream/2``;
+    one an older ``fca eval`` wrote (``fca-downstream/1``: no clustered errors, a router's retention against
+    ``global_mean``) is refused with what to run instead."""
+    schema = downstream.get("schema") if isinstance(downstream, dict) else None
+    if schema in OLDER_DOWNSTREAM_SCHEMAS:
+        raise UserError(
+            f"{path} is {schema}, written by an older fca eval (its gaps have no clustered errors); rerun fca eval "
+            f"to write {DOWNSTREAM_SCHEMA} over it"
+        )
     problem = schema_problem(downstream, DOWNSTREAM_JSON_SCHEMA)
     if problem:
         raise UserError(f"{path} is not a valid {DOWNSTREAM_SCHEMA} file ({problem})")
 
 
+def downstream_row(figure: dict) -> dict:
+    """One condition's figure of one metric as flat ``DOWNSTREAM_COLUMNS`` (and the retention's ``reference``): its
+    retention's numbers only where it resolves (an unresolved one is no figure, so no percentage)."""
+    g, kept = figure["gap"] or {}, figure["retention"] or {}
+    shown = kept if kept.get("resolved") else {}
+    ci, gap_ci = shown.get("ci95") or [None, None], g.get("ci95") or [None, None]
+    return {
+        "value": figure["value"],
+        "stderr": figure["stderr"],
+        "gap": g.get("value"),
+        "gap_stderr": g.get("stderr"),
+        "gap_ci95_lo": gap_ci[0],
+        "gap_ci95_hi": gap_ci[1],
+        "gap_clusters": g.get("clusters"),
+        "retention": shown.get("value"),
+        "retention_ci95_lo": ci[0],
+        "retention_ci95_hi": ci[1],
+        "reference": kept.get("reference"),
+        "numerator": (kept.get("numerator") or {}).get("value"),
+        "denominator": (kept.get("denominator") or {}).get("value"),
+    }
+
+
 def read_downstream(path: Path, audit: dict) -> dict:
     """The ``downstream.json`` at ``path`` beside ``audit`` (its ``audit.json``), refused in one line when it is
-    not ``fca-downstream/1`` or is of another model than the audit's (``binding.check_binding``)."""
+    not ``fca-downstream/2`` or is of another model than the audit's (``binding.check_binding``)."""
     read = read_json(path)
     check_downstream(read, path)
     downstream = cast(dict, read)  # checked just above
@@ -184,8 +262,9 @@ class AuditResults:
 
     @functools.cached_property
     def downstream(self) -> pd.DataFrame:
-        """One row per (task, condition, metric) of ``fca eval``: value, lm-eval's stderr, retention of the
-        correct-to-global_mean gap; empty when the folder has no ``downstream.json``."""
+        """One row per (task, condition, metric) of ``fca eval``: value, lm-eval's stderr, the gap against correct
+        with its clustered stderr, interval and cluster count, the retention (None where it does not resolve) with
+        its interval, ends and ``reference``; empty when the folder has no ``downstream.json``."""
         import pandas as pd
 
         path = self.folder / DOWNSTREAM_FILE
@@ -194,10 +273,11 @@ class AuditResults:
             downstream = read_downstream(path, self.audit)
             for task, entry in downstream["tasks"].items():
                 for condition, metrics in entry["conditions"].items():
-                    rows += [((task, condition, m), *(f[k] for k in DOWNSTREAM_COLUMNS)) for m, f in metrics.items()]
-        frame = _numbers([row[1:] for row in rows], DOWNSTREAM_COLUMNS)
+                    rows += [((task, condition, m), downstream_row(f)) for m, f in metrics.items()]
+        frame = _numbers([[row[1][k] for k in DOWNSTREAM_COLUMNS] for row in rows], DOWNSTREAM_COLUMNS)
         for place, key in enumerate(DOWNSTREAM_KEYS):
             frame.insert(place, key, pd.Series([row[0][place] for row in rows], dtype="str"))
+        frame["reference"] = pd.Series([row[1]["reference"] for row in rows], dtype="str")
         return frame
 
     @functools.cached_property

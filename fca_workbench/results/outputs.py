@@ -63,16 +63,20 @@ def mark_output(out: Path, command: str) -> None:
         write_atomic(out / OUTPUT_MARKER, f"{command}\nwrites over the files it wrote here, and only here\n".encode())
 
 
-def refuse_foreign(path: Path, schema: str, validate: Callable[[dict], object] | None = None) -> None:
-    """Refuse to replace ``path`` unless it is a JSON file of ``schema`` (and passes ``validate``)."""
+def refuse_foreign(
+    path: Path, schema: str, validate: Callable[[dict], object] | None = None, older: tuple[str, ...] = ()
+) -> None:
+    """Refuse to replace ``path`` unless it is a JSON file of ``schema`` (and passes ``validate``), or of one of the
+    ``older`` versions of it this workbench wrote."""
     if not path.exists():
         return
     jsonschema = import_jsonschema()  # slow to import; only needed when there is a file to judge
 
     try:
         content = read_json(path, expect=None)
-        ours = isinstance(content, dict) and content.get("schema") == schema
-        if ours and validate is not None:
+        version = content.get("schema") if isinstance(content, dict) else None
+        ours = version == schema or version in older
+        if version == schema and validate is not None:
             validate(cast(dict, content))
     except (UserError, RecursionError, jsonschema.ValidationError):  # unreadable, not JSON, not valid: not ours
         ours = False
