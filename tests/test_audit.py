@@ -10,9 +10,9 @@ from conftest import tiny_model
 from safetensors.torch import load_file
 
 import fca_workbench.audit.capture as capture_module
-from fca_workbench.audit.assignment import ConditionCoefficients
+from fca_workbench.audit.assignment import ConditionCoefficients, calibration_profiles
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions, static_profiles
+from fca_workbench.audit.interventions import derangement, position_permutations, shuffle_positions
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.run import run_audit
 from fca_workbench.audit.session import ReplaySession
@@ -99,7 +99,7 @@ def test_replay_never_calls_a_controller(tiny_checkpoints, tmp_path):
     session = ReplaySession.open(settings(tiny_checkpoints["muddpythia"]))
     windows, calib = session.windows("eval"), session.windows("calibration")
     cache = capture(model, windows, tmp_path / "eval", batch_size=4)
-    profiles = static_profiles(capture(model, calib, tmp_path / "calib", batch_size=4).batches())
+    profiles = calibration_profiles(capture(model, calib, tmp_path / "calib", batch_size=4), calib)
     calls = []
     handles = [c.register_forward_hook(lambda *_: calls.append(1)) for c in model.controllers]
     for condition in CONDITIONS[1:]:

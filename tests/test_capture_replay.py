@@ -270,7 +270,7 @@ def test_static_profiles_and_one_layer_replays_equal_hand_built_ones(captured, w
     torch.testing.assert_close(replayed, expected, rtol=0, atol=1e-5)
     one_layer = [profiles["layer_mean"][1].expand_as(c) if layer == 1 else c for layer, c in enumerate(own)]
     torch.testing.assert_close(
-        replay_nll(model, windows, cache, "layer_mean", profiles, layer=1),
+        replay_nll(model, windows, cache, "layer_mean", profiles, controllers=[1]),
         frozen_nll(model, windows, one_layer),
         rtol=0,
         atol=1e-5,

@@ -27,6 +27,7 @@ from fca_workbench.audit.run import AuditSettings, run_audit
 from fca_workbench.audit.torchrun import EveryRankError
 from fca_workbench.cli import main as fca_main
 from fca_workbench.data.corpus import split_path
+from fca_workbench.results.conditions import BASELINES
 
 pytestmark = pytest.mark.timeout(300)  # every test but one runs torchrun or fca in a subprocess
 
@@ -242,7 +243,8 @@ def moe(tmp_path_factory):
 def test_two_ranks_give_the_figures_of_one_process_featuregate_per_layer(featuregate):
     one, two, caches = featuregate["one"], featuregate["two"], featuregate["caches"]
     assert_same_figures(one, two)
-    assert len(two["per_layer"]) == 4 * 6  # 4 layers x the 6 reassignment conditions, gathered from both ranks
+    interventions = [c for c in two["conditions"] if c not in BASELINES]
+    assert len(two["per_layer"]) == 4 * len(interventions)  # 4 layers x every intervention, gathered from both ranks
     assert (one["settings"]["world_size"], two["settings"]["world_size"]) == (1, 2)
     # the ranks wrote the shards one process writes, byte for byte, under the same global numbering
     assert {s: m["shards"] for s, m in claims(caches["two"]).items()} == {

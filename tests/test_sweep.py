@@ -7,8 +7,8 @@ import torch
 from conftest import tiny_model
 from torch import nn
 
+from fca_workbench.audit.assignment import calibration_profiles
 from fca_workbench.audit.capture import capture
-from fca_workbench.audit.interventions import static_profiles
 from fca_workbench.audit.metrics import bootstrap_counts
 from fca_workbench.audit.replay import replay_nll
 from fca_workbench.audit.run import AuditSettings, run_audit
@@ -33,7 +33,8 @@ def setup(request, tmp_path):
     model = tiny_model(request.param, layers=LAYERS)
     windows = random_windows(6, seed=1)
     cache = capture(model, windows, tmp_path / "eval", batch_size=4)
-    profiles = static_profiles(capture(model, random_windows(5, seed=2), tmp_path / "calib", batch_size=4).batches())
+    calibration = random_windows(5, seed=2)
+    profiles = calibration_profiles(capture(model, calibration, tmp_path / "calib", batch_size=4), calibration)
     return model, windows, cache, profiles
 
 

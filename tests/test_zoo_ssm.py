@@ -85,8 +85,9 @@ def test_a_looped_model_audits_every_call_of_its_gates_as_a_controller(tmp_path,
     assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]
     assert all(conditions[name]["nll"] != conditions["correct"]["nll"] for name in ("cross_input", "layer_mean"))
     assert len(audit["variation"]["within_std_per_layer"]) == len(expected)  # statistics per call
-    assert {row["layer"] for row in audit["per_layer"]} == set(range(len(expected)))
-    cross_input = [row["delta"] for row in audit["per_layer"] if row["condition"] == "cross_input"]
+    assert {row["layer"] for row in audit["per_layer"]} == set(audit["model"]["controller_layers"])
+    assert {row["controller"] for row in audit["per_controller"]} == set(expected)  # each call alone, by name
+    cross_input = [row["delta"] for row in audit["per_controller"] if row["condition"] == "cross_input"]
     assert len(cross_input) == len(expected) and all(delta != 0 for delta in cross_input)  # each call moves it
 
 

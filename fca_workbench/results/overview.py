@@ -87,7 +87,7 @@ def overview_row(audit: dict, name: str) -> dict:
         **{key: (audit["variance"] or {}).get(key) for key in ("r2_layer", "r2_layer_slot")},
         **{key: execution.get(key) for key in EXECUTED},
         "latency_ratio_vs_dense": execution["latency_ratio_vs_dense"],
-        **{f"verdict_{key}": short_verdict(audit["verdict"][key]) for key in VERDICTS},
+        **{f"verdict_{key}": short_verdict(audit["verdict"].get(key) or "") for key in VERDICTS},  # none before
     }
     for condition in REASSIGNMENTS:
         figures = conditions.get(condition) or {}

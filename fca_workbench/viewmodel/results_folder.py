@@ -105,7 +105,7 @@ SCAN_SECONDS = 30.0  # a scan parses no new audit.json after this; the rest are 
 EACH = "*"
 SUMMARY_FIELDS: dict = {
     "schema": None,
-    "model": ("path", "arch", "params", "fingerprint", "hub"),
+    "model": ("path", "arch", "params", "fingerprint", "configuration", "hub"),
     "data": {split: ("source", "windows", "window", "tokens", "fingerprint") for split in ("eval", "calibration")},
     "conditions": {EACH: ("nll", "ci95", "delta", "delta_ci95")},
     "retention": {EACH: ("value", "ci95", "resolved", "reference", "numerator", "denominator", "other_references")},
