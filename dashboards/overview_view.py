@@ -61,6 +61,12 @@ class OverviewView:
         self.snippet = pn.pane.HTML("", css_classes=["fca-overview-snippet"])
         self.retention = views.FigurePane(None, css_classes=["fca-overview-retention"], visible=False)
         self.delta = views.FigurePane(None, css_classes=["fca-overview-delta"], visible=False)
+        self.unresolved = pn.pane.HTML(
+            "<div>Gap retention: no static profile's retention resolves in these audits (the gap each would be a "
+            "share of has a 95% CI that holds 0), so there is no percentage to draw.</div>",
+            css_classes=["fca-overview-unresolved"],
+            visible=False,
+        )
         self.sort.param.watch(lambda event: later(self.redraw), "value")
         self.order.param.watch(lambda event: later(self.redraw), "value")
         self.table.param.watch(lambda event: later(self.picked), "selection")
@@ -68,6 +74,7 @@ class OverviewView:
             pn.Row(self.sort, self.order),
             self.table,
             pn.Row(self.download, self.snippet),
+            self.unresolved,
             pn.Row(self.retention, self.delta),
             css_classes=["fca-overview-section"],
         )
@@ -91,6 +98,7 @@ class OverviewView:
         )
         self.retention.visible = self.retention.object is not None
         self.delta.visible = self.delta.object is not None
+        self.unresolved.visible = self.delta.visible and not self.retention.visible  # controllers, but no figure
         self.redraw()
 
     def redraw(self) -> None:

@@ -43,6 +43,7 @@ from fca_workbench.downstream import require_lm_eval
 from fca_workbench.downstream.eval_settings import EvalSettings, comma_names
 from fca_workbench.notebooks import tables
 from fca_workbench.notebooks.reproduce import NotebookRun
+from fca_workbench.results.conditions import REFERENCE
 
 require_lm_eval()  # one line, not a traceback, without the eval extra
 from fca_workbench.downstream.evaluation import run_eval
@@ -94,11 +95,11 @@ for model, rows in first.groupby("model", sort=False):
             name=model,
         )
     )
-fig.add_hline(y=0, line_dash="dot", annotation_text="correct")
+fig.add_hline(y=0, line_dash="dot", annotation_text=REFERENCE)
 fig.update_layout(
     barmode="group",
-    title=f"{first.task.iloc[0]}: correct − condition, {first.metric.iloc[0]}, 95% CI clustered by play (t, G − 1 df)",
-    yaxis_title=f"{first.metric.iloc[0]} lost against correct (share of documents)",
+    title=f"{first.task.iloc[0]}: {REFERENCE} − condition, {first.metric.iloc[0]}, 95% CI clustered by play (t, G − 1 df)",
+    yaxis_title=f"{first.metric.iloc[0]} lost against {REFERENCE} (share of documents)",
     xaxis_title="condition",
     height=450,
 )

@@ -78,12 +78,14 @@ class Overview:
         """Gap retention of every static profile the audits of a configuration all have (``layer_mean_topk``
         for routers too), by configuration: over seeds the ratio of the mean numerator to the mean denominator with
         its bootstrap 95% CI (``inference.retention_over_seeds``; one seed: its audit's); a retention that does not
-        resolve is left out, never drawn."""
+        resolve is left out, never drawn, and a configuration with none that resolves has no bars."""
         bars = []
         for arch, group in by_configuration(with_controller(self.seed_audits)).items():
             profiles = retention_profiles(set.intersection(*(set(audit["retention"]) for audit in group)))
             figures = [(p, retention_over_seeds([a["retention"][p] for a in group])) for p in profiles]
             shown = [(p, f) for p, f in figures if f["value"] is not None and None not in f["ci95"]]
+            if not shown:
+                continue
             bars.append(
                 Bars(
                     arch,
