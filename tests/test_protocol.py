@@ -204,6 +204,23 @@ def test_no_family_name_or_router_key_in_the_core_or_the_ui():
     )
 
 
+def test_no_module_asks_which_family_a_model_is():
+    """A family's facts are declared once (its model file, ``adapters/families.py``, the export's ``FOLDINGS``):
+    no ``isinstance`` on a family's classes outside ``models/``."""
+    from fca_workbench.models import FAMILIES
+
+    families = {cls.__name__ for pair in FAMILIES.values() for cls in pair}
+    found = []
+    for path in sorted([*(ROOT / "fca_workbench").rglob("*.py"), *(ROOT / "dashboards").rglob("*.py")]):
+        if "models" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in sorted(named & families)]
+    assert len(families) >= 6 and not found, found
+
+
 def test_the_scan_sees_code_and_skips_prose(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('"""Module about FeatureGate."""\n\n# top_k_index here is a comment\nx = "featuregate"\n')

@@ -23,7 +23,9 @@ class Family:
     something else.
     ``fixed_k``: the block takes exactly ``num_experts_per_tok`` experts per token, so a static profile is
     replayed as its top-k gates rather than as the mixture of every expert it names. ``classes``: the config field
-    counting the routing classes where the router's logits are not one per class (product keys)."""
+    counting the routing classes where the router's logits are not one per class (product keys). ``experts``:
+    the config field counting its routed experts, where ``fca export`` folds a static profile into the family's
+    own architecture with K experts taken by every token (``fca_workbench.export.experts``); None: not folded."""
 
     router_names: tuple[str, ...] = ("gate", "router")
     output: str = "top_k"
@@ -32,6 +34,7 @@ class Family:
     layers: str | None = None
     fixed_k: bool = False
     classes: str | None = None
+    experts: str | None = None
 
 
 DEFAULT = Family()
@@ -69,7 +72,7 @@ MOE_FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorte
     "granitemoe": DEFAULT,
     "granitemoe_swa": DEFAULT,
     "granitemoehybrid": DEFAULT,
-    "granitemoeshared": DEFAULT,
+    "granitemoeshared": Family(experts="num_local_experts"),  # top-k logits, then softmax
     "hunyuan_v1_moe": DEFAULT,
     "hy_v3": DEFAULT,
     "hy_v4": DEFAULT,
@@ -93,15 +96,15 @@ MOE_FAMILIES: dict[str, Family] = {  # every MoE model type known to work; sorte
     "minimax": DEFAULT,
     "minimax_m2": DEFAULT,
     "minimax_m3_vl_text": DEFAULT,
-    "mixtral": DEFAULT,
+    "mixtral": Family(experts="num_local_experts"),
     "nemotron_h": DEFAULT,
-    "olmoe": DEFAULT,
+    "olmoe": Family(experts="num_experts"),
     "param2moe": DEFAULT,
     "phimoe": DEFAULT,
-    "qwen2_moe": DEFAULT,
+    "qwen2_moe": Family(experts="num_experts"),
     "qwen3_5_moe": DEFAULT,
     "qwen3_5_moe_text": DEFAULT,
-    "qwen3_moe": DEFAULT,
+    "qwen3_moe": Family(experts="num_experts"),
     "qwen3_next": DEFAULT,
     "qwen4_exp": DEFAULT,
     "qwen4_exp_text": DEFAULT,
@@ -174,6 +177,8 @@ def moe_table() -> str:
             notes.append(f"decoder layers counted by `{family.layers}`")
         if family.fixed_k:
             notes.append("static profiles replayed as their top-k")
+        if family.experts:
+            notes.append("`fca export` folds static profiles")
         routers = ", ".join(f"`{name}`" for name in family.router_names)
         output = f"`router:{family.output}`: {OUTPUT_SHAPES[family.output]}"
         rows.append(f"| `{model_type}` | {routers} | {output} | {'; '.join(notes)} |")

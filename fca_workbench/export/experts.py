@@ -10,8 +10,8 @@ compute); ``layer_mean`` keeps every routed one (exact, no saving).
 
 Only families whose router is a bare ``weight [E, hidden]`` followed by softmax and top-k, and whose experts
 are the fused ``gate_up_proj [E, 2I, hidden]`` / ``down_proj [E, hidden, I]`` without biases, are folded
-(``FOLDABLE``), with Qwen2-MoE's shared-expert gate (a constant sigmoid on the shared expert); others, and
-models with any other controller, are refused in one line.
+(their ``Family.experts`` is declared in ``fca_workbench.adapters.families``), with Qwen2-MoE's shared-expert gate
+(a constant sigmoid on the shared expert); others, and models with any other controller, are refused in one line.
 """
 
 import copy
@@ -21,18 +21,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from fca_workbench.adapters.families import MOE_FAMILIES
 from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.routers import find_routers
 from fca_workbench.foundation.errors import UserError
 
-# model_type → the config field counting its routed experts (/work/shared/moe-routing.md: softmax → top-k)
-FOLDABLE = {
-    "granitemoeshared": "num_local_experts",  # top-k of the logits, then their softmax; its shared MLP has no gate
-    "mixtral": "num_local_experts",
-    "olmoe": "num_experts",
-    "qwen2_moe": "num_experts",
-    "qwen3_moe": "num_experts",
-}
+FOLDABLE = {model_type: f.experts for model_type, f in MOE_FAMILIES.items() if f.experts}  # → its experts field
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 SHARED_GATE = "shared_expert_gate"  # Qwen2-MoE: sigmoid(shared_expert_gate(h)) scales the block's shared expert
 
@@ -48,14 +42,8 @@ def is_shared_gate(model: nn.Module, name: str) -> bool:
 
 
 def check_foldable(controlled: TransformersControlled) -> None:
-    """Refuse, in one line, a foreign model whose static profile this module cannot fold exactly."""
-    model_type = controlled.arch
-    if model_type not in FOLDABLE:
-        kinds = ", ".join(sorted({kind.name for kind in controlled.kinds})) or "none"
-        raise UserError(
-            f"fca export folds the routers of {', '.join(sorted(FOLDABLE))} and the workbench families; "
-            f"a {model_type} model (controllers: {kinds}) is not supported"
-        )
+    """Refuse, in one line, a model of a ``FOLDABLE`` family whose static profile this module cannot fold exactly
+    (a controller besides its routers, a router or experts of another shape)."""
     routers = find_routers(controlled.model)
     others = [n for n in controlled.controller_names if n not in routers and not is_shared_gate(controlled.model, n)]
     if others:

@@ -2,27 +2,26 @@
 card, written as a new folder; every refusal is one line, before anything is written."""
 
 import tempfile
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
-from fca_workbench.adapters.hf import TransformersControlled
 from fca_workbench.adapters.protocol import ControlledModel
 from fca_workbench.audit.inputs import CALIBRATION
 from fca_workbench.audit.session import ReplaySession
 from fca_workbench.audit.settings import AuditSettings
 from fca_workbench.export.card import CARD_JSON, export_model_card
-from fca_workbench.export.experts import check_foldable, expert_counts, fold_routers
+from fca_workbench.export.experts import FOLDABLE, check_foldable, expert_counts, fold_routers
 from fca_workbench.export.native import featuregate_to_gpt2, muddpythia_static
 from fca_workbench.export.request import check_request
 from fca_workbench.export.sources import ProfileSource, audit_profile, calibration_profile
 from fca_workbench.foundation.checkpoint import CARD_FILE, hub_name, resolve_checkpoint
 from fca_workbench.foundation.errors import UserError
 from fca_workbench.foundation.files import atomic_folder, relative_path, write_atomic, write_json
-from fca_workbench.models.featuregate import FeatureGateForCausalLM
-from fca_workbench.models.muddpythia import MUDDPythiaForCausalLM
 from fca_workbench.results.frames import read_audit_json
 from fca_workbench.results.layout import audit_cache_root
 
@@ -57,14 +56,15 @@ def export_static(
         memo = audit_cache_root(*audited) if audited else None  # the fingerprint remembered beside the audit's caches
         session = ReplaySession.open(replace(settings, cache=cache), checkpoint=resolved, read_now=(), memo_root=memo)
         model, tokenizer = session.model, session.tokenizer
-        check_exportable(model, checkpoint)  # before any window is read
+        family = folding(model, checkpoint)  # before any window is read
         session.windows(CALIBRATION)  # a bad calibration file refused here, before any capture
         session.check_condition(profile, "--profile")  # a live run of one calibration window's first tokens
         source = audit_profile(session, profile, *audited) if audited else calibration_profile(session, profile)
         fingerprint = session.fingerprint
-    exported = folded(model, source.layers)
+    exported = family.fold(model, source.layers)
     line = command(checkpoint, profile, out, audit, calib, max_windows)
     card = export_card(model, exported, source, resolved.record(relative_to=out), out, seed, line, fingerprint)
+    card.update(family.card(model, exported))
     with atomic_folder(out) as folder:
         exported.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -81,23 +81,46 @@ def check_out(out: str | Path) -> Path:
     return out
 
 
-def check_exportable(model: ControlledModel, checkpoint: str | Path) -> None:
-    """Refuse, in one line, a model without a controller, and one whose controllers no folding here knows."""
+def nothing_to_check(model: Any) -> None:
+    """A native family folds whatever its own checkpoint holds."""
+
+
+def no_card_facts(model: Any, exported: PreTrainedModel) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Folding:
+    """How one family's static profile becomes weights: ``check`` refuses in one line what it cannot fold
+    exactly (before any window is read), ``fold`` makes the model, ``card`` adds what the model card reports."""
+
+    fold: Callable[[Any, list[torch.Tensor]], PreTrainedModel]
+    check: Callable[[Any], None] = nothing_to_check
+    card: Callable[[Any, PreTrainedModel], dict] = no_card_facts
+
+
+ROUTERS = Folding(fold_routers, check_foldable, lambda model, exported: {"experts": expert_counts(model, exported)})
+FOLDINGS: dict[str, Folding] = {  # by ``ControlledModel.arch``; the MoE families from ``Family.experts``
+    "featuregate": Folding(featuregate_to_gpt2),
+    "muddpythia": Folding(muddpythia_static),
+    **dict.fromkeys(FOLDABLE, ROUTERS),
+}
+
+
+def folding(model: ControlledModel, checkpoint: str | Path) -> Folding:
+    """The model's family's folding, once ``check`` passed; refused in one line for a model without a
+    controller or a family none is declared for."""
     if not model.controllers:
         raise UserError(f"{checkpoint} has no controller: there is nothing to fold")
-    if isinstance(model, TransformersControlled):
-        check_foldable(model)
-    elif not isinstance(model, (FeatureGateForCausalLM, MUDDPythiaForCausalLM)):
-        raise UserError(f"fca export does not fold a {model.arch} model's controllers")
-
-
-def folded(model: ControlledModel, coefficients: list) -> PreTrainedModel:
-    """The model with its static coefficients folded in, by family."""
-    if isinstance(model, FeatureGateForCausalLM):
-        return featuregate_to_gpt2(model, coefficients)
-    if isinstance(model, MUDDPythiaForCausalLM):
-        return muddpythia_static(model, coefficients)
-    return fold_routers(cast(TransformersControlled, model), coefficients)  # check_exportable let no other in
+    declared = FOLDINGS.get(model.arch)
+    if declared is None:
+        kinds = ", ".join(sorted(set(model.controller_record().get("controller_kinds", [])))) or model.arch
+        raise UserError(
+            f"fca export folds the controllers of {', '.join(sorted(FOLDINGS))}; a {model.arch} model "
+            f"(controllers: {kinds}) is not supported"
+        )
+    declared.check(model)
+    return declared
 
 
 def command(checkpoint: str | Path, profile: str, out: Path, audit: Any, calib: Any, max_windows: int | None) -> str:
@@ -146,6 +169,4 @@ def export_card(
         "seed": seed,
         "command": line,
     }
-    if isinstance(model, TransformersControlled):
-        card["experts"] = expert_counts(model, exported)
     return card
