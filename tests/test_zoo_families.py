@@ -13,23 +13,23 @@ import zoo
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.classification import FAMILIES, INDEXER, SLOW, classification_note, family_table
+from fca_workbench.adapters.classification import CLASSIFIED, INDEXER, SLOW, classification_note, family_table
 from fca_workbench.foundation.errors import UserError
 
 MAPPING = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-BUILT = [t for t in MAPPING if t in FAMILIES and not FAMILIES[t].untested]
-UNBUILT = [t for t in MAPPING if t in FAMILIES and FAMILIES[t].untested]
+BUILT = [t for t in MAPPING if t in CLASSIFIED and not CLASSIFIED[t].untested]
+UNBUILT = [t for t in MAPPING if t in CLASSIFIED and CLASSIFIED[t].untested]
 
 
 @pytest.mark.parametrize("model_type", MAPPING)
 def test_every_family_of_the_mapping_is_classified(model_type):
-    entry = FAMILIES.get(model_type)
+    entry = CLASSIFIED.get(model_type)
     assert entry is not None, f"{model_type} is not classified in fca_workbench/adapters/classification.py"
     assert bool(entry.kinds) != bool(entry.static), "a family has kinds, or is static with a reason"
 
 
 def test_the_classification_names_only_families_of_the_mapping():
-    assert sorted(set(FAMILIES) - set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)) == []
+    assert sorted(set(CLASSIFIED) - set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)) == []
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def ids():
 
 @pytest.mark.parametrize("model_type", BUILT)
 def test_discovery_finds_the_classified_kinds_and_replays_them_exactly(model_type, ids):
-    entry = FAMILIES[model_type]
+    entry = CLASSIFIED[model_type]
     controlled = TransformersControlled(zoo.build_any(model_type))
     assert tuple(sorted(set(kind.name for kind in controlled.kinds))) == entry.kinds
     assert bool(controlled.left_out) == bool(entry.left_out), controlled.left_out
@@ -227,8 +227,8 @@ def test_rwkv_time_mixing_key_is_a_mixing_weight_replayed_exactly(ids):
 def test_a_family_the_zoo_cannot_build_tiny_says_why(model_type):
     """The reason is checked, not trusted: building the family tiny and probing it fails (when it stops
     failing, the family is to be built and its kinds asserted); one that takes minutes to build is skipped."""
-    if FAMILIES[model_type].untested.startswith(SLOW):
-        pytest.skip(FAMILIES[model_type].untested)
+    if CLASSIFIED[model_type].untested.startswith(SLOW):
+        pytest.skip(CLASSIFIED[model_type].untested)
     with pytest.raises(Exception):  # noqa: B017  (whatever the family's own config or modelling code raises)
         TransformersControlled(zoo.build_any(model_type))
 
@@ -258,4 +258,4 @@ def test_the_family_table_in_the_docs_is_the_classifications():
     committed = re.search(r"<!-- classification -->\n(.*?)<!-- /classification -->", text, re.S)
     assert committed is not None and committed.group(1) == family_table()
     rows = [line for line in committed.group(1).splitlines()[2:]]
-    assert len(rows) == len(FAMILIES) and all(f"| `{t}` |" in "\n".join(rows) for t in MAPPING)
+    assert len(rows) == len(CLASSIFIED) and all(f"| `{t}` |" in "\n".join(rows) for t in MAPPING)

@@ -13,14 +13,14 @@ import zoo
 
 from fca_workbench import load_audit
 from fca_workbench.adapters import COEFFICIENT, TransformersControlled
-from fca_workbench.adapters.classification import FAMILIES
+from fca_workbench.adapters.classification import CLASSIFIED
 from fca_workbench.cli import main
 
 VOCAB = zoo.VOCAB
 build = zoo.build_gated
 GATED = sorted(
     model_type
-    for model_type, entry in FAMILIES.items()
+    for model_type, entry in CLASSIFIED.items()
     if not entry.untested
     and model_type not in zoo.moe_model_types()
     and any(not kind.startswith("router:") for kind in entry.kinds)
@@ -38,8 +38,8 @@ def test_every_family_audits_its_selective_controllers_with_no_flags(model_type,
     audit = cli_audit(folder, tmp_path / "audit")
     model = audit["model"]
     assert model["arch"] in (model_type, f"{model_type}_text")  # a wrapper is saved as its text model
-    assert tuple(sorted(set(model["controller_kinds"]))) == FAMILIES[model_type].kinds
-    assert bool(model["left_out"]) == bool(FAMILIES[model_type].left_out)
+    assert tuple(sorted(set(model["controller_kinds"]))) == CLASSIFIED[model_type].kinds
+    assert bool(model["left_out"]) == bool(CLASSIFIED[model_type].left_out)
     assert len(model["controller_kinds"]) == len(model["controllers"]) == len(model["slot_labels"])
     conditions = audit["conditions"]
     assert conditions["correct"]["nll"] == conditions["unperturbed"]["nll"]  # bit-exact frozen replay

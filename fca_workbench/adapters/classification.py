@@ -85,7 +85,7 @@ def moe(model_type: str, *kinds: str, **notes: str) -> tuple[str, Classified]:
 
 
 # fmt: off
-FAMILIES: dict[str, Classified] = dict([
+CLASSIFIED: dict[str, Classified] = dict([
     moe("afmoe", ATTENTION_OUTPUT_GATE),
     ("apertus", DENSE),
     ("apertus1p5_text", DENSE),
@@ -294,8 +294,8 @@ def check_classified_kinds(model_type: str, kinds: list[str]) -> None:
     """A family classified with gates or SSMs in which discovery finds none of them (a version of
     transformers that changed its modules) is a one-line error, never an audit that says it has none."""
     declared = (
-        [kind for kind in FAMILIES[model_type].kinds if not kind.startswith("router:")]
-        if model_type in FAMILIES
+        [kind for kind in CLASSIFIED[model_type].kinds if not kind.startswith("router:")]
+        if model_type in CLASSIFIED
         else []
     )
     if declared and not set(declared) & set(kinds):
@@ -307,7 +307,7 @@ def check_classified_kinds(model_type: str, kinds: list[str]) -> None:
 
 def classification_note(model_type: str, kinds: list[str], left_out: list[str]) -> str | None:
     """One line for a ``model_type`` the classification does not know (what discovery found), else None."""
-    if model_type in FAMILIES:
+    if model_type in CLASSIFIED:
         return None
     found = ", ".join(sorted(set(kinds))) or "no controller"
     out = f"; {len(left_out)} left out" if left_out else ""
@@ -321,7 +321,7 @@ def family_table() -> str:
     """The docs' Markdown table of every classified family (between ``<!-- classification -->`` markers
     in docs/guides/families.md)."""
     rows = ["| model_type | controller kinds | notes |", "|---|---|---|"]
-    for model_type, entry in sorted(FAMILIES.items()):
+    for model_type, entry in sorted(CLASSIFIED.items()):
         kinds = ", ".join(f"`{kind}`" for kind in entry.kinds) or "static"
         notes = [entry.static, f"left out: {entry.left_out}" if entry.left_out else ""]
         notes.append(f"not built tiny: {entry.untested}" if entry.untested else "")
